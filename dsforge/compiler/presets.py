@@ -1,0 +1,54 @@
+"""Hardware and model presets, shipped as YAML data inside the package (each file cites its sources)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+try:
+    from yaml import CSafeLoader as _Loader
+except ImportError:  # pragma: no cover
+    from yaml import SafeLoader as _Loader  # type: ignore[assignment]
+
+KINDS = ("hardware", "models")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One named preset: the job-file keys it supplies and where they come from."""
+
+    kind: str
+    name: str
+    description: str
+    spec: dict[str, Any]
+    origin: str
+
+
+@lru_cache(maxsize=None)
+def _builtin(kind: str) -> dict[str, Preset]:
+    out: dict[str, Preset] = {}
+    folder = resources.files("dsforge") / "presets" / kind
+    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
+        if not entry.name.endswith(".yaml"):
+            continue
+        data = yaml.load(entry.read_text(encoding="utf-8"), Loader=_Loader) or {}
+        for name, body in data.items():
+            out[name] = Preset(kind, name, body.get("description", ""), body["spec"], f"dsforge/{kind}/{entry.name}")
+    return out
+
+
+_extra: dict[str, dict[str, Preset]] = {k: {} for k in KINDS}
+
+
+def register(preset: Preset) -> None:
+    """Add a preset from outside the package (plugins); a later registration wins."""
+    _extra[preset.kind][preset.name] = preset
+
+
+def presets(kind: str) -> dict[str, Preset]:
+    """All presets of one kind ("hardware" or "models"), built-in first."""
+    return {**_builtin(kind), **_extra[kind]}
