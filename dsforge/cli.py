@@ -1,0 +1,101 @@
+"""The `dsforge` command line: one command per verb. Heavy modules load only inside their command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import NoReturn
+
+import click
+
+from dsforge import __version__
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNUSABLE = 0, 1, 2
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dsforge")
+def cli() -> None:
+    """Compile a declarative YAML job file into a checked, explained, runnable DeepSpeed job."""
+
+
+@cli.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "github", "sarif"]), default="text",
+              show_default=True, help="Output format of the diagnostics.")
+@click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report here instead of stdout.")
+def validate(files: tuple[str, ...], fmt: str, strict: bool, output: str | None) -> None:
+    """Check job files against the schema, the hardware and DeepSpeed's rules.
+
+    Exit codes: 0 clean, 1 findings (errors, or warnings with --strict), 2 unusable input.
+    """
+    from dsforge.compiler.validate import validate_file
+    from dsforge.diagnostics import has_errors
+    from dsforge.formatters import get
+
+    results = [validate_file(f) for f in files]
+    diags = [d for r in results for d in r.diagnostics]
+    text = get(fmt)(diags)
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        click.echo(text, nl=False)
+    if any(r.unusable for r in results):
+        sys.exit(EXIT_UNUSABLE)
+    sys.exit(EXIT_FINDINGS if has_errors(diags, strict) else EXIT_CLEAN)
+
+
+@cli.command()
+def schema() -> None:
+    """Print the JSON Schema of job files (for editors' YAML language servers)."""
+    from dsforge.compiler.json_schema import job_schema
+
+    click.echo(json.dumps(job_schema(), indent=2))
+
+
+@cli.command()
+@click.option("--kind", type=click.Choice(["all", "hardware", "models"]), default="all", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def presets(kind: str, fmt: str) -> None:
+    """List the hardware and model presets."""
+    from dsforge.compiler.presets import KINDS
+    from dsforge.compiler.presets import presets as table
+
+    kinds = KINDS if kind == "all" else (kind,)
+    if fmt == "json":
+        click.echo(json.dumps({k: {n: {"description": p.description, "origin": p.origin, "spec": p.spec}
+                                   for n, p in table(k).items()} for k in kinds}, indent=2))
+        return
+    for k in kinds:
+        click.echo(f"{k}:")
+        for name, p in table(k).items():
+            click.echo(f"  {name:<16} {p.description}")
+
+
+def main() -> NoReturn:
+    """Console entry point: run the CLI; an unexpected exception is reported without a traceback."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_UNUSABLE)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the user gets a message, not a traceback
+        click.echo(f"dsforge: internal error: {type(exc).__name__}: {exc} (set DSFORGE_DEBUG=1 for the traceback)",
+                   err=True)
+        import os
+
+        if os.environ.get("DSFORGE_DEBUG"):
+            raise
+        sys.exit(EXIT_UNUSABLE)
+    sys.exit(EXIT_CLEAN)

@@ -1,0 +1,86 @@
+"""Exact parameter counts of the supported transformer families, from the model shape alone.
+
+Counts follow the module structure of the reference implementations (GPT-2: fused QKV with
+biases, LayerNorm with bias, 4h GELU MLP, learned positions, tied head; Llama/Mixtral: separate
+q/k/v/o without bias, RMSNorm, SwiGLU MLP, RoPE; Mixtral adds a router per MoE layer), as in
+Narayanan et al. 2021, eq. 2 (12·l·h² + the embedding terms) extended to GQA and gated MLPs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dsforge.compiler.schema import ModelSpec
+
+
+def has_bias(model: ModelSpec) -> bool:
+    """GPT-2-style models carry biases on every linear layer and norm; Llama-style ones carry none."""
+    return model.arch == "gpt2" or (model.arch in {"custom", "auto"} and model.activation == "gelu")
+
+
+def padded_vocab(model: ModelSpec, tp: int) -> int:
+    """The vocabulary after padding to a multiple of vocab_multiple_of x tp (no padding if unset)."""
+    if not model.vocab_multiple_of:
+        return model.vocab
+    step = model.vocab_multiple_of * tp
+    return -(-model.vocab // step) * step
+
+
+@dataclass(frozen=True)
+class LayerParams:
+    """Parameters of one transformer layer, by part."""
+
+    attention: int
+    mlp: int
+    norms: int
+    router: int = 0
+
+    @property
+    def total(self) -> int:
+        """All parameters of the layer."""
+        return self.attention + self.mlp + self.norms + self.router
+
+
+def mlp_params(model: ModelSpec, ffn: int) -> int:
+    """One MLP (or one expert): 2 matrices for GELU, 3 for SwiGLU, plus biases where the arch has them."""
+    h = model.hidden
+    mats = 3 if model.activation == "swiglu" else 2
+    bias = (ffn + h) if has_bias(model) else 0
+    return mats * h * ffn + bias
+
+
+def is_moe_layer(model: ModelSpec, index: int) -> bool:
+    """True if layer ``index`` (0-based) is a mixture-of-experts layer."""
+    return model.moe is not None and (index + 1) % model.moe.every == 0
+
+
+def layer_params(model: ModelSpec, moe: bool = False) -> LayerParams:
+    """Parameters of one layer (dense, or MoE with all of its experts)."""
+    h, kv = model.hidden, model.kv_heads or model.heads
+    head_dim = h // model.heads
+    kv_dim = kv * head_dim
+    bias = has_bias(model)
+    attention = 2 * h * h + 2 * h * kv_dim + ((h + 2 * kv_dim + h) if bias else 0)
+    norms = 2 * (2 * h if bias else h)
+    if moe and model.moe is not None:
+        ffn = model.moe.ffn_hidden or model.ffn_hidden or 4 * h
+        return LayerParams(attention, model.moe.experts * mlp_params(model, ffn), norms, h * model.moe.experts)
+    return LayerParams(attention, mlp_params(model, model.ffn_hidden or 4 * h), norms)
+
+
+def embedding_params(model: ModelSpec, tp: int = 1) -> int:
+    """Input embedding (padded vocabulary) plus a learned position table where the arch has one."""
+    pos = model.seq_len * model.hidden if model.position == "learned" else 0
+    return padded_vocab(model, tp) * model.hidden + pos
+
+
+def head_params(model: ModelSpec, tp: int = 1) -> int:
+    """Final norm plus the LM head (zero extra weights when tied to the embedding)."""
+    norm = 2 * model.hidden if has_bias(model) else model.hidden
+    return norm + (0 if model.tied_embeddings else padded_vocab(model, tp) * model.hidden)
+
+
+def total_params(model: ModelSpec, tp: int = 1) -> int:
+    """All parameters of the model (every expert counted)."""
+    layers = sum(layer_params(model, is_moe_layer(model, i)).total for i in range(model.layers))
+    return embedding_params(model, tp) + layers + head_params(model, tp)

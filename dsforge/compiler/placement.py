@@ -1,0 +1,115 @@
+"""Rank placement: which global ranks form each parallel group, as a pure function of an order string.
+
+Follows the convention of Megatron-LM's ``RankGenerator`` (megatron/core/parallel_state.py): the
+order string lists the axes fastest-varying first, so with ``tp-cp-ep-dp-pp`` neighbouring ranks
+share a tensor-parallel group and the pipeline axis varies slowest. Dense layers use a generator
+with ep = 1; expert layers use a second generator with cp = 1, ep = ep and dp = the expert
+data-parallel size, both over the same order, exactly as Megatron builds its decoder and expert
+groups. The same order therefore yields Megatron's groups.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from math import prod
+
+AXES = ("tp", "cp", "ep", "dp", "pp")
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+
+
+class OrderError(ValueError):
+    """The order string cannot place these degrees (unknown or repeated axis, missing axis > 1)."""
+
+
+def parse_order(order: str, sizes: dict[str, int]) -> list[str]:
+    """Split and check an order string; axes of size 1 that it omits are appended (as Megatron does)."""
+    tokens = [t.strip() for t in order.lower().split("-") if t.strip()]
+    unknown = [t for t in tokens if t not in AXES]
+    if unknown:
+        raise OrderError(f"unknown axis {unknown[0]!r} in order {order!r}; axes are {', '.join(AXES)}")
+    repeated = sorted({t for t in tokens if tokens.count(t) > 1})
+    if repeated:
+        raise OrderError(f"axis {repeated[0]!r} appears twice in order {order!r}")
+    missing = [a for a in AXES if a not in tokens and sizes.get(a, 1) != 1]
+    if missing:
+        raise OrderError(f"order {order!r} omits {missing[0]}={sizes[missing[0]]}; every axis of size > 1 must be placed")
+    if sizes.get("ep", 1) > 1 and "ep-dp" not in "-".join(tokens) and "dp-ep" not in "-".join(tokens):
+        raise OrderError(f"order {order!r} separates ep from dp; expert ranks are carved out of the data-parallel "
+                         "ranks, so ep and dp must be adjacent")
+    return tokens + [a for a in AXES if a not in tokens]
+
+
+def rank_groups(axes: list[str], sizes: dict[str, int], members: set[str]) -> list[list[int]]:
+    """All groups whose ranks differ only along the ``members`` axes, ordered by their first rank.
+
+    A rank's coordinates are mixed-radix digits of its index, the first axis of ``axes`` varying
+    fastest; a group fixes the other axes' coordinates and sweeps the member axes.
+    """
+    dims = [sizes[a] for a in axes]
+    strides = [prod(dims[:i]) for i in range(len(dims))]
+    inner = [i for i, a in enumerate(axes) if a in members]
+    outer = [i for i, a in enumerate(axes) if a not in members]
+    groups = []
+    for fixed in itertools.product(*(range(dims[i]) for i in reversed(outer))):
+        base = sum(c * strides[i] for c, i in zip(reversed(fixed), outer))
+        ranks = []
+        for moving in itertools.product(*(range(dims[i]) for i in reversed(inner))):
+            ranks.append(base + sum(c * strides[i] for c, i in zip(reversed(moving), inner)))
+        groups.append(ranks)
+    return sorted(groups, key=lambda g: g[0])
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Every parallel group's member ranks, and which node each rank sits on."""
+
+    world_size: int
+    gpus_per_node: int
+    order: tuple[str, ...]
+    groups: dict[str, list[list[int]]] = field(default_factory=dict)
+
+    def node_of(self, rank: int) -> int:
+        """The node index hosting ``rank`` (ranks fill nodes in order, gpus_per_node each)."""
+        return rank // self.gpus_per_node
+
+    def nodes_spanned(self, kind: str) -> int:
+        """The most nodes any one group of this kind spans (1: the group stays inside a node)."""
+        return max((len({self.node_of(r) for r in g}) for g in self.groups.get(kind, [])), default=1)
+
+    def crosses_nodes(self, kind: str) -> bool:
+        """True if some group of this kind has members on two or more nodes."""
+        return self.nodes_spanned(kind) > 1
+
+    def group_of(self, kind: str, rank: int) -> list[int]:
+        """The group of this kind that contains ``rank``."""
+        for group in self.groups[kind]:
+            if rank in group:
+                return group
+        raise KeyError(f"rank {rank} is in no {kind} group")
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """The rank's index inside each of its groups (tp rank, pp stage, dp rank, ...)."""
+        return {kind: self.group_of(kind, rank).index(rank) for kind in self.groups}
+
+
+def place(tp: int, pp: int, dp: int, cp: int, ep: int, gpus_per_node: int,
+          order: str = DEFAULT_ORDER) -> Placement:
+    """Place tp*pp*dp*cp ranks by ``order`` and build the dense and expert groups (Megatron's rules)."""
+    world = tp * pp * dp * cp
+    dense = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}
+    axes = parse_order(order, {**dense, "ep": ep})
+    if (dp * cp) % ep:
+        raise OrderError(f"ep={ep} does not divide dp*cp={dp * cp}")
+    expert = {"tp": tp, "cp": 1, "ep": ep, "dp": dp * cp // ep, "pp": pp}
+    groups = {
+        "tp": rank_groups(axes, dense, {"tp"}),
+        "pp": rank_groups(axes, dense, {"pp"}),
+        "dp": rank_groups(axes, dense, {"dp"}),
+        "cp": rank_groups(axes, dense, {"cp"}),
+        "dp-cp": rank_groups(axes, dense, {"dp", "cp"}),
+        "tp-pp": rank_groups(axes, dense, {"tp", "pp"}),
+        "ep": rank_groups(axes, expert, {"ep"}),
+        "edp": rank_groups(axes, expert, {"dp"}),
+    }
+    return Placement(world, gpus_per_node, tuple(axes), groups)

@@ -1,0 +1,182 @@
+"""The resolved plan: degrees, batch arithmetic, pipeline partition and rank placement.
+
+Building a plan never raises on a bad layout: whatever cannot be resolved is left as None and
+the rules explain why, so one run reports every problem at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from dsforge.compiler.params import embedding_params, head_params, is_moe_layer, layer_params
+from dsforge.compiler.placement import OrderError, Placement, place
+from dsforge.compiler.schema import JobSpec
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """Resolved parallel degrees; ``dp`` follows from the world size when it was `auto`."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+
+    @property
+    def product(self) -> int:
+        """Ranks this layout occupies (ep is carved out of dp x cp, so it does not multiply)."""
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert-data-parallel degree: replicas of each expert (Megatron's expert_data_parallel_size)."""
+        return self.dp * self.cp // self.ep
+
+
+def _int_or_none(value: int | str) -> int | None:
+    return value if isinstance(value, int) else None
+
+
+def balanced_partition(weights: list[int], parts: int) -> list[int]:
+    """Split a sequence of item weights into ``parts`` contiguous runs minimising the heaviest run.
+
+    Same goal as DeepSpeed's ``partition_balanced`` (deepspeed/runtime/utils.py) used by
+    PipelineModule's ``partition_method="parameters"``; returns the number of items per part.
+    """
+    if parts <= 0 or len(weights) < parts:
+        return []
+
+    def fits(cap: int) -> list[int] | None:
+        counts, run, n = [], 0, 0
+        for i, w in enumerate(weights):
+            left_items, left_parts = len(weights) - i, parts - len(counts)
+            if n and (run + w > cap or left_items < left_parts):
+                counts.append(n)
+                run, n = 0, 0
+            run, n = run + w, n + 1
+        counts.append(n)
+        return counts if len(counts) == parts and max(counts) > 0 else None
+
+    lo, hi = max(weights), sum(weights)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    best = fits(lo)
+    return best if best is not None else []
+
+
+def uniform_partition(items: int, parts: int) -> list[int]:
+    """Split ``items`` into ``parts`` runs whose sizes differ by at most one (later runs larger)."""
+    base, extra = divmod(items, parts)
+    return [base + (1 if i >= parts - extra else 0) for i in range(parts)]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A job with everything derived: degrees, world size, batch split, stage partition, placement."""
+
+    spec: JobSpec
+
+    @property
+    def nodes(self) -> int:
+        """Number of nodes."""
+        return self.spec.hardware.nodes
+
+    @property
+    def gpus_per_node(self) -> int:
+        """Ranks per node."""
+        return self.spec.hardware.gpus_per_node
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the job: nodes x gpus_per_node."""
+        return self.nodes * self.gpus_per_node
+
+    @cached_property
+    def degrees(self) -> Degrees | None:
+        """The degrees, with dp resolved from the world size; None while any other degree is `auto`."""
+        p = self.spec.parallel
+        tp, pp, cp, ep = (_int_or_none(v) for v in (p.tp, p.pp, p.cp, p.ep))
+        if tp is None or pp is None or cp is None or ep is None:
+            return None
+        dp = _int_or_none(p.dp)
+        if dp is None:
+            dp = max(1, self.world_size // (tp * pp * cp))
+        return Degrees(tp, pp, dp, cp, ep)
+
+    @property
+    def zero(self) -> int:
+        """ZeRO stage (`auto` counts as 0 until the search picks one)."""
+        return self.spec.parallel.zero if isinstance(self.spec.parallel.zero, int) else 0
+
+    @property
+    def layout_ok(self) -> bool:
+        """True when the degrees are resolved and exactly fill the world size."""
+        return self.degrees is not None and self.degrees.product == self.world_size
+
+    @property
+    def grad_accum(self) -> int | None:
+        """Gradient-accumulation steps (micro-batches per step), None if global_batch does not split."""
+        if self.degrees is None:
+            return None
+        t = self.spec.training
+        per_step = t.micro_batch * self.degrees.dp
+        if t.global_batch % per_step:
+            return None
+        return t.global_batch // per_step
+
+    @property
+    def virtual_stages(self) -> int:
+        """Model chunks per pipeline rank (1 unless the interleaved schedule is chosen)."""
+        return self.spec.parallel.pipeline.virtual_stages
+
+    @cached_property
+    def stage_layers(self) -> list[int]:
+        """Transformer layers per model chunk, in pipeline order (pp x virtual_stages chunks); [] if unsplittable."""
+        if self.degrees is None:
+            return []
+        m, part = self.spec.model, self.spec.parallel.pipeline.partition
+        chunks = self.degrees.pp * self.virtual_stages
+        if isinstance(part, list):
+            return list(part) if len(part) == chunks and sum(part) == m.layers else []
+        if m.layers < chunks:
+            return []
+        if part == "uniform" or chunks == 1:
+            return uniform_partition(m.layers, chunks)
+        # "parameters": DeepSpeed weighs every layer spec, embeddings and head included.
+        weights = [layer_params(m, is_moe_layer(m, i)).total for i in range(m.layers)]
+        weights[0] += embedding_params(m, self.degrees.tp)
+        weights[-1] += head_params(m, self.degrees.tp)
+        return balanced_partition(weights, chunks)
+
+    @cached_property
+    def placement(self) -> Placement | None:
+        """Rank placement and groups, or None when the degrees do not fill the world or cannot be ordered."""
+        d = self.degrees
+        if d is None or not self.layout_ok or (d.dp * d.cp) % d.ep:
+            return None
+        try:
+            return place(d.tp, d.pp, d.dp, d.cp, d.ep, self.gpus_per_node, self.spec.parallel.order)
+        except OrderError:
+            return None
+
+    def order_error(self) -> str | None:
+        """Why the order string cannot place this layout, or None."""
+        d = self.degrees
+        if d is None or not self.layout_ok or (d.dp * d.cp) % d.ep:
+            return None
+        try:
+            place(d.tp, d.pp, d.dp, d.cp, d.ep, self.gpus_per_node, self.spec.parallel.order)
+        except OrderError as exc:
+            return str(exc)
+        return None
+
+
+def build_plan(spec: JobSpec) -> Plan:
+    """Resolve a job spec into a plan (pure; bad layouts surface through the rules)."""
+    return Plan(spec)

@@ -1,0 +1,18 @@
+"""Validation rules over a job: registry, runner, and the built-in checks (one module per stage)."""
+
+from __future__ import annotations
+
+import importlib
+
+_BUILTIN = ("layout", "model_shape", "batch", "topology", "deepspeed_compat")
+_loaded = False
+
+
+def load_builtin() -> None:
+    """Import the built-in rule modules once (each registers its rules on import)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for name in _BUILTIN:
+        importlib.import_module(f"dsforge.compiler.rules.{name}")

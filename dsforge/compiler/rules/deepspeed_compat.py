@@ -1,0 +1,161 @@
+"""DSF5xx: what DeepSpeed would reject only after every process has started, checked up front."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from dsforge.compiler.ds_keys import (COMM_DTYPES, REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS, TOP_LEVEL_KEYS,
+                                      ZERO_KEYS)
+from dsforge.compiler.parse import suggest
+from dsforge.compiler.rules.registry import Context, Finding, rule
+from dsforge.diagnostics import Severity
+
+DS = "deepspeed 0.19.8 "
+
+
+@rule("DSF501", "ZeRO-2/3 is refused with pipeline parallelism",
+      source=DS + "runtime/pipe/engine.py PipelineEngine.__init__")
+def zero_with_pipeline(ctx: Context) -> Iterator[Finding]:
+    """DeepSpeed's PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+    on every rank at initialize (observed on CPU: PP2 x DP2 with ZeRO-2 fails; ZeRO-1 trains)."""
+    d, zero = ctx.plan.degrees, ctx.plan.zero
+    if d is not None and d.pp > 1 and zero >= 2:
+        yield Finding(f"zero={zero} with pp={d.pp}: DeepSpeed's pipeline engine accepts only ZeRO 0 or 1",
+                      "use zero: 1 with pipeline parallelism, or pp: 1 to use ZeRO-2/3", ("parallel", "zero"))
+
+
+@rule("DSF502", "DeepSpeed's MoE layer is refused with ZeRO-3",
+      source=DS + "runtime/engine.py _validate_zero3_moe_compatibility")
+def moe_with_zero3(ctx: Context) -> Iterator[Finding]:
+    """The native MoE layer asserts "Native DeepSpeed MoE is not supported with ZeRO Stage 3" at
+    initialize (observed on CPU with ep_size=2)."""
+    if ctx.spec.model.moe is not None and ctx.plan.zero == 3:
+        yield Finding("zero=3 with a mixture-of-experts model: DeepSpeed's MoE layer refuses ZeRO-3",
+                      "use zero: 1 or 2 for MoE models", ("parallel", "zero"))
+
+
+@rule("DSF503", "the accelerator supports the chosen precision",
+      source=DS + "runtime/engine.py DeepSpeedEngine._do_sanity_check; accelerator is_bf16/fp16_supported")
+def precision_supported(ctx: Context) -> Iterator[Finding]:
+    """bf16 needs Ampere or newer (a V100 has none); DeepSpeed checks the accelerator only at start-up."""
+    prec, acc = ctx.spec.training.precision, ctx.spec.hardware.accelerator
+    peak = {"bf16": acc.bf16_tflops, "fp16": acc.fp16_tflops if acc.fp16_tflops is not None else acc.bf16_tflops}
+    if prec in peak and not peak[prec]:
+        other = "fp16" if prec == "bf16" and peak["fp16"] else "bf16" if peak["bf16"] else "fp32"
+        yield Finding(f"precision={prec} but {acc.name} has no {prec} support",
+                      f"use precision: {other}", ("training", "precision"))
+
+
+@rule("DSF504", "optimizer offload needs ZeRO (NVMe needs ZeRO-3)",
+      source=DS + "runtime/zero/config.py offload_optimizer; ZeRO-Infinity (Rajbhandari et al. 2021)")
+def offload_needs_zero(ctx: Context) -> Iterator[Finding]:
+    """Optimizer offload is part of the ZeRO optimizers: with stage 0 the section is ignored and the
+    states stay on the device; offload to NVMe is implemented only by ZeRO-3 (ZeRO-Infinity)."""
+    off, zero = ctx.spec.training.optimizer.offload, ctx.plan.zero
+    path = ("training", "optimizer", "offload")
+    if off != "none" and zero == 0:
+        yield Finding(f"optimizer offload to {off} needs ZeRO, but zero=0", "set zero: 1, 2 or 3, or offload: none",
+                      path)
+    elif off == "nvme" and zero != 3:
+        yield Finding(f"optimizer offload to nvme needs zero=3, not {zero}", "use zero: 3, or offload: cpu", path)
+
+
+@rule("DSF505", "ZeRO supports the optimizer", source=DS + "runtime/zero/utils.py ZERO_SUPPORTED_OPTIMIZERS; "
+      "runtime/engine.py _configure_zero_optimizer")
+def zero_optimizer(ctx: Context) -> Iterator[Finding]:
+    """ZeRO accepts Adam, AdamW, Adagrad and Lion; others (LAMB, SGD) need `zero_allow_untested_optimizer`
+    or the engine asserts at initialize."""
+    name = ctx.spec.training.optimizer.name
+    if ctx.plan.zero >= 1 and name in {"lamb", "sgd"} and not ctx.spec.deepspeed.get("zero_allow_untested_optimizer"):
+        yield Finding(f"optimizer {name} is not one ZeRO supports (Adam, AdamW, Adagrad, Lion)",
+                      "use adamw, or set deepspeed.zero_allow_untested_optimizer: true",
+                      ("training", "optimizer", "name"))
+
+
+@rule("DSF506", "DeepSpeed's pipeline engine runs 1F1B only", severity=Severity.WARNING,
+      source=DS + "runtime/pipe/schedule.py TrainSchedule")
+def pipeline_schedule(ctx: Context) -> Iterator[Finding]:
+    """DeepSpeed's PipelineEngine executes its TrainSchedule, a 1F1B schedule with one chunk per rank;
+    GPipe and interleaved schedules are estimated by `dsforge explain` but run as 1F1B."""
+    d, sched = ctx.plan.degrees, ctx.spec.parallel.pipeline.schedule
+    if d is not None and d.pp > 1 and sched != "1f1b":
+        yield Finding(f"schedule={sched}: DeepSpeed runs pipelines with 1F1B, so the job will run 1F1B",
+                      "set schedule: 1f1b (explain shows what the other schedule would gain)",
+                      ("parallel", "pipeline", "schedule"))
+
+
+def _section(ctx: Context, key: str) -> dict[str, Any]:
+    value = ctx.spec.deepspeed.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+@rule("DSF507", "deepspeed overrides use keys DeepSpeed knows",
+      source=DS + "runtime/config.py _reject_removed_config_keys; runtime/zero/config.py (extra=forbid)")
+def override_keys(ctx: Context) -> Iterator[Finding]:
+    """Removed keys and unknown zero_optimization keys fail DeepSpeed's parse; unknown top-level keys are
+    silently ignored by DeepSpeed, so a typo there would quietly not apply."""
+    for key in ctx.spec.deepspeed:
+        path = ("deepspeed", key)
+        if key in REMOVED_TOP_LEVEL_KEYS:
+            yield Finding(f"deepspeed.{key} was removed from DeepSpeed and is rejected at parse", "remove it", path,
+                          at_key=True)
+        elif key not in TOP_LEVEL_KEYS:
+            yield Finding(f"deepspeed.{key} is not a DeepSpeed key and would be ignored"
+                          f"{suggest(key, sorted(TOP_LEVEL_KEYS))}", "fix the spelling or remove it", path,
+                          Severity.WARNING, at_key=True)
+    for key in _section(ctx, "zero_optimization"):
+        path = ("deepspeed", "zero_optimization", key)
+        if key in REMOVED_ZERO_KEYS:
+            yield Finding(f"zero_optimization.{key} was removed from DeepSpeed", "remove it", path, at_key=True)
+        elif key not in ZERO_KEYS:
+            yield Finding(f"zero_optimization.{key} is not a ZeRO key: DeepSpeed rejects it"
+                          f"{suggest(key, sorted(ZERO_KEYS))}", "fix the spelling or remove it", path, at_key=True)
+
+
+_PLANNED = {
+    "train_micro_batch_size_per_gpu": ("training", "micro_batch"),
+    "gradient_accumulation_steps": ("training", "global_batch"),
+    "train_batch_size": ("training", "global_batch"),
+}
+
+
+@rule("DSF508", "deepspeed overrides agree with the plan", source="dsforge (overrides are merged last)")
+def override_agrees(ctx: Context) -> Iterator[Finding]:
+    """The `deepspeed:` section is merged into the emitted ds_config last; an override of a value the plan
+    decides (batch sizes, ZeRO stage, precision) would make the job run a different layout than the one
+    validated and explained, so it must agree or be set in the plan's own keys."""
+    ds, t, plan = ctx.spec.deepspeed, ctx.spec.training, ctx.plan
+    planned: dict[str, Any] = {"train_micro_batch_size_per_gpu": t.micro_batch,
+                               "gradient_accumulation_steps": plan.grad_accum,
+                               "train_batch_size": t.global_batch}
+    for key, want in planned.items():
+        if key in ds and want is not None and ds[key] != want:
+            yield Finding(f"deepspeed.{key}={ds[key]!r} contradicts the plan's {want}",
+                          f"remove it and set {'.'.join(_PLANNED[key])} instead", ("deepspeed", key))
+    stage = _section(ctx, "zero_optimization").get("stage")
+    if stage is not None and stage != plan.zero:
+        yield Finding(f"deepspeed.zero_optimization.stage={stage!r} contradicts parallel.zero={plan.zero}",
+                      "remove it and set parallel.zero", ("deepspeed", "zero_optimization", "stage"))
+    for prec in ("bf16", "fp16"):
+        enabled = _section(ctx, prec).get("enabled")
+        if enabled is not None and bool(enabled) != (t.precision == prec):
+            yield Finding(f"deepspeed.{prec}.enabled={enabled!r} contradicts training.precision={t.precision}",
+                          "remove it and set training.precision", ("deepspeed", prec, "enabled"))
+
+
+@rule("DSF509", "deepspeed override values DeepSpeed accepts",
+      source=DS + "runtime/config.py _do_error_check, get_communication_data_type")
+def override_values(ctx: Context) -> Iterator[Finding]:
+    """DeepSpeed rejects fp16 together with bf16, communication dtypes other than fp16/bf16/fp32, and a
+    `sum` gradient all-reduce under ZeRO-3 (which averages inside its reduce-scatter)."""
+    ds = ctx.spec.deepspeed
+    if _section(ctx, "bf16").get("enabled") and _section(ctx, "fp16").get("enabled"):
+        yield Finding("deepspeed enables both bf16 and fp16", "enable one (training.precision)", ("deepspeed", "fp16"))
+    for key in ("communication_data_type", "seq_parallel_communication_data_type"):
+        if key in ds and ds[key] is not None and ds[key] not in COMM_DTYPES:
+            yield Finding(f"deepspeed.{key}={ds[key]!r} is not one of fp16, bf16, fp32",
+                          "use fp16, bf16 or fp32", ("deepspeed", key))
+    if ds.get("gradient_allreduce_op") == "sum" and ctx.plan.zero == 3:
+        yield Finding("gradient_allreduce_op=sum is refused with ZeRO-3", "remove it, or use zero <= 2",
+                      ("deepspeed", "gradient_allreduce_op"))
