@@ -10,7 +10,6 @@ groups. The same order therefore yields Megatron's groups.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from math import prod
 
@@ -48,16 +47,19 @@ def rank_groups(axes: list[str], sizes: dict[str, int], members: set[str]) -> li
     """
     dims = [sizes[a] for a in axes]
     strides = [prod(dims[:i]) for i in range(len(dims))]
-    inner = [i for i, a in enumerate(axes) if a in members]
-    outer = [i for i, a in enumerate(axes) if a not in members]
-    groups = []
-    for fixed in itertools.product(*(range(dims[i]) for i in reversed(outer))):
-        base = sum(c * strides[i] for c, i in zip(reversed(fixed), outer))
-        ranks = []
-        for moving in itertools.product(*(range(dims[i]) for i in reversed(inner))):
-            ranks.append(base + sum(c * strides[i] for c, i in zip(reversed(moving), inner)))
-        groups.append(ranks)
-    return sorted(groups, key=lambda g: g[0])
+
+    def offsets(which: list[int]) -> list[int]:
+        # Rank offsets of every coordinate combination along ``which`` (sorted ascending).
+        out = [0]
+        for i in which:
+            out = [o + c * strides[i] for c in range(dims[i]) for o in out]
+        return sorted(out)
+
+    # Every group has the same shape: one list of member offsets, shifted by each group's base rank.
+    # This keeps placement linear in the world size (a 1,024-rank job has thousands of groups).
+    members_at = offsets([i for i, a in enumerate(axes) if a in members])
+    bases = offsets([i for i, a in enumerate(axes) if a not in members])
+    return [[base + o for o in members_at] for base in bases]
 
 
 @dataclass(frozen=True)
