@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,8 @@ class LoadedJob:
 
 def suggest(word: str, options: list[str]) -> str:
     """A " did you mean `x`?" suffix when a close match exists, else ""."""
+    import difflib  # only needed when something is misspelled; keeps start-up lean
+
     match = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
     return f"; did you mean `{match[0]}`?" if match else ""
 

@@ -39,7 +39,7 @@ Degree = Annotated[
 class Section(BaseModel):
     """Base of every section: unknown keys are errors (reported with a "did you mean")."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, defer_build=True)
 
 
 class MoESpec(Section):
