@@ -188,6 +188,16 @@ class LaunchSpec(Section):
     time_limit: str | None = Field(None, description="SLURM time limit, e.g. 24:00:00.")
     python: str = Field("python", description="Python interpreter on the nodes.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for every rank.")
+    hosts: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")]] = Field(
+        default_factory=list,
+        description="Host names of the nodes, one per node (deepspeed launcher's hostfile); default for one node: "
+                    "localhost.")
+    rdzv_backend: Literal["c10d", "static"] = Field(
+        "c10d", description="torchrun rendezvous across nodes: c10d (any node may start first) or static "
+                            "(each node needs NODE_RANK).")
+    gpu_resource: str = Field(
+        "nvidia.com/gpu", pattern=r"^[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?$",
+        description="Kubernetes extended-resource name of one accelerator, requested gpus_per_node times per pod.")
 
 
 class JobSpec(Section):
