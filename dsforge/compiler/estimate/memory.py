@@ -1,0 +1,149 @@
+"""Memory per rank and pipeline stage: model states, activations, logits and a framework reserve.
+
+Every rank of a pipeline stage holds the same shapes (tp, dp, cp and ep ranks are symmetric up to
+ZeRO's padding), so one rank per stage is estimated; the stage with the largest device total
+decides whether the job fits. Model states: `model_states.py`; activations: `activations.py`.
+
+Framework reserve, stated: on a GPU 2 GB for the CUDA context, cuBLAS workspaces and NCCL
+communicator buffers (about 0.5-1 GB for the context on Hopper, the rest for NCCL), plus 5 % of the
+tensor bytes for the caching allocator's fragmentation; on the CPU accelerator 0.3 GB (the resident
+size of a process that has imported torch and deepspeed, measured at 247 MB in
+shared/research/deepspeed.md (g)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dsforge.compiler.estimate import activations as act
+from dsforge.compiler.estimate.model_states import model_states
+from dsforge.compiler.estimate.shares import stage_chunks, stage_share
+from dsforge.compiler.estimate.zero_config import ZeroSettings, zero_settings
+from dsforge.compiler.params import is_moe_layer, padded_vocab
+from dsforge.compiler.plan import Plan
+
+GPU_RESERVE_BYTES = 2.0e9
+CPU_RESERVE_BYTES = 0.3e9
+FRAGMENTATION = 0.05
+
+#: Stable component names, in display order.
+DEVICE_COMPONENTS = ("parameters", "gradients", "optimizer", "buffers", "activations", "logits", "reserve")
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Estimated bytes of the worst rank of one pipeline stage, on the device and on the host."""
+
+    stage: int
+    rank: int
+    components: dict[str, float]
+    host: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def device_bytes(self) -> float:
+        """Total device bytes of this rank."""
+        return sum(self.components.values())
+
+    @property
+    def host_bytes(self) -> float:
+        """Total host (CPU) bytes of this rank (offloaded optimizer state and the like)."""
+        return sum(self.host.values())
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-stage memory of a plan against the accelerator's capacity."""
+
+    stages: list[StageMemory]
+    capacity_bytes: float
+    micro_batches: int = 1
+    assumptions: tuple[str, ...] = ()
+
+    @property
+    def peak(self) -> StageMemory:
+        """The stage with the largest device total (the one that decides the fit)."""
+        return max(self.stages, key=lambda s: s.device_bytes)
+
+    @property
+    def utilization(self) -> float:
+        """Peak device bytes as a fraction of the accelerator's memory."""
+        return self.peak.device_bytes / self.capacity_bytes
+
+
+def is_cpu(plan: Plan) -> bool:
+    """True when the accelerator is the CPU (no fused attention kernel, no CUDA context)."""
+    return "cpu" in plan.spec.hardware.accelerator.name.lower()
+
+
+def activation_shape(plan: Plan) -> act.ActivationShape:
+    """The activation-sizing inputs of a plan: micro-batch, sequence, tp/cp/sp, precision, kernels."""
+    assert plan.degrees is not None
+    t, p = plan.spec.training, plan.spec.parallel
+    return act.ActivationShape(
+        micro_batch=t.micro_batch, seq_len=plan.spec.model.seq_len, tp=plan.degrees.tp, cp=plan.degrees.cp,
+        sequence_parallel=p.sequence_parallel and plan.degrees.tp > 1,
+        element_bytes=4 if t.precision == "fp32" else 2, fused_attention=not is_cpu(plan))
+
+
+def micro_batches(plan: Plan) -> int:
+    """Micro-batches per optimizer step (gradient-accumulation steps), at least 1."""
+    if plan.grad_accum:
+        return plan.grad_accum
+    assert plan.degrees is not None
+    t = plan.spec.training
+    return max(1, t.global_batch // (t.micro_batch * plan.degrees.dp))
+
+
+def _activations(plan: Plan, stage: int, shape: act.ActivationShape, m: int) -> tuple[float, float]:
+    """(activations, logits) bytes one rank of ``stage`` holds at its peak under the schedule."""
+    assert plan.degrees is not None
+    model, d = plan.spec.model, plan.degrees
+    recompute = plan.spec.training.recompute
+    chunks = stage_chunks(plan, stage)
+    layers = [i for first, count in chunks for i in range(first, first + count)]
+    per_mb = sum(act.layer_bytes(model, shape, is_moe_layer(model, i), recompute) for i in layers)
+    flight = act.in_flight(plan.spec.parallel.pipeline.schedule, d.pp, stage, m, len(chunks))
+    chunk_flight = -(-flight // len(chunks))  # micro-batches of the first/last chunk in flight
+    total = flight * per_mb / len(chunks)
+    total += max((act.recompute_working_set(model, shape, is_moe_layer(model, i), recompute) for i in layers),
+                 default=0.0)
+    if stage == 0:
+        total += chunk_flight * act.embedding_bytes(model, shape)
+    logits = 0.0
+    if stage == d.pp - 1:
+        total += chunk_flight * act.head_bytes(model, shape)
+        saved, transient = act.logits_bytes(model, shape, padded_vocab(model, d.tp))
+        logits = chunk_flight * saved + transient
+    return total, logits
+
+
+def _reserve(plan: Plan, tensor_bytes: float) -> float:
+    if is_cpu(plan):
+        return CPU_RESERVE_BYTES
+    return GPU_RESERVE_BYTES + FRAGMENTATION * tensor_bytes
+
+
+def stage_memory(plan: Plan, stage: int, z: ZeroSettings, m: int) -> StageMemory:
+    """Device and host bytes of one rank of pipeline ``stage``."""
+    assert plan.degrees is not None and plan.placement is not None
+    d = plan.degrees
+    share = stage_share(plan, stage, z.persistence_threshold)
+    states = model_states(share, z, d.dp * d.cp, max(1, d.expert_dp))
+    activ, logits = _activations(plan, stage, activation_shape(plan), m)
+    comps = {name: states.device.get(name, 0.0) for name in DEVICE_COMPONENTS[:4]}
+    comps.update(activations=activ, logits=logits)
+    comps["reserve"] = _reserve(plan, sum(comps.values()))
+    rank = plan.placement.groups["pp"][0][stage]
+    return StageMemory(stage, rank, comps, dict(states.host))
+
+
+def estimate_memory(plan: Plan) -> MemoryEstimate:
+    """Estimate every pipeline stage's memory for a plan whose layout is valid (else ValueError)."""
+    if not plan.layout_ok or plan.degrees is None or plan.placement is None or not plan.stage_layers:
+        raise ValueError("estimate_memory needs a valid layout (degrees filling the world, a stage partition)")
+    z = zero_settings(plan.spec, plan.zero, pipeline=plan.degrees.pp > 1)
+    m = micro_batches(plan)
+    stages = [stage_memory(plan, s, z, m) for s in range(plan.degrees.pp)]
+    notes = (f"reserve: {'CPU 0.3 GB' if is_cpu(plan) else 'GPU 2 GB + 5 % fragmentation'}",
+             f"attention: {'unfused (scores saved)' if is_cpu(plan) else 'fused kernel (no scores saved)'}")
+    return MemoryEstimate(stages, plan.spec.hardware.accelerator.memory_gb * 1e9, m, notes)

@@ -1,0 +1,135 @@
+"""Which parameters one rank holds: its pipeline stage's layers, split by tp, experts split by ep.
+
+Tensor-parallel splits follow Megatron-LM (Shoeybi et al. 2019, sec. 3): column-parallel weights and
+biases (QKV, MLP up/gate) and row-parallel weights (attention output, MLP down) are divided by tp;
+row-parallel biases, norms, routers and learned position tables are replicated; the embedding and
+LM head are vocabulary-parallel over the padded vocabulary. Expert MLPs are divided over ep (whole
+experts) and, as Megatron does by default (expert_tensor_parallel_size = tp), over tp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dsforge.compiler.params import has_bias, is_moe_layer, padded_vocab
+from dsforge.compiler.plan import Plan
+from dsforge.compiler.schema import ModelSpec
+
+
+@dataclass(frozen=True)
+class RankParams:
+    """Parameter counts one rank holds, split by how ZeRO partitions them (dense vs expert groups)."""
+
+    dense: float
+    expert: float
+    largest_module: float  # the largest single layer's rank-local parameters (ZeRO-3 gathers per module)
+    small: float = 0.0  # parameters in tensors at or below ZeRO-3's persistence threshold (kept whole)
+
+    @property
+    def total(self) -> float:
+        """All parameters on the rank."""
+        return self.dense + self.expert
+
+
+def kv_heads_per_rank(model: ModelSpec, tp: int) -> float:
+    """KV heads a tp rank holds: kv_heads / tp, or one replicated head when tp exceeds kv_heads."""
+    kv = model.kv_heads or model.heads
+    return kv / tp if kv >= tp else 1.0
+
+
+def _tensor_sizes(model: ModelSpec, moe: bool, tp: int, ep: int) -> tuple[list[float], list[float]]:
+    """Rank-local element counts of every parameter tensor of one layer: (dense tensors, expert tensors).
+
+    GPT-2-style layers (biases) fuse Q, K and V into one matrix, as HF GPT-2 and Megatron do;
+    Llama-style layers keep q, k, v and o apart. Tensor boundaries matter for ZeRO-3's persistence
+    threshold, which keeps whole any tensor at or below it.
+    """
+    h = model.hidden
+    head_dim = h // model.heads
+    kv_dim = kv_heads_per_rank(model, tp) * head_dim
+    if has_bias(model):
+        dense = [h * (h / tp + 2 * kv_dim), h / tp + 2 * kv_dim, h * h / tp, h]  # QKV, its bias, O, O bias
+        dense += [h, h, h, h]  # two LayerNorms: weight and bias each
+    else:
+        dense = [h * h / tp, h * kv_dim, h * kv_dim, h * h / tp, h, h]  # q, k, v, o, two RMSNorms
+    expert: list[float] = []
+    if moe and model.moe is not None:
+        ffn = model.moe.ffn_hidden or model.ffn_hidden or 4 * h
+        dense.append(h * model.moe.experts)  # router, replicated
+        expert = _mlp_sizes(model, ffn, tp) * (model.moe.experts // max(ep, 1))
+    else:
+        dense += _mlp_sizes(model, model.ffn_hidden or 4 * h, tp)
+    return dense, expert
+
+
+def _mlp_sizes(model: ModelSpec, ffn: int, tp: int) -> list[float]:
+    """Rank-local tensors of one MLP: each weight matrix split by tp, plus biases where present."""
+    h = model.hidden
+    mats = 3 if model.activation == "swiglu" else 2
+    sizes = [h * ffn / tp] * mats
+    if has_bias(model):
+        sizes += [ffn / tp, h]
+    return sizes
+
+
+def layer_share(model: ModelSpec, index: int, tp: int, ep: int, threshold: float) -> RankParams:
+    """Rank-local parameters of layer ``index`` (0-based), and how many sit in small (persistent) tensors."""
+    dense, expert = _tensor_sizes(model, is_moe_layer(model, index), tp, ep)
+    small = sum(n for n in dense + expert if n <= threshold)
+    return RankParams(sum(dense), sum(expert), sum(dense) + sum(expert), small)
+
+
+def embedding_share(model: ModelSpec, tp: int) -> float:
+    """Rank-local input embedding: the vocabulary-parallel table plus a replicated position table."""
+    pos = model.seq_len * model.hidden if model.position == "learned" else 0
+    return padded_vocab(model, tp) * model.hidden / tp + pos
+
+
+def head_share(model: ModelSpec, tp: int, pp: int) -> float:
+    """Rank-local final norm and LM head; a tied head on a pipeline's last stage keeps its own copy.
+
+    With pp > 1 the tied embedding lives on both the first and the last stage (DeepSpeed
+    TiedLayerSpec, Megatron's shared word-embedding copy) and their gradients are all-reduced.
+    """
+    norm = 2 * model.hidden if has_bias(model) else model.hidden
+    table = padded_vocab(model, tp) * model.hidden / tp
+    if model.tied_embeddings and pp == 1:
+        return norm
+    return norm + table
+
+
+def stage_chunks(plan: Plan, stage: int) -> list[tuple[int, int]]:
+    """The (first layer, layer count) of each model chunk a pipeline rank holds, in execution order.
+
+    Chunk j of rank i is global chunk j * pp + i (Megatron's interleaved assignment; one chunk when
+    not interleaved).
+    """
+    assert plan.degrees is not None
+    pp = plan.degrees.pp
+    starts = [0]
+    for n in plan.stage_layers:
+        starts.append(starts[-1] + n)
+    return [(starts[c], plan.stage_layers[c]) for c in range(stage, len(plan.stage_layers), pp)]
+
+
+def stage_share(plan: Plan, stage: int, threshold: float) -> RankParams:
+    """All parameters one rank of ``stage`` holds: its layers, plus embedding/head where they live."""
+    assert plan.degrees is not None
+    d, model = plan.degrees, plan.spec.model
+    dense = expert = small = largest = 0.0
+    for first, count in stage_chunks(plan, stage):
+        for i in range(first, first + count):
+            s = layer_share(model, i, d.tp, d.ep, threshold)
+            dense, expert, small = dense + s.dense, expert + s.expert, small + s.small
+            largest = max(largest, s.total)
+    norms = [float(model.hidden)] * (2 if has_bias(model) else 1)
+    if stage == 0:
+        emb = embedding_share(model, d.tp)
+        pos = emb - padded_vocab(model, d.tp) * model.hidden / d.tp
+        dense, largest = dense + emb, max(largest, emb)
+        small += pos if 0 < pos <= threshold else 0.0
+    if stage == d.pp - 1:
+        head = head_share(model, d.tp, d.pp)
+        dense, largest = dense + head, max(largest, head)
+        small += sum(n for n in norms if n <= threshold)
+    return RankParams(dense, expert, largest, small)

@@ -1,0 +1,79 @@
+"""The DeepSpeed settings that size the model-state buffers, read from the job with DeepSpeed's defaults.
+
+Defaults are those of DeepSpeed 0.19.8 `deepspeed/runtime/zero/config.py` (DeepSpeedZeroConfig):
+reduce_bucket_size 5e8 and allgather_bucket_size 5e8 elements, contiguous_gradients on, overlap_comm
+on for stage 3 only, stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold 1e5,
+stage3_max_live_parameters 1e9. Keys written under `deepspeed.zero_optimization` in the job override
+them, because they are merged into the emitted ds_config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dsforge.compiler.schema import JobSpec
+
+#: Bytes of optimizer state per parameter kept in fp32 (torch and DeepSpeed implementations).
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "lamb": 8, "lion": 4, "sgd": 4}
+
+
+@dataclass(frozen=True)
+class ZeroSettings:
+    """Everything about ZeRO and precision that changes which buffers a rank keeps."""
+
+    stage: int
+    precision: str  # bf16 | fp16 | fp32
+    weight_bytes: int  # bytes per element of the model's weights and gradients (2: bf16/fp16, 4: fp32)
+    optimizer_bytes: int  # fp32 optimizer state per parameter
+    offload_optimizer: bool
+    offload_params: bool
+    pipeline: bool
+    reduce_bucket: float  # elements
+    allgather_bucket: float
+    contiguous_gradients: bool
+    overlap_comm: bool
+    prefetch_bucket: float
+    persistence_threshold: float
+    max_live_parameters: float
+    fp32_grad_accum: bool  # data_types.grad_accum_dtype: fp32 with 16-bit weights
+
+
+def _get(block: dict[str, Any], *names: str, default: Any) -> Any:
+    for name in names:
+        if name in block:
+            return block[name]
+    return default
+
+
+def _offloaded(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("device", "none") in ("cpu", "nvme")
+
+
+def zero_settings(spec: JobSpec, stage: int, pipeline: bool) -> ZeroSettings:
+    """Resolve the ZeRO settings of a job: its stage and precision, DeepSpeed defaults, then overrides."""
+    ds = spec.deepspeed if isinstance(spec.deepspeed, dict) else {}
+    zo = ds.get("zero_optimization", {})
+    zo = zo if isinstance(zo, dict) else {}
+    opt = spec.training.optimizer
+    weight_bytes = 4 if spec.training.precision == "fp32" else 2
+    dtypes = ds.get("data_types", {})
+    fp32_accum = isinstance(dtypes, dict) and dtypes.get("grad_accum_dtype") in ("fp32", "float32")
+    return ZeroSettings(
+        stage=stage,
+        precision=spec.training.precision,
+        weight_bytes=weight_bytes,
+        optimizer_bytes=OPTIMIZER_STATE_BYTES.get(opt.name, 8),
+        offload_optimizer=stage > 0 and (opt.offload != "none" or _offloaded(zo.get("offload_optimizer"))),
+        offload_params=stage == 3 and _offloaded(zo.get("offload_param")),
+        pipeline=pipeline,
+        reduce_bucket=float(_get(zo, "reduce_bucket_size", default=5e8)),
+        allgather_bucket=float(_get(zo, "allgather_bucket_size", default=5e8)),
+        contiguous_gradients=bool(_get(zo, "contiguous_gradients", default=True)),
+        overlap_comm=bool(_get(zo, "overlap_comm", default=stage == 3)),
+        prefetch_bucket=float(_get(zo, "prefetch_bucket_size", "stage3_prefetch_bucket_size", default=5e7)),
+        persistence_threshold=float(_get(zo, "param_persistence_threshold", "stage3_param_persistence_threshold",
+                                         default=1e5)),
+        max_live_parameters=float(_get(zo, "max_live_parameters", "stage3_max_live_parameters", default=1e9)),
+        fp32_grad_accum=fp32_accum and weight_bytes == 2,
+    )
