@@ -22,9 +22,9 @@ def _degree(value: Any) -> Any:
     if value == "auto" and isinstance(value, str):
         return value
     if isinstance(value, bool) or not isinstance(value, int):
-        raise PydanticCustomError("degree", "must be a whole number >= 1 or `auto`", {"value": value})
+        raise PydanticCustomError("degree_type", "must be a whole number >= 1 or `auto`", {"value": value})
     if value < 1:
-        raise PydanticCustomError("degree", "must be >= 1 or `auto`", {"value": value})
+        raise PydanticCustomError("degree_range", "must be >= 1 or `auto`", {"value": value})
     return value
 
 

@@ -24,7 +24,7 @@ Path_ = tuple[str | int, ...]
 
 #: Bounds that keep a hostile file from exhausting memory ("billion laughs").
 MAX_FILE_BYTES = 2 * 1024 * 1024
-MAX_NODES = 200_000
+MAX_NODES = 100_000
 MAX_DEPTH = 64
 
 _CORE = "tag:yaml.org,2002:"
@@ -95,20 +95,55 @@ def _loc(display: str, mark: Any) -> Location:
     return Location(display, mark.line + 1, mark.column + 1)
 
 
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def check_bounds(root: yaml.Node, display: str) -> None:
+    """Reject alias bombs, recursive aliases and deep nesting before any value is built.
+
+    An alias reuses its anchor's node, so the composed graph stays small while its expansion can be
+    9^9 values ("billion laughs"). Sizes and heights are memoised per node, so this pass costs one
+    visit per distinct node however large the expansion would be.
+    """
+    memo: dict[int, tuple[int, int]] = {}
+    open_nodes: set[int] = set()
+
+    def measure(node: yaml.Node) -> tuple[int, int]:
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        if key in open_nodes:
+            raise _fail("DSF007", "an alias refers to the anchor that contains it (a recursive structure)",
+                        _loc(display, node.start_mark), "write the values out instead of the recursive alias")
+        open_nodes.add(key)
+        size, height = 1, 0
+        for child in _children(node):
+            child_size, child_height = measure(child)
+            size, height = size + child_size, max(height, child_height + 1)
+        open_nodes.discard(key)
+        if size > MAX_NODES or height > MAX_DEPTH:
+            what = f"more than {MAX_NODES} values" if size > MAX_NODES else f"nesting deeper than {MAX_DEPTH} levels"
+            raise _fail("DSF007", f"the document expands to {what} (aliases repeated inside aliases?)",
+                        _loc(display, node.start_mark), "write the values out instead of nesting aliases")
+        memo[key] = (size, height)
+        return size, height
+
+    measure(root)
+
+
 class _Builder:
-    """Turns a composed node graph into Python data, recording positions and enforcing bounds."""
+    """Turns a composed (and bounds-checked) node graph into Python data, recording positions."""
 
     def __init__(self, display: str):
         self.display = display
         self.smap = SourceMap(display)
-        self.count = 0
 
     def build(self, node: yaml.Node, path: Path_, depth: int) -> Any:
-        self.count += 1
-        if self.count > MAX_NODES or depth > MAX_DEPTH:
-            what = f"more than {MAX_NODES} values" if self.count > MAX_NODES else f"nesting deeper than {MAX_DEPTH}"
-            raise _fail("DSF007", f"the document expands to {what} (aliases repeated inside aliases?)",
-                        _loc(self.display, node.start_mark), "write the values out instead of nesting aliases")
         self.smap.values.setdefault(path, _loc(self.display, node.start_mark))
         if isinstance(node, yaml.MappingNode):
             return self._mapping(node, path, depth)
@@ -130,15 +165,10 @@ class _Builder:
     def _mapping(self, node: yaml.MappingNode, path: Path_, depth: int) -> dict[str, Any]:
         self._check_tag(node, _CORE + "map")
         out: dict[str, Any] = {}
-        merged: dict[str, Any] = {}
+        merges: list[yaml.Node] = []
         for key_node, value_node in node.value:
             if key_node.tag == _MERGE:
-                for src in value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]:
-                    data = self.build(src, path, depth + 1)
-                    if not isinstance(data, dict):
-                        raise _fail("DSF006", "a `<<` merge key must name a mapping",
-                                    _loc(self.display, src.start_mark), "point `<<` at a mapping anchor")
-                    merged = {**data, **merged}
+                merges += value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
                 continue
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag not in _SCALAR_TAGS:
                 raise _fail("DSF006", "a mapping key must be a plain string",
@@ -151,7 +181,22 @@ class _Builder:
                             "YAML would silently keep the last one", kloc, "delete one of the two")
             self.smap.keys[path + (key,)] = kloc
             out[key] = self.build(value_node, path + (key,), depth + 1)
-        return {**merged, **out}
+        return {**self._merged(merges, path, depth, set(out)), **out}
+
+    def _merged(self, sources: list[yaml.Node], path: Path_, depth: int, explicit: set[str]) -> dict[str, Any]:
+        """The `<<` merge keys' mappings (YAML 1.1: explicit keys win, then earlier sources over later)."""
+        merged: dict[str, Any] = {}
+        for src in sources:
+            sub = _Builder(self.display)  # its own map, so only the keys that take effect keep positions
+            data = sub.build(src, path, depth + 1)
+            if not isinstance(data, dict):
+                raise _fail("DSF006", "a `<<` merge key must name a mapping",
+                            _loc(self.display, src.start_mark), "point `<<` at a mapping anchor")
+            new = {k for k in data if k not in explicit and k not in merged}
+            for theirs, mine in ((sub.smap.keys, self.smap.keys), (sub.smap.values, self.smap.values)):
+                mine.update({p: loc for p, loc in theirs.items() if len(p) > len(path) and p[len(path)] in new})
+            merged.update({k: data[k] for k in new})
+        return merged
 
 
 def load_yaml(text: str, display: str) -> tuple[dict[str, Any], SourceMap]:
@@ -164,11 +209,17 @@ def load_yaml(text: str, display: str) -> tuple[dict[str, Any], SourceMap]:
         problem = (exc.problem or exc.context or "invalid YAML").strip()
         raise _fail("DSF004", f"YAML syntax error: {problem}", loc,
                     "check indentation, colons and quotes around this position") from None
+    except yaml.reader.ReaderError as exc:  # a character YAML forbids; it carries an offset, not a mark
+        before = text[: exc.position]
+        loc = Location(display, before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1)
+        raise _fail("DSF004", f"character U+{exc.character:04X} is not allowed in YAML ({exc.reason})", loc,
+                    "delete the character or write it as an escape inside a double-quoted string") from None
     except yaml.YAMLError as exc:
         raise _fail("DSF004", f"YAML syntax error: {exc}", Location(display, 1, 1),
                     "check the file's YAML syntax") from None
     if node is None:
         raise _fail("DSF008", "the file is empty", Location(display, 1, 1), "add `version: 1` and a model")
+    check_bounds(node, display)
     builder = _Builder(display)
     data = builder.build(node, (), 0)
     if not isinstance(data, dict):
