@@ -1,0 +1,154 @@
+"""FLOPs of a training step: model FLOPs (what MFU counts) and hardware FLOPs (what the GPUs execute).
+
+Counts follow Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters
+Using Megatron-LM", sec. 5.1, eq. 3): only matrix multiplications are counted, 2 FLOPs per
+multiply-add, attention scores over the full sequence (the paper's convention, which published MFU
+figures use), the logit layer included, and a backward pass costs twice its forward pass. For the
+GPT shape (4h MLP, no GQA) the per-step total is 72·B·s·l·h²·(1 + s/6h) + 6·B·s·h·V, which is
+their eq. 3 without the recomputed forward. Generalised here to GQA (K/V projections of kv_heads
+heads), SwiGLU (three h x ffn matrices) and MoE (top_k experts per token plus the router).
+
+Recomputation adds hardware FLOPs but not model FLOPs (Korthikanti et al. 2022, sec. 6): full
+recompute repeats every layer's forward, selective recompute repeats only the attention core
+(QK^T, softmax, AV). MoE layers padded to capacity (DeepSpeed's top-k gating,
+deepspeed/moe/sharded_moe.py) execute capacity_factor times the routed expert work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dsforge.compiler.params import is_moe_layer, padded_vocab
+from dsforge.compiler.plan import Plan
+from dsforge.compiler.schema import AcceleratorSpec, ModelSpec
+
+
+@dataclass(frozen=True)
+class LayerFlops:
+    """Forward FLOPs of one transformer layer for one token, by part."""
+
+    attention_proj: float  # Q, K, V and output projections
+    attention_core: float  # QK^T scores and the attention-weighted sum of V
+    mlp: float  # the MLP, or the top_k experts of an MoE layer
+    router: float = 0.0
+
+    @property
+    def total(self) -> float:
+        """All forward FLOPs of the layer per token."""
+        return self.attention_proj + self.attention_core + self.mlp + self.router
+
+
+def _mlp_flops(model: ModelSpec, ffn: int) -> float:
+    """One MLP per token: 2 FLOPs per weight, with 2 (GELU) or 3 (SwiGLU gate, up, down) h x ffn matrices."""
+    mats = 3 if model.activation == "swiglu" else 2
+    return 2.0 * mats * model.hidden * ffn
+
+
+def layer_forward_flops(model: ModelSpec, moe: bool = False) -> LayerFlops:
+    """Forward FLOPs per token of one layer (Narayanan et al. 2021 eq. 3 terms, extended to GQA and MoE).
+
+    Attention: Q and O are h x h, K and V are h x (kv_heads·head_dim); scores and the weighted sum
+    each cost 2·s·h per token. MoE: top_k experts per token and an h x experts router.
+    """
+    h, s = model.hidden, model.seq_len
+    kv_dim = (model.kv_heads or model.heads) * (h // model.heads)
+    proj = 2.0 * (2 * h * h + 2 * h * kv_dim)
+    core = 4.0 * s * h
+    if moe and model.moe is not None:
+        ffn = model.moe.ffn_hidden or model.ffn_hidden or 4 * h
+        return LayerFlops(proj, core, model.moe.top_k * _mlp_flops(model, ffn), 2.0 * h * model.moe.experts)
+    return LayerFlops(proj, core, _mlp_flops(model, model.ffn_hidden or 4 * h))
+
+
+def logits_forward_flops(model: ModelSpec, tp: int = 1) -> float:
+    """Forward FLOPs per token of the LM head: an h x V matmul over the (padded) vocabulary."""
+    return 2.0 * model.hidden * padded_vocab(model, tp)
+
+
+def model_flops_per_token(model: ModelSpec, tp: int = 1) -> float:
+    """Model FLOPs per trained token, forward plus backward (3x forward; Narayanan et al. 2021 eq. 3)."""
+    layers = sum(layer_forward_flops(model, is_moe_layer(model, i)).total for i in range(model.layers))
+    return 3.0 * (layers + logits_forward_flops(model, tp))
+
+
+def model_flops_per_step(plan: Plan) -> float:
+    """Model FLOPs of one optimizer step: per-token FLOPs x global_batch x seq_len."""
+    t, m = plan.spec.training, plan.spec.model
+    tp = plan.degrees.tp if plan.degrees else 1
+    return model_flops_per_token(m, tp) * t.global_batch * m.seq_len
+
+
+def _recompute_flops(f: LayerFlops, recompute: str) -> float:
+    """Extra forward FLOPs per token that recomputation adds in the backward pass (Korthikanti et al. 2022)."""
+    if recompute == "full":
+        return f.total
+    if recompute == "selective":
+        return f.attention_core
+    return 0.0
+
+
+def _hardware_layer(model: ModelSpec, moe: bool) -> LayerFlops:
+    """Forward FLOPs per token the GPU executes: expert work padded to capacity (DeepSpeed top-k gating)."""
+    f = layer_forward_flops(model, moe)
+    if moe and model.moe is not None:
+        return LayerFlops(f.attention_proj, f.attention_core, f.mlp * model.moe.capacity_factor, f.router)
+    return f
+
+
+@dataclass(frozen=True)
+class ChunkFlops:
+    """Hardware FLOPs one GPU executes for one micro-batch on one model chunk."""
+
+    forward: float
+    backward: float  # includes recomputation
+    attention_forward: float  # the attention-core part of ``forward`` (what ring CP overlaps with)
+
+
+def chunk_flops(plan: Plan, first_layer: int, layers: int, first: bool, last: bool) -> ChunkFlops:
+    """Per-GPU hardware FLOPs of one micro-batch through layers [first_layer, first_layer + layers).
+
+    The micro-batch's micro_batch·seq_len tokens are split over cp (each rank owns a slice of the
+    sequence) and every matmul over tp (Shoeybi et al. 2019); the last chunk adds the logits.
+    """
+    assert plan.degrees is not None
+    model, t = plan.spec.model, plan.spec.training
+    tokens = t.micro_batch * model.seq_len / plan.degrees.cp
+    split = tokens / plan.degrees.tp
+    fwd = core = extra = 0.0
+    for i in range(first_layer, first_layer + layers):
+        hw = _hardware_layer(model, is_moe_layer(model, i))
+        fwd += hw.total
+        core += hw.attention_core
+        extra += _recompute_flops(hw, t.recompute)
+    if last:
+        fwd += logits_forward_flops(model, plan.degrees.tp)
+    return ChunkFlops(forward=fwd * split, backward=(2.0 * fwd + extra) * split, attention_forward=core * split)
+
+
+def hardware_flops_per_step(plan: Plan) -> float:
+    """All FLOPs the GPUs execute in one step: model FLOPs plus recomputation and MoE capacity padding."""
+    model, t = plan.spec.model, plan.spec.training
+    tp = plan.degrees.tp if plan.degrees else 1
+    per_token = 3.0 * logits_forward_flops(model, tp)
+    for i in range(model.layers):
+        hw = _hardware_layer(model, is_moe_layer(model, i))
+        per_token += 3.0 * hw.total + _recompute_flops(hw, t.recompute)
+    return per_token * t.global_batch * model.seq_len
+
+
+def dense_peak_flops(accelerator: AcceleratorSpec, precision: str) -> float:
+    """Dense (no sparsity) peak FLOP/s of the accelerator in the compute precision, from its data sheet."""
+    if precision == "bf16":
+        tflops = accelerator.bf16_tflops
+    elif precision == "fp16":
+        tflops = accelerator.fp16_tflops if accelerator.fp16_tflops is not None else accelerator.bf16_tflops
+    else:
+        tflops = accelerator.fp32_tflops or 0.0
+    return tflops * 1e12
+
+
+def utilization(flops_per_step: float, step_s: float, gpus: int, peak_flops: float) -> float:
+    """FLOPs utilisation: FLOPs per step / (step time x GPUs x peak) (MFU with model FLOPs, HFU with hardware)."""
+    if step_s <= 0 or gpus <= 0 or peak_flops <= 0:
+        return 0.0
+    return flops_per_step / (step_s * gpus * peak_flops)

@@ -1,0 +1,230 @@
+"""Step time: compute at an achievable fraction of peak, exposed communication, the pipeline bubble.
+
+The model, per pipeline rank and model chunk:
+
+* a forward (backward) pass lasts its hardware FLOPs / (dense peak x achievable_fraction), plus the
+  communication on its critical path: TP, Ulysses and EP collectives are synchronous (Megatron and
+  DeepSpeed-MoE run them between the matmuls), ring-CP exchanges hide behind the attention core
+  they feed (Liu et al. 2023), ZeRO-3 gathers hide behind the pass they prefetch for (overlap_comm),
+  ZeRO-2's per-micro-batch reduce-scatter hides behind the backward only with overlap_comm;
+* the passes are placed by the event simulation of the schedule (`schedule.simulate`), pipeline
+  transfers delaying each cross-rank dependency, which yields the bubble for uneven stages too;
+* after its last pass each rank reduces gradients and gathers parameters over its data-parallel group
+  (exposed: DeepSpeed reduces at the accumulation boundary; with overlap_comm and no pipeline the
+  reduction overlaps the last backward) and runs the optimizer, a memory-bound sweep over its
+  partition. The step ends when the slowest rank is done.
+
+``accelerator.achievable_fraction`` is the share of dense peak the layers' kernels reach on their own
+(GEMMs, attention, elementwise work), not end-to-end MFU; the hardware presets calibrate it from
+published runs (see their comments) and a job can override it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dsforge.compiler.estimate import comm, flops
+from dsforge.compiler.estimate.comm import Collective
+from dsforge.compiler.estimate.schedule import Timeline, simulate
+from dsforge.compiler.estimate.shares import stage_chunks, stage_share
+from dsforge.compiler.estimate.zero_config import zero_settings
+from dsforge.compiler.params import is_moe_layer
+from dsforge.compiler.plan import Plan
+
+#: Used when neither the preset nor the job gives accelerator.achievable_fraction: the middle of the
+#: 0.4-0.6 range large published runs imply for their kernels (see the hardware presets).
+DEFAULT_ACHIEVABLE_FRACTION = 0.5
+
+
+class EstimateError(ValueError):
+    """The plan cannot be estimated (its layout does not resolve, or the precision has no peak)."""
+
+
+@dataclass(frozen=True)
+class Pass:
+    """Duration of one forward or backward pass of one chunk, split into compute and exposed communication."""
+
+    compute_s: float
+    comm_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        """Total duration (s)."""
+        return self.compute_s + sum(self.comm_s.values())
+
+
+def achievable_fraction(plan: Plan) -> tuple[float, str]:
+    """The assumed fraction of dense peak the kernels reach, and where it came from."""
+    value = plan.spec.hardware.accelerator.achievable_fraction
+    if value is not None:
+        return value, "hardware.accelerator.achievable_fraction"
+    return DEFAULT_ACHIEVABLE_FRACTION, "dsforge default (no value for this accelerator)"
+
+
+def _hidden(comm_s: float, overlap: str, cover_s: float) -> float:
+    """Exposed part of ``comm_s`` seconds that may overlap ``cover_s`` seconds of compute."""
+    return max(0.0, comm_s - cover_s) if overlap != "none" else comm_s
+
+
+def _units(op: Collective, layers: int, moe_layers: int, first: bool, last: bool, share: float) -> float:
+    """How many times ``op`` runs in one pass of a chunk (per its scope)."""
+    return {"layer": layers, "moe-layer": moe_layers, "first": 1.0 if first else 0.0,
+            "last": 1.0 if last else 0.0, "micro-batch": share}.get(op.scope, 0.0)
+
+
+def _pass(ops: list[Collective], phase: str, compute_s: float, attention_s: float, counts: tuple) -> Pass:
+    """Build one pass: its compute plus the exposed time of the ops of this phase."""
+    exposed: dict[str, float] = {}
+    for op in ops:
+        if op.phase != phase or op.overlap == "dependency":
+            continue
+        n = _units(op, *counts)
+        if n <= 0:
+            continue
+        cover = attention_s if op.overlap == "attention" else compute_s
+        exposed[op.group] = exposed.get(op.group, 0.0) + _hidden(op.seconds * n, op.overlap, cover)
+    return Pass(compute_s, exposed)
+
+
+def stage_passes(plan: Plan, stage: int, speed: float) -> tuple[list[Pass], list[Pass]]:
+    """Forward and backward passes of each chunk rank ``stage`` holds; ``speed`` is achieved FLOP/s."""
+    assert plan.degrees is not None
+    d, model = plan.degrees, plan.spec.model
+    ops = comm.model_parallel(plan) + [o for o in comm.data_parallel(plan, stage) if o.scope == "micro-batch"]
+    recompute_ops = [o for o in ops if o.phase == "forward" and o.scope != "micro-batch"]
+    if plan.spec.training.recompute == "full":  # the recomputed forward repeats its collectives
+        ops = ops + [Collective(o.group, o.op, o.purpose, "backward", o.scope, o.payload_bytes, o.group_size,
+                                o.link, o.overlap, o.repeat) for o in recompute_ops]
+    chunks = stage_chunks(plan, stage)
+    last_chunk = len(plan.stage_layers) - 1
+    fwd, bwd = [], []
+    for j, (first_layer, count) in enumerate(chunks):
+        k = j * d.pp + stage
+        f = flops.chunk_flops(plan, first_layer, count, k == 0, k == last_chunk)
+        moe = sum(is_moe_layer(model, i) for i in range(first_layer, first_layer + count))
+        counts = (count, moe, k == 0, k == last_chunk, 1.0 / len(chunks))
+        attn = f.attention_forward / speed
+        fwd.append(_pass(ops, "forward", f.forward / speed, attn, counts))
+        bwd.append(_pass(ops, "backward", f.backward / speed, 2 * attn, counts))
+    return fwd, bwd
+
+
+def optimizer_seconds(plan: Plan, stage: int) -> float:
+    """The optimizer step of one rank: a memory-bound sweep over its partition of the parameters.
+
+    Adam-family updates read the fp32 master weight, gradient and states and write weight and states
+    back, plus the 16-bit copy (DeepSpeed FusedAdam, deepspeed/ops/csrc/adam): 2·(4 + state) + 4 + 2
+    bytes per parameter at HBM bandwidth. An offloaded optimizer runs on the host, not modelled here.
+    """
+    assert plan.degrees is not None
+    d = plan.degrees
+    z = zero_settings(plan.spec, plan.zero, d.pp > 1)
+    if z.offload_optimizer:
+        return 0.0
+    share = stage_share(plan, stage, 0.0)
+    params = share.dense / (d.dp * d.cp) + share.expert / d.expert_dp if z.stage >= 1 else share.total
+    touched = 2 * (4 + z.optimizer_bytes) + 4 + (z.weight_bytes if z.weight_bytes < 4 else 0)
+    return params * touched / (plan.spec.hardware.accelerator.hbm_gbs * 1e9)
+
+
+def stage_tail(plan: Plan, stage: int, last_backward_s: float) -> dict[str, float]:
+    """Exposed seconds after rank ``stage``'s last pass: DP reductions and gathers, tied embeddings, optimizer."""
+    assert plan.degrees is not None
+    ops = [o for o in comm.data_parallel(plan, stage) if o.scope == "step"]
+    if stage in (0, plan.degrees.pp - 1):
+        ops += [o for o in comm.pipeline_parallel(plan) if o.scope == "step"]
+    tail: dict[str, float] = {}
+    for op in ops:
+        tail[op.group] = tail.get(op.group, 0.0) + _hidden(op.seconds, op.overlap, last_backward_s)
+    tail["optimizer"] = optimizer_seconds(plan, stage)
+    return tail
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One optimizer step, timed: the simulated pipeline, the critical rank's time budget, the rates."""
+
+    timeline: Timeline
+    forward: list[list[Pass]]
+    backward: list[list[Pass]]
+    critical_stage: int
+    step_s: float
+    compute_s: float
+    bubble_s: float
+    comm_s: dict[str, float]  # exposed on the critical rank, by group kind
+    optimizer_s: float
+    model_flops: float
+    hardware_flops: float
+    tokens: int
+    gpus: int
+    peak_flops: float
+    achievable_fraction: float
+    fraction_source: str
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Trained tokens per second over the whole job."""
+        return self.tokens / self.step_s
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        """Model TFLOP/s per GPU."""
+        return self.model_flops / self.step_s / self.gpus / 1e12
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation against the dense peak (Chowdhery et al. 2022, PaLM, appendix B)."""
+        return flops.utilization(self.model_flops, self.step_s, self.gpus, self.peak_flops)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation (recomputation and capacity padding counted)."""
+        return flops.utilization(self.hardware_flops, self.step_s, self.gpus, self.peak_flops)
+
+    def time_to_train(self, tokens: float) -> float:
+        """Seconds to train ``tokens`` tokens at this step time."""
+        return tokens / self.tokens_per_s
+
+
+def _check(plan: Plan) -> None:
+    """Raise EstimateError unless the plan resolves to a placeable layout with whole micro-batches."""
+    if not plan.layout_ok or plan.placement is None or plan.grad_accum is None or not plan.stage_layers:
+        raise EstimateError("the layout does not resolve (run `dsforge validate` for the reasons)")
+
+
+def estimate_step(plan: Plan) -> StepTime:
+    """Time one optimizer step of a valid plan (see the module docstring for the model)."""
+    _check(plan)
+    assert plan.degrees is not None and plan.grad_accum is not None
+    spec, m = plan.spec, plan.grad_accum
+    peak = flops.dense_peak_flops(spec.hardware.accelerator, spec.training.precision)
+    if peak <= 0:
+        raise EstimateError(f"{spec.hardware.accelerator.name} has no {spec.training.precision} peak")
+    frac, source = achievable_fraction(plan)
+    passes = [stage_passes(plan, s, peak * frac) for s in range(plan.degrees.pp)]
+    fwd, bwd = [p[0] for p in passes], [p[1] for p in passes]
+    pp_ops = [o for o in comm.pipeline_parallel(plan) if o.overlap == "dependency"]
+    transfer = pp_ops[0].seconds if pp_ops else 0.0
+    schedule = spec.parallel.pipeline.schedule
+    secs = ([[x.seconds for x in row] for row in fwd], [[x.seconds for x in row] for row in bwd])
+    timeline = simulate(schedule, secs[0], secs[1], m, transfer)
+    no_transfer = simulate(schedule, secs[0], secs[1], m, 0.0).makespan if transfer else timeline.makespan
+    tails = [stage_tail(plan, s, bwd[s][0].compute_s) for s in range(plan.degrees.pp)]
+    ends = [timeline.end_of(s) + sum(tails[s].values()) for s in range(plan.degrees.pp)]
+    r = max(range(len(ends)), key=ends.__getitem__)
+    comm_s: dict[str, float] = {}
+    for row in (fwd[r], bwd[r]):
+        for x in row:
+            for kind, sec in x.comm_s.items():
+                comm_s[kind] = comm_s.get(kind, 0.0) + sec * m
+    for kind, sec in tails[r].items():
+        if kind != "optimizer":
+            comm_s[kind] = comm_s.get(kind, 0.0) + sec
+    idle = timeline.end_of(r) - timeline.busy(r)
+    pp_wait = min(idle, max(0.0, timeline.makespan - no_transfer))
+    if pp_wait > 0:
+        comm_s["pp"] = comm_s.get("pp", 0.0) + pp_wait
+    compute = m * sum(x.compute_s for x in fwd[r] + bwd[r])
+    return StepTime(timeline, fwd, bwd, r, ends[r], compute, idle - pp_wait, comm_s, tails[r]["optimizer"],
+                    flops.model_flops_per_step(plan), flops.hardware_flops_per_step(plan),
+                    spec.training.global_batch * spec.model.seq_len, plan.world_size, peak, frac, source)
