@@ -1,0 +1,134 @@
+"""Building the job's model: an HF transformers gpt2 / llama / mixtral from the model spec, or `model.factory`.
+
+Weights are random (seeded); on the ``meta`` device nothing is allocated, which is how the
+compiler plans even a 405B model. The HF configs are derived from the spec field by field so the
+parameter count matches ``dsforge.compiler.params`` exactly (dropout off, sdpa attention so a
+missing mask still means causal).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from dsforge.compiler.params import padded_vocab
+from dsforge.compiler.schema import ModelSpec
+
+
+class ModelBuildError(ValueError):
+    """The model spec cannot be turned into a module (unsupported combination, or a failing factory)."""
+
+
+def family(model: ModelSpec) -> str:
+    """The HF family that builds this spec: its arch, or for `auto` the one its fields describe."""
+    if model.arch in ("gpt2", "llama", "mixtral"):
+        return model.arch
+    if model.arch == "custom":
+        raise ModelBuildError("arch: custom needs model.factory (\"package.module:callable\") to build the model")
+    if model.moe is not None:
+        return "mixtral"
+    return "gpt2" if (model.activation or "gelu") == "gelu" and model.position != "rope" else "llama"
+
+
+def _require(ok: bool, arch: str, what: str) -> None:
+    if not ok:
+        raise ModelBuildError(f"the HF {arch} model cannot express this spec: {what}")
+
+
+def _common(model: ModelSpec, tp: int) -> dict[str, Any]:
+    return {"vocab_size": padded_vocab(model, tp), "tie_word_embeddings": model.tied_embeddings,
+            "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "use_cache": False}
+
+
+def hf_config(model: ModelSpec, tp: int = 1) -> Any:
+    """The transformers config of the spec (vocabulary padded for ``tp`` as the compiler counts it)."""
+    arch = family(model)
+    kv, ffn = model.kv_heads or model.heads, model.ffn_hidden or 4 * model.hidden
+    if arch == "gpt2":
+        from transformers import GPT2Config
+        _require(kv == model.heads, arch, f"GPT-2 has no grouped-query attention (kv_heads={kv}, heads={model.heads})")
+        _require(model.activation in (None, "gelu") and model.position in (None, "learned"), arch,
+                 "GPT-2 uses a GELU MLP and learned positions")
+        _require(model.moe is None, arch, "GPT-2 has no MoE layers (use a factory)")
+        cfg = GPT2Config(n_positions=model.seq_len, n_embd=model.hidden, n_layer=model.layers, n_head=model.heads,
+                         n_inner=ffn, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
+                         attn_pdrop=0.0, **_common(model, tp))
+    else:
+        _require(model.activation in (None, "swiglu") and model.position in (None, "rope"), arch,
+                 "Llama-style models use a SwiGLU MLP and RoPE")
+        common = dict(hidden_size=model.hidden, num_hidden_layers=model.layers, num_attention_heads=model.heads,
+                      num_key_value_heads=kv, max_position_embeddings=model.seq_len, attention_dropout=0.0,
+                      **_common(model, tp))
+        if arch == "llama":
+            from transformers import LlamaConfig
+            _require(model.moe is None, arch, "Llama has no MoE layers (use arch: mixtral)")
+            cfg = LlamaConfig(intermediate_size=ffn, attention_bias=False, mlp_bias=False, **common)
+        else:
+            from transformers import MixtralConfig
+            moe = model.moe
+            if moe is None or moe.every != 1:
+                raise ModelBuildError("the HF mixtral model cannot express this spec: it needs `moe:` with "
+                                      "every: 1 (every layer is a sparse MoE block)")
+            cfg = MixtralConfig(intermediate_size=moe.ffn_hidden or ffn, num_local_experts=moe.experts,
+                                num_experts_per_tok=moe.top_k, output_router_logits=False, **common)
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+def build_hf(model: ModelSpec, device: str = "meta", tp: int = 1, seed: int | None = None) -> nn.Module:
+    """The HF causal-LM of the spec on ``device`` with random weights (seeded when ``seed`` is given)."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = hf_config(model, tp)
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.device(device):
+        module = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    return module.float() if device != "meta" else module
+
+
+def load_factory(path: str) -> Callable[..., Any]:
+    """The callable named by ``package.module:callable``, with an error that says which part failed."""
+    mod_name, _, attr = path.partition(":")
+    if not mod_name or not attr:
+        raise ModelBuildError(f"model.factory {path!r} must look like \"package.module:callable\"")
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as exc:  # an import can fail any way; report it as the factory's problem
+        raise ModelBuildError(f"model.factory {path!r}: cannot import module {mod_name!r}: {exc}") from exc
+    fn = getattr(mod, attr, None)
+    if fn is None:
+        raise ModelBuildError(f"model.factory {path!r}: module {mod_name!r} has no attribute {attr!r}")
+    if not callable(fn):
+        raise ModelBuildError(f"model.factory {path!r}: {attr!r} is a {type(fn).__name__}, not a callable")
+    return fn
+
+
+def call_factory(path: str, model: ModelSpec, device: str = "meta", seed: int | None = None) -> nn.Module:
+    """Build the module with the factory (given the ModelSpec when it takes an argument) on ``device``."""
+    fn = load_factory(path)
+    try:
+        takes_spec = bool(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # builtins without a signature: call without arguments
+        takes_spec = False
+    if seed is not None:
+        torch.manual_seed(seed)
+    try:
+        with torch.device(device):
+            module = fn(model) if takes_spec else fn()
+    except Exception as exc:  # the user's code: wrap so the job says which factory failed
+        raise ModelBuildError(f"model.factory {path!r} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(module, nn.Module):
+        raise ModelBuildError(f"model.factory {path!r} returned a {type(module).__name__}, not a torch nn.Module")
+    return module
+
+
+def build_model(model: ModelSpec, device: str = "meta", tp: int = 1, seed: int | None = None) -> nn.Module:
+    """The job's model: the factory's module when `model.factory` is set, else the HF model of the spec."""
+    if model.factory:
+        return call_factory(model.factory, model, device, seed)
+    return build_hf(model, device, tp, seed)

@@ -1,0 +1,39 @@
+"""`arch: auto`: recognising a model family from its module structure alone.
+
+A family is recognised when every regex of its signature names some module and its policy (with
+the job's own `rewrite:` rules in front) places every parameter-owning module. Families are tried
+most specific first (Mixtral before Llama: a Mixtral also has Llama's attention).
+"""
+
+from __future__ import annotations
+
+import re
+
+from torch import nn
+
+from dsforge.compiler.rewrite_policies import DETECT_ORDER, POLICIES, rows_for
+from dsforge.runtime.rewrite.walk import group_names, match_rows
+
+
+def why_not(model: nn.Module, arch: str, rules: list[object]) -> str | None:
+    """Why ``arch``'s policy does not recognise the model, or None when it does."""
+    policy = POLICIES[arch]
+    names = [n for n, _ in model.named_modules()]
+    missing = [rx for rx in policy.signature if not any(re.fullmatch(rx, n) for n in names)]
+    if missing:
+        return f"no module matches {', '.join(missing)}"
+    walk = match_rows(model, rows_for(arch, rules))
+    if walk.leftover:
+        return "leaves " + ", ".join(group_names(walk.leftover)) + " unplaced"
+    return None
+
+
+def detect_arch(model: nn.Module, rules: list[object] | None = None) -> tuple[str | None, dict[str, str]]:
+    """The recognised family (or None) and, for every family tried and rejected, the reason."""
+    reasons: dict[str, str] = {}
+    for arch in DETECT_ORDER:
+        reason = why_not(model, arch, list(rules or []))
+        if reason is None:
+            return arch, reasons
+        reasons[arch] = reason
+    return None, reasons

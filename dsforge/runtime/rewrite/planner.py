@@ -1,0 +1,236 @@
+"""The rewrite plan: every parameter-owning module with its variant, full and per-rank shard shapes.
+
+``plan_rewrite`` walks a module tree (normally built on the ``meta`` device, so even a 405B model
+costs no memory), matches the policy rows, computes the shards the plan's tp and ep imply and
+checks them; it raises ``RewriteError`` naming every module no rule placed and every shard that
+does not divide. The result is plain data (``RewritePlan.to_dict``) for plan.json and explain.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from dsforge.compiler.plan import Plan
+from dsforge.compiler.rewrite_policies import POLICIES, rows_for
+from dsforge.compiler.schema import JobSpec
+from dsforge.runtime.rewrite.shard import (Heads, ParamShard, ShardResult, replicated, shard_experts,
+                                           shard_tensor_parallel)
+from dsforge.runtime.rewrite.walk import (Claim, direct_shapes, expert_shapes, find_layer_list, group_names,
+                                          match_rows, module_kind, subtree_shapes)
+
+
+class RewriteError(ValueError):
+    """The policies cannot place the model under this plan; ``problems`` lists every reason."""
+
+    def __init__(self, arch: str, problems: list[str], leftover: list[str] | None = None) -> None:
+        self.arch, self.problems, self.leftover = arch, problems, leftover or []
+        super().__init__(f"cannot rewrite the model with the `{arch}` policy:\n  " + "\n  ".join(problems))
+
+
+@dataclass
+class ModulePlan:
+    """One claimed module: variant, the rule that chose it, its layer, and its parameter shards."""
+
+    name: str
+    type: str
+    variant: str
+    rule: str
+    kind: str
+    layer: int | None
+    params: list[ParamShard]
+    owners: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    fused: int = 1
+    heads: str | None = None
+    stage: int = 0
+
+    @property
+    def tied_to(self) -> str | None:
+        """The module whose parameters this one shares (tied LM head), if any."""
+        names = {o.rsplit(".", 1)[0] for p, o in self.owners.items() if o != _join(self.name, p)}
+        return names.pop() if len(names) == 1 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"name": self.name, "type": self.type, "variant": self.variant, "rule": self.rule,
+                "layer": self.layer, "stage": self.stage, "tied_to": self.tied_to, "notes": self.notes,
+                "params": {p.name: {"shape": list(p.shape), "shard": list(p.shard), "dim": p.dim}
+                           for p in self.params}}
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+@dataclass
+class RewritePlan:
+    """The whole plan: arch, degrees and the modules in walk order."""
+
+    arch: str
+    tp: int
+    ep: int
+    pp: int
+    sequence_parallel: bool
+    modules: list[ModulePlan]
+    layer_list: str | None
+    attr_scales: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def module(self, name: str) -> ModulePlan:
+        """The entry of one module by qualified name."""
+        return next(m for m in self.modules if m.name == name)
+
+    def _distinct(self, modules: list[ModulePlan], shard: bool) -> int:
+        seen: dict[str, int] = {}
+        for m in modules:
+            for p in m.params:
+                seen.setdefault(m.owners.get(p.name, _join(m.name, p.name)), p.shard_numel if shard else p.numel)
+        return sum(seen.values())
+
+    @property
+    def total_params(self) -> int:
+        """Exact parameters of the model, every expert and a tied weight once."""
+        return self._distinct(self.modules, shard=False)
+
+    def stage_params(self) -> list[int]:
+        """Exact parameters one rank of each pipeline stage holds (a tied weight on both its stages)."""
+        return [self._distinct([m for m in self.modules if m.stage == s], shard=True) for s in range(self.pp)]
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Modules grouped by rule, variant and shapes: one row per repeated pattern, for explain."""
+        rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for m in self.modules:
+            shapes = tuple((p.name, p.shape, p.shard) for p in m.params)
+            key = (m.rule, m.variant, m.type, shapes, m.tied_to is not None)
+            row = rows.setdefault(key, {"rule": m.rule, "variant": m.variant, "type": m.type, "names": [],
+                                        "params": {p.name: {"shape": list(p.shape), "shard": list(p.shard)}
+                                                   for p in m.params},
+                                        "tied_to": m.tied_to, "notes": m.notes})
+            row["names"].append(m.name)
+        out = []
+        for row in rows.values():
+            names = row.pop("names")
+            out.append({"modules": ", ".join(group_names(names)), "count": len(names), **row})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form for plan.json: summary, every module, exact parameter counts."""
+        per_stage = self.stage_params()
+        return {"arch": self.arch, "tp": self.tp, "ep": self.ep, "pp": self.pp,
+                "sequence_parallel": self.sequence_parallel, "layer_list": self.layer_list,
+                "attr_scales": [{"module": n, "attr": a} for n, a in self.attr_scales],
+                "params": {"total": self.total_params, "per_rank_by_stage": per_stage,
+                           "max_per_rank": max(per_stage)},
+                "summary": self.summary(), "modules": [m.to_dict() for m in self.modules],
+                "warnings": self.warnings}
+
+
+def _heads(spec: JobSpec) -> Heads:
+    m = spec.model
+    return Heads(m.heads, m.kv_heads or m.heads, m.hidden // m.heads, spec.parallel.replicate_kv_heads)
+
+
+def _shard(claim: Claim, tp: int, ep: int, spec: JobSpec) -> ShardResult:
+    """Shards of one claimed module under its row's variant."""
+    variant, module = claim.row.variant, claim.module
+    if variant in ("column", "row", "vocab"):
+        return shard_tensor_parallel(variant, module_kind(module), direct_shapes(module), tp,
+                                     claim.row.fused, claim.row.heads, _heads(spec), type(module).__name__)
+    if variant == "expert":
+        shapes, problem = expert_shapes(module)
+        if problem:
+            return ShardResult(problems=[problem])
+        result = shard_experts(shapes, ep, spec.model.moe.experts if spec.model.moe else None)
+        if tp > 1:
+            result.notes.append(f"experts kept whole on each of the tp={tp} ranks")
+        return result
+    result = replicated(subtree_shapes(module))
+    if variant == "norm" and spec.parallel.sequence_parallel and tp > 1:
+        result.notes.append("sequence-parallel: gradients summed over the tensor-parallel group")
+    return result
+
+
+def _owners(claim: Claim, seen: dict[int, str]) -> dict[str, str]:
+    """Qualified name of the first owner of each parameter (a tied weight points to its first module)."""
+    out = {}
+    for pname, param in claim.module.named_parameters():
+        out[pname] = seen.setdefault(id(param), _join(claim.name, pname))
+    if claim.row.variant == "expert" and all(n.split(".")[0].isdigit() for n in out):
+        # List-style experts are reported stacked (`w1.weight` over all experts): key them that way.
+        out = {n.partition(".")[2]: _join(claim.name, n.partition(".")[2]) for n in out}
+    return out
+
+
+def _layer_regex(arch: str, model: nn.Module, layers: int) -> tuple[re.Pattern[str] | None, str | None]:
+    """Regex of a decoder layer's name (group 1: index) and the name of the layer list."""
+    policy = POLICIES.get(arch)
+    found = find_layer_list(model, layers)
+    if policy is not None:
+        return re.compile(policy.layers + r"(?=\.|$)"), found
+    return (re.compile(re.escape(found) + r"\.(\d+)(?=\.|$)") if found is not None else None), found
+
+
+def _stage_of_layers(plan: Plan, layers: int) -> list[int]:
+    """Pipeline rank of every layer, from the plan's chunk partition (chunk c runs on rank c mod pp)."""
+    pp = plan.degrees.pp if plan.degrees else 1
+    chunks = plan.stage_layers or ([layers] if pp == 1 else [])
+    out: list[int] = []
+    for c, n in enumerate(chunks):
+        out += [c % pp] * n
+    return out
+
+
+def _assign_stages(entries: list[ModulePlan], model: nn.Module, plan: Plan, problems: list[str]) -> None:
+    """Set each module's pipeline stage: its layer's, else first (before the layers) or last."""
+    layers = plan.spec.model.layers
+    stages = _stage_of_layers(plan, layers)
+    pp = plan.degrees.pp if plan.degrees else 1
+    if len(stages) != layers:
+        problems.append(f"the plan has no pipeline partition of {layers} layers over pp={pp}")
+        return
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    first_layer = min((order[m.name] for m in entries if m.layer is not None), default=len(order))
+    for m in entries:
+        if m.layer is not None:
+            m.stage = stages[m.layer] if m.layer < layers else pp - 1
+        else:
+            m.stage = 0 if order[m.name] < first_layer else pp - 1
+
+
+def plan_module(model: nn.Module, plan: Plan, arch: str) -> RewritePlan:
+    """Plan the rewrite of an already built module tree under ``arch``'s policy and the job's rules."""
+    spec, d = plan.spec, plan.degrees
+    if d is None:
+        raise RewriteError(arch, ["the parallel degrees are not resolved (a degree is still `auto`)"])
+    walk = match_rows(model, rows_for(arch, list(spec.rewrite)))
+    problems: list[str] = []
+    if walk.leftover:
+        problems.append("no rule places these modules with parameters: " + ", ".join(group_names(walk.leftover))
+                        + " (add `rewrite:` rules for them, e.g. {match: '<regex>', as: replicate})")
+    layer_rx, layer_list = _layer_regex(arch, model, spec.model.layers)
+    seen: dict[int, str] = {}
+    entries: list[ModulePlan] = []
+    for claim in walk.claims:
+        result = _shard(claim, d.tp, d.ep, spec)
+        problems += [f"{claim.name} ({claim.source}, {claim.row.variant}): {p}" for p in result.problems]
+        hit = layer_rx.match(claim.name) if layer_rx else None
+        entries.append(ModulePlan(claim.name, type(claim.module).__name__, claim.row.variant, claim.source,
+                                  module_kind(claim.module), int(hit.group(1)) if hit else None, result.params,
+                                  _owners(claim, seen), result.notes, claim.row.fused, claim.row.heads))
+    found = {m.layer for m in entries if m.layer is not None}
+    if found and len(found) != spec.model.layers:
+        problems.append(f"the model has {len(found)} decoder layers but the job says layers={spec.model.layers}")
+    if not problems:
+        _assign_stages(entries, model, plan, problems)
+    if problems:
+        raise RewriteError(arch, problems, walk.leftover)
+    policy = POLICIES.get(arch)
+    scales = [(n, a.attr) for n, _ in model.named_modules() for a in (policy.attr_scales if policy else ())
+              if re.fullmatch(a.match, n)] if d.tp > 1 else []
+    warnings = [f"{s} matched no module" for s in walk.unused if s.startswith("rewrite[")]
+    return RewritePlan(arch, d.tp, d.ep, d.pp, spec.parallel.sequence_parallel and d.tp > 1, entries,
+                       layer_list, scales, warnings)
