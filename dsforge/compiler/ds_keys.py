@@ -45,3 +45,28 @@ REMOVED_ZERO_KEYS = frozenset({"mics_shard_size", "mics_hierarchical_params_gath
 
 #: communication_data_type values accepted by runtime/config.py get_communication_data_type.
 COMM_DTYPES = frozenset({"fp16", "bf16", "fp32"})
+
+#: bf16 / fp16 sub-keys (deepspeed/runtime/precision_config.py DeepSpeedBF16Config, DeepSpeedFP16Config; both
+#: pydantic models with extra="forbid", so a misspelt key fails at parse).
+BF16_KEYS = frozenset({"enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+                       "bf16_optimizer_states"})
+FP16_KEYS = frozenset({"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+                       "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"})
+
+#: tensor_parallel sub-keys (deepspeed/runtime/tensor_parallel/config.py TPTrainingConfig, extra="forbid";
+#: `tp` is the alias of `tensor_parallel`, `kernel_inject` of `replace_with_kernel_inject`).
+TENSOR_PARALLEL_KEYS = frozenset({"dtype", "autotp_size", "tp_overlap_comm", "vocab_parallel_lm_head",
+                                  "vocab_parallel_ce_backend", "tensor_parallel", "tp", "injection_policy_tuple",
+                                  "partition_config", "preset_model", "keep_module_on_host",
+                                  "replace_with_kernel_inject", "kernel_inject"})
+
+#: pipeline sub-keys DeepSpeed reads (runtime/config.py get_pipeline_config defaults; runtime/pipe/engine.py and
+#: module.py read `use_reentrant`). The block is a plain dict, so DeepSpeed ignores misspelt keys silently.
+PIPELINE_KEYS = frozenset({"stages", "partition", "seed_layers", "activation_checkpoint_interval", "pipe_partitioned",
+                           "grad_partitioned", "use_reentrant"})
+
+#: Legacy spelling of the bf16 section that DeepSpeed still reads (runtime/precision_config.py BFLOAT16_OLD).
+LEGACY_TOP_LEVEL_KEYS = frozenset({"bfloat16"})
+
+#: tensor_parallel.tp sub-keys (runtime/tensor_parallel/config.py TPConfig, extra="forbid").
+TP_CONFIG_KEYS = frozenset({"tp_size", "tp_grain_size", "mpu", "tp_group"})

@@ -19,28 +19,33 @@ def batch_identity(ctx: Context) -> Iterator[Finding]:
     """DeepSpeed asserts train_batch_size == micro_batch_per_gpu x gradient_accumulation_steps x dp and
     fails every rank at start-up otherwise; the accumulation steps must be a whole number."""
     d, t = ctx.plan.degrees, ctx.spec.training
-    if d is None:
-        return
+    if d is None or not ctx.plan.layout_ok:
+        return  # dp is not settled while the degrees do not fill the world (DSF101/DSF102)
     per_step = t.micro_batch * d.dp
-    if t.global_batch % per_step:
-        lower = max(per_step, t.global_batch // per_step * per_step)
-        yield Finding(f"global_batch={t.global_batch} is not a multiple of micro_batch*dp = {t.micro_batch}*{d.dp} "
-                      f"= {per_step}, so gradient accumulation would not be a whole number of steps",
-                      f"use global_batch {lower} or {next_multiple(t.global_batch, per_step)}, or micro_batch in "
-                      f"{choices([b for b in divisors(t.global_batch) if (t.global_batch // b) % d.dp == 0][:8])}",
-                      ("training", "global_batch"))
+    if t.global_batch % per_step == 0:
+        return
+    below = t.global_batch // per_step * per_step
+    batches = [str(b) for b in (below, next_multiple(t.global_batch, per_step)) if b > 0]
+    micro = [b for b in divisors(t.global_batch) if (t.global_batch // b) % d.dp == 0][:8]
+    fix = f"use global_batch {' or '.join(batches)}" + (f", or micro_batch in {choices(micro)}" if micro else "")
+    yield Finding(f"global_batch={t.global_batch} is not a multiple of micro_batch*dp = {t.micro_batch}*{d.dp} "
+                  f"= {per_step}: gradient accumulation steps would be {t.global_batch}/{per_step}, not a whole "
+                  "number", fix, ("training", "global_batch"))
 
 
-@rule("DSF202", "micro-batches per step >= pp", source="Narayanan et al. 2021 sec. 2.2 (1F1B warm-up)")
+@rule("DSF202", "micro-batches per step >= pp", severity=Severity.WARNING,
+      source="Narayanan et al. 2021 sec. 2.2 (1F1B warm-up); deepspeed/runtime/pipe/schedule.py TrainSchedule")
 def enough_micro_batches(ctx: Context) -> Iterator[Finding]:
-    """With fewer micro-batches than stages, some stage never has work in the steady state: the pipeline
-    never fills and most of the step is bubble."""
+    """With fewer micro-batches than stages the pipeline never fills: at any moment some stage has no
+    work and at least half of the step is bubble, (p-1)/(m+p-1). DeepSpeed's TrainSchedule still runs
+    it, so this is a warning; it is almost always a global_batch chosen for a job without pipelining."""
     d, m = ctx.plan.degrees, ctx.plan.grad_accum
-    if d is None or m is None or d.pp == 1 or m >= d.pp:
+    if d is None or m is None or not ctx.plan.layout_ok or d.pp == 1 or m >= d.pp:
         return
     t = ctx.spec.training
     need = d.pp * t.micro_batch * d.dp
-    yield Finding(f"{m} micro-batch(es) per step for pp={d.pp} stages: the pipeline never fills",
+    yield Finding(f"{m} micro-batch(es) per step for pp={d.pp} stages: the pipeline never fills and "
+                  f"{bubble_fraction(d.pp, m):.0%} of each step is bubble",
                   f"raise global_batch to >= {need} (pp*micro_batch*dp), or lower micro_batch",
                   ("training", "global_batch"))
 
@@ -52,7 +57,7 @@ def interleaved_constraints(ctx: Context) -> Iterator[Finding]:
     1F1B requires the micro-batch count to be a multiple of pp; virtual_stages > 1 only means something
     under the interleaved schedule."""
     d, pipe = ctx.plan.degrees, ctx.spec.parallel.pipeline
-    if d is None:
+    if d is None or not ctx.plan.layout_ok:
         return
     path = ("parallel", "pipeline", "virtual_stages")
     if pipe.schedule != "interleaved":
@@ -79,7 +84,7 @@ def bubble_small(ctx: Context) -> Iterator[Finding]:
     """A pipeline idles (p-1)/(m+p-1) of each step while it fills and drains; above a quarter of the step
     the layout wastes more than it gains, and more micro-batches (or interleaving) shrink it."""
     d, m = ctx.plan.degrees, ctx.plan.grad_accum
-    if d is None or m is None or d.pp == 1 or m < d.pp:
+    if d is None or m is None or not ctx.plan.layout_ok or d.pp == 1 or m < d.pp:
         return
     v = ctx.spec.parallel.pipeline.virtual_stages if ctx.spec.parallel.pipeline.schedule == "interleaved" else 1
     frac = bubble_fraction(d.pp, m, v)

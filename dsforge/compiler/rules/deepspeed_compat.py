@@ -5,10 +5,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from dsforge.compiler.ds_keys import (COMM_DTYPES, REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS, TOP_LEVEL_KEYS,
-                                      ZERO_KEYS)
-from dsforge.compiler.parse import suggest
+from dsforge.compiler.ds_keys import (
+    BF16_KEYS,
+    COMM_DTYPES,
+    FP16_KEYS,
+    LEGACY_TOP_LEVEL_KEYS,
+    PIPELINE_KEYS,
+    REMOVED_TOP_LEVEL_KEYS,
+    REMOVED_ZERO_KEYS,
+    TENSOR_PARALLEL_KEYS,
+    TOP_LEVEL_KEYS,
+    TP_CONFIG_KEYS,
+    ZERO_KEYS,
+)
 from dsforge.compiler.rules.registry import Context, Finding, rule
+from dsforge.compiler.schema_errors import suggest
 from dsforge.diagnostics import Severity
 
 DS = "deepspeed 0.19.8 "
@@ -90,27 +101,52 @@ def _section(ctx: Context, key: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+#: ds_config sections whose keys DeepSpeed checks: (path, known keys, True if DeepSpeed rejects unknown keys).
+_CHECKED_SECTIONS = (
+    (("zero_optimization",), ZERO_KEYS, True),
+    (("bf16",), BF16_KEYS, True),
+    (("fp16",), FP16_KEYS, True),
+    (("tensor_parallel",), TENSOR_PARALLEL_KEYS, True),
+    (("tensor_parallel", "tp"), TP_CONFIG_KEYS, True),
+    (("pipeline",), PIPELINE_KEYS, False),
+)
+
+
+def _subsection(ds: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    node: Any = ds
+    for part in path:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else {}
+
+
 @rule("DSF507", "deepspeed overrides use keys DeepSpeed knows",
-      source=DS + "runtime/config.py _reject_removed_config_keys; runtime/zero/config.py (extra=forbid)")
+      source=DS + "runtime/config.py _reject_removed_config_keys, get_pipeline_config; runtime/zero/config.py, "
+      "runtime/precision_config.py, runtime/tensor_parallel/config.py (pydantic, extra=forbid)")
 def override_keys(ctx: Context) -> Iterator[Finding]:
-    """Removed keys and unknown zero_optimization keys fail DeepSpeed's parse; unknown top-level keys are
-    silently ignored by DeepSpeed, so a typo there would quietly not apply."""
-    for key in ctx.spec.deepspeed:
+    """Removed keys and unknown keys of the zero_optimization, bf16, fp16 and tensor_parallel sections
+    fail DeepSpeed's parse; unknown top-level and pipeline keys are silently ignored by DeepSpeed, so a
+    typo there would quietly not apply (a warning)."""
+    ds = ctx.spec.deepspeed
+    for key in ds:
         path = ("deepspeed", key)
         if key in REMOVED_TOP_LEVEL_KEYS:
             yield Finding(f"deepspeed.{key} was removed from DeepSpeed and is rejected at parse", "remove it", path,
                           at_key=True)
-        elif key not in TOP_LEVEL_KEYS:
+        elif key not in TOP_LEVEL_KEYS | LEGACY_TOP_LEVEL_KEYS:
             yield Finding(f"deepspeed.{key} is not a DeepSpeed key and would be ignored"
                           f"{suggest(key, sorted(TOP_LEVEL_KEYS))}", "fix the spelling or remove it", path,
                           Severity.WARNING, at_key=True)
-    for key in _section(ctx, "zero_optimization"):
-        path = ("deepspeed", "zero_optimization", key)
-        if key in REMOVED_ZERO_KEYS:
-            yield Finding(f"zero_optimization.{key} was removed from DeepSpeed", "remove it", path, at_key=True)
-        elif key not in ZERO_KEYS:
-            yield Finding(f"zero_optimization.{key} is not a ZeRO key: DeepSpeed rejects it"
-                          f"{suggest(key, sorted(ZERO_KEYS))}", "fix the spelling or remove it", path, at_key=True)
+    for section, known, rejected in _CHECKED_SECTIONS:
+        where = ".".join(section)
+        for key in _subsection(ds, section):
+            path = ("deepspeed", *section, key)
+            if section == ("zero_optimization",) and key in REMOVED_ZERO_KEYS:
+                yield Finding(f"zero_optimization.{key} was removed from DeepSpeed", "remove it", path, at_key=True)
+            elif key not in known:
+                effect = "DeepSpeed rejects it at parse" if rejected else "DeepSpeed would ignore it silently"
+                yield Finding(f"{where}.{key} is not a {where} key: {effect}{suggest(key, sorted(known))}",
+                              "fix the spelling or remove it", path, None if rejected else Severity.WARNING,
+                              at_key=True)
 
 
 _PLANNED = {
@@ -142,6 +178,22 @@ def override_agrees(ctx: Context) -> Iterator[Finding]:
         if enabled is not None and bool(enabled) != (t.precision == prec):
             yield Finding(f"deepspeed.{prec}.enabled={enabled!r} contradicts training.precision={t.precision}",
                           "remove it and set training.precision", ("deepspeed", prec, "enabled"))
+    yield from _degree_overrides(ctx)
+
+
+def _degree_overrides(ctx: Context) -> Iterator[Finding]:
+    """Degree keys of the ds_config that must equal the plan's degrees (0 or 1 means "off" for AutoTP/AutoEP)."""
+    d, ds = ctx.plan.degrees, ctx.spec.deepspeed
+    if d is None:
+        return
+    keyed = {("tensor_parallel", "autotp_size"): ("tp", d.tp), ("expert_parallel", "autoep_size"): ("ep", d.ep),
+             ("sequence_parallel_size",): ("cp", d.cp), ("data_parallel_size",): ("dp", d.dp)}
+    for path, (name, want) in keyed.items():
+        value = _subsection(ds, path[:-1]).get(path[-1])
+        off = len(path) == 2 and value in (0, 1) and want == 1
+        if value is not None and value != want and not off:
+            yield Finding(f"deepspeed.{'.'.join(path)}={value!r} contradicts parallel.{name}={want}",
+                          f"remove it and set parallel.{name}", ("deepspeed", *path))
 
 
 @rule("DSF509", "deepspeed override values DeepSpeed accepts",

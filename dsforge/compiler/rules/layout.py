@@ -36,9 +36,11 @@ def auto_dp_divides(ctx: Context) -> Iterator[Finding]:
     other = d.tp * d.pp * d.cp
     if p.world_size % other:
         opts = divisors(p.world_size)
+        # Point at the degree the user wrote (dp: auto is usually the default, written nowhere).
+        key = next((k for k in ("dp", "tp", "pp", "cp") if ctx.written(("parallel", k))), "dp")
         yield Finding(f"dp: auto needs tp*pp*cp = {d.tp}*{d.pp}*{d.cp} = {other} to divide the world size "
-                      f"{p.world_size}", f"choose tp*pp*cp in {choices(opts)}, or change the node count",
-                      ("parallel", "dp"))
+                      f"{p.nodes} node(s) x {p.gpus_per_node} = {p.world_size}",
+                      f"choose tp*pp*cp in {choices(opts)}, or change the node count", ("parallel", key))
 
 
 @rule("DSF120", "only dp may be `auto` in validate", source="dsforge")
@@ -80,8 +82,8 @@ def ep_divides_dp(ctx: Context) -> Iterator[Finding]:
     """Expert parallelism reuses data-parallel (and context-parallel) ranks: ep must divide dp x cp.
     DeepSpeed checks `(world / pp) % ep_size` with a bare "is not divisible" only at initialize."""
     d = ctx.plan.degrees
-    if d is None or d.ep == 1 or (d.dp * d.cp) % d.ep == 0:
-        return
+    if d is None or not ctx.plan.layout_ok or d.ep == 1 or (d.dp * d.cp) % d.ep == 0:
+        return  # with a layout that does not fill the world, dp is not settled yet (DSF101/DSF102 say why)
     yield Finding(f"ep={d.ep} does not divide dp*cp = {d.dp}*{d.cp} = {d.dp * d.cp}: expert ranks are carved out "
                   "of the data-parallel ranks", f"use ep in {choices(divisors(d.dp * d.cp))}", ("parallel", "ep"))
 

@@ -114,22 +114,32 @@ def cp_divides_sequence(ctx: Context) -> Iterator[Finding]:
                       f"{choices([c for c in divisors(m.seq_len // 2, 64) if c > 1] or [1])}", ("parallel", "cp"))
 
 
-@rule("DSF112", "Ulysses needs heads and kv_heads divisible by tp x cp",
-      source="Jacobs et al. 2023 (DeepSpeed-Ulysses); deepspeed/sequence/layer.py _generate_layout_params")
+@rule("DSF112", "Ulysses needs heads divisible by tp x cp, and whole or replicated KV heads",
+      source="Jacobs et al. 2023 (DeepSpeed-Ulysses); deepspeed/sequence/layer.py _generate_layout_params; "
+      "deepspeed/runtime/sequence_parallel/ulysses_sp.py UlyssesSPAttentionHF.__init__")
 def ulysses_heads(ctx: Context) -> Iterator[Finding]:
     """Ulysses swaps the sequence split for a head split with an all-to-all, so every context-parallel
-    rank of a tensor-parallel shard needs whole heads: heads/tp divisible by cp, and seq_len by cp."""
+    rank of a tensor-parallel shard needs whole query heads (heads divisible by tp x cp). KV heads may
+    instead be replicated when cp is a multiple of the local KV-head count, as DeepSpeed's HF adapter
+    allows; and the sequence must split evenly over cp (DeepSpeed does not assert this in
+    DistributedAttention and silently computes wrong attention otherwise, issue #7384)."""
     d, m, par = ctx.plan.degrees, ctx.spec.model, ctx.spec.parallel
     if d is None or d.cp == 1 or par.context_parallel.kind != "ulysses":
         return
+    if m.heads % (d.tp * d.cp):
+        local = m.heads // d.tp if m.heads % d.tp == 0 else 1
+        yield Finding(f"Ulysses needs heads={m.heads} divisible by tp*cp = {d.tp}*{d.cp} = {d.tp * d.cp}",
+                      f"use cp in {choices(divisors(local))}, or context_parallel.kind: ring", ("parallel", "cp"))
     kv = m.kv_heads or m.heads
-    for name, count, path in (("heads", m.heads, ("parallel", "cp")), ("kv_heads", kv, ("parallel", "cp"))):
-        if count % (d.tp * d.cp):
-            yield Finding(f"Ulysses needs {name}={count} divisible by tp*cp = {d.tp}*{d.cp} = {d.tp * d.cp}",
-                          f"use cp in {choices(divisors(count // d.tp if count % d.tp == 0 else 1))}, "
-                          "or context_parallel.kind: ring", path)
+    if kv % d.tp == 0:
+        local_kv = kv // d.tp
+        if local_kv % d.cp and d.cp % local_kv:
+            yield Finding(f"Ulysses splits the {local_kv} KV head(s) of each tp rank (kv_heads={kv}/tp={d.tp}) "
+                          f"over cp={d.cp}: cp must divide them, or be a multiple of them to replicate them",
+                          f"use cp in {choices(sorted(set(divisors(local_kv)) | {local_kv * 2, local_kv * 4}))}",
+                          ("parallel", "cp"))
     if m.seq_len % d.cp:
-        yield Finding(f"seq_len={m.seq_len} is not divisible by cp={d.cp}",
+        yield Finding(f"seq_len={m.seq_len} is not divisible by cp={d.cp}: Ulysses gives each rank seq_len/cp tokens",
                       f"use seq_len={next_multiple(m.seq_len, d.cp)}", ("model", "seq_len"))
 
 
@@ -145,9 +155,11 @@ def sp_divides_sequence(ctx: Context) -> Iterator[Finding]:
                       f"use seq_len={next_multiple(m.seq_len, d.tp * d.cp)}", ("model", "seq_len"))
 
 
-@rule("DSF116", "moe.top_k is at most moe.experts", source="Shazeer et al. 2017; deepspeed/moe/layer.py (k in {1, 2})")
+@rule("DSF116", "MoE routing fits: top_k <= experts, every <= layers",
+      source="Shazeer et al. 2017; deepspeed/moe/layer.py MoE.__init__ (k in {1, 2})")
 def moe_top_k(ctx: Context) -> Iterator[Finding]:
-    """A token cannot be routed to more experts than exist; DeepSpeed's native MoE gate supports k = 1 or 2."""
+    """A token cannot be routed to more experts than exist, and DeepSpeed's native MoE gate implements
+    only top-1 and top-2 routing; an MoE interval longer than the model makes no layer an MoE layer."""
     moe = ctx.spec.model.moe
     if moe is None:
         return

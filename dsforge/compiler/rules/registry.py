@@ -56,12 +56,11 @@ class Context:
         """True if the user (or an `extends` base) wrote this key, rather than a default or preset."""
         node: Any = self.raw
         for part in path:
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-                node = node[part]
-            else:
+            found = (isinstance(node, dict) and part in node) or (
+                isinstance(node, list) and isinstance(part, int) and part < len(node))
+            if not found:
                 return False
+            node = node[part]
         return True
 
 
@@ -110,9 +109,12 @@ def all_rules() -> list[Rule]:
 
 
 def locate(ctx: Context, path: Path, at_key: bool = False) -> Location:
-    """The location of a key path: its value where written, else the nearest written ancestor key."""
-    if path and ctx.written(path) and not at_key:
-        return ctx.source.locate(path, value=True)
+    """The location of a key path: its value where written, the section's `preset:` when the preset
+    supplied it, else the nearest written ancestor key."""
+    if path and ctx.written(path):
+        return ctx.source.locate(path) if at_key else ctx.source.locate(path, value=True)
+    if len(path) >= 2 and path[0] in ("model", "hardware") and ctx.written((path[0], "preset")):
+        return ctx.source.locate((path[0], "preset"), value=True)
     return ctx.source.locate(path)
 
 
