@@ -50,6 +50,14 @@ def check_world_size(placement: Placement, launched: int | None = None) -> None:
         f"--nnodes {max(1, placement.world_size // placement.gpus_per_node)}) or change the job's degrees")
 
 
+def ensure_deepspeed_comm() -> None:
+    """Let deepspeed.comm wrap the already-initialised torch.distributed world (DeepSpeed's collectives need it)."""
+    import deepspeed.comm as ds_dist
+
+    if not ds_dist.is_initialized():
+        ds_dist.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+
+
 def _placement_of(plan: Plan | Placement) -> Placement:
     """The plan's placement, or a LayoutError saying why it has none."""
     if isinstance(plan, Placement):
