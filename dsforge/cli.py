@@ -75,6 +75,36 @@ def presets(kind: str, fmt: str) -> None:
             click.echo(f"  {name:<16} {p.description}")
 
 
+@cli.command(name="compile")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False),
+              help="The job directory to write (absent or empty).")
+@click.option("--force", is_flag=True, help="Replace a job directory an earlier compile wrote (nothing else).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "github", "sarif"]), default="text",
+              show_default=True, help="Output format of the diagnostics.")
+def compile_job(file: str, out: str, force: bool, fmt: str) -> None:
+    """Compile a job file into a runnable job directory (ds_config.json, plan.json, launcher, train.py).
+
+    Nothing is written when the job has errors. Exit codes: 0 written, 1 errors in the job,
+    2 unusable input or an output directory that may not be written.
+    """
+    from dsforge.compiler.emit.compile import TargetError, compile_file
+    from dsforge.formatters import get
+
+    try:
+        result = compile_file(file, out, force)
+    except TargetError as exc:
+        click.echo(f"dsforge compile: {exc}", err=True)
+        sys.exit(EXIT_UNUSABLE)
+    click.echo(get(fmt)(result.diagnostics), nl=False)
+    if result.unusable:
+        sys.exit(EXIT_UNUSABLE)
+    if result.written is None:
+        click.echo("dsforge compile: nothing written: fix the errors above", err=True)
+        sys.exit(EXIT_FINDINGS)
+    click.echo(f"dsforge compile: wrote {out}: {', '.join(result.files)}", err=True)
+
+
 def main() -> NoReturn:
     """Console entry point: run the CLI; an unexpected exception is reported without a traceback."""
     # Pydantic scans every installed distribution's entry points for plugins the first time it builds

@@ -1,0 +1,127 @@
+"""DSF6xx: what a job needs before it can be emitted, beyond being valid.
+
+These rules run in `dsforge compile` after validation (they are not registered with `validate`,
+whose rules do not depend on the launcher). They use the rule runner of the validator, so each
+finding points at the offending key of the job file and a crashing check cannot hide the others.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from dsforge.compiler.rules.registry import Context, Finding, Rule
+from dsforge.diagnostics import Severity
+
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Values an `#SBATCH` directive can carry: sbatch reads directives up to the first non-comment line and
+#: splits them on whitespace itself, so they are never shell-quoted (a newline would end the comment).
+SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.:,@+=/-]+$")
+#: Kubernetes namespaces are DNS-1123 labels.
+DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+#: DeepSpeed's pdsh runner wraps an exported value in double quotes without escaping it
+#: (launcher/multinode_runner.py MultiNodeRunner.add_export): these characters would be interpreted
+#: by the remote shell; .deepspeed_env is read line by line and each value is stripped.
+PDSH_UNSAFE = re.compile(r'["$`\\\n\r]|^\s|\s$')
+LOOPBACK = ("127.", "localhost", "::1")
+
+
+def _unresolved(ctx: Context) -> Iterator[Finding]:
+    """A job directory runs one concrete layout; `auto` degrees are chosen by `dsforge search`."""
+    par = ctx.spec.parallel
+    for key in ("tp", "pp", "cp", "ep", "zero"):
+        if getattr(par, key) == "auto":
+            yield Finding(f"parallel.{key} is `auto`; compile needs a concrete value",
+                          f"run `dsforge search` and set parallel.{key} to the chosen value", ("parallel", key))
+
+
+def _nvme_path(ctx: Context) -> Iterator[Finding]:
+    """ZeRO-Infinity swaps optimizer states to files under ``offload_optimizer.nvme_path``
+    (runtime/zero/stage3.py joins it unchecked); the path is site-specific, so the job file gives it."""
+    if ctx.spec.training.optimizer.offload != "nvme":
+        return
+    zero = ctx.spec.deepspeed.get("zero_optimization")
+    off = zero.get("offload_optimizer") if isinstance(zero, dict) else None
+    if not (isinstance(off, dict) and off.get("nvme_path")):
+        yield Finding("optimizer offload to nvme needs the NVMe directory, and the job does not give one",
+                      "set deepspeed.zero_optimization.offload_optimizer.nvme_path to a local NVMe mount",
+                      ("training", "optimizer", "offload"))
+
+
+def _hosts(ctx: Context) -> Iterator[Finding]:
+    """The deepspeed launcher's hostfile lists every node (launcher/runner.py fetch_hostfile)."""
+    launch, nodes = ctx.spec.launch, ctx.plan.nodes
+    if launch.hosts and len(launch.hosts) != nodes:
+        yield Finding(f"launch.hosts names {len(launch.hosts)} hosts but the job has nodes={nodes}",
+                      f"list exactly {nodes} host names", ("launch", "hosts"))
+    elif launch.launcher == "deepspeed" and nodes > 1 and not launch.hosts:
+        yield Finding(f"the deepspeed launcher needs the host names of all {nodes} nodes for its hostfile",
+                      f"set launch.hosts to the {nodes} node names (reachable by password-less ssh)",
+                      ("launch", "launcher"))
+
+
+def _rendezvous(ctx: Context) -> Iterator[Finding]:
+    """torchrun on several nodes meets at master_addr:master_port; a loopback address never leaves a node."""
+    launch = ctx.spec.launch
+    if launch.launcher == "torchrun" and ctx.plan.nodes > 1 and launch.master_addr.startswith(LOOPBACK):
+        yield Finding(f"torchrun across {ctx.plan.nodes} nodes rendezvouses at {launch.master_addr}, "
+                      "which only the local node can reach",
+                      "set launch.master_addr to a host name or address every node can reach",
+                      ("launch", "master_addr"))
+
+
+def _launch_values(ctx: Context) -> Iterator[Finding]:
+    """Values must fit the files they are written into: NUL ends a C string (bash, argv), env keys are
+    shell identifiers, sbatch directives are unquoted, namespaces are DNS labels."""
+    launch = ctx.spec.launch
+    strings = {k: getattr(launch, k) for k in ("master_addr", "image", "python", "partition", "account",
+                                                "time_limit")}
+    strings["name"] = ctx.spec.name
+    for key, value in strings.items():
+        if isinstance(value, str) and "\x00" in value:
+            path = ("name",) if key == "name" else ("launch", key)
+            yield Finding(f"{key} contains a NUL character, which no script or argument can carry", "remove it",
+                          path)
+    if not launch.python.strip():
+        yield Finding("launch.python is empty", "name the Python interpreter, e.g. python3", ("launch", "python"))
+    for key, value in launch.env.items():
+        if not ENV_KEY.match(key):
+            yield Finding(f"launch.env key {key!r} is not an environment variable name",
+                          "use letters, digits and _ (not starting with a digit)", ("launch", "env", key), at_key=True)
+        elif "\x00" in value:
+            yield Finding(f"launch.env.{key} contains a NUL character", "remove it", ("launch", "env", key))
+        elif launch.launcher == "deepspeed" and ctx.plan.nodes > 1 and PDSH_UNSAFE.search(value):
+            yield Finding(f"launch.env.{key}={value!r}: DeepSpeed's pdsh runner passes values in unescaped double "
+                          "quotes, so quotes, $, `, \\, newlines or edge spaces would change on the remote nodes",
+                          "simplify the value, or use the torchrun/slurm launcher", ("launch", "env", key))
+    if launch.launcher == "slurm":
+        for key in ("partition", "account", "time_limit"):
+            value = getattr(launch, key)
+            if value is not None and not SBATCH_VALUE.match(value):
+                yield Finding(f"launch.{key}={value!r} cannot be written into an #SBATCH directive",
+                              "use letters, digits and _ . : , @ + = / -", ("launch", key))
+    if launch.launcher == "kubernetes" and not DNS_LABEL.match(launch.namespace):
+        yield Finding(f"launch.namespace={launch.namespace!r} is not a Kubernetes namespace name (DNS-1123 label)",
+                      "use lower-case letters, digits and -, at most 63 characters", ("launch", "namespace"))
+
+
+def _image(ctx: Context) -> Iterator[Finding]:
+    """A PyTorchJob's pods run a container image; dsforge cannot guess the site's one."""
+    launch = ctx.spec.launch
+    if launch.launcher == "kubernetes" and not (launch.image or "").strip():
+        yield Finding("the kubernetes launcher needs a container image",
+                      "set launch.image to an image with dsforge[runtime] installed", ("launch", "launcher"))
+
+
+EMIT_RULES: list[Rule] = [
+    Rule("DSF600", Severity.ERROR, "compile needs concrete degrees and ZeRO stage", "dsforge emit", _unresolved),
+    Rule("DSF601", Severity.ERROR, "NVMe offload needs an NVMe path",
+         "deepspeed 0.19.8 runtime/zero/offload_config.py nvme_path; runtime/zero/stage3.py", _nvme_path),
+    Rule("DSF602", Severity.ERROR, "the hostfile lists every node",
+         "deepspeed 0.19.8 launcher/runner.py fetch_hostfile", _hosts),
+    Rule("DSF603", Severity.ERROR, "multi-node torchrun needs a reachable rendezvous host",
+         "torch.distributed.run --rdzv_endpoint", _rendezvous),
+    Rule("DSF604", Severity.ERROR, "launch values fit the emitted scripts and manifests",
+         "deepspeed 0.19.8 launcher/multinode_runner.py add_export; sbatch(1) directives", _launch_values),
+    Rule("DSF605", Severity.ERROR, "the kubernetes launcher needs an image", "Kubeflow PyTorchJob", _image),
+]

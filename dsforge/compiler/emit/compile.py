@@ -1,0 +1,52 @@
+"""`compile`: validate a job file, run the emit checks, render the job directory and write it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsforge.compiler.emit.checks import EMIT_RULES
+from dsforge.compiler.emit.ds_config import EmitError
+from dsforge.compiler.emit.job_dir import render_job
+from dsforge.compiler.emit.writer import TargetError, check_target, write_job_dir
+from dsforge.compiler.rules.registry import Context, run_rules
+from dsforge.compiler.validate import validate_file
+from dsforge.diagnostics import Diagnostic, Location, Severity, has_errors
+
+__all__ = ["CompileResult", "TargetError", "compile_file"]
+
+
+@dataclass
+class CompileResult:
+    """What compile did: its diagnostics, and the directory and files it wrote (None/[] when it refused)."""
+
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    unusable: bool = False
+    written: Path | None = None
+    files: list[str] = field(default_factory=list)
+
+
+def compile_file(path: str | Path, out: str | Path, force: bool = False) -> CompileResult:
+    """Compile one job file into the directory ``out``; nothing is written when any error is found.
+
+    Raises TargetError when ``out`` may not be written (checked before and again while writing).
+    """
+    target = Path(os.path.abspath(out))
+    check_target(target, force)
+    result = validate_file(path)
+    if result.unusable or result.job is None or result.plan is None:
+        return CompileResult(result.diagnostics, unusable=result.unusable)
+    job, plan = result.job, result.plan
+    diags = result.diagnostics + run_rules(Context(job.spec, plan, job.source, job.raw), EMIT_RULES)
+    diags.sort(key=lambda d: (d.location.line, d.location.column, d.rule))
+    if has_errors(diags):
+        return CompileResult(diags)
+    try:
+        files = render_job(plan)
+    except EmitError as exc:
+        diags.append(Diagnostic("DSF699", Severity.ERROR, f"cannot emit the job: {exc}", Location(job.source.file),
+                                "fix the job file as the message says"))
+        return CompileResult(diags)
+    write_job_dir(target, files, force)
+    return CompileResult(diags, written=target, files=list(files))

@@ -1,0 +1,150 @@
+"""ds_config.json from a plan: batch split, ZeRO, precision, optimizer, schedule, pipeline, recompute.
+
+Every value follows from the plan; the job file's `deepspeed:` section is merged last (rule DSF508
+has already refused overrides that contradict the plan). DeepSpeed's batch identity
+``train_batch_size == micro * gas * world_size`` (deepspeed/runtime/config.py
+``DeepSpeedConfig._batch_assertion``) is checked against the world size DeepSpeed *sees*: the runtime
+passes an mpu built from the plan (a PipelineModule brings its own topology), whose
+``get_data_parallel_world_size()`` is the plan's dp, so the identity is global = micro x gas x dp.
+Without that mpu, AutoTP would count tensor-parallel ranks as data-parallel ones (research doc R2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dsforge.compiler.emit.optim import optimizer_section, scheduler_section
+from dsforge.compiler.extends import deep_merge
+from dsforge.compiler.plan import Plan
+
+
+class EmitError(ValueError):
+    """The plan cannot be emitted (a value the rules should have refused); the message says why."""
+
+
+def on_cpu(plan: Plan) -> bool:
+    """True when the ranks are CPU processes (the `cpu-local` hardware): no streams, no fused kernels."""
+    return plan.spec.hardware.accelerator.name.lower() == "cpu"
+
+
+def batch_section(plan: Plan) -> dict[str, Any]:
+    """The three batch keys; they satisfy DeepSpeed's identity with world size = the plan's dp."""
+    d, gas = plan.degrees, plan.grad_accum
+    t = plan.spec.training
+    if d is None or gas is None:
+        raise EmitError(f"global_batch={t.global_batch} does not split into micro_batch={t.micro_batch} x dp")
+    return {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
+            "gradient_accumulation_steps": gas}
+
+
+def zero_section(plan: Plan) -> dict[str, Any]:
+    """``zero_optimization`` with the knobs that matter for the stage, buckets scaled to the model width.
+
+    Bucket sizes follow HF transformers' DeepSpeed integration (integrations/deepspeed.py,
+    ``trainer_config_finalize``): reduce bucket hidden^2 elements, ZeRO-3 prefetch 0.9 x hidden^2,
+    persistence threshold 10 x hidden (parameters smaller than that stay unpartitioned: norms, biases).
+    overlap_comm needs a second stream to overlap anything; the CPU accelerator has none.
+    """
+    stage, h = plan.zero, plan.spec.model.hidden
+    z: dict[str, Any] = {"stage": stage}
+    if stage == 0:
+        return z
+    z.update(overlap_comm=not on_cpu(plan), reduce_bucket_size=h * h, reduce_scatter=True)
+    if stage in (1, 2):
+        z.update(allgather_partitions=True, allgather_bucket_size=h * h)
+    if stage >= 2:
+        z["contiguous_gradients"] = True
+    if stage == 3:
+        z.update(stage3_prefetch_bucket_size=int(0.9 * h * h), stage3_param_persistence_threshold=10 * h,
+                 stage3_max_live_parameters=10**9, stage3_max_reuse_distance=10**9,
+                 stage3_gather_16bit_weights_on_model_save=True)
+    offload = plan.spec.training.optimizer.offload
+    if offload != "none":
+        # Pinned host memory makes the optimizer-state copies asynchronous (runtime/zero/offload_config.py);
+        # an NVMe path is site-specific and comes from the `deepspeed:` overrides (checked by DSF601).
+        z["offload_optimizer"] = {"device": offload, "pin_memory": True}
+    return z
+
+
+def precision_section(plan: Plan) -> dict[str, Any]:
+    """``bf16`` or ``fp16`` (dynamic loss scaling, DeepSpeed's defaults spelled out); nothing for fp32."""
+    prec = plan.spec.training.precision
+    if prec == "bf16":
+        return {"bf16": {"enabled": True}}
+    if prec == "fp16":
+        # loss_scale 0 = dynamic (runtime/precision_config.py); start at 2^16, halve on overflow after
+        # `hysteresis` overflows, grow again after loss_scale_window clean steps.
+        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                         "hysteresis": 2, "min_loss_scale": 1}}
+    return {}
+
+
+def pipeline_section(plan: Plan) -> dict[str, Any]:
+    """``pipeline`` for pp > 1. DeepSpeed reads activation_checkpoint_interval (runtime/pipe/engine.py);
+    stages and partition are read by dsforge.runtime, which builds the PipelineModule."""
+    d = plan.degrees
+    if d is None or d.pp == 1:
+        return {}
+    part = plan.spec.parallel.pipeline.partition
+    return {"pipeline": {"stages": d.pp, "partition": part if isinstance(part, str) else list(part),
+                         "activation_checkpoint_interval": 1 if plan.spec.training.recompute == "full" else 0}}
+
+
+def checkpointing_section(plan: Plan) -> dict[str, Any]:
+    """``activation_checkpointing`` for recompute selective|full (runtime/activation_checkpointing/config.py).
+
+    With full recompute and tp > 1 each tensor-parallel rank keeps only its slice of a checkpointed
+    input (partition_activations; Megatron's distribute-saved-activations): the inputs are identical
+    across the TP group. Selective recompute checkpoints only the attention core, whose inputs TP
+    already shards.
+    """
+    d, recompute = plan.degrees, plan.spec.training.recompute
+    if recompute == "none":
+        return {}
+    partition = recompute == "full" and d is not None and d.tp > 1
+    return {"activation_checkpointing": {"partition_activations": partition, "cpu_checkpointing": False,
+                                         "contiguous_memory_optimization": False,
+                                         "synchronize_checkpoint_boundary": False, "profile": False}}
+
+
+def parallel_sections(plan: Plan) -> dict[str, Any]:
+    """Sections for the runtime's parallel choices that DeepSpeed itself reads.
+
+    dsforge.runtime shards tensor-parallel layers itself and passes the mpu, so DeepSpeed's AutoTP
+    stays off (``tensor_parallel.autotp_size`` 0, its default); experts use DeepSpeed's MoE layer with
+    ``ep_size`` from the plan, which needs no config block (AutoEP's ``expert_parallel`` would replace
+    the layers again). With context parallelism the engine switches *all* gradient communication to
+    ``seq_parallel_communication_data_type`` (runtime/engine.py ``_configure_distributed_model``), so it is
+    pinned to fp32 to keep reductions exact.
+    """
+    d = plan.degrees
+    if d is not None and d.cp > 1:
+        return {"seq_parallel_communication_data_type": "fp32"}
+    return {}
+
+
+def steps_per_print(steps: int) -> int:
+    """About ten progress lines per run, at least every step and at most every 100 steps."""
+    return max(1, min(100, steps // 10))
+
+
+def build_ds_config(plan: Plan) -> dict[str, Any]:
+    """The complete ds_config for a plan, with the job's `deepspeed:` overrides merged last."""
+    t = plan.spec.training
+    torch_adam = on_cpu(plan) and t.optimizer.offload == "none"
+    cfg: dict[str, Any] = {
+        **batch_section(plan),
+        "zero_optimization": zero_section(plan),
+        **precision_section(plan),
+        "optimizer": optimizer_section(t.optimizer, torch_adam),
+        "gradient_clipping": t.grad_clip,
+        **pipeline_section(plan),
+        **checkpointing_section(plan),
+        **parallel_sections(plan),
+        "steps_per_print": steps_per_print(t.steps),
+        "wall_clock_breakdown": False,
+    }
+    sched = scheduler_section(t.scheduler, t.optimizer.lr, t.steps)
+    if sched is not None:
+        cfg["scheduler"] = sched
+    return deep_merge(cfg, plan.spec.deepspeed)

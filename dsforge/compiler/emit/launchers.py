@@ -1,0 +1,79 @@
+"""The launcher files of each `launch.launcher`, and the values their templates see.
+
+One table row per launcher: which files it writes, from which template, whether they are
+executable and what each is for (the job's README lists them). The templates live in
+dsforge/templates/launch/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dsforge.compiler.emit.ds_config import on_cpu
+from dsforge.compiler.plan import Plan
+
+
+@dataclass(frozen=True)
+class LaunchFile:
+    """One emitted launcher file: its name in the job directory, its template, its mode and purpose."""
+
+    name: str
+    template: str
+    executable: bool
+    purpose: str
+
+
+_SCRIPT = "the launcher: run it to start every rank"
+LAUNCHERS: dict[str, tuple[LaunchFile, ...]] = {
+    "local": (LaunchFile("launch.sh", "launch/local.sh.j2", True, _SCRIPT),),
+    "torchrun": (LaunchFile("launch.sh", "launch/torchrun.sh.j2", True, _SCRIPT),),
+    "deepspeed": (
+        LaunchFile("launch.sh", "launch/deepspeed.sh.j2", True, _SCRIPT),
+        LaunchFile("hostfile", "launch/hostfile.j2", False, "DeepSpeed's hostfile: one line per node, its slots"),
+    ),
+    "slurm": (LaunchFile("slurm.sbatch", "launch/slurm.sbatch.j2", True, "the SLURM batch script (sbatch)"),),
+    "kubernetes": (LaunchFile("pytorchjob.yaml", "launch/pytorchjob.yaml.j2", False,
+                              "a ConfigMap with this directory's files and the Kubeflow PyTorchJob"),),
+}
+#: DeepSpeed's pdsh runner exports this file's variables on the other nodes (launcher/runner.py
+#: DEEPSPEED_ENVIRONMENT_NAME, read from the working directory).
+DEEPSPEED_ENV = LaunchFile(".deepspeed_env", "launch/deepspeed_env.j2", False,
+                           "variables DeepSpeed's launcher exports on every node")
+
+
+def launch_files(plan: Plan) -> tuple[LaunchFile, ...]:
+    """The launcher files of this plan's launcher (.deepspeed_env only when multi-node needs it)."""
+    launch = plan.spec.launch
+    files = LAUNCHERS[launch.launcher]
+    if launch.launcher == "deepspeed" and plan.nodes > 1 and rank_env(plan):
+        files += (DEEPSPEED_ENV,)
+    return files
+
+
+def rank_env(plan: Plan) -> list[tuple[str, str]]:
+    """Environment of every rank, sorted: the CPU settings dsforge needs, then the job's `launch.env` over them."""
+    env: dict[str, str] = {}
+    if on_cpu(plan):
+        # DeepSpeed picks its accelerator from DS_ACCELERATOR (accelerator/real_accelerator.py); one
+        # OpenMP thread per rank keeps world_size processes from oversubscribing the cores.
+        env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    env.update(plan.spec.launch.env)
+    return sorted(env.items())
+
+
+def launch_context(plan: Plan) -> dict[str, Any]:
+    """The values the launcher templates see (all quoting happens in the templates' filters)."""
+    launch = plan.spec.launch
+    explicit_addr = "master_addr" in launch.model_fields_set
+    return {
+        "name": plan.spec.name,
+        "launch": launch,
+        "nodes": plan.nodes,
+        "gpus_per_node": plan.gpus_per_node,
+        "world_size": plan.world_size,
+        "env": rank_env(plan),
+        "cpu": on_cpu(plan),
+        "hosts": list(launch.hosts) or ["localhost"],
+        "master_addr": launch.master_addr if explicit_addr else None,
+    }

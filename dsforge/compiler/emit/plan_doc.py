@@ -1,0 +1,92 @@
+"""plan.json: everything dsforge.runtime needs to start the job, and what DeepSpeed will be told.
+
+``dsforge.runtime.main.run_job(job_dir)`` reads this file and ds_config.json; it never re-parses the
+job file, so the resolved spec, degrees, batch split, stage partition, rank placement and seed are
+all here. The explain summary of the cost model is included when that module is installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import asdict
+from typing import Any
+
+from dsforge import __version__
+from dsforge.compiler.emit.ds_config import EmitError, on_cpu
+from dsforge.compiler.plan import Plan
+
+FORMAT = 1
+GENERATOR = "dsforge"
+SUMMARY_MODULE = "dsforge.compiler.estimate.summary"
+
+
+def deepspeed_view(plan: Plan) -> dict[str, Any]:
+    """How the runtime presents the plan to DeepSpeed, and the world size DeepSpeed's batch rule sees.
+
+    DeepSpeedConfig takes its batch world size from ``mpu.get_data_parallel_world_size()`` when an mpu
+    is given (deepspeed/runtime/config.py DeepSpeedConfig.__init__); a PipelineModule brings its own
+    topology instead, and its engine asserts the same dp (runtime/pipe/engine.py). Any PipelineModule,
+    even a one-stage one, refuses ZeRO-2/3 (PipelineEngine.__init__), so pp = 1 runs a plain module.
+    """
+    d, t = plan.degrees, plan.spec.training
+    assert d is not None  # callers checked plan_ready
+    return {
+        "processes": plan.world_size,
+        "batch_world_size": d.dp,
+        "batch_identity": f"train_batch_size {t.global_batch} = micro {t.micro_batch} x "
+                          f"gradient_accumulation_steps {plan.grad_accum} x data-parallel {d.dp}",
+        "mpu": "PipelineModule topology from the plan" if d.pp > 1 else "dsforge.runtime DeepSpeedMPU from the plan",
+        "pipeline_module": d.pp > 1,
+        "autotp": False,
+        "moe_layer": f"deepspeed.moe.layer.MoE(ep_size={d.ep})" if plan.spec.model.moe is not None else None,
+        "sequence_parallel_size": d.cp,
+    }
+
+
+def summary(plan: Plan) -> dict[str, Any] | None:
+    """The cost model's explain summary as data, or None until that module exists."""
+    if importlib.util.find_spec(SUMMARY_MODULE) is None:
+        return None
+    module = importlib.import_module(SUMMARY_MODULE)
+    result: dict[str, Any] = module.summarize(plan)
+    return result
+
+
+def plan_ready(plan: Plan) -> None:
+    """Raise EmitError unless the plan has what a job directory needs (the rules should have said why)."""
+    if plan.degrees is None or plan.placement is None or plan.grad_accum is None or not plan.stage_layers:
+        raise EmitError("the plan is incomplete (degrees, placement, batch split or stage partition unresolved); "
+                        "run `dsforge validate` for the reasons")
+
+
+def plan_document(plan: Plan, files: list[str]) -> dict[str, Any]:
+    """The plan.json document: resolved job, degrees, batch, partition, placement, DeepSpeed's view."""
+    plan_ready(plan)
+    d, p, t = plan.degrees, plan.placement, plan.spec.training
+    assert d is not None and p is not None
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "generator": GENERATOR,
+        "dsforge_version": __version__,
+        "name": plan.spec.name,
+        "job": plan.spec.model_dump(mode="json", by_alias=True),
+        "degrees": asdict(d),
+        "world_size": plan.world_size,
+        "nodes": plan.nodes,
+        "gpus_per_node": plan.gpus_per_node,
+        "zero": plan.zero,
+        "batch": {"global_batch": t.global_batch, "micro_batch": t.micro_batch, "grad_accum": plan.grad_accum},
+        "seed": t.seed,
+        "stage_layers": list(plan.stage_layers),
+        "virtual_stages": plan.virtual_stages,
+        "placement": {"order": list(p.order), "groups": p.groups},
+        "deepspeed": deepspeed_view(plan),
+        "dist_backend": "gloo" if on_cpu(plan) else "nccl",
+        "launcher": plan.spec.launch.launcher,
+        "files": sorted(files),
+    }
+    found = summary(plan)
+    if found is not None:
+        doc["summary"] = found
+    return doc
