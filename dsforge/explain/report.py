@@ -1,0 +1,73 @@
+"""Explain one plan: run every estimate once and hand the results to the text, JSON, plot and HTML views."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
+from dsforge.compiler.estimate.steptime import StepTime, estimate_step
+from dsforge.compiler.estimate.summary import summarize
+from dsforge.compiler.plan import Plan
+from dsforge.explain.units import plural
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """A plan with its estimates: the JSON-ready summary plus the objects the pictures are drawn from."""
+
+    plan: Plan
+    summary: dict[str, Any]
+    step: StepTime
+    memory: MemoryEstimate
+
+
+def explain_plan(plan: Plan, tokens: float | None = None) -> Explanation:
+    """Estimate a valid plan (raises EstimateError/ValueError when its layout does not resolve)."""
+    step = estimate_step(plan)
+    memory = estimate_memory(plan)
+    return Explanation(plan, summarize(plan, tokens, step, memory), step, memory)
+
+
+def placement_kinds(plan: Plan) -> list[str]:
+    """The group kinds the placement map shows: those of tp, pp, dp, cp and ep above 1 (dp alone if none)."""
+    assert plan.degrees is not None
+    d = plan.degrees
+    kinds = [k for k, n in (("tp", d.tp), ("pp", d.pp), ("dp", d.dp), ("cp", d.cp), ("ep", d.ep)) if n > 1]
+    return kinds or ["dp"]
+
+
+@contextmanager
+def figures(ex: Explanation) -> Iterator[dict[str, Any]]:
+    """The three pictures (timeline, memory, placement) as matplotlib figures, closed on exit."""
+    from dsforge.explain import plots
+
+    assert ex.plan.placement is not None
+    name, s = ex.plan.spec.name, ex.summary["pipeline"]
+    figs = {
+        "timeline": plots.timeline_figure(
+            ex.step.timeline, f"{name}: {s['schedule']} schedule, {plural(s['stages'], 'stage')}, "
+                              f"{plural(s['micro_batches'], 'micro-batch', 'micro-batches')}"),
+        "memory": plots.memory_figure(ex.memory, f"{name}: memory per stage"),
+        "placement": plots.placement_figure(ex.plan.placement, placement_kinds(ex.plan),
+                                            f"{name}: rank placement (order {ex.plan.spec.parallel.order})"),
+    }
+    try:
+        yield figs
+    finally:
+        for fig in figs.values():
+            plots.close(fig)
+
+
+def write_plots(ex: Explanation, directory: str | Path) -> list[Path]:
+    """Write timeline, memory and placement pictures as PNG and SVG into ``directory``."""
+    from dsforge.explain import plots
+
+    paths: list[Path] = []
+    with figures(ex) as figs:
+        for stem, fig in figs.items():
+            paths += plots.save(fig, Path(directory), stem)
+    return paths

@@ -1,0 +1,117 @@
+"""Tables of a plan summary (the headline numbers, memory per stage, communication, timing) as text.
+
+Each table is built once as a `Section` (title, header, rows, notes) that the text and HTML views share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dsforge.explain.units import count, gb, pct, plural, rate, seconds, table
+
+#: Memory components in display order (others the estimate adds are appended).
+_COMPONENTS = ("parameters", "gradients", "optimizer", "buffers", "activations", "logits", "reserve")
+
+
+@dataclass(frozen=True)
+class Section:
+    """One table: a title, column headers, rows of cells, the right-aligned columns and notes under it."""
+
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    right: tuple[int, ...] = ()
+    notes: list[str] = field(default_factory=list)
+
+
+def headline(s: dict[str, Any]) -> str:
+    """Two lines naming the job, its hardware and layout."""
+    lay, par = s["layout"], s["params"]
+    moe = f", {count(par['active_per_token'])} active per token" if par["active_per_token"] != par["total"] else ""
+    sp = ", SP" if lay["sequence_parallel"] and lay["tp"] > 1 else ""
+    return (f"{s['job']}: {lay['world_size']} x {lay['accelerator']} ({plural(lay['nodes'], 'node')} x {lay['gpus_per_node']}), "
+            f"tp {lay['tp']} x pp {lay['pp']} x dp {lay['dp']} x cp {lay['cp']} (ep {lay['ep']}), "
+            f"ZeRO-{lay['zero']}{sp}\n"
+            f"model {count(par['total'])} parameters{moe}; batch {lay['global_batch']} x {lay['seq_len']} tokens "
+            f"as {plural(lay['micro_batches'], 'micro-batch', 'micro-batches')} of {lay['micro_batch']} per replica, "
+            f"{lay['precision']}, recompute {lay['recompute']}")
+
+
+def summary_section(s: dict[str, Any]) -> Section:
+    """The headline estimates: step time, throughput, MFU, time to train, memory peak, the assumption."""
+    t, mem = s["time"], s["memory"]
+    rows = [["step time", seconds(t["step_s"])],
+            ["tokens/s", count(t["tokens_per_s"])],
+            ["TFLOP/s per GPU", f"{rate(t['model_tflops_per_gpu'])} model, {rate(t['hardware_tflops_per_gpu'])} hardware"],
+            ["MFU", f"{pct(t['mfu'])} (HFU {pct(t['hfu'])}) of {rate(t['peak_tflops'])} TFLOP/s dense peak"],
+            ["model FLOPs/step", f"{s['flops']['model_per_step']:.3e}"],
+            ["time to train", (f"{seconds(t['train_time_s'])} for {count(t['train_tokens'])} tokens "
+                              f"({count(t['train_steps'])} steps)")],
+            ["memory peak", (f"{gb(mem['peak_bytes'])} on stage {mem['peak_stage']} (rank {mem['peak_rank']}), "
+                            f"{pct(mem['utilization'])} of {gb(mem['capacity_bytes'])}")]]
+    note = (f"assumption: kernels reach {t['achievable_fraction']:.2f} of peak "
+            f"({t['achievable_fraction_source']})")
+    return Section("Summary", ["quantity", "estimate"], rows, notes=[note])
+
+
+def memory_section(s: dict[str, Any]) -> Section:
+    """Device memory of one rank per pipeline stage, by component, with the peak rank marked."""
+    mem = s["memory"]
+    names = list(_COMPONENTS) + sorted({k for st in mem["stages"] for k in st["components"]} - set(_COMPONENTS))
+    rows = [[f"{st['stage']}{' *' if st['stage'] == mem['peak_stage'] else ''}", str(st["rank"])]
+            + [gb(st["components"].get(n, 0.0)) for n in names] + [gb(st["device_bytes"]), gb(st["host_bytes"])]
+            for st in mem["stages"]]
+    notes = [(f"* peak: stage {mem['peak_stage']}, rank {mem['peak_rank']}: {gb(mem['peak_bytes'])} of "
+             f"{gb(mem['capacity_bytes'])} ({pct(mem['utilization'])})")]
+    notes += [f"note: {a}" for a in mem.get("assumptions", [])]
+    return Section("Memory per pipeline stage (one rank each)", ["stage", "rank"] + names + ["total", "host"], rows,
+                   tuple(range(1, len(names) + 4)), notes)
+
+
+def comm_section(s: dict[str, Any]) -> Section:
+    """Every collective of one rank of the critical stage: size, link, bytes and time per step."""
+    c = s["communication"]
+    rows = [[r["group"], r["collective"], r["purpose"], str(r["group_size"]), r["link"], gb(r["payload_bytes"]),
+             count(r["calls_per_step"]), gb(r["sent_bytes_per_step"]), seconds(r["time_per_step_s"]), r["overlap"]]
+            for r in c["collectives"]]
+    exposed = ", ".join(f"{k} {seconds(v)}" for k, v in c["exposed_s"].items()) or "none"
+    head = ["group", "collective", "purpose", "ranks", "link", "per call", "calls", "sent/step", "time/step",
+            "overlap"]
+    return Section(f"Communication per group (one rank of stage {c['stage']}, per step)", head, rows,
+                   (3, 5, 6, 7, 8), [f"exposed on the critical path: {exposed}"])
+
+
+def timing_section(s: dict[str, Any]) -> Section:
+    """Where the critical rank's step time goes, and the simulated versus closed-form bubble."""
+    t, p = s["time"], s["pipeline"]
+    step = t["step_s"]
+    parts = [("compute", t["compute_s"]), ("pipeline bubble", t["bubble_s"])]
+    parts += [(f"{k} communication (exposed)", v) for k, v in t["exposed_comm_s"].items()]
+    parts += [("optimizer step", t["optimizer_s"])]
+    rows = [[name, seconds(v), pct(v / step if step else 0.0)] for name, v in parts]
+    rows.append(["step", seconds(step), pct(1.0)])
+    note = (f"pipeline: {p['schedule']}, {plural(p['stages'], 'stage')} x {plural(p['virtual_stages'], 'chunk')}, "
+            f"{plural(p['micro_batches'], 'micro-batch', 'micro-batches')}, layers per chunk {p['stage_layers']}; "
+            f"idle {pct(p['bubble_fraction'])} simulated, {pct(p['bubble_fraction_closed_form'])} by "
+            "(p-1)/(v*m+p-1)")
+    return Section(f"Timing (critical rank: stage {t['critical_stage']})", ["part", "time", "share"], rows, (1, 2),
+                   [note])
+
+
+def sections(s: dict[str, Any]) -> list[Section]:
+    """The four tables in display order."""
+    return [summary_section(s), memory_section(s), comm_section(s), timing_section(s)]
+
+
+def render_section(sec: Section) -> str:
+    """One table as text: title, aligned columns, indented notes."""
+    if not sec.rows:
+        return f"{sec.title}\n  none"
+    notes = "".join(f"\n  {n}" for n in sec.notes)
+    return f"{sec.title}\n{table(sec.headers, sec.rows, sec.right)}{notes}"
+
+
+def render(s: dict[str, Any]) -> str:
+    """The headline and all tables, separated by blank lines."""
+    return "\n\n".join([headline(s)] + [render_section(x) for x in sections(s)]) + "\n"
