@@ -105,6 +105,68 @@ def compile_job(file: str, out: str, force: bool, fmt: str) -> None:
     click.echo(f"dsforge compile: wrote {out}: {', '.join(result.files)}", err=True)
 
 
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="Text tables, or the JSON summary that compile embeds in plan.json.")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False),
+              help="Write timeline, memory and placement pictures (PNG and SVG) into this directory.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write one self-contained HTML report.")
+@click.option("--tokens", type=click.FloatRange(min=1), help="Training horizon for time-to-train "
+              "(default: training.steps x tokens per step).")
+def explain(file: str, fmt: str, plot_dir: str | None, html_path: str | None, tokens: float | None) -> None:
+    """Estimate a job: parameters, FLOPs, memory per stage, communication per group, bubble, step time, MFU.
+
+    Exit codes as validate: 0 explained, 1 the job has errors (they are printed), 2 unusable input.
+    Warnings go to stderr and do not stop the estimate.
+    """
+    from dsforge.compiler.validate import validate_file
+    from dsforge.diagnostics import Severity, has_errors
+    from dsforge.formatters import get
+
+    result = validate_file(file)
+    if result.unusable or has_errors(result.diagnostics, False) or result.plan is None:
+        click.echo(get(fmt)(result.diagnostics), nl=False)
+        sys.exit(EXIT_UNUSABLE if result.unusable else EXIT_FINDINGS)
+    warnings = [d for d in result.diagnostics if d.severity == Severity.WARNING]
+    if warnings:
+        click.echo(get("text")(warnings), nl=False, err=True)
+    _explain_plan(result.plan, fmt, plot_dir, html_path, tokens)
+
+
+def _explain_plan(plan: object, fmt: str, plot_dir: str | None, html_path: str | None, tokens: float | None) -> None:
+    from dsforge.compiler.estimate.schedule import ScheduleError
+    from dsforge.compiler.estimate.steptime import EstimateError
+    from dsforge.explain.report import explain_plan, write_plots
+
+    try:
+        ex = explain_plan(plan, tokens)  # type: ignore[arg-type]
+    except (EstimateError, ScheduleError, ValueError) as exc:
+        click.echo(f"dsforge explain: cannot estimate this job: {exc}", err=True)
+        sys.exit(EXIT_FINDINGS)
+    if fmt == "json":
+        click.echo(json.dumps(ex.summary, indent=2))
+    else:
+        from dsforge.explain.text import render
+
+        click.echo(render(ex.summary), nl=False)
+    if plot_dir or html_path:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            click.echo("dsforge explain: --plot and --html need matplotlib: pip install 'dsforge[plots]'", err=True)
+            sys.exit(EXIT_UNUSABLE)
+    if plot_dir:
+        paths = write_plots(ex, plot_dir)
+        click.echo(f"dsforge explain: wrote {', '.join(str(p) for p in paths)}", err=True)
+    if html_path:
+        from dsforge.explain.html import render_html
+
+        with open(html_path, "w", encoding="utf-8") as fh:
+            fh.write(render_html(ex))
+        click.echo(f"dsforge explain: wrote {html_path}", err=True)
+
+
 def main() -> NoReturn:
     """Console entry point: run the CLI; an unexpected exception is reported without a traceback."""
     # Pydantic scans every installed distribution's entry points for plugins the first time it builds
