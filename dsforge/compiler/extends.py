@@ -50,7 +50,7 @@ def _load(path: Path, chain: list[Path]) -> tuple[dict[str, Any], SourceMap]:
     names = [parents] if isinstance(parents, str) else parents
     loc = smap.locate(("extends",), value=True)
     if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
-        raise InputError([Diagnostic("DSF010", "`extends` must be a file name or a list of file names",
+        raise InputError([Diagnostic("DSF010", Severity.ERROR, "`extends` must be a file name or a list of file names",
                                      loc, "write `extends: base.yaml`", ("extends",))])
     merged: dict[str, Any] = {}
     msmap = SourceMap(display)
@@ -59,13 +59,13 @@ def _load(path: Path, chain: list[Path]) -> tuple[dict[str, Any], SourceMap]:
         target = (path.parent / name).resolve()
         trail = " -> ".join(_display(p) for p in here + [target])
         if target in here:
-            raise InputError([Diagnostic("DSF010", f"`extends` forms a cycle: {trail}", loc,
+            raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` forms a cycle: {trail}", loc,
                                          "remove one link of the chain", ("extends",))])
         if len(here) >= MAX_CHAIN:
-            raise InputError([Diagnostic("DSF010", f"`extends` chain is deeper than {MAX_CHAIN}: {trail}", loc,
+            raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` chain is deeper than {MAX_CHAIN}: {trail}", loc,
                                          "flatten the chain", ("extends",))])
         if not target.is_file():
-            raise InputError([Diagnostic("DSF010", f"`extends` names a file that does not exist: {trail}", loc,
+            raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` names a file that does not exist: {trail}", loc,
                                          f"create {name} or fix the path (it is relative to {display})",
                                          ("extends",))])
         base, bsmap = _load(target, here)

@@ -223,7 +223,8 @@ def load_yaml(text: str, display: str) -> tuple[dict[str, Any], SourceMap]:
     builder = _Builder(display)
     data = builder.build(node, (), 0)
     if not isinstance(data, dict):
-        kind = "a list" if isinstance(data, list) else f"a {type(data).__name__} value"
+        kind = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
+            type(data), "null")
         raise _fail("DSF009", f"the top level is {kind}; a job file must be a mapping of sections",
                     _loc(display, node.start_mark), "start the file with `version: 1` and sections such as `model:`")
     return data, builder.smap

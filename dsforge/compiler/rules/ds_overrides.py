@@ -79,27 +79,22 @@ def unmanaged_accumulation(ctx: Context) -> Iterator[Finding]:
                       ("deepspeed", "zero_optimization", "overlap_comm"))
 
 
-@rule("DSF513", "AutoTP sizes agree and divide the world",
-      source=DS + "runtime/engine.py _apply_autotp_partitioning; utils/groups.py _init_tp_mesh_device")
+@rule("DSF513", "AutoTP's inner tp_size agrees with autotp_size",
+      source=DS + "runtime/engine.py _apply_autotp_partitioning")
 def autotp_sizes(ctx: Context) -> Iterator[Finding]:
-    """`tensor_parallel.tp.tp_size` must be 1 or equal `autotp_size` (ValueError at initialize), and a
-    world size that `autotp_size` does not divide is not checked by DeepSpeed at all: it fails with an
-    IndexError deep inside torch's DeviceMesh (observed on CPU with 3 ranks and autotp_size 2)."""
+    """`tensor_parallel.tp.tp_size` must be 1 or equal `autotp_size`, else DeepSpeed raises a ValueError at
+    initialize. (That `autotp_size` equals parallel.tp is DSF508's check; a world size it does not divide,
+    which DeepSpeed never checks and which fails inside torch's DeviceMesh with an IndexError, is then
+    DSF101's.)"""
     autotp = _int(_get(ctx, "tensor_parallel", "autotp_size"))
     if autotp is None or autotp <= 1:
         return
-    inner = _get(ctx, "tensor_parallel", "tp")
-    if not isinstance(inner, dict):
-        inner = _get(ctx, "tensor_parallel", "tensor_parallel") or {}
-    tp_size = _int(inner.get("tp_size")) if isinstance(inner, dict) else None
-    if tp_size is not None and tp_size not in (1, autotp):
-        yield Finding(f"tensor_parallel.tp.tp_size={tp_size} does not match autotp_size={autotp}",
-                      f"remove tp.tp_size, or set it to {autotp}", ("deepspeed", "tensor_parallel", "tp", "tp_size"))
-    world = ctx.plan.world_size
-    if world % autotp:
-        yield Finding(f"autotp_size={autotp} does not divide the world size {world}: DeepSpeed fails inside "
-                      "torch's DeviceMesh with an IndexError", f"use autotp_size in {choices(divisors(world, 64))}",
-                      ("deepspeed", "tensor_parallel", "autotp_size"))
+    for key in ("tp", "tensor_parallel"):  # `tp` is the alias DeepSpeed documents
+        tp_size = _int(_get(ctx, "tensor_parallel", key, "tp_size"))
+        if tp_size is not None and tp_size not in (1, autotp):
+            yield Finding(f"tensor_parallel.{key}.tp_size={tp_size} does not match autotp_size={autotp}",
+                          f"remove {key}.tp_size, or set it to {autotp}",
+                          ("deepspeed", "tensor_parallel", key, "tp_size"))
 
 
 @rule("DSF514", "AutoEP divides the experts", source=DS + "module_inject/auto_ep_config.py "

@@ -8,9 +8,9 @@ from dsforge.compiler.rules.registry import Context, Finding, rule
 from dsforge.diagnostics import Severity
 
 _WHY = {
-    "tp": "two all-reduces of b*s*h activations per layer in each direction (Shoeybi et al. 2019)",
-    "cp": "K/V blocks exchanged every attention layer (Liu et al. 2023)",
-    "ep": "two all-to-alls of the routed tokens per MoE layer (Lepikhin et al. 2020)",
+    "tp": "two all-reduces of b*s*h activations per layer in each direction",
+    "cp": "K/V blocks exchanged in every attention layer",
+    "ep": "two all-to-alls of the routed tokens per MoE layer",
 }
 
 
