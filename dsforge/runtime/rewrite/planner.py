@@ -56,7 +56,7 @@ class ModulePlan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {"name": self.name, "type": self.type, "variant": self.variant, "rule": self.rule,
+        return {"name": self.name, "type": self.type, "kind": self.kind, "variant": self.variant, "rule": self.rule,
                 "layer": self.layer, "stage": self.stage, "tied_to": self.tied_to, "notes": self.notes,
                 "params": {p.name: {"shape": list(p.shape), "shard": list(p.shard), "dim": p.dim}
                            for p in self.params}}
@@ -77,6 +77,7 @@ class RewritePlan:
     sequence_parallel: bool
     modules: list[ModulePlan]
     layer_list: str | None
+    head_dim: int
     attr_scales: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -122,6 +123,7 @@ class RewritePlan:
         per_stage = self.stage_params()
         return {"arch": self.arch, "tp": self.tp, "ep": self.ep, "pp": self.pp,
                 "sequence_parallel": self.sequence_parallel, "layer_list": self.layer_list,
+                "head_dim": self.head_dim,
                 "attr_scales": [{"module": n, "attr": a} for n, a in self.attr_scales],
                 "params": {"total": self.total_params, "per_rank_by_stage": per_stage,
                            "max_per_rank": max(per_stage)},
@@ -233,4 +235,4 @@ def plan_module(model: nn.Module, plan: Plan, arch: str) -> RewritePlan:
               if re.fullmatch(a.match, n)] if d.tp > 1 else []
     warnings = [f"{s} matched no module" for s in walk.unused if s.startswith("rewrite[")]
     return RewritePlan(arch, d.tp, d.ep, d.pp, spec.parallel.sequence_parallel and d.tp > 1, entries,
-                       layer_list, scales, warnings)
+                       layer_list, _heads(spec).head_dim, scales, warnings)

@@ -1,0 +1,161 @@
+"""Applying a rewrite plan: each planned module of a real model swapped for its parallel variant.
+
+One applier over the plan's rows (picotron's "a table and one applier"): column / row / vocab
+modules are replaced through the ``from_dense`` constructors of dsforge.runtime.layers, so the
+rewritten model holds exactly this rank's shards of the dense weights; norms are tagged for
+sequence parallelism; replicated modules stay as they are. Afterwards the attributes the HF
+forward reads as global widths (GPT-2's ``split_size``) become local ones, a tied LM head shares
+the sharded embedding, and every parameter is checked against the plan's shard shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from torch import nn
+
+from dsforge.runtime.groups import ParallelGroups
+from dsforge.runtime.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+                                    VocabParallelLMHead, mark_sequence_parallel)
+from dsforge.runtime.rewrite.planner import ModulePlan, RewriteError, RewritePlan
+
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every builder needs: the plan, this rank's groups, and whether the LM head gathers its logits."""
+
+    rp: RewritePlan
+    groups: ParallelGroups
+    gather_logits: bool
+
+
+Builder = Callable[[nn.Module, ModulePlan, Context], nn.Module]
+
+
+def _unit(entry: ModulePlan, rp: RewritePlan) -> int:
+    """Whole heads per shard for head-split projections, single features otherwise."""
+    return rp.head_dim if entry.heads else 1
+
+
+def _even(entry: ModulePlan, ctx: Context) -> None:
+    """The layers cut every block evenly; a planned shard that is not 1/tp (replicated KV heads) is refused."""
+    for p in entry.params:
+        if p.dim is not None and p.shard[p.dim] * ctx.rp.tp != p.shape[p.dim]:
+            raise RewriteError(ctx.rp.arch, [f"{entry.name}: the planned shard {p.shard} of {p.name} {p.shape} is "
+                                             f"not 1/{ctx.rp.tp} of it (replicated KV heads); the tensor-parallel "
+                                             "layers cannot build it"])
+
+
+def _column(dense: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
+    _even(entry, ctx)
+    return ColumnParallelLinear.from_dense(dense, ctx.groups, blocks=entry.fused, unit=_unit(entry, ctx.rp),
+                                           sequence_parallel=ctx.rp.sequence_parallel)
+
+
+def _row(dense: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
+    return RowParallelLinear.from_dense(dense, ctx.groups, input_is_parallel=True, unit=_unit(entry, ctx.rp),
+                                        sequence_parallel=ctx.rp.sequence_parallel)
+
+
+def _vocab(dense: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
+    sp = ctx.rp.sequence_parallel
+    if isinstance(dense, nn.Embedding):
+        return VocabParallelEmbedding.from_dense(dense, ctx.groups, sequence_parallel=sp)
+    if isinstance(dense, nn.Linear):
+        return VocabParallelLMHead.from_dense(dense, ctx.groups, gather_output=ctx.gather_logits, sequence_parallel=sp)
+    raise RewriteError(ctx.rp.arch, [f"{entry.name}: `vocab` needs an nn.Embedding or nn.Linear, not "
+                                     f"{type(dense).__name__}"])
+
+
+def _norm(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
+    if ctx.rp.sequence_parallel:
+        for p in module.parameters():
+            mark_sequence_parallel(p)
+    return module
+
+
+def _keep(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
+    return module
+
+
+def _expert(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
+    if ctx.rp.ep == 1:
+        return module  # every expert is local: the dense module is already this rank's shard
+    raise RewriteError(ctx.rp.arch, [f"{entry.name}: expert parallelism (ep={ctx.rp.ep}) needs the "
+                                     "expert-parallel MoE layer of dsforge.runtime.moe, not wired in yet"])
+
+
+APPLIERS: dict[str, Builder] = {"column": _column, "row": _row, "vocab": _vocab, "norm": _norm,
+                                "replicate": _keep, "expert": _expert}
+
+
+def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+def _check_shapes(model: nn.Module, entry: ModulePlan, problems: list[str]) -> None:
+    """The module now holds exactly the plan's shards (HF Conv1D shards are planned in its (in, out) layout)."""
+    module = model.get_submodule(entry.name)
+    held = dict(module.named_parameters())
+    for p in entry.params:
+        got = held.get(p.name)
+        want = tuple(reversed(p.shard)) if entry.kind == "conv1d" and p.name == "weight" else p.shard
+        if got is None or tuple(got.shape) != want:
+            problems.append(f"{entry.name}.{p.name}: holds {None if got is None else tuple(got.shape)}, "
+                            f"the plan says {want}")
+
+
+def apply_rewrite(model: nn.Module, rp: RewritePlan, groups: ParallelGroups, only: Iterable[str] | None = None,
+                  gather_logits: bool = True) -> nn.Module:
+    """Rewrite ``model`` in place by the plan for this rank's groups (``only``: these modules); returns it.
+
+    The plan's degrees must be the groups' (tp, ep); the dense weights must be the same on every rank
+    (same seed or checkpoint) since each rank keeps its slice of them. ``gather_logits=False`` leaves
+    the LM head's logits split over the vocabulary (for ``vocab_parallel_cross_entropy``).
+    """
+    if groups.size("tp") != rp.tp or (rp.ep > 1 and groups.size("ep") != rp.ep):
+        raise RewriteError(rp.arch, [f"the plan is for tp={rp.tp}, ep={rp.ep} but this rank's groups have "
+                                     f"tp={groups.size('tp')}, ep={groups.size('ep')}"])
+    wanted = set(only) if only is not None else None
+    entries = [m for m in rp.modules if wanted is None or m.name in wanted]
+    ctx = Context(rp, groups, gather_logits)
+    built: dict[str, nn.Module] = {}
+    for entry in entries:
+        if entry.tied_to is not None and entry.tied_to in built:
+            continue  # tied: handled once its owner is sharded, below
+        new = APPLIERS[entry.variant](model.get_submodule(entry.name), entry, ctx)
+        built[entry.name] = new
+        _swap(model, entry.name, new)
+    for entry in entries:
+        owner = built.get(entry.tied_to) if entry.tied_to else None
+        if owner is not None:
+            _tie(model, entry, owner, ctx)
+    for name, attr in rp.attr_scales:
+        if wanted is None or any(n.startswith(name + ".") for n in wanted):
+            module = model.get_submodule(name)
+            setattr(module, attr, getattr(module, attr) // rp.tp)
+    problems: list[str] = []
+    for entry in entries:
+        _check_shapes(model, entry, problems)
+    if problems:
+        raise RewriteError(rp.arch, problems)
+    return model
+
+
+def _tie(model: nn.Module, entry: ModulePlan, owner: nn.Module, ctx: Context) -> None:
+    """A tied LM head becomes a vocab-parallel head sharing the sharded embedding's weight."""
+    if entry.variant != "vocab" or not isinstance(owner, VocabParallelEmbedding):
+        _swap(model, entry.name, owner)  # a tie between other variants shares the whole rewritten module
+        return
+    if getattr(model.get_submodule(entry.name), "bias", None) is not None:
+        raise RewriteError(ctx.rp.arch, [f"{entry.name}: a tied LM head with a bias cannot be vocab-parallel"])
+    head = VocabParallelLMHead(owner.embedding_dim, owner.vocab, owner.pg, gather_output=ctx.gather_logits,
+                               sequence_parallel=ctx.rp.sequence_parallel, reset=False, dtype=owner.weight.dtype)
+    head.tie_to(owner)
+    _swap(model, entry.name, head.to(owner.weight.device))
+
+
+__all__ = ["APPLIERS", "Context", "apply_rewrite"]
