@@ -217,8 +217,8 @@ def load_yaml(text: str, display: str) -> tuple[dict[str, Any], SourceMap]:
     except yaml.YAMLError as exc:
         raise _fail("DSF004", f"YAML syntax error: {exc}", Location(display, 1, 1),
                     "check the file's YAML syntax") from None
-    if node is None:
-        raise _fail("DSF008", "the file is empty", Location(display, 1, 1), "add `version: 1` and a model")
+    if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _CORE + "null" and not node.value):
+        raise _fail("DSF008", "the document is empty", Location(display, 1, 1), "add `version: 1` and a model")
     check_bounds(node, display)
     builder = _Builder(display)
     data = builder.build(node, (), 0)
