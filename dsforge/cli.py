@@ -137,7 +137,7 @@ def explain(file: str, fmt: str, plot_dir: str | None, html_path: str | None, to
 def _explain_plan(plan: object, fmt: str, plot_dir: str | None, html_path: str | None, tokens: float | None) -> None:
     from dsforge.compiler.estimate.schedule import ScheduleError
     from dsforge.compiler.estimate.steptime import EstimateError
-    from dsforge.explain.report import explain_plan, write_plots
+    from dsforge.explain.report import explain_plan, write_outputs
 
     try:
         ex = explain_plan(plan, tokens)  # type: ignore[arg-type]
@@ -156,15 +156,9 @@ def _explain_plan(plan: object, fmt: str, plot_dir: str | None, html_path: str |
         except ImportError:
             click.echo("dsforge explain: --plot and --html need matplotlib: pip install 'dsforge[plots]'", err=True)
             sys.exit(EXIT_UNUSABLE)
-    if plot_dir:
-        paths = write_plots(ex, plot_dir)
+    if plot_dir or html_path:
+        paths = write_outputs(ex, plot_dir, html_path)
         click.echo(f"dsforge explain: wrote {', '.join(str(p) for p in paths)}", err=True)
-    if html_path:
-        from dsforge.explain.html import render_html
-
-        with open(html_path, "w", encoding="utf-8") as fh:
-            fh.write(render_html(ex))
-        click.echo(f"dsforge explain: wrote {html_path}", err=True)
 
 
 def main() -> NoReturn:

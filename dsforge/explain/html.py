@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from html import escape
+from typing import TYPE_CHECKING
 
-from dsforge.explain.report import Explanation, figures
 from dsforge.explain.text import Section, headline, sections
+
+if TYPE_CHECKING:
+    from dsforge.explain.report import Explanation
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1400px; color: #222; padding: 0 1em; }
@@ -35,18 +38,15 @@ def _table(sec: Section) -> str:
     return f"<h2>{escape(sec.title)}</h2>\n<table><tr>{head}</tr>{body}</table>\n{notes}"
 
 
-def render_html(ex: Explanation) -> str:
-    """The whole report as one HTML document with the figures inlined as SVG."""
-    from dsforge.explain import plots
-
+def render_html(ex: Explanation, svgs: dict[str, str]) -> str:
+    """The whole report as one HTML document, with the pictures (``svgs``: name -> SVG element) inlined."""
     s = ex.summary
     parts = [f"<h1>dsforge explain: {escape(s['job'])}</h1>", f"<p class=\"lead\">{escape(headline(s))}</p>"]
     parts += [_table(sec) for sec in sections(s)]
     parts.append("<h2>Pictures</h2>")
-    with figures(ex) as figs:
-        for name, fig in figs.items():
-            parts.append(f"<figure id=\"{name}\">{plots.svg_text(fig, name)}"
-                         f"<figcaption>{escape(_FIGURE_CAPTIONS[name])}</figcaption></figure>")
+    for name, svg in svgs.items():
+        caption = _FIGURE_CAPTIONS.get(name, name)
+        parts.append(f"<figure id=\"{escape(name)}\">{svg}<figcaption>{escape(caption)}</figcaption></figure>")
     body = "\n".join(parts)
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>dsforge explain: {escape(s['job'])}</title><style>{_STYLE}</style></head>\n"

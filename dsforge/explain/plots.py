@@ -183,13 +183,14 @@ def svg_text(fig: Figure, salt: str) -> str:
     return text[text.find("<svg"):]
 
 
-def save(fig: Figure, directory: Path, stem: str) -> list[Path]:
-    """Write ``stem``.png and ``stem``.svg into ``directory``; return their paths."""
+def save(fig: Figure, directory: Path, stem: str) -> tuple[list[Path], str]:
+    """Write ``stem``.png and ``stem``.svg into ``directory``; return their paths and the SVG element text."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = [directory / f"{stem}.png", directory / f"{stem}.svg"]
     fig.savefig(paths[0], dpi=110)
-    fig.savefig(paths[1])
-    return paths
+    svg = svg_text(fig, stem)
+    paths[1].write_text('<?xml version="1.0" encoding="utf-8" standalone="no"?>\n' + svg, encoding="utf-8")
+    return paths, svg
 
 
 def close(fig: Figure) -> None:

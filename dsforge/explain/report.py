@@ -62,12 +62,26 @@ def figures(ex: Explanation) -> Iterator[dict[str, Any]]:
             plots.close(fig)
 
 
-def write_plots(ex: Explanation, directory: str | Path) -> list[Path]:
-    """Write timeline, memory and placement pictures as PNG and SVG into ``directory``."""
+def write_outputs(ex: Explanation, plot_dir: str | Path | None, html_path: str | Path | None) -> list[Path]:
+    """Draw the pictures once; write them as PNG and SVG into ``plot_dir`` and/or into one HTML page."""
     from dsforge.explain import plots
+    from dsforge.explain.html import render_html
 
-    paths: list[Path] = []
+    written: list[Path] = []
+    svgs: dict[str, str] = {}
     with figures(ex) as figs:
         for stem, fig in figs.items():
-            paths += plots.save(fig, Path(directory), stem)
-    return paths
+            if plot_dir is not None:
+                paths, svgs[stem] = plots.save(fig, Path(plot_dir), stem)
+                written += paths
+            else:
+                svgs[stem] = plots.svg_text(fig, stem)
+    if html_path is not None:
+        Path(html_path).write_text(render_html(ex, svgs), encoding="utf-8")
+        written.append(Path(html_path))
+    return written
+
+
+def write_plots(ex: Explanation, directory: str | Path) -> list[Path]:
+    """Write timeline, memory and placement pictures as PNG and SVG into ``directory``."""
+    return write_outputs(ex, directory, None)

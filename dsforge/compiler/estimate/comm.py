@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsforge.compiler.estimate.shares import embedding_share, stage_share
+from dsforge.compiler.estimate.shares import stage_share
 from dsforge.compiler.estimate.zero_config import zero_settings
+from dsforge.compiler.params import padded_vocab
 from dsforge.compiler.plan import Plan
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -200,7 +201,7 @@ def pipeline_parallel(plan: Plan) -> list[Collective]:
            Collective("pp", "p2p", "activation gradients to the previous stage", "backward", "boundary", act, 2,
                       link, "dependency")]
     if m.tied_embeddings:
-        emb = embedding_share(m, d.tp) * DTYPE_BYTES[plan.spec.training.precision]
+        emb = padded_vocab(m, d.tp) * m.hidden / d.tp * DTYPE_BYTES[plan.spec.training.precision]
         ops.append(Collective("pp", "all-reduce", "tied embedding gradient (first and last stage)", "step", "step",
                               emb, 2, link, "none"))
     return ops

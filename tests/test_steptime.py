@@ -1,0 +1,94 @@
+"""Step time: the breakdown adds up, the physics points the right way, and published runs land in their bands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dsforge.compiler.estimate.steptime import DEFAULT_ACHIEVABLE_FRACTION, estimate_step
+from dsforge.compiler.validate import validate_file
+from tests.conftest import ROOT
+from tests.test_explain_helpers import GPT3_2021, LLAMA3_405B_8K, SMALL, make_plan, with_changes
+
+
+def test_breakdown_adds_up_to_the_step(tmp_path: Path) -> None:
+    step = estimate_step(make_plan(with_changes(SMALL, parallel={"sequence_parallel": True}), tmp_path))
+    parts = step.compute_s + step.bubble_s + sum(step.comm_s.values()) + step.optimizer_s
+    assert parts == pytest.approx(step.step_s, rel=1e-9)
+    assert step.tokens_per_s == pytest.approx(32 * 4096 / step.step_s)
+    assert step.time_to_train(1e9) == pytest.approx(1e9 / step.tokens_per_s)
+    assert 0 < step.mfu <= step.hfu < 1
+
+
+def test_gpt3_example_mfu_lands_in_the_published_band() -> None:
+    # examples/gpt3-175b-cluster.yaml is Narayanan et al. 2021's layout (TP 8, PP 16, DP 8, batch 1,536 on 1,024
+    # A100s) with selective recompute and sequence parallelism (Korthikanti et al. 2022). Published bounds:
+    #  - below: 2021's 138-140 TFLOP/s per GPU with full recompute is 44-45 % hardware / 33-34 % model FLOPs;
+    #    dropping the recomputed forward is worth ~1.3x (Korthikanti et al.: 530B went 42.1 % -> 54.2 % MFU);
+    #  - above: Megatron-LM reports 51.4 % MFU for 175B with selective recompute and SP at DP 1, i.e. without
+    #    this layout's DP all-reduce over InfiniBand and with a shallower pipeline.
+    # So the example must sit between ~38 % and ~51 %.
+    step = estimate_step(validate_file(ROOT / "examples" / "gpt3-175b-cluster.yaml").plan)
+    assert 0.38 <= step.mfu <= 0.51, step.mfu
+    assert 130 <= step.tflops_per_gpu <= 160
+
+
+def test_narayanan_2021_run_is_reproduced(tmp_path: Path) -> None:
+    # The A100 preset's achievable_fraction was calibrated on this run: 138-140 TFLOP/s per GPU, counted
+    # with the recomputed forward (Narayanan et al. 2021, sec. 5.1). Guard the calibration within 5 %.
+    step = estimate_step(make_plan(GPT3_2021, tmp_path))
+    assert step.hardware_flops / step.step_s / step.gpus / 1e12 == pytest.approx(139, rel=0.05)
+
+
+def test_llama3_405b_rows_are_reproduced(tmp_path: Path) -> None:
+    # Dubey et al. 2024, Table 4: 8,192 GPUs (DP 64) 43 % MFU, calibrated; 16,384 GPUs (DP 128, so 16 instead of
+    # 32 micro-batches per step and a larger bubble) 41 %, held out: the model must predict a drop of a few points.
+    eight = estimate_step(make_plan(LLAMA3_405B_8K, tmp_path))
+    sixteen = estimate_step(make_plan(with_changes(LLAMA3_405B_8K, hardware={"nodes": 2048}), tmp_path))
+    assert eight.mfu == pytest.approx(0.43, abs=0.02)
+    assert 0.36 <= sixteen.mfu <= 0.43
+    assert sixteen.mfu < eight.mfu
+    assert sixteen.bubble_s / sixteen.step_s > eight.bubble_s / eight.step_s
+
+
+def test_more_micro_batches_shrink_the_bubble(tmp_path: Path) -> None:
+    job = with_changes(SMALL, parallel={"tp": 1, "pp": 8})
+    mfus = [estimate_step(make_plan(with_changes(job, training={"global_batch": g}), tmp_path)).mfu
+            for g in (8, 32, 128)]
+    assert mfus[0] < mfus[1] < mfus[2]
+
+
+def test_tensor_parallelism_across_nodes_costs_more(tmp_path: Path) -> None:
+    job = with_changes(SMALL, hardware={"nodes": 2}, parallel={"tp": 8, "pp": 2}, training={"global_batch": 16})
+    inside = estimate_step(make_plan(job, tmp_path))
+    across = estimate_step(make_plan(with_changes(job, parallel={"order": "pp-tp-cp-ep-dp"}), tmp_path))
+    assert across.comm_s["tp"] > 5 * inside.comm_s["tp"]
+    assert across.step_s > inside.step_s
+
+
+def test_recompute_costs_time_but_not_model_flops(tmp_path: Path) -> None:
+    none = estimate_step(make_plan(SMALL, tmp_path))
+    full = estimate_step(make_plan(with_changes(SMALL, training={"recompute": "full"}), tmp_path))
+    assert full.model_flops == none.model_flops
+    assert full.hardware_flops > none.hardware_flops
+    assert full.step_s > none.step_s and full.mfu < none.mfu
+
+
+def test_achievable_fraction_comes_from_the_preset_or_the_job(tmp_path: Path) -> None:
+    preset = estimate_step(make_plan(SMALL, tmp_path))
+    assert preset.achievable_fraction == 0.57 and "achievable_fraction" in preset.fraction_source
+    acc = {"name": "custom", "memory_gb": 80, "bf16_tflops": 989, "hbm_gbs": 3350}
+    links = {"intra_node": {"bandwidth_gbs": 450, "latency_us": 3}, "inter_node": {"bandwidth_gbs": 50, "latency_us": 10}}
+    job = {**SMALL, "hardware": {"gpus_per_node": 8, "accelerator": acc, **links}}
+    default = estimate_step(make_plan(job, tmp_path))
+    assert default.achievable_fraction == DEFAULT_ACHIEVABLE_FRACTION and "default" in default.fraction_source
+    faster = estimate_step(make_plan(with_changes(job, hardware={"accelerator": {**acc, "achievable_fraction": 1.0}}),
+                                     tmp_path))
+    assert faster.compute_s == pytest.approx(default.compute_s * DEFAULT_ACHIEVABLE_FRACTION)
+
+
+def test_every_example_estimates() -> None:
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        step = estimate_step(validate_file(path).plan)
+        assert step.step_s > 0 and 0 < step.mfu < 1, path.name
