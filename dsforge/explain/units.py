@@ -44,7 +44,7 @@ def plural(n: int, word: str, many: str = "") -> str:
 
 def rate(x: float) -> str:
     """A rate with three significant digits (TFLOP/s figures from 0.05 to 1,000)."""
-    return f"{x:.1f}" if x >= 100 else f"{x:.3g}"
+    return f"{x:.4g}" if x >= 1 else f"{x:.3g}"
 
 
 def pct(x: float) -> str:
