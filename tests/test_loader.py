@@ -79,7 +79,7 @@ def test_deep_nesting_is_refused() -> None:
 
 
 def test_reused_alias_within_bounds_is_fine() -> None:
-    data, smap = _load("base: &b {x: 1}\nother: *b\n")
+    data, _smap = _load("base: &b {x: 1}\nother: *b\n")
     assert data["other"] == {"x": 1}
 
 
@@ -102,7 +102,7 @@ def test_non_string_keys_become_strings_but_complex_keys_are_refused() -> None:
 
 
 def test_syntax_error_points_at_the_problem() -> None:
-    rule, line, col = _error(_load, "version: 1\nmodel:\n  preset: x\n    layers: 4\n")
+    rule, line, _col = _error(_load, "version: 1\nmodel:\n  preset: x\n    layers: 4\n")
     assert (rule, line) == ("DSF004", 4)
 
 

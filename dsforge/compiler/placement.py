@@ -36,7 +36,16 @@ def parse_order(order: str, sizes: dict[str, int]) -> list[str]:
     if sizes.get("ep", 1) > 1 and "ep-dp" not in "-".join(tokens) and "dp-ep" not in "-".join(tokens):
         raise OrderError(f"order {order!r} separates ep from dp; expert ranks are carved out of the data-parallel "
                          "ranks, so ep and dp must be adjacent")
-    return tokens + [a for a in AXES if a not in tokens]
+    full = tokens + [a for a in AXES if a not in tokens]
+    if sizes.get("ep", 1) > 1 and sizes.get("cp", 1) > 1:
+        # The expert groups reuse the dp x cp ranks of each (tp, pp) position (Megatron's expert
+        # RankGenerator sets cp=1 and dp=dp*cp/ep over the same order), so cp, ep and dp must form one
+        # contiguous block; with pp or tp between them an expert group would span pipeline stages.
+        where = sorted(full.index(a) for a in ("cp", "ep", "dp"))
+        if where[2] - where[0] != 2:
+            raise OrderError(f"order {order!r} separates cp from ep-dp; with ep > 1 and cp > 1 the axes cp, ep and "
+                             "dp must be adjacent (e.g. tp-cp-ep-dp-pp)")
+    return full
 
 
 def rank_groups(axes: list[str], sizes: dict[str, int], members: set[str]) -> list[list[int]]:

@@ -124,12 +124,15 @@ def _one(path: Path, errors: list[dict[str, Any]], smap: SourceMap) -> Diagnosti
     """One diagnostic for all the errors pydantic reported about the value at ``path``."""
     where, value = dotted(path), errors[0].get("input")
     loc = smap.locate(path, value=True)
-    kinds = {e["type"] for e in errors}
-    if kinds <= {"literal_error"}:
-        options = _literal_options(errors)
+    literal = [e for e in errors if e["type"] == "literal_error"]
+    others = [e for e in errors if e["type"] != "literal_error"]
+    # A word where a fixed set of words is allowed: a misspelt choice, even if a union also takes a list/number.
+    if literal and (not others or (isinstance(value, str) and all(e["type"].endswith("_type") for e in others))):
+        options = _literal_options(literal)
+        alt = "".join(f", or {_msg(e).removeprefix('must be ')}" for e in others)
         return Diagnostic("DSF023", Severity.ERROR, f"`{where}` is {_shown(value)}: must be one of "
-                          f"{', '.join(options)}{suggest(str(value), options)}", loc,
-                          f"use one of: {', '.join(options)}", path)
+                          f"{', '.join(options)}{alt}{suggest(str(value), options)}", loc,
+                          f"use one of: {', '.join(options)}{alt}", path)
     ranged = [e for e in errors if e["type"] in _RANGE]
     if ranged:
         msg = _msg(ranged[0])

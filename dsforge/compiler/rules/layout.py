@@ -61,7 +61,8 @@ def order_valid(ctx: Context) -> Iterator[Finding]:
     axes of size 1 only, and ep must sit next to dp because expert groups are carved out of dp."""
     why = ctx.plan.order_error()
     if why:
-        yield Finding(why, "use the default order tp-cp-ep-dp-pp, or list each axis once with ep beside dp",
+        yield Finding(why, "use the default order tp-cp-ep-dp-pp, or list each axis once with ep beside dp "
+                      "(and cp, ep, dp together when both cp and ep are > 1)",
                       ("parallel", "order"))
 
 
