@@ -205,7 +205,7 @@ def override_values(ctx: Context) -> Iterator[Finding]:
     if _section(ctx, "bf16").get("enabled") and _section(ctx, "fp16").get("enabled"):
         yield Finding("deepspeed enables both bf16 and fp16", "enable one (training.precision)", ("deepspeed", "fp16"))
     for key in ("communication_data_type", "seq_parallel_communication_data_type"):
-        if key in ds and ds[key] is not None and ds[key] not in COMM_DTYPES:
+        if key in ds and ds[key] is not None and (not isinstance(ds[key], str) or ds[key] not in COMM_DTYPES):
             yield Finding(f"deepspeed.{key}={ds[key]!r} is not one of fp16, bf16, fp32",
                           "use fp16, bf16 or fp32", ("deepspeed", key))
     if ds.get("gradient_allreduce_op") == "sum" and ctx.plan.zero == 3:
