@@ -9,6 +9,7 @@ from pathlib import Path
 from dsforge.compiler.emit.checks import EMIT_RULES
 from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.emit.job_dir import render_job
+from dsforge.compiler.emit.plan_doc import summarize_safely
 from dsforge.compiler.emit.writer import TargetError, check_target, write_job_dir
 from dsforge.compiler.rules.registry import Context, run_rules
 from dsforge.compiler.validate import validate_file
@@ -42,8 +43,13 @@ def compile_file(path: str | Path, out: str | Path, force: bool = False) -> Comp
     diags.sort(key=lambda d: (d.location.line, d.location.column, d.rule))
     if has_errors(diags):
         return CompileResult(diags)
+    summary, failure = summarize_safely(plan)
+    if failure is not None:
+        diags.append(Diagnostic("DSF690", Severity.WARNING, f"plan.json carries no explain summary: the cost "
+                                f"model failed on this job ({failure})", Location(job.source.file),
+                                "report it; the job directory is complete otherwise"))
     try:
-        files = render_job(plan)
+        files = render_job(plan, summary)
     except EmitError as exc:
         diags.append(Diagnostic("DSF699", Severity.ERROR, f"cannot emit the job: {exc}", Location(job.source.file),
                                 "fix the job file as the message says"))

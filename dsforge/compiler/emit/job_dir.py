@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from dsforge import __version__
 from dsforge.compiler.emit.ds_config import EmitError, build_ds_config
@@ -35,15 +36,18 @@ def _configmap(files: dict[str, JobFile]) -> list[tuple[str, str]]:
     return entries
 
 
-def render_job(plan: Plan) -> dict[str, JobFile]:
-    """Every file of the job directory for a validated plan (raises EmitError if it cannot be emitted)."""
+def render_job(plan: Plan, summary: dict[str, Any] | None = None) -> dict[str, JobFile]:
+    """Every file of the job directory for a validated plan; ``summary`` goes into plan.json.
+
+    Raises EmitError if the plan cannot be emitted.
+    """
     plan_ready(plan)
     launch = plan.spec.launch
     if launch.launcher == "deepspeed" and plan.nodes > 1 and len(launch.hosts) != plan.nodes:
         raise EmitError(f"the hostfile needs {plan.nodes} host names in launch.hosts, got {len(launch.hosts)}")
     extra = launch_files(plan)
     names = [*CORE_FILES, *(f.name for f in extra)]
-    doc = plan_document(plan, names)
+    doc = plan_document(plan, names, summary)
     files = {
         "ds_config.json": JobFile(render("ds_config.json.j2", config=build_ds_config(plan))),
         "plan.json": JobFile(render("plan.json.j2", plan=doc)),

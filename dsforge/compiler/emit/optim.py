@@ -40,7 +40,10 @@ def scheduler_section(sched: SchedulerSpec, lr: float, steps: int) -> dict[str, 
     DeepSpeed's warm-up schedulers refuse ``warmup_num_steps <= 0`` and stretch shorter warm-ups to
     2 steps (``max(2, warmup_num_steps)``), so a job without warm-up is expressed without one:
     cosine starts its warm-up at ratio 1.0 (a flat start) and a constant rate needs no scheduler at
-    all; only linear decay cannot avoid DeepSpeed's 2-step warm-up (see below).
+    all; only linear decay cannot avoid DeepSpeed's 2-step warm-up (see below). The engine steps the
+    scheduler after each optimizer step, so DeepSpeed's first step runs at the pre-start value
+    (0 for WarmupCosineLR, warmup_min_lr otherwise) and decays reach their floor at iteration
+    total_num_steps = training.steps (tests/test_ds_config_deepspeed.py measures this).
     """
     warm = sched.warmup_steps
     if sched.name == "constant":

@@ -14,14 +14,15 @@ from typing import Any
 
 from dsforge import __version__
 from dsforge.compiler.emit.ds_config import EmitError, on_cpu
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.placement import Placement
+from dsforge.compiler.plan import Degrees, Plan
 
 FORMAT = 1
 GENERATOR = "dsforge"
 SUMMARY_MODULE = "dsforge.compiler.estimate.summary"
 
 
-def deepspeed_view(plan: Plan) -> dict[str, Any]:
+def deepspeed_view(plan: Plan, d: Degrees) -> dict[str, Any]:
     """How the runtime presents the plan to DeepSpeed, and the world size DeepSpeed's batch rule sees.
 
     DeepSpeedConfig takes its batch world size from ``mpu.get_data_parallel_world_size()`` when an mpu
@@ -29,8 +30,7 @@ def deepspeed_view(plan: Plan) -> dict[str, Any]:
     topology instead, and its engine asserts the same dp (runtime/pipe/engine.py). Any PipelineModule,
     even a one-stage one, refuses ZeRO-2/3 (PipelineEngine.__init__), so pp = 1 runs a plain module.
     """
-    d, t = plan.degrees, plan.spec.training
-    assert d is not None  # callers checked plan_ready
+    t = plan.spec.training
     return {
         "processes": plan.world_size,
         "batch_world_size": d.dp,
@@ -44,27 +44,37 @@ def deepspeed_view(plan: Plan) -> dict[str, Any]:
     }
 
 
-def summary(plan: Plan) -> dict[str, Any] | None:
-    """The cost model's explain summary as data, or None until that module exists."""
+def summarize_safely(plan: Plan) -> tuple[dict[str, Any] | None, str | None]:
+    """The cost model's explain summary as data, or why there is none.
+
+    (None, None) until that module exists; (None, reason) when it fails on this plan, so a bug in an
+    estimate costs the job directory its summary, never the job directory itself (compile warns).
+    """
     if importlib.util.find_spec(SUMMARY_MODULE) is None:
-        return None
-    module = importlib.import_module(SUMMARY_MODULE)
-    result: dict[str, Any] = module.summarize(plan)
-    return result
+        return None, None
+    try:
+        result: dict[str, Any] = importlib.import_module(SUMMARY_MODULE).summarize(plan)
+    except Exception as exc:  # noqa: BLE001 - isolation is the point, as for rules
+        return None, f"{type(exc).__name__}: {exc}"
+    return result, None
 
 
-def plan_ready(plan: Plan) -> None:
-    """Raise EmitError unless the plan has what a job directory needs (the rules should have said why)."""
-    if plan.degrees is None or plan.placement is None or plan.grad_accum is None or not plan.stage_layers:
+def plan_ready(plan: Plan) -> tuple[Degrees, Placement]:
+    """The plan's degrees and placement; EmitError unless it has what a job directory needs.
+
+    Validation errors explain an incomplete plan, so compile never gets here with one.
+    """
+    d, p = plan.degrees, plan.placement
+    if d is None or p is None or plan.grad_accum is None or not plan.stage_layers:
         raise EmitError("the plan is incomplete (degrees, placement, batch split or stage partition unresolved); "
                         "run `dsforge validate` for the reasons")
+    return d, p
 
 
-def plan_document(plan: Plan, files: list[str]) -> dict[str, Any]:
-    """The plan.json document: resolved job, degrees, batch, partition, placement, DeepSpeed's view."""
-    plan_ready(plan)
-    d, p, t = plan.degrees, plan.placement, plan.spec.training
-    assert d is not None and p is not None
+def plan_document(plan: Plan, files: list[str], summary: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plan.json document: resolved job, degrees, batch, partition, placement, DeepSpeed's view, summary."""
+    d, p = plan_ready(plan)
+    t = plan.spec.training
     doc: dict[str, Any] = {
         "format": FORMAT,
         "generator": GENERATOR,
@@ -81,12 +91,11 @@ def plan_document(plan: Plan, files: list[str]) -> dict[str, Any]:
         "stage_layers": list(plan.stage_layers),
         "virtual_stages": plan.virtual_stages,
         "placement": {"order": list(p.order), "groups": p.groups},
-        "deepspeed": deepspeed_view(plan),
+        "deepspeed": deepspeed_view(plan, d),
         "dist_backend": "gloo" if on_cpu(plan) else "nccl",
         "launcher": plan.spec.launch.launcher,
         "files": sorted(files),
     }
-    found = summary(plan)
-    if found is not None:
-        doc["summary"] = found
+    if summary is not None:
+        doc["summary"] = summary
     return doc
