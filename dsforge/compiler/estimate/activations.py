@@ -13,7 +13,11 @@ Assumptions, stated: GPT-2-style layers (biases, LayerNorm) carry dropout after 
 attention output and MLP (Megatron's GPT default), Llama-style ones none. A fused attention kernel
 (FlashAttention; assumed on every accelerator except the CPU) saves Q, K, V, the output and a fp32
 log-sum-exp per head and token instead of the score matrices. RoPE is assumed fused (no extra saved
-tensors). LayerNorm saves fp32 mean and rstd per token, RMSNorm an fp32 rstd.
+tensors). LayerNorm saves fp32 mean and rstd per token, RMSNorm an fp32 rstd. On an accelerator the
+dropout kernel is fused and keeps a one-byte mask; on the CPU `at::dropout` multiplies by a noise
+tensor of the activation dtype, and unfused attention also saves the boolean causal mask (s x s per
+layer). Measured on a tiny GPT on the CPU, this count matches autograd's saved tensors exactly
+(tests/test_memory_measured.py).
 """
 
 from __future__ import annotations
@@ -38,12 +42,18 @@ class ActivationShape:
     cp: int
     sequence_parallel: bool
     element_bytes: int  # 2 for bf16/fp16 activations, 4 for fp32
-    fused_attention: bool
+    fused_attention: bool  # FlashAttention-style kernel: no score matrices saved
+    fused_dropout: bool = True  # dropout kernel keeping a 1-byte mask (else a noise tensor, element_bytes)
 
     @property
     def tokens(self) -> float:
         """Tokens of one micro-batch held by this rank (the sequence is split over cp)."""
         return self.micro_batch * self.seq_len / self.cp
+
+    @property
+    def mask_bytes(self) -> int:
+        """Bytes per element of a saved dropout mask."""
+        return MASK if self.fused_dropout else self.element_bytes
 
     @property
     def sp_div(self) -> int:
@@ -74,9 +84,10 @@ def attention_terms(model: ModelSpec, a: ActivationShape) -> dict[str, float]:
         scores = n * heads * a.seq_len  # each local query row against all s keys
         terms["scores"] = scores * e  # softmax output
         if has_dropout(model):
-            terms["scores"] += scores * (MASK + e)  # dropout mask and dropout output
+            terms["scores"] += scores * (a.mask_bytes + e)  # dropout mask and dropout output
+        terms["causal_mask"] = a.seq_len / a.cp * a.seq_len * MASK  # boolean mask, shared by the batch
     if has_dropout(model):
-        terms["dropout_masks"] = n * h * MASK / a.sp_div
+        terms["dropout_masks"] = n * h * a.mask_bytes / a.sp_div
     return terms
 
 
@@ -101,7 +112,7 @@ def mlp_terms(model: ModelSpec, a: ActivationShape, moe: bool) -> dict[str, floa
     else:
         terms["mlp_inner"] = n * _mlp_inner(model, model.ffn_hidden or 4 * h, t, e)
     if has_dropout(model):
-        terms["dropout_masks"] = n * h * MASK / a.sp_div
+        terms["dropout_masks"] = n * h * a.mask_bytes / a.sp_div
     return terms
 
 
@@ -125,6 +136,7 @@ def layer_bytes(model: ModelSpec, a: ActivationShape, moe: bool, recompute: str)
     terms = layer_terms(model, a, moe)
     if recompute == "selective":
         terms.pop("attn.scores", None)
+        terms.pop("attn.causal_mask", None)
     return sum(terms.values())
 
 
@@ -137,10 +149,13 @@ def recompute_working_set(model: ModelSpec, a: ActivationShape, moe: bool, recom
 
 
 def embedding_bytes(model: ModelSpec, a: ActivationShape) -> float:
-    """Bytes the input embedding saves: the int64 token ids, and a dropout mask for GPT-2 style models."""
+    """Bytes the input embedding saves: int64 token (and position) ids, and a dropout mask for GPT-2
+    style models."""
     saved = a.tokens * 8
+    if model.position == "learned":
+        saved += a.seq_len / a.cp * 8
     if has_dropout(model):
-        saved += a.tokens * model.hidden * MASK / a.sp_div
+        saved += a.tokens * model.hidden * a.mask_bytes / a.sp_div
     return saved
 
 
@@ -152,10 +167,11 @@ def head_bytes(model: ModelSpec, a: ActivationShape) -> float:
 
 
 def logits_bytes(model: ModelSpec, a: ActivationShape, vocab: int) -> tuple[float, float]:
-    """(saved, transient) bytes of the loss: fp32 log-probabilities kept for backward, and the logits
-    in the compute dtype alive while the loss is formed; the vocabulary is split over tp."""
+    """(saved, transient) bytes of the loss: fp32 log-probabilities and int64 targets kept for
+    backward, and the logits in the compute dtype alive while the loss is formed; the vocabulary is
+    split over tp (vocabulary-parallel cross-entropy)."""
     cells = a.tokens * vocab / a.tp
-    return cells * FP32, cells * a.element_bytes
+    return cells * FP32 + a.tokens * 8, cells * a.element_bytes
 
 
 def in_flight(schedule: str, stages: int, stage: int, micro_batches: int, chunks: int) -> int:

@@ -32,12 +32,17 @@ DEVICE_COMPONENTS = ("parameters", "gradients", "optimizer", "buffers", "activat
 
 @dataclass(frozen=True)
 class StageMemory:
-    """Estimated bytes of the worst rank of one pipeline stage, on the device and on the host."""
+    """Estimated bytes of the worst rank of one pipeline stage, on the device and on the host.
+
+    The components describe the rank at its peak moment: during backward (activations live) or, when
+    larger, in the update after it (gradient reduction and optimizer step; activations freed).
+    """
 
     stage: int
     rank: int
     components: dict[str, float]
     host: dict[str, float] = field(default_factory=dict)
+    phase: str = "backward"  # the moment the components describe: "backward" or "update"
 
     @property
     def device_bytes(self) -> float:
@@ -82,7 +87,8 @@ def activation_shape(plan: Plan) -> act.ActivationShape:
     return act.ActivationShape(
         micro_batch=t.micro_batch, seq_len=plan.spec.model.seq_len, tp=plan.degrees.tp, cp=plan.degrees.cp,
         sequence_parallel=p.sequence_parallel and plan.degrees.tp > 1,
-        element_bytes=4 if t.precision == "fp32" else 2, fused_attention=not is_cpu(plan))
+        element_bytes=4 if t.precision == "fp32" else 2, fused_attention=not is_cpu(plan),
+        fused_dropout=not is_cpu(plan))
 
 
 def micro_batches(plan: Plan) -> int:
@@ -128,13 +134,15 @@ def stage_memory(plan: Plan, stage: int, z: ZeroSettings, m: int) -> StageMemory
     assert plan.degrees is not None and plan.placement is not None
     d = plan.degrees
     share = stage_share(plan, stage, z.persistence_threshold)
-    states = model_states(share, z, d.dp * d.cp, max(1, d.expert_dp))
+    states = model_states(share, z, d.dp * d.cp, max(1, d.expert_dp), m)
     activ, logits = _activations(plan, stage, activation_shape(plan), m)
-    comps = {name: states.device.get(name, 0.0) for name in DEVICE_COMPONENTS[:4]}
-    comps.update(activations=activ, logits=logits)
+    backward = {**states.backward, "activations": activ, "logits": logits}
+    update = {**states.update, "activations": 0.0, "logits": 0.0}
+    phase, comps = max((("backward", backward), ("update", update)), key=lambda kv: sum(kv[1].values()))
+    comps = {name: comps.get(name, 0.0) for name in DEVICE_COMPONENTS[:-1]}
     comps["reserve"] = _reserve(plan, sum(comps.values()))
     rank = plan.placement.groups["pp"][0][stage]
-    return StageMemory(stage, rank, comps, dict(states.host))
+    return StageMemory(stage, rank, comps, dict(states.host), phase)
 
 
 def estimate_memory(plan: Plan) -> MemoryEstimate:

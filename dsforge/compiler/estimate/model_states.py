@@ -2,26 +2,38 @@
 
 The split into 16-bit weights + 16-bit gradients + fp32 master weights + fp32 optimizer moments is
 Rajbhandari et al. 2020 (ZeRO), sec. 3.1 (2 + 2 + 12 bytes per parameter for mixed-precision Adam),
-partitioned over the data-parallel ranks by stage (their eq. in sec. 5: stage 1 divides the 12 bytes,
-stage 2 also the gradients, stage 3 also the weights). Which buffers DeepSpeed 0.19.8 really keeps
-was read from its source and measured (tests/test_memory_states.py):
+partitioned over the data-parallel ranks by stage (sec. 3.1/5: stage 1 divides the 12 bytes, stage 2
+also the gradients, stage 3 also the weights). Which buffers DeepSpeed 0.19.8 really keeps, and when,
+was read from its source and measured on real engines (tests/test_memory_measured.py). Two moments
+can set a rank's peak, so both are estimated:
 
-* no ZeRO, fp32: the torch optimizer on the model's own tensors (weights, .grad, moments);
-* no ZeRO, 16-bit: `runtime/fp16/fused_optimizer.py` FP16_Optimizer (and the unfused variant) keeps a
-  full fp32 master copy and, at the step, full fp32 gradients next to the 16-bit .grad;
-* bf16 with a pipeline (no ZeRO), or ZeRO-1 with `data_types.grad_accum_dtype: fp32`:
-  `runtime/bf16_optimizer.py` BF16_Optimizer: a full flat gradient-accumulation buffer and an fp32
-  master *partition*;
-* ZeRO 1/2: `runtime/zero/stage_1_and_2.py` DeepSpeedZeroOptimizer: the weights flattened into one
-  buffer, an fp32 master partition (cloned even for fp32 training), fp32 gradients of the partition
-  built at the step, full .grad (stage 1) or a contiguous partition buffer (stage 2), and
-  reduce_bucket_size-element bucket(s) (two with overlap_comm) while gradients are reduced;
-* ZeRO 3: `runtime/zero/stage3.py` DeepSpeedZeroOptimizer_Stage3: weight partitions, tensors at or
-  below the persistence threshold kept whole, the gathered working set (the largest module plus the
-  prefetch bucket, capped by max_live_parameters), a gradient partition buffer and a reduce bucket.
+* ``backward``: while the step's last micro-batch runs backward (activations live);
+* ``update``: after autograd, while gradients are reduced and the optimizer steps (activations freed).
+
+Per configuration (P: parameters on the rank, Pn: its ZeRO partition, b: bytes per weight, k: optimizer
+bytes per parameter, B: reduce_bucket_size elements):
+
+* no ZeRO, fp32: the torch optimizer on the model's tensors, 4P + 4P + kP; after backward the engine
+  all-reduces flattened copies of the gradients (engine.py `allreduce_gradients`, up to 5e8 elements);
+* no ZeRO, 16-bit: FP16_Optimizer / FP16_UnfusedOptimizer (`runtime/fp16/`) keep a full fp32 master
+  copy and, in the step, fp32 gradients next to the 16-bit .grad: bP + (b+4)P + (4+k)P;
+* bf16 with a pipeline and no ZeRO, or ZeRO-1 with `data_types.grad_accum_dtype: fp32`:
+  BF16_Optimizer (`runtime/bf16_optimizer.py`): a full flat accumulation buffer and an fp32 master
+  partition (read from the source; not measured here, it needs a PipelineModule);
+* ZeRO 1 (`runtime/zero/stage_1_and_2.py`): flat weights bP, fp32 master and moments (4+k)Pn. In
+  backward every .grad is full (bP) next to the reduction bucket (bB); in the boundary reduction the
+  contiguous partition buffer (`grads_in_partition`, bPn) is allocated while most .grad are still
+  full (bP + bPn); in the step an fp32 gradient partition (4Pn) replaces the 16-bit ones;
+* ZeRO 2: in backward the partition buffer (bPn), its accumulation copy (`all_grad_tensors`, bPn, only
+  when micro-batches accumulate), the bucket and the gradients waiting for their hook (at most one
+  bucket): 2bPn + 2bB; the step as ZeRO 1. Two buckets more with overlap_comm (`setup_buckets`);
+* ZeRO 3 (`runtime/zero/stage3.py`): weight partitions bPn plus whole tensors at or below the
+  persistence threshold, a gradient partition buffer bPn and one reduce bucket bB that stay allocated,
+  in forward/backward the gathered working set (largest module plus the prefetch bucket, capped by
+  max_live_parameters; an upper bound), and in the step the fp32 gradient partition 4Pn.
 
 CPU offload (ZeRO-Offload, Ren et al. 2021) moves the fp32 master, moments and fp32 gradients to the
-host; they are reported under `host`, not against device memory.
+host, reported under ``host`` (read from the source; DeepSpeedCPUAdam is not measured here).
 """
 
 from __future__ import annotations
@@ -32,19 +44,35 @@ from dsforge.compiler.estimate.shares import RankParams
 from dsforge.compiler.estimate.zero_config import ZeroSettings
 
 FP32 = 4
+ALLREDUCE_BUCKET = 5e8  # elements; deepspeed/runtime/engine.py MEMORY_OPT_ALLREDUCE_SIZE
+
+States = dict[str, float]
 
 
 @dataclass
 class ModelStates:
-    """Device and host bytes of the model states of one rank, by component name."""
+    """Device bytes of one rank's model states at its two candidate peak moments, and host bytes.
 
-    device: dict[str, float] = field(default_factory=dict)
-    host: dict[str, float] = field(default_factory=dict)
+    Component names are "parameters", "gradients", "optimizer" and "buffers" (communication
+    buckets, gathered ZeRO-3 weights, transient copies), shared with `memory.DEVICE_COMPONENTS`.
+    """
+
+    backward: States = field(default_factory=dict)
+    update: States = field(default_factory=dict)
+    host: States = field(default_factory=dict)
+
+    @property
+    def peak(self) -> float:
+        """The larger of the two moments' device totals."""
+        return max(sum(self.backward.values()), sum(self.update.values()))
 
 
-def _partition(share: RankParams, n_dense: int, n_expert: int) -> float:
-    """Parameters in this rank's ZeRO partition: dense ones over dp x cp, expert ones over expert-dp."""
-    return share.dense / n_dense + share.expert / n_expert
+def _states(params: float, grads: float, optimizer: float, buffers: float = 0.0) -> States:
+    return {"parameters": params, "gradients": grads, "optimizer": optimizer, "buffers": buffers}
+
+
+def _larger(*moments: States) -> States:
+    return max(moments, key=lambda s: sum(s.values()))
 
 
 def uses_bf16_optimizer(z: ZeroSettings) -> bool:
@@ -56,64 +84,81 @@ def uses_bf16_optimizer(z: ZeroSettings) -> bool:
     return z.pipeline and z.precision == "bf16"
 
 
-def model_states(share: RankParams, z: ZeroSettings, n_dense: int, n_expert: int) -> ModelStates:
-    """Bytes of weights, gradients, optimizer state and ZeRO buffers one rank keeps (see module doc)."""
+def model_states(share: RankParams, z: ZeroSettings, n_dense: int, n_expert: int,
+                 micro_batches: int = 1) -> ModelStates:
+    """Bytes of weights, gradients, optimizer state and ZeRO buffers one rank keeps (see module doc).
+
+    ``n_dense`` and ``n_expert`` are the ranks ZeRO partitions dense and expert parameters over
+    (dp x cp, and the expert-data-parallel degree).
+    """
     p, b, k = share.total, z.weight_bytes, z.optimizer_bytes
-    pn = _partition(share, n_dense, n_expert)
-    if z.stage == 0 and not uses_bf16_optimizer(z):
-        return _no_zero(p, b, k)
+    pn = share.dense / n_dense + share.expert / n_expert
     if uses_bf16_optimizer(z):
         accum = FP32 if z.fp32_grad_accum else b
-        return ModelStates({"parameters": b * p, "gradients": accum * p, "optimizer": (FP32 + k) * pn})
+        same = _states(b * p, accum * p, (FP32 + k) * pn)
+        return ModelStates(same, _with_allreduce_copy(same, p, accum) if z.stage == 0 else dict(same))
+    if z.stage == 0:
+        return _no_zero(p, b, k)
     if z.stage in (1, 2):
-        return _zero12(p, pn, b, k, z)
+        return _zero12(p, pn, b, k, z, micro_batches)
     return _zero3(share, pn, b, k, z)
 
 
 def _no_zero(p: float, b: int, k: int) -> ModelStates:
-    """No ZeRO: fp32 trains in place; 16-bit keeps a full fp32 master and fp32 gradients (FP16_Optimizer)."""
+    """No ZeRO: fp32 trains in place; 16-bit adds a full fp32 master and, in the step, fp32 gradients."""
     if b == FP32:
-        return ModelStates({"parameters": FP32 * p, "gradients": FP32 * p, "optimizer": k * p})
-    return ModelStates({"parameters": b * p, "gradients": (b + FP32) * p, "optimizer": (FP32 + k) * p})
+        same = _states(FP32 * p, FP32 * p, k * p)
+        return ModelStates(same, _with_allreduce_copy(same, p, FP32))
+    backward = _states(b * p, b * p, (FP32 + k) * p)
+    step = _states(b * p, (b + FP32) * p, (FP32 + k) * p)
+    return ModelStates(backward, _larger(step, _with_allreduce_copy(backward, p, b)))
 
 
-def _buckets(z: ZeroSettings) -> float:
-    """Gradient reduction bucket(s) of reduce_bucket_size elements: two with overlap_comm, none without
+def _with_allreduce_copy(states: States, p: float, grad_bytes: int) -> States:
+    """The engine all-reduces gradients in flattened buckets of up to 5e8 elements: a transient copy."""
+    return {**states, "buffers": states.get("buffers", 0.0) + min(p, ALLREDUCE_BUCKET) * grad_bytes}
+
+
+def _bucket_bytes(z: ZeroSettings) -> float:
+    """Reduction bucket(s) of reduce_bucket_size elements: two with overlap_comm, none without
     contiguous_gradients (`setup_buckets` in stage_1_and_2.py)."""
     if not z.contiguous_gradients:
         return 0.0
     return z.reduce_bucket * z.weight_bytes * (2 if z.overlap_comm else 1)
 
 
-def _zero12(p: float, pn: float, b: int, k: int, z: ZeroSettings) -> ModelStates:
-    """ZeRO 1/2 (DeepSpeedZeroOptimizer): flat weights, fp32 master partition, partitioned moments."""
-    grads16 = b * p if z.stage == 1 else b * pn
-    dev = {"parameters": b * p, "gradients": grads16, "optimizer": 0.0, "buffers": _buckets(z)}
-    host: dict[str, float] = {}
-    if z.offload_optimizer:
-        # the fp32 master, moments and fp32 gradient partition live in pinned host memory; the device
-        # keeps a 16-bit copy of the partition for the all-gather (param_buffer_of_bit16_for_cpu_offload)
-        host = {"optimizer": (FP32 + k) * pn, "gradients": FP32 * pn}
-        dev["buffers"] += b * pn
+def _zero12(p: float, pn: float, b: int, k: int, z: ZeroSettings, m: int) -> ModelStates:
+    """ZeRO 1/2 (DeepSpeedZeroOptimizer); see the module doc for each buffer."""
+    bucket = _bucket_bytes(z)
+    if z.stage == 1:
+        grads_bwd, buffers_bwd, grads_reduce = b * p, bucket, b * (p + pn)
     else:
-        dev["gradients"] += FP32 * pn
-        dev["optimizer"] = (FP32 + k) * pn
-    return ModelStates(dev, host)
+        in_flight = z.reduce_bucket * b if z.contiguous_gradients else 0.0
+        grads_bwd = b * pn * (2 if m > 1 else 1) + in_flight
+        buffers_bwd, grads_reduce = bucket, grads_bwd + bucket
+    optimizer = (FP32 + k) * pn
+    if z.offload_optimizer:
+        # fp32 master, moments and fp32 gradient partition in pinned host memory; the device keeps a
+        # 16-bit copy of the partition for the all-gather (param_buffer_of_bit16_for_cpu_offload)
+        host = {"optimizer": optimizer, "gradients": FP32 * pn}
+        return ModelStates(_states(b * p, grads_bwd, 0.0, buffers_bwd + b * pn),
+                           _states(b * p, grads_reduce, 0.0, b * pn), host)
+    update = _larger(_states(b * p, grads_reduce, optimizer), _states(b * p, FP32 * pn, optimizer))
+    return ModelStates(_states(b * p, grads_bwd, optimizer, buffers_bwd), update)
 
 
 def _zero3(share: RankParams, pn: float, b: int, k: int, z: ZeroSettings) -> ModelStates:
-    """ZeRO 3: weight partitions plus persistent small tensors; gathered working set and buckets."""
+    """ZeRO 3 (DeepSpeedZeroOptimizer_Stage3); see the module doc for each buffer."""
     gathered = min(z.max_live_parameters, share.largest_module + z.prefetch_bucket) * b
-    params = b * pn + b * share.small
-    dev = {"parameters": params, "gradients": b * pn, "optimizer": 0.0,
-           "buffers": gathered + z.reduce_bucket * b}
-    host: dict[str, float] = {}
+    params = b * (pn + share.small)
+    grads = b * pn + z.reduce_bucket * b
+    optimizer = (FP32 + k) * pn
+    host: States = {}
     if z.offload_params:
         host["parameters"] = b * pn
-        dev["parameters"] = b * share.small
+        params = b * share.small
     if z.offload_optimizer:
-        host.update({"optimizer": (FP32 + k) * pn, "gradients": FP32 * pn})
-    else:
-        dev["gradients"] += FP32 * pn
-        dev["optimizer"] = (FP32 + k) * pn
-    return ModelStates(dev, host)
+        host.update({"optimizer": optimizer, "gradients": FP32 * pn})
+        return ModelStates(_states(params, grads, 0.0, gathered), _states(params, grads, 0.0), host)
+    return ModelStates(_states(params, grads, optimizer, gathered),
+                       _states(params, grads + FP32 * pn, optimizer), host)
