@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from pathlib import PurePath
+from urllib.parse import quote
 
 from dsforge import __version__
 from dsforge.diagnostics import Diagnostic, Severity
@@ -27,11 +29,18 @@ def _rules(diags: list[Diagnostic]) -> list[dict[str, object]]:
     return out
 
 
+def _uri(file: str) -> str:
+    """A relative path stays a relative URI (resolved against the checkout by code scanning); an absolute
+    path becomes a file:// URI, as SARIF 2.1.0 sec. 3.10 requires of an artifact location."""
+    path = PurePath(file)
+    return path.as_uri() if path.is_absolute() else quote(path.as_posix())
+
+
 def _result(d: Diagnostic) -> dict[str, object]:
     region: dict[str, int] = {}
     if d.location.line:
         region = {"startLine": d.location.line, "startColumn": max(1, d.location.column)}
-    location: dict[str, object] = {"artifactLocation": {"uri": d.location.file.replace("\\", "/")}}
+    location: dict[str, object] = {"artifactLocation": {"uri": _uri(d.location.file)}}
     if region:
         location["region"] = region
     text = d.message + (f"\nfix: {d.fix}" if d.fix else "")
