@@ -36,7 +36,8 @@ def deepspeed_view(plan: Plan, d: Degrees) -> dict[str, Any]:
         "batch_world_size": d.dp,
         "batch_identity": f"train_batch_size {t.global_batch} = micro {t.micro_batch} x "
                           f"gradient_accumulation_steps {plan.grad_accum} x data-parallel {d.dp}",
-        "mpu": "PipelineModule topology from the plan" if d.pp > 1 else "dsforge.runtime DeepSpeedMPU from the plan",
+        "mpu": ("a PipelineModule topology built from the plan" if d.pp > 1
+                else "an mpu built from the plan (dsforge.runtime DeepSpeedMPU)"),
         "pipeline_module": d.pp > 1,
         "autotp": False,
         "moe_layer": f"deepspeed.moe.layer.MoE(ep_size={d.ep})" if plan.spec.model.moe is not None else None,

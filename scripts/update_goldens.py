@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""Regenerate tests/golden/<example>/: the job directories `dsforge compile` emits for the pinned examples.
+
+The files are rendered without the cost model's summary (plan.json's "summary" key), so they change
+only when the emitter, the templates, the plan or the schema change. Review `git diff tests/golden`
+after running this: every change there is a change of the emitted jobs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dsforge.compiler.emit.job_dir import render_job  # noqa: E402
+from dsforge.compiler.parse import load_job  # noqa: E402
+from dsforge.compiler.plan import build_plan  # noqa: E402
+
+GOLDEN_DIR = ROOT / "tests" / "golden"
+#: One example per launcher family worth pinning: local CPU, SLURM through `extends:`, Kubernetes.
+GOLDEN_EXAMPLES = ("tiny-3d", "llama3-70b-multinode", "mixtral-8x7b-ep")
+
+
+def rendered(example: str) -> dict[str, str]:
+    """The emitted files of one example, by name."""
+    job, diags = load_job(ROOT / "examples" / f"{example}.yaml")
+    if job is None:
+        raise SystemExit(f"{example}: cannot load: {[d.message for d in diags]}")
+    return {name: f.content for name, f in render_job(build_plan(job.spec)).items()}
+
+
+def main() -> int:
+    """Rewrite every golden directory from the current emitter."""
+    for example in GOLDEN_EXAMPLES:
+        target = GOLDEN_DIR / example
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        for name, content in rendered(example).items():
+            (target / name).write_text(content, encoding="utf-8", newline="\n")
+        print(f"wrote {target.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
