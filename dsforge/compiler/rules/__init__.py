@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-_BUILTIN = ("layout", "model_shape", "batch", "topology", "deepspeed_compat", "ds_overrides")
+_BUILTIN = ("layout", "model_shape", "batch", "topology", "deepspeed_compat", "ds_overrides", "memory")
 _loaded = False
 
 
