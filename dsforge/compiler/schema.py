@@ -7,7 +7,7 @@ supply are validated after the preset is merged underneath the user's keys.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, WithJsonSchema
 from pydantic_core import PydanticCustomError
@@ -30,7 +30,7 @@ def _degree(value: Any) -> Any:
 
 #: A parallel degree: a whole number >= 1, or "auto" to let dsforge choose it.
 Degree = Annotated[
-    Union[int, str],
+    int | str,
     BeforeValidator(_degree),
     WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1}, {"const": "auto"}]}),
 ]
@@ -43,6 +43,8 @@ class Section(BaseModel):
 
 
 class MoESpec(Section):
+    """Mixture-of-experts layers (Shazeer et al. 2017): how many experts, how tokens are routed to them."""
+
     experts: PosInt = Field(description="Number of experts in each MoE layer.")
     top_k: PosInt = Field(2, description="Experts each token is routed to.")
     ffn_hidden: PosInt | None = Field(None, description="Hidden size of one expert's MLP; default: model.ffn_hidden.")
@@ -51,6 +53,8 @@ class MoESpec(Section):
 
 
 class ModelSpec(Section):
+    """The transformer: a preset and/or its shape; keys written here override the preset's."""
+
     preset: str | None = Field(None, description="A model preset (`dsforge presets`); keys below override it.")
     arch: Literal["gpt2", "llama", "mixtral", "custom", "auto"] = Field(
         "auto", description="Rewrite policy: gpt2 | llama | mixtral | custom (uses `rewrite:`) | auto (detect).")
@@ -75,6 +79,8 @@ class ModelSpec(Section):
 
 
 class AcceleratorSpec(Section):
+    """One accelerator (GPU): its memory, peak throughput per precision and memory bandwidth."""
+
     name: str = Field(description="Accelerator model, e.g. H100-SXM5-80GB.")
     memory_gb: PosFloat = Field(description="Device memory per accelerator (GB, 1e9 bytes).")
     bf16_tflops: NonNegFloat = Field(description="Dense bf16 peak (TFLOP/s); 0 means bf16 is not supported.")
@@ -86,11 +92,15 @@ class AcceleratorSpec(Section):
 
 
 class LinkSpec(Section):
+    """A communication link as seen by one GPU: bandwidth per direction and one-message latency."""
+
     bandwidth_gbs: PosFloat = Field(description="Unidirectional bandwidth per GPU (GB/s).")
     latency_us: NonNegFloat = Field(description="One-message latency (microseconds).")
 
 
 class HardwareSpec(Section):
+    """The machines: a preset and/or nodes, GPUs per node, the accelerator and the two link levels."""
+
     preset: str | None = Field(None, description="A hardware preset (`dsforge presets`); keys below override it.")
     nodes: PosInt = Field(1, description="Number of nodes (hosts).")
     gpus_per_node: PosInt = Field(description="Accelerators (ranks) per node; CPU processes for cpu-local.")
@@ -100,17 +110,23 @@ class HardwareSpec(Section):
 
 
 class ContextParallelSpec(Section):
+    """How context parallelism shares one sequence between ranks."""
+
     kind: Literal["ring", "ulysses"] = Field("ring", description="ring: K/V exchanged in a ring; ulysses: all-to-all.")
 
 
 class PipelineSpec(Section):
+    """The pipeline schedule and how layers are split into stages."""
+
     schedule: Literal["gpipe", "1f1b", "interleaved"] = Field("1f1b", description="Pipeline schedule.")
     virtual_stages: PosInt = Field(1, description="Model chunks per pipeline rank (interleaved schedule).")
-    partition: Union[Literal["parameters", "uniform"], list[PosInt]] = Field(
+    partition: Literal["parameters", "uniform"] | list[PosInt] = Field(
         "parameters", description="Layer split: balance parameters, uniform, or layers per stage (a list).")
 
 
 class ParallelSpec(Section):
+    """The parallel layout: degrees, ZeRO stage, sequence/context parallelism, pipeline and rank order."""
+
     tp: Degree = Field(1, description="Tensor-parallel degree (ranks sharing each layer's matrices).")
     pp: Degree = Field(1, description="Pipeline-parallel degree (stages).")
     dp: Degree = Field("auto", description="Data-parallel degree; auto: world size / (tp x pp x cp).")
@@ -127,6 +143,8 @@ class ParallelSpec(Section):
 
 
 class OptimizerSpec(Section):
+    """The optimizer and where ZeRO keeps its states."""
+
     name: Literal["adamw", "adam", "sgd", "lion", "lamb"] = Field("adamw", description="Optimizer.")
     lr: PosFloat = Field(3.0e-4, description="Peak learning rate.")
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
@@ -137,24 +155,32 @@ class OptimizerSpec(Section):
 
 
 class SchedulerSpec(Section):
+    """The learning-rate schedule."""
+
     name: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warm-up.")
     warmup_steps: NonNegInt = Field(0, description="Linear warm-up (optimizer steps).")
     min_lr: NonNegFloat = Field(0.0, description="Learning rate at the end of the decay.")
 
 
 class DataSpec(Section):
+    """Training data: synthetic tokens, or a flat token file."""
+
     kind: Literal["synthetic", "tokens"] = Field("synthetic", description="synthetic or a token file.")
     path: str | None = Field(None, description="Token file (flat uint16/uint32 array) for kind: tokens.")
     dtype: Literal["uint16", "uint32"] = Field("uint16", description="Element type of the token file.")
 
 
 class CheckpointSpec(Section):
+    """Where and how often checkpoints are written, and whether a run resumes."""
+
     dir: str = Field("checkpoints", description="Checkpoint directory (relative to the job directory).")
     every: NonNegInt = Field(0, description="Save every this many optimizer steps (0: only at the end).")
     resume: Literal["auto", "never"] = Field("auto", description="auto: resume from the latest checkpoint.")
 
 
 class TrainingSpec(Section):
+    """Batch sizes, precision, recomputation, optimizer, schedule, data and checkpoints."""
+
     global_batch: PosInt = Field(8, description="Sequences per optimizer step, over all data-parallel ranks.")
     micro_batch: PosInt = Field(1, description="Sequences per rank per forward/backward pass.")
     precision: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Compute precision.")
@@ -170,6 +196,8 @@ class TrainingSpec(Section):
 
 
 class RewriteRule(Section):
+    """One module-rewrite rule: modules whose name matches become this parallel variant."""
+
     match: str = Field(description="Regular expression over qualified module names.")
     as_: Literal["column", "row", "vocab", "replicate", "expert"] = Field(
         alias="as", description="Parallel variant of the matched modules.")
@@ -177,6 +205,8 @@ class RewriteRule(Section):
 
 
 class LaunchSpec(Section):
+    """How the compiled job is started: the launcher and its settings."""
+
     launcher: Literal["local", "deepspeed", "torchrun", "slurm", "kubernetes"] = Field(
         "local", description="How the job is started.")
     master_addr: str = Field("127.0.0.1", description="Rendezvous host (multi-node).")
@@ -201,6 +231,8 @@ class LaunchSpec(Section):
 
 
 class JobSpec(Section):
+    """A whole job file (format version 1)."""
+
     version: Literal[1] = Field(description="Job-file format version.")
     name: str = Field("job", min_length=1, description="Job name (used in file and queue names).")
     model: ModelSpec

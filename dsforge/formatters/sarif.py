@@ -14,16 +14,18 @@ _LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "
 
 
 def _rules(diags: list[Diagnostic]) -> list[dict[str, object]]:
+    from dsforge.compiler.input_rules import INPUT_RULES
     from dsforge.compiler.rules.registry import all_rules
 
-    known = {r.id: r for r in all_rules()}
+    known = {r.id: (r.summary, r.rationale) for r in all_rules()}
+    known.update({r.id: (r.summary, r.rationale) for r in INPUT_RULES})
     out = []
     for rule_id in sorted({d.rule for d in diags}):
-        r = known.get(rule_id)
         entry: dict[str, object] = {"id": rule_id}
-        if r is not None:
-            entry["shortDescription"] = {"text": r.summary}
-            entry["fullDescription"] = {"text": r.rationale or r.summary}
+        if rule_id in known:
+            summary, rationale = known[rule_id]
+            entry["shortDescription"] = {"text": summary}
+            entry["fullDescription"] = {"text": " ".join(rationale.split()) or summary}
             entry["helpUri"] = f"https://github.com/dsforge/dsforge/blob/main/docs/rules.md#{rule_id.lower()}"
         out.append(entry)
     return out
