@@ -92,6 +92,7 @@ EMIT_ERRORS: dict[str, tuple[str, dict[str, Any]]] = {
     "DSF603": ("llama3-70b-multinode", {"launch": {"launcher": "torchrun"}}),
     "DSF604": ("tiny-tp2-dp2", {"launch": {"env": {"BAD-KEY": "1"}}}),
     "DSF605": ("llama3-8b-dgx-h100", {"launch": {"launcher": "kubernetes"}}),
+    "DSF606": ("tiny-tp2-dp2", {"deepspeed": {"tensor_parallel": {"autotp_size": 2}}}),
 }
 
 

@@ -113,6 +113,27 @@ def _image(ctx: Context) -> Iterator[Finding]:
                       "set launch.image to an image with dsforge[runtime] installed", ("launch", "launcher"))
 
 
+def _runtime_owned(ctx: Context) -> Iterator[Finding]:
+    """dsforge.runtime shards tensor-parallel layers and experts itself and hands DeepSpeed an mpu with the
+    plan's groups. AutoTP (runtime/engine.py _apply_autotp_partitioning) or AutoEP
+    (_configure_expert_parallel) would shard the model a second time, and `data_parallel_size` with
+    `sequence_parallel_size` makes deepspeed.initialize build its own device mesh, which utils/groups.py
+    consults before the mpu."""
+    ds = ctx.spec.deepspeed
+    tp, ep = ds.get("tensor_parallel"), ds.get("expert_parallel")
+    owned: list[tuple[tuple[str, ...], str]] = []
+    if isinstance(tp, dict) and isinstance(tp.get("autotp_size"), int) and tp["autotp_size"] > 1:
+        owned.append((("tensor_parallel", "autotp_size"), "parallel.tp"))
+    if isinstance(ep, dict) and ep.get("enabled") is True:
+        owned.append((("expert_parallel", "enabled"), "parallel.ep"))
+    owned += [((key,), f"parallel.{name}") for key, name in (("sequence_parallel_size", "cp"),
+                                                                ("data_parallel_size", "dp")) if key in ds]
+    for path, instead in owned:
+        yield Finding(f"deepspeed.{'.'.join(path)} makes DeepSpeed lay out ranks or shard the model itself, but "
+                      "dsforge.runtime already does that from the plan", f"remove it; {instead} sets the degree",
+                      ("deepspeed", *path))
+
+
 EMIT_RULES: list[Rule] = [
     Rule("DSF600", Severity.ERROR, "compile needs concrete degrees and ZeRO stage", "dsforge emit", _unresolved),
     Rule("DSF601", Severity.ERROR, "NVMe offload needs an NVMe path",
@@ -124,4 +145,7 @@ EMIT_RULES: list[Rule] = [
     Rule("DSF604", Severity.ERROR, "launch values fit the emitted scripts and manifests",
          "deepspeed 0.19.8 launcher/multinode_runner.py add_export; sbatch(1) directives", _launch_values),
     Rule("DSF605", Severity.ERROR, "the kubernetes launcher needs an image", "Kubeflow PyTorchJob", _image),
+    Rule("DSF606", Severity.ERROR, "DeepSpeed does not re-shard what dsforge.runtime shards",
+         "deepspeed 0.19.8 runtime/engine.py _apply_autotp_partitioning, _configure_expert_parallel; "
+         "deepspeed/__init__.py initialize (mesh_device)", _runtime_owned),
 ]
