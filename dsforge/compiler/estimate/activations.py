@@ -14,9 +14,9 @@ attention output and MLP (Megatron's GPT default), Llama-style ones none. A fuse
 (FlashAttention; assumed on every accelerator except the CPU) saves Q, K, V, the output and a fp32
 log-sum-exp per head and token instead of the score matrices. RoPE is assumed fused (no extra saved
 tensors). LayerNorm saves fp32 mean and rstd per token, RMSNorm an fp32 rstd. On an accelerator the
-dropout kernel is fused and keeps a one-byte mask; on the CPU `at::dropout` multiplies by a noise
-tensor of the activation dtype, and unfused attention also saves the boolean causal mask (s x s per
-layer). Measured on a tiny GPT on the CPU, this count matches autograd's saved tensors exactly
+dropout kernel is fused and keeps a one-byte mask and the masked softmax is fused (Megatron's
+scaled_upper_triang_masked_softmax); on the CPU `at::dropout` multiplies by a noise tensor of the
+activation dtype and `masked_fill` keeps the boolean causal mask (s x s per layer). Measured on a tiny GPT on the CPU, this count matches autograd's saved tensors exactly
 (tests/test_memory_measured.py).
 """
 
@@ -43,7 +43,7 @@ class ActivationShape:
     sequence_parallel: bool
     element_bytes: int  # 2 for bf16/fp16 activations, 4 for fp32
     fused_attention: bool  # FlashAttention-style kernel: no score matrices saved
-    fused_dropout: bool = True  # dropout kernel keeping a 1-byte mask (else a noise tensor, element_bytes)
+    fused_kernels: bool = True  # GPU kernels: 1-byte dropout masks, masked softmax without a saved mask
 
     @property
     def tokens(self) -> float:
@@ -53,7 +53,7 @@ class ActivationShape:
     @property
     def mask_bytes(self) -> int:
         """Bytes per element of a saved dropout mask."""
-        return MASK if self.fused_dropout else self.element_bytes
+        return MASK if self.fused_kernels else self.element_bytes
 
     @property
     def sp_div(self) -> int:
@@ -85,7 +85,8 @@ def attention_terms(model: ModelSpec, a: ActivationShape) -> dict[str, float]:
         terms["scores"] = scores * e  # softmax output
         if has_dropout(model):
             terms["scores"] += scores * (a.mask_bytes + e)  # dropout mask and dropout output
-        terms["causal_mask"] = a.seq_len / a.cp * a.seq_len * MASK  # boolean mask, shared by the batch
+        if not a.fused_kernels:  # masked_fill keeps the boolean mask; a fused masked softmax does not
+            terms["causal_mask"] = a.seq_len / a.cp * a.seq_len * MASK
     if has_dropout(model):
         terms["dropout_masks"] = n * h * a.mask_bytes / a.sp_div
     return terms

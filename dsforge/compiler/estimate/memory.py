@@ -88,7 +88,7 @@ def activation_shape(plan: Plan) -> act.ActivationShape:
         micro_batch=t.micro_batch, seq_len=plan.spec.model.seq_len, tp=plan.degrees.tp, cp=plan.degrees.cp,
         sequence_parallel=p.sequence_parallel and plan.degrees.tp > 1,
         element_bytes=4 if t.precision == "fp32" else 2, fused_attention=not is_cpu(plan),
-        fused_dropout=not is_cpu(plan))
+        fused_kernels=not is_cpu(plan))
 
 
 def micro_batches(plan: Plan) -> int:

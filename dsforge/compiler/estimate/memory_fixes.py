@@ -92,22 +92,29 @@ def ranked_fixes(spec: JobSpec, plan: Plan, legal: Legal, limit: int = 5) -> lis
     return fixes[:limit]
 
 
-def combined_fix(spec: JobSpec, plan: Plan, legal: Legal, max_changes: int = 4) -> MemoryFix | None:
-    """Greedily stack the best legal change until the job fits; None if it still does not fit.
+def combined_fix(spec: JobSpec, plan: Plan, legal: Legal, target: float = 0.9,
+                 max_changes: int = 5) -> MemoryFix | None:
+    """Greedily stack the best legal change until the peak is at most ``target`` of the memory (or,
+    failing that, fits at all); None if no stack of changes fits.
 
     Used when no single change is enough (e.g. a 70B model whose Adam state alone exceeds the
     node's total HBM needs ZeRO, offload and recomputation together).
     """
     before = estimate_memory(plan).peak.device_bytes
     changes: dict[str, str] = {}  # key -> "key: value"; a later change of the same key replaces it
+    fitting: MemoryFix | None = None
     for _ in range(max_changes):
         best = ranked_fixes(spec, plan, legal, limit=1)
         if not best:
-            return None
+            break
         fix = best[0]
-        changes.pop(fix.change.split(":")[0], None)
-        changes[fix.change.split(":")[0]] = fix.change
+        key = fix.change.split(":")[0]
+        changes.pop(key, None)
+        changes[key] = fix.change
         spec, plan = fix.spec, build_plan(fix.spec)
         if fix.fits:
-            return MemoryFix(" + ".join(changes.values()), spec, fix.estimate, before - fix.estimate.peak.device_bytes)
-    return None
+            fitting = MemoryFix(" + ".join(changes.values()), spec, fix.estimate,
+                                before - fix.estimate.peak.device_bytes)
+            if fix.estimate.utilization <= target:
+                break
+    return fitting

@@ -33,7 +33,7 @@ bytes per parameter, B: reduce_bucket_size elements):
   max_live_parameters; an upper bound), and in the step the fp32 gradient partition 4Pn.
 
 CPU offload (ZeRO-Offload, Ren et al. 2021) moves the fp32 master, moments and fp32 gradients to the
-host, reported under ``host`` (read from the source; DeepSpeedCPUAdam is not measured here).
+host, reported under ``host`` (read from the source; DeepSpeedCPUAdam is not built or measured here).
 """
 
 from __future__ import annotations
@@ -138,13 +138,23 @@ def _zero12(p: float, pn: float, b: int, k: int, z: ZeroSettings, m: int) -> Mod
         buffers_bwd, grads_reduce = bucket, grads_bwd + bucket
     optimizer = (FP32 + k) * pn
     if z.offload_optimizer:
-        # fp32 master, moments and fp32 gradient partition in pinned host memory; the device keeps a
-        # 16-bit copy of the partition for the all-gather (param_buffer_of_bit16_for_cpu_offload)
-        host = {"optimizer": optimizer, "gradients": FP32 * pn}
-        return ModelStates(_states(b * p, grads_bwd, 0.0, buffers_bwd + b * pn),
-                           _states(b * p, grads_reduce, 0.0, b * pn), host)
+        return _zero12_offload(p, pn, b, optimizer, z, m)
     update = _larger(_states(b * p, grads_reduce, optimizer), _states(b * p, FP32 * pn, optimizer))
     return ModelStates(_states(b * p, grads_bwd, optimizer, buffers_bwd), update)
+
+
+def _zero12_offload(p: float, pn: float, b: int, optimizer: float, z: ZeroSettings, m: int) -> ModelStates:
+    """ZeRO-Offload with ZeRO 1/2: reduced gradients go straight to the fp32 partition in pinned host
+    memory (`copy_grads_in_partition`), next to the fp32 master, the moments, a 16-bit staging copy of
+    the partition (`param_buffer_of_bit16_for_cpu_offload_groups`, allocated on the master's device)
+    and, when micro-batches accumulate, `accumulated_grads_in_cpu`. The device keeps the 16-bit
+    weights, stage 1's full .grad, stage 2's bucket and in-flight gradients. Read from the source, not
+    measured (DeepSpeedCPUAdam is not built on this machine)."""
+    bucket = _bucket_bytes(z)
+    grads_bwd = b * p if z.stage == 1 else z.reduce_bucket * b
+    grads_update = b * p if z.stage == 1 else 0.0
+    host = {"optimizer": optimizer, "gradients": FP32 * pn * (2 if m > 1 else 1), "buffers": b * pn}
+    return ModelStates(_states(b * p, grads_bwd, 0.0, bucket), _states(b * p, grads_update, 0.0), host)
 
 
 def _zero3(share: RankParams, pn: float, b: int, k: int, z: ZeroSettings) -> ModelStates:

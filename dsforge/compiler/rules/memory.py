@@ -57,13 +57,16 @@ def _describe(f: MemoryFix) -> str:
     return f"{f.change} saves {gb(f.saving_bytes)} (peak {gb(peak)}, {f.estimate.utilization:.0%})"
 
 
-def _fix_text(fixes: list[MemoryFix], combined: MemoryFix | None) -> str:
-    text = "; ".join(_describe(f) for f in fixes)
+def _fix_text(fixes: list[MemoryFix], combined: MemoryFix | None, over: bool) -> str:
+    parts = [_describe(f) for f in fixes]
     if combined is not None:
-        text = (text + "; " if text else "") + f"together: {_describe(combined)}"
-    elif not any(f.fits for f in fixes):
-        text = (text + "; " if text else "") + "no combination of these fits: use more or larger accelerators"
-    return text
+        parts.append(f"together: {_describe(combined)}")
+    elif over and not any(f.fits for f in fixes):
+        parts.append("no legal combination of these changes fits: use more or larger accelerators")
+    elif not parts:
+        parts.append("no single legal change lowers the peak: keep an eye on fragmentation, or use larger "
+                     "accelerators")
+    return "; ".join(parts)
 
 
 def _details(est: MemoryEstimate, fixes: list[MemoryFix]) -> dict[str, Any]:
@@ -101,5 +104,5 @@ def memory_fits(ctx: Context) -> Iterator[Finding]:
     message = (f"{where} needs {gb(peak.device_bytes)} at its peak ({moment}) and {verdict} the "
                f"{gb(est.capacity_bytes)} of {ctx.spec.hardware.accelerator.name}: {breakdown(peak)}")
     shown = fixes if combined is None else [*fixes, combined]
-    yield Finding(message, _fix_text(fixes, combined), ("parallel", "zero"),
+    yield Finding(message, _fix_text(fixes, combined, over), ("parallel", "zero"),
                   severity=None if over else Severity.WARNING, details=_details(est, shown))
