@@ -15,9 +15,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dsforge.compiler.emit.job_dir import render_job  # noqa: E402
-from dsforge.compiler.parse import load_job  # noqa: E402
-from dsforge.compiler.plan import build_plan  # noqa: E402
+from dsforge.compiler.emit.job_dir import render_job
+from dsforge.compiler.parse import load_job
+from dsforge.compiler.plan import build_plan
 
 GOLDEN_DIR = ROOT / "tests" / "golden"
 #: One example per launcher family worth pinning: local CPU, SLURM through `extends:`, Kubernetes.
