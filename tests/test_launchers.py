@@ -43,6 +43,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "kubernetes-1node": ("llama3-8b-dgx-h100", {"launch": {"launcher": "kubernetes", "image": "img:1",
                                                            "env": {"A": "$(HOME) stays"}}}),
     "slurm-cpu": ("tiny-3d", {"launch": {"launcher": "slurm"}}),
+    "local-gpus": ("llama3-8b-dgx-h100", {"launch": {"launcher": "local"}}),
 }
 
 
@@ -91,7 +92,9 @@ def test_launcher_carries_the_planned_counts(job_dir: tuple[Plan, Path]) -> None
     for key, value in plan.spec.launch.env.items():
         assert variables[key] == value
     if launcher == "local":
-        assert flag(argv, "nproc_per_node") == str(plan.world_size) and variables["DS_ACCELERATOR"] == "cpu"
+        cpu = plan.spec.hardware.accelerator.name == "cpu"
+        assert flag(argv, "nproc_per_node") == str(plan.world_size)
+        assert variables.get("DS_ACCELERATOR") == ("cpu" if cpu else None)
     elif launcher == "torchrun":
         assert (flag(argv, "nnodes"), flag(argv, "nproc_per_node")) == (str(nodes), str(per_node))
     elif launcher == "deepspeed":
