@@ -145,6 +145,8 @@ def test_an_empty_directory_or_a_file_as_target(tmp_path: Path) -> None:
     assert compile_(str(example_path("tiny-tp2-dp2")), "-o", str(tmp_path / "empty")).exit_code == 0
     (tmp_path / "file").write_text("x")
     assert compile_(str(example_path("tiny-tp2-dp2")), "-o", str(tmp_path / "file")).exit_code == 2
+    below_a_file = compile_(str(example_path("tiny-tp2-dp2")), "-o", str(tmp_path / "file" / "job"))
+    assert below_a_file.exit_code == 2 and "cannot write" in below_a_file.output
 
 
 @pytest.mark.parametrize("existing", [False, True])

@@ -54,5 +54,8 @@ def compile_file(path: str | Path, out: str | Path, force: bool = False) -> Comp
         diags.append(Diagnostic("DSF699", Severity.ERROR, f"cannot emit the job: {exc}", Location(job.source.file),
                                 "fix the job file as the message says"))
         return CompileResult(diags)
-    write_job_dir(target, files, force)
+    try:
+        write_job_dir(target, files, force)
+    except OSError as exc:  # a parent that is a file, no permission, a full disk: nothing was left behind
+        raise TargetError(f"cannot write {target}: {exc.strerror or exc}") from exc
     return CompileResult(diags, written=target, files=list(files))
