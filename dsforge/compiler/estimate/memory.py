@@ -14,12 +14,13 @@ shared/research/deepspeed.md (g)).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from dsforge.compiler.estimate import activations as act
 from dsforge.compiler.estimate.model_states import model_states
-from dsforge.compiler.estimate.shares import stage_chunks, stage_share
+from dsforge.compiler.estimate.shares import layer_kinds, stage_chunks, stage_share
 from dsforge.compiler.estimate.zero_config import ZeroSettings, zero_settings
-from dsforge.compiler.params import is_moe_layer, padded_vocab
+from dsforge.compiler.params import padded_vocab
 from dsforge.compiler.plan import Plan
 
 GPU_RESERVE_BYTES = 2.0e9
@@ -64,7 +65,7 @@ class MemoryEstimate:
     micro_batches: int = 1
     assumptions: tuple[str, ...] = ()
 
-    @property
+    @cached_property
     def peak(self) -> StageMemory:
         """The stage with the largest device total (the one that decides the fit)."""
         return max(self.stages, key=lambda s: s.device_bytes)
@@ -100,19 +101,32 @@ def micro_batches(plan: Plan) -> int:
     return max(1, t.global_batch // (t.micro_batch * plan.degrees.dp))
 
 
-def _activations(plan: Plan, stage: int, shape: act.ActivationShape, m: int) -> tuple[float, float]:
+@dataclass(frozen=True)
+class _PerLayer:
+    """Activation bytes of one dense and one MoE layer (kept, and rematerialised), computed once."""
+
+    kept: dict[bool, float]
+    working_set: dict[bool, float]
+
+    @classmethod
+    def of(cls, plan: Plan, shape: act.ActivationShape) -> _PerLayer:
+        model, recompute = plan.spec.model, plan.spec.training.recompute
+        return cls({moe: act.layer_bytes(model, shape, moe, recompute) for moe in (False, True)},
+                   {moe: act.recompute_working_set(model, shape, moe, recompute) for moe in (False, True)})
+
+
+def _activations(plan: Plan, stage: int, shape: act.ActivationShape, m: int, per: _PerLayer,
+                 layers: dict[bool, int]) -> tuple[float, float]:
     """(activations, logits) bytes one rank of ``stage`` holds at its peak under the schedule."""
     assert plan.degrees is not None
     model, d = plan.spec.model, plan.degrees
-    recompute = plan.spec.training.recompute
-    chunks = stage_chunks(plan, stage)
-    layers = [i for first, count in chunks for i in range(first, first + count)]
-    per_mb = sum(act.layer_bytes(model, shape, is_moe_layer(model, i), recompute) for i in layers)
-    flight = act.in_flight(plan.spec.parallel.pipeline.schedule, d.pp, stage, m, len(chunks))
-    chunk_flight = -(-flight // len(chunks))  # micro-batches of the first/last chunk in flight
-    total = flight * per_mb / len(chunks)
-    total += max((act.recompute_working_set(model, shape, is_moe_layer(model, i), recompute) for i in layers),
-                 default=0.0)
+    chunks = len(stage_chunks(plan, stage))
+    kinds = {moe: count for moe, count in layers.items() if count}
+    per_mb = sum(count * per.kept[moe] for moe, count in kinds.items())
+    flight = act.in_flight(plan.spec.parallel.pipeline.schedule, d.pp, stage, m, chunks)
+    chunk_flight = -(-flight // chunks)  # micro-batches of the first/last chunk in flight
+    total = flight * per_mb / chunks
+    total += max((per.working_set[moe] for moe in kinds), default=0.0)
     if stage == 0:
         total += chunk_flight * act.embedding_bytes(model, shape)
     logits = 0.0
@@ -129,13 +143,15 @@ def _reserve(plan: Plan, tensor_bytes: float) -> float:
     return GPU_RESERVE_BYTES + FRAGMENTATION * tensor_bytes
 
 
-def stage_memory(plan: Plan, stage: int, z: ZeroSettings, m: int) -> StageMemory:
+def stage_memory(plan: Plan, stage: int, z: ZeroSettings, m: int, per: _PerLayer | None = None) -> StageMemory:
     """Device and host bytes of one rank of pipeline ``stage``."""
     assert plan.degrees is not None and plan.placement is not None
     d = plan.degrees
-    share = stage_share(plan, stage, z.persistence_threshold)
+    kinds = layer_kinds(plan, stage)
+    share = stage_share(plan, stage, z.persistence_threshold, kinds)
     states = model_states(share, z, d.dp * d.cp, max(1, d.expert_dp), m)
-    activ, logits = _activations(plan, stage, activation_shape(plan), m)
+    shape = activation_shape(plan)
+    activ, logits = _activations(plan, stage, shape, m, per or _PerLayer.of(plan, shape), kinds)
     backward = {**states.backward, "activations": activ, "logits": logits}
     update = {**states.update, "activations": 0.0, "logits": 0.0}
     phase, comps = max((("backward", backward), ("update", update)), key=lambda kv: sum(kv[1].values()))
@@ -151,7 +167,8 @@ def estimate_memory(plan: Plan) -> MemoryEstimate:
         raise ValueError("estimate_memory needs a valid layout (degrees filling the world, a stage partition)")
     z = zero_settings(plan.spec, plan.zero, pipeline=plan.degrees.pp > 1)
     m = micro_batches(plan)
-    stages = [stage_memory(plan, s, z, m) for s in range(plan.degrees.pp)]
+    per = _PerLayer.of(plan, activation_shape(plan))
+    stages = [stage_memory(plan, s, z, m, per) for s in range(plan.degrees.pp)]
     notes = (f"reserve: {'CPU 0.3 GB' if is_cpu(plan) else 'GPU 2 GB + 5 % fragmentation'}",
              f"attention: {'unfused (scores saved)' if is_cpu(plan) else 'fused kernel (no scores saved)'}")
     return MemoryEstimate(stages, plan.spec.hardware.accelerator.memory_gb * 1e9, m, notes)

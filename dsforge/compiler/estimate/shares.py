@@ -74,9 +74,24 @@ def _mlp_sizes(model: ModelSpec, ffn: int, tp: int) -> list[float]:
 
 def layer_share(model: ModelSpec, index: int, tp: int, ep: int, threshold: float) -> RankParams:
     """Rank-local parameters of layer ``index`` (0-based), and how many sit in small (persistent) tensors."""
-    dense, expert = _tensor_sizes(model, is_moe_layer(model, index), tp, ep)
+    return kind_share(model, is_moe_layer(model, index), tp, ep, threshold)
+
+
+def kind_share(model: ModelSpec, moe: bool, tp: int, ep: int, threshold: float) -> RankParams:
+    """Rank-local parameters of a dense or an MoE layer (every layer of one kind is the same)."""
+    dense, expert = _tensor_sizes(model, moe, tp, ep)
     small = sum(n for n in dense + expert if n <= threshold)
     return RankParams(sum(dense), sum(expert), sum(dense) + sum(expert), small)
+
+
+def layer_kinds(plan: Plan, stage: int) -> dict[bool, int]:
+    """How many dense (False) and MoE (True) layers one rank of ``stage`` holds."""
+    model = plan.spec.model
+    counts = {False: 0, True: 0}
+    for first, count in stage_chunks(plan, stage):
+        for i in range(first, first + count):
+            counts[is_moe_layer(model, i)] += 1
+    return counts
 
 
 def embedding_share(model: ModelSpec, tp: int) -> float:
@@ -112,15 +127,18 @@ def stage_chunks(plan: Plan, stage: int) -> list[tuple[int, int]]:
     return [(starts[c], plan.stage_layers[c]) for c in range(stage, len(plan.stage_layers), pp)]
 
 
-def stage_share(plan: Plan, stage: int, threshold: float) -> RankParams:
-    """All parameters one rank of ``stage`` holds: its layers, plus embedding/head where they live."""
+def stage_share(plan: Plan, stage: int, threshold: float, kinds: dict[bool, int] | None = None) -> RankParams:
+    """All parameters one rank of ``stage`` holds: its layers, plus embedding/head where they live.
+
+    ``kinds`` may pass `layer_kinds(plan, stage)` when the caller already has it.
+    """
     assert plan.degrees is not None
     d, model = plan.degrees, plan.spec.model
     dense = expert = small = largest = 0.0
-    for first, count in stage_chunks(plan, stage):
-        for i in range(first, first + count):
-            s = layer_share(model, i, d.tp, d.ep, threshold)
-            dense, expert, small = dense + s.dense, expert + s.expert, small + s.small
+    for moe, count in (kinds or layer_kinds(plan, stage)).items():
+        if count:
+            s = kind_share(model, moe, d.tp, d.ep, threshold)
+            dense, expert, small = dense + count * s.dense, expert + count * s.expert, small + count * s.small
             largest = max(largest, s.total)
     norms = [float(model.hidden)] * (2 if has_bias(model) else 1)
     if stage == 0:
