@@ -10,7 +10,9 @@ groups. The same order therefore yields Megatron's groups.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from math import prod
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
@@ -71,6 +73,29 @@ def rank_groups(axes: list[str], sizes: dict[str, int], members: set[str]) -> li
     return [[base + o for o in members_at] for base in bases]
 
 
+class GroupTable(Mapping[str, list[list[int]]]):
+    """The groups of each kind, each built on first access: a 1,024-rank layout has thousands of groups
+    and validation reads only the tp, cp and ep kinds."""
+
+    def __init__(self, builders: dict[str, Callable[[], list[list[int]]]]):
+        self._builders = builders
+        self._built: dict[str, list[list[int]]] = {}
+
+    def __getitem__(self, kind: str) -> list[list[int]]:
+        if kind not in self._built:
+            self._built[kind] = self._builders[kind]()  # KeyError for an unknown kind, as a dict would
+        return self._built[kind]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._builders)
+
+    def __len__(self) -> int:
+        return len(self._builders)
+
+    def __repr__(self) -> str:
+        return f"GroupTable({dict(self.items())!r})"
+
+
 @dataclass(frozen=True)
 class Placement:
     """Every parallel group's member ranks, and which node each rank sits on."""
@@ -78,7 +103,7 @@ class Placement:
     world_size: int
     gpus_per_node: int
     order: tuple[str, ...]
-    groups: dict[str, list[list[int]]] = field(default_factory=dict)
+    groups: Mapping[str, list[list[int]]] = field(default_factory=dict)
 
     def node_of(self, rank: int) -> int:
         """The node index hosting ``rank`` (ranks fill nodes in order, gpus_per_node each)."""
@@ -86,7 +111,8 @@ class Placement:
 
     def nodes_spanned(self, kind: str) -> int:
         """The most nodes any one group of this kind spans (1: the group stays inside a node)."""
-        return max((len({self.node_of(r) for r in g}) for g in self.groups.get(kind, [])), default=1)
+        per = self.gpus_per_node
+        return max((len({r // per for r in g}) for g in self.groups.get(kind, [])), default=1)
 
     def crosses_nodes(self, kind: str) -> bool:
         """True if some group of this kind has members on two or more nodes."""
@@ -113,14 +139,8 @@ def place(tp: int, pp: int, dp: int, cp: int, ep: int, gpus_per_node: int,
     if (dp * cp) % ep:
         raise OrderError(f"ep={ep} does not divide dp*cp={dp * cp}")
     expert = {"tp": tp, "cp": 1, "ep": ep, "dp": dp * cp // ep, "pp": pp}
-    groups = {
-        "tp": rank_groups(axes, dense, {"tp"}),
-        "pp": rank_groups(axes, dense, {"pp"}),
-        "dp": rank_groups(axes, dense, {"dp"}),
-        "cp": rank_groups(axes, dense, {"cp"}),
-        "dp-cp": rank_groups(axes, dense, {"dp", "cp"}),
-        "tp-pp": rank_groups(axes, dense, {"tp", "pp"}),
-        "ep": rank_groups(axes, expert, {"ep"}),
-        "edp": rank_groups(axes, expert, {"dp"}),
-    }
-    return Placement(world, gpus_per_node, tuple(axes), groups)
+    members = {"tp": (dense, {"tp"}), "pp": (dense, {"pp"}), "dp": (dense, {"dp"}), "cp": (dense, {"cp"}),
+               "dp-cp": (dense, {"dp", "cp"}), "tp-pp": (dense, {"tp", "pp"}), "ep": (expert, {"ep"}),
+               "edp": (expert, {"dp"})}
+    builders = {kind: partial(rank_groups, axes, sizes, kinds) for kind, (sizes, kinds) in members.items()}
+    return Placement(world, gpus_per_node, tuple(axes), GroupTable(builders))

@@ -155,26 +155,24 @@ class Plan:
         return balanced_partition(weights, chunks)
 
     @cached_property
-    def placement(self) -> Placement | None:
-        """Rank placement and groups, or None when the degrees do not fill the world or cannot be ordered."""
+    def _placed(self) -> tuple[Placement | None, str | None]:
+        """Placement and the order error, computed once (rules ask for both)."""
         d = self.degrees
         if d is None or not self.layout_ok or (d.dp * d.cp) % d.ep:
-            return None
+            return None, None
         try:
-            return place(d.tp, d.pp, d.dp, d.cp, d.ep, self.gpus_per_node, self.spec.parallel.order)
-        except OrderError:
-            return None
+            return place(d.tp, d.pp, d.dp, d.cp, d.ep, self.gpus_per_node, self.spec.parallel.order), None
+        except OrderError as exc:
+            return None, str(exc)
+
+    @property
+    def placement(self) -> Placement | None:
+        """Rank placement and groups, or None when the degrees do not fill the world or cannot be ordered."""
+        return self._placed[0]
 
     def order_error(self) -> str | None:
         """Why the order string cannot place this layout, or None."""
-        d = self.degrees
-        if d is None or not self.layout_ok or (d.dp * d.cp) % d.ep:
-            return None
-        try:
-            place(d.tp, d.pp, d.dp, d.cp, d.ep, self.gpus_per_node, self.spec.parallel.order)
-        except OrderError as exc:
-            return str(exc)
-        return None
+        return self._placed[1]
 
 
 def build_plan(spec: JobSpec) -> Plan:

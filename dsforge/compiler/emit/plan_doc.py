@@ -91,7 +91,7 @@ def plan_document(plan: Plan, files: list[str], summary: dict[str, Any] | None =
         "seed": t.seed,
         "stage_layers": list(plan.stage_layers),
         "virtual_stages": plan.virtual_stages,
-        "placement": {"order": list(p.order), "groups": p.groups},
+        "placement": {"order": list(p.order), "groups": dict(p.groups)},
         "deepspeed": deepspeed_view(plan, d),
         "dist_backend": "gloo" if on_cpu(plan) else "nccl",
         "launcher": plan.spec.launch.launcher,
