@@ -16,6 +16,7 @@ no random token selection and a deterministic second expert, which is Mixtral's 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -125,26 +126,28 @@ class ExpertParallelMoE(nn.Module):
 
     def load_mixtral(self, block: nn.Module) -> None:
         """Load a HF MixtralSparseMoeBlock (fused 3-D ``experts.gate_up_proj``/``down_proj``, or per-expert w1/w2/w3)."""
-        experts = block.experts
+        experts: Any = block.experts
         if hasattr(experts, "gate_up_proj"):  # transformers >= 5: [E, 2F, H] and [E, H, F]
             dicts = [{"gate_up.weight": experts.gate_up_proj[e], "down.weight": experts.down_proj[e]}
                      for e in range(self.num_experts)]
         else:  # transformers 4: experts[e].w1 (gate), w3 (up), w2 (down)
             dicts = [{"gate_up.weight": torch.cat([x.w1.weight, x.w3.weight]), "down.weight": x.w2.weight}
                      for x in experts]
-        self.load_dense(block.gate.weight, dicts)
+        gate: Any = block.gate
+        self.load_dense(gate.weight, dicts)
 
     @classmethod
     def from_mixtral(cls, block: nn.Module, groups: ParallelGroups) -> ExpertParallelMoE:
         """An expert-parallel twin of a HF MixtralSparseMoeBlock, holding this rank's share of its experts."""
-        num_experts, hidden = block.gate.weight.shape
+        gate: Any = block.gate
+        num_experts, hidden = gate.weight.shape
         top_k = int(getattr(block, "top_k", 2))
         if top_k < 2:
             raise ValueError("DeepSpeed's top-1 gate weights the expert by its softmax probability, Mixtral "
                              "renormalises it to 1; a top-1 Mixtral block has no exact DeepSpeed twin")
-        experts = block.experts
+        experts: Any = block.experts
         ffn = experts.down_proj.shape[-1] if hasattr(experts, "down_proj") else experts[0].w2.weight.shape[1]
-        layer = cls(hidden, GatedExpert(hidden, ffn).to(block.gate.weight.dtype), num_experts, groups,
+        layer = cls(hidden, GatedExpert(hidden, ffn).to(gate.weight.dtype), num_experts, groups,
                     top_k=top_k)
         layer.load_mixtral(block)
         return layer

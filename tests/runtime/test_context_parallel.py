@@ -19,8 +19,14 @@ import torch
 import torch.nn.functional as F
 
 from dsforge.compiler.placement import place
-from dsforge.runtime.attention import (RingAttention, UlyssesAttention, gather_sequence, positions, ring_attention,
-                                       shard_sequence)
+from dsforge.runtime.attention import (
+    RingAttention,
+    UlyssesAttention,
+    gather_sequence,
+    positions,
+    ring_attention,
+    shard_sequence,
+)
 from dsforge.runtime.groups import create_groups
 from tests.runtime.launcher import report, run
 
@@ -49,7 +55,7 @@ def check_ring(group: torch.distributed.ProcessGroup, causal: bool, load_balance
              for t in (q, k, v)]
     out = ring_attention(*local, group, causal=causal, load_balanced=load_balanced)
     tag = f"ring(cp={cp}, causal={causal}, balanced={load_balanced})"
-    cut = lambda t: shard_sequence(t, me, cp, dim=2, load_balanced=load_balanced)  # noqa: E731
+    cut = lambda t: shard_sequence(t, me, cp, dim=2, load_balanced=load_balanced)
     report(f"{tag} out", out, cut(ref), RTOL)
     (out * cut(w)).sum().backward()
     for name, mine, full in zip("qkv", local, (q, k, v)):
@@ -79,7 +85,7 @@ def _ulysses(group: torch.distributed.ProcessGroup) -> None:
     ref = reference_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), True).transpose(1, 2)
     (ref * w).sum().backward()
     attn = UlyssesAttention(group)
-    cut = lambda t: shard_sequence(t, me, cp, dim=1, load_balanced=False)  # noqa: E731
+    cut = lambda t: shard_sequence(t, me, cp, dim=1, load_balanced=False)
     local = [cut(t.detach()).requires_grad_(True) for t in (q, k, v)]
     out = attn(*local)
     report("ulysses(cp=2, gqa) out", out, cut(ref), RTOL)

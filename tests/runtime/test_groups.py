@@ -18,8 +18,14 @@ import torch.distributed as dist
 from dsforge.compiler.parse import load_job
 from dsforge.compiler.placement import Placement, place
 from dsforge.compiler.plan import build_plan
-from dsforge.runtime.groups import (KINDS, LayoutError, check_world_size, create_groups, ensure_deepspeed_comm,
-                                   pipe_topology)
+from dsforge.runtime.groups import (
+    KINDS,
+    LayoutError,
+    check_world_size,
+    create_groups,
+    ensure_deepspeed_comm,
+    pipe_topology,
+)
 from tests.runtime.launcher import run
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,9 +20,17 @@ from torch import nn
 
 from dsforge.compiler.placement import place
 from dsforge.runtime.groups import ParallelGroups, create_groups
-from dsforge.runtime.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
-                                    VocabParallelLMHead, allreduce_sequence_parallel_grads, gather_from_sequence,
-                                    mark_sequence_parallel, scatter_to_sequence, vocab_parallel_cross_entropy)
+from dsforge.runtime.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    VocabParallelLMHead,
+    allreduce_sequence_parallel_grads,
+    gather_from_sequence,
+    mark_sequence_parallel,
+    scatter_to_sequence,
+    vocab_parallel_cross_entropy,
+)
 from tests.runtime.launcher import report, run
 
 RTOL = 1e-5

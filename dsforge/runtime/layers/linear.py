@@ -17,15 +17,31 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dsforge.runtime.groups import ParallelGroups
-from dsforge.runtime.layers.mappings import (copy_to_tp, gather_from_sequence, gather_from_tp, reduce_from_tp,
-                                             reduce_scatter_to_sequence, scatter_to_tp)
-from dsforge.runtime.layers.sharding import (block_widths, check_blocks, dense_weight, gathered_order,
-                                             linear_init_, mark_sequence_parallel, mark_tensor_parallel,
-                                             shard_blocks, tp_group)
+from dsforge.runtime.layers.mappings import (
+    copy_to_tp,
+    gather_from_sequence,
+    gather_from_tp,
+    reduce_from_tp,
+    reduce_scatter_to_sequence,
+    scatter_to_tp,
+)
+from dsforge.runtime.layers.sharding import (
+    block_widths,
+    check_blocks,
+    dense_weight,
+    gathered_order,
+    linear_init_,
+    mark_sequence_parallel,
+    mark_tensor_parallel,
+    shard_blocks,
+    tp_group,
+)
 
 
 class ColumnParallelLinear(nn.Module):
     """Y = X A with A's output features split over the TP group; each fused block is split on its own."""
+
+    _gather_order: Tensor | None
 
     def __init__(self, in_features: int, out_features: int, pg: dist.ProcessGroup, bias: bool = True,
                  gather_output: bool = False, sequence_parallel: bool = False,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -77,11 +78,12 @@ def gathered_order(local_widths: Sequence[int], parts: int) -> list[int] | None:
 
 def dense_weight(module: nn.Module) -> tuple[Tensor, Tensor | None]:
     """The (out, in) weight and the bias of an nn.Linear or a HF Conv1D (whose weight is stored (in, out))."""
-    weight = module.weight
+    weight: Any = getattr(module, "weight", None)
+    bias: Any = getattr(module, "bias", None)
     if isinstance(module, nn.Linear):
-        return weight, module.bias
+        return weight, bias
     if type(module).__name__ == "Conv1D" and weight.dim() == 2 and weight.shape[1] == getattr(module, "nf", -1):
-        return weight.t(), module.bias
+        return weight.t(), bias
     raise TypeError(f"cannot shard a {type(module).__name__}: expected nn.Linear or transformers' Conv1D")
 
 
@@ -95,15 +97,20 @@ def linear_init_(weight: Tensor, bias: Tensor | None, fan_in: int) -> None:
             bias.uniform_(-bound, bound)
 
 
+def _tag(param: Tensor, **tags: object) -> None:
+    """Set attributes on a parameter (DeepSpeed and Megatron read such tags with getattr)."""
+    for name, value in tags.items():
+        setattr(param, name, value)
+
+
 def mark_tensor_parallel(param: Tensor, dim: int) -> None:
     """Tag a sharded parameter: DeepSpeed counts it on every TP rank in grad norms (runtime/utils.py)."""
-    setattr(param, "tensor_model_parallel", True)
-    setattr(param, "partition_dim", dim)
+    _tag(param, tensor_model_parallel=True, partition_dim=dim)
 
 
 def mark_sequence_parallel(param: Tensor) -> None:
     """Tag a replicated parameter that only sees this rank's sequence shard (its gradient is partial)."""
-    setattr(param, "sequence_parallel", True)
+    _tag(param, sequence_parallel=True)
 
 
 def allreduce_sequence_parallel_grads(params: Iterable[Tensor], group: dist.ProcessGroup) -> None:

@@ -17,8 +17,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dsforge.runtime.groups import ParallelGroups
-from dsforge.runtime.layers.mappings import (copy_to_tp, gather_from_sequence, gather_from_tp, reduce_from_tp,
-                                             reduce_scatter_to_sequence)
+from dsforge.runtime.layers.mappings import (
+    copy_to_tp,
+    gather_from_sequence,
+    gather_from_tp,
+    reduce_from_tp,
+    reduce_scatter_to_sequence,
+)
 from dsforge.runtime.layers.sharding import mark_tensor_parallel, split_sizes, tp_group
 
 
