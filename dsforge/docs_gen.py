@@ -19,7 +19,7 @@ from typing import Any
 from dsforge.compiler.input_rules import INPUT_RULES
 from dsforge.compiler.json_schema import job_schema
 from dsforge.compiler.presets import KINDS, presets
-from dsforge.compiler.rules.registry import all_rules
+from dsforge.compiler.rules.registry import Rule, all_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES_MD = ROOT / "docs" / "rules.md"
@@ -46,7 +46,18 @@ def _entries() -> list[dict[str, str]]:
             "note": "unusable input (exit code 2)" if r.exit_code == 2 else ""} for r in INPUT_RULES]
     out += [{"id": r.id, "summary": r.summary, "severity": r.severity.value, "why": r.rationale, "source": r.source,
              "note": "" if r.origin == "dsforge" else f"from plugin {r.origin}"} for r in all_rules()]
+    out += [{"id": r.id, "summary": r.summary, "severity": r.severity.value, "why": r.rationale, "source": r.source,
+             "note": "checked by `dsforge compile`"} for r in _emit_rules()]
     return sorted(out, key=lambda e: e["id"])
+
+
+def _emit_rules() -> list[Rule]:
+    """The compile-time checks (not registered with validate, whose rules do not depend on the launcher)."""
+    try:
+        from dsforge.compiler.emit.checks import EMIT_RULES
+    except ImportError:  # the emit stage is optional for the docs
+        return []
+    return list(EMIT_RULES)
 
 
 def render_rules() -> str:
