@@ -1,4 +1,4 @@
-"""A TP2-rewritten HF model against the dense model it was sharded from, on 2 gloo processes.
+"""TP2- and EP2-rewritten HF models against the dense model they were sharded from, on 2 gloo processes.
 
 Every rank builds the same dense model (same seed), keeps a copy as the single-process reference,
 rewrites the other by its rewrite plan and compares logits, loss and gradients. A logits/loss
@@ -78,14 +78,34 @@ def _compare(rank: int, spec: JobSpec, checks: dict[str, tuple[int, int]]) -> No
         report(f"{name} grad {pname}", got.grad, grad, RTOL)
 
 
-def _worker(rank: int, world: int, specs: list[tuple[JobSpec, dict[str, tuple[int, int]]]]) -> None:
+def _compare_ep(rank: int, spec: JobSpec) -> None:
+    """Parity of an expert-parallel Mixtral: logits and loss, and each rank's experts are the dense ones it owns."""
+    plan = build_plan(spec)
+    groups = create_groups(plan)
+    dense = build_model(spec.model, "cpu", 1, seed=7)
+    model = copy.deepcopy(dense)
+    ids = torch.randint(0, spec.model.vocab, (2, 12), generator=torch.Generator().manual_seed(3))
+    ref = dense(input_ids=ids, labels=ids)
+    apply_rewrite(model, plan_rewrite(model, plan), groups)
+    out = model(input_ids=ids, labels=ids)
+    report("mixtral ep2 logits", out.logits, ref.logits, RTOL)
+    report("mixtral ep2 loss", out.loss, ref.loss, RTOL)
+    moe, experts = model.model.layers[1].mlp, dense.model.layers[1].mlp.experts
+    local = list(moe.local_experts)
+    if len(local) != 2 or not all(torch.equal(e.gate_up.weight, experts.gate_up_proj[moe.first_expert + i])
+                                  for i, e in enumerate(local)):
+        raise AssertionError(f"rank {rank} does not hold experts {moe.first_expert}..{moe.first_expert + 1}")
+
+
+def _worker(rank: int, world: int, specs: list[tuple[JobSpec, dict[str, tuple[int, int]]]], ep: JobSpec) -> None:
     torch.use_deterministic_algorithms(True)
     for spec, checks in specs:
         _compare(rank, spec, checks)
+    _compare_ep(rank, ep)
 
 
 @pytest.mark.slow
-def test_tp2_rewrite_matches_the_dense_model(job):
+def test_tp2_and_ep2_rewrites_match_the_dense_model(job):
     llama, _ = job({"preset": "tiny-llama"}, {"tp": 2})
     gpt2, _ = job({"preset": "tiny-gpt2"}, {"tp": 2})
     mixtral, _ = job({"preset": "tiny-mixtral"}, {"tp": 2})
@@ -99,4 +119,5 @@ def test_tp2_rewrite_matches_the_dense_model(job):
                    "transformer.wte.weight": (0, 1), "transformer.wpe.weight": (-1, 1)}
     mixtral_checks = {"model.layers.0.mlp.experts.gate_up_proj": (-1, 1), "model.layers.0.mlp.gate.weight": (-1, 1),
                       f"{attn}.v_proj.weight": (0, 1)}
-    run(_worker, 2, [(llama, llama_checks), (gpt2, gpt2_checks), (mixtral, mixtral_checks)])
+    mixtral_ep, _ = job({"preset": "tiny-mixtral"}, {"dp": 2, "ep": 2})
+    run(_worker, 2, [(llama, llama_checks), (gpt2, gpt2_checks), (mixtral, mixtral_checks)], mixtral_ep)

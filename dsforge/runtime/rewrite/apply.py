@@ -83,8 +83,26 @@ def _keep(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
 def _expert(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
     if ctx.rp.ep == 1:
         return module  # every expert is local: the dense module is already this rank's shard
-    raise RewriteError(ctx.rp.arch, [f"{entry.name}: expert parallelism (ep={ctx.rp.ep}) needs the "
-                                     "expert-parallel MoE layer of dsforge.runtime.moe, not wired in yet"])
+    raise RewriteError(ctx.rp.arch, [f"{entry.name}: expert parallelism (ep={ctx.rp.ep}) replaces the whole MoE "
+                                     "block; the applier does that for HF Mixtral blocks only"])
+
+
+def _moe_block(model: nn.Module, entry: ModulePlan, ctx: Context) -> str | None:
+    """Swap the HF Mixtral block holding ``entry``'s experts for DeepSpeed's expert-parallel MoE; its name.
+
+    DeepSpeed's MoE layer owns the router and the all-to-all, so the unit replaced is the block (router
+    and experts together), not the experts alone; None when the experts stay dense (ep = 1).
+    """
+    if ctx.rp.ep == 1:
+        return None
+    block_name = entry.name.rpartition(".")[0]
+    block = model.get_submodule(block_name)
+    if not (hasattr(block, "gate") and hasattr(block, "experts")):
+        _expert(block, entry, ctx)  # raises: not a Mixtral-style block
+    from dsforge.runtime.moe import ExpertParallelMoE  # needs DeepSpeed; imported only for ep > 1
+
+    _swap(model, block_name, ExpertParallelMoE.from_mixtral(block, ctx.groups))
+    return block_name
 
 
 APPLIERS: dict[str, Builder] = {"column": _column, "row": _row, "vocab": _vocab, "norm": _norm,
@@ -108,6 +126,26 @@ def _check_shapes(model: nn.Module, entry: ModulePlan, problems: list[str]) -> N
                             f"the plan says {want}")
 
 
+def _check_moe(model: nn.Module, block_name: str, entry: ModulePlan, problems: list[str]) -> None:
+    """An expert-parallel block holds the plan's number of local experts, each one expert's slice of every tensor."""
+    moe = model.get_submodule(block_name)
+    local = list(moe.local_experts)
+    planned = {p.name: p.shard for p in entry.params}
+    count = {s[0] for s in planned.values()}
+    sizes = sorted(sum(t.numel() for t in e.parameters()) for e in local)
+    want = sum(_numel(s[1:]) for s in planned.values())
+    if count != {len(local)} or any(n != want for n in sizes):
+        problems.append(f"{block_name}: holds {len(local)} experts of {sizes[:1]} parameters, the plan says "
+                        f"{sorted(count)} of {want}")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
 def apply_rewrite(model: nn.Module, rp: RewritePlan, groups: ParallelGroups, only: Iterable[str] | None = None,
                   gather_logits: bool = True) -> nn.Module:
     """Rewrite ``model`` in place by the plan for this rank's groups (``only``: these modules); returns it.
@@ -123,26 +161,37 @@ def apply_rewrite(model: nn.Module, rp: RewritePlan, groups: ParallelGroups, onl
     entries = [m for m in rp.modules if wanted is None or m.name in wanted]
     ctx = Context(rp, groups, gather_logits)
     built: dict[str, nn.Module] = {}
+    blocks: dict[str, str] = {}  # expert entry -> the MoE block replaced for it
     for entry in entries:
-        if entry.tied_to is not None and entry.tied_to in built:
-            continue  # tied: handled once its owner is sharded, below
-        new = APPLIERS[entry.variant](model.get_submodule(entry.name), entry, ctx)
-        built[entry.name] = new
-        _swap(model, entry.name, new)
+        if entry.name.startswith(tuple(b + "." for b in blocks.values())):
+            continue  # inside an MoE block already replaced whole (its router)
+        if entry.variant == "expert" and (block := _moe_block(model, entry, ctx)) is not None:
+            blocks[entry.name] = block
+        elif entry.tied_to is None or entry.tied_to not in built:  # a tied head is made once its owner is
+            built[entry.name] = APPLIERS[entry.variant](model.get_submodule(entry.name), entry, ctx)
+            _swap(model, entry.name, built[entry.name])
     for entry in entries:
-        owner = built.get(entry.tied_to) if entry.tied_to else None
-        if owner is not None:
-            _tie(model, entry, owner, ctx)
+        if entry.tied_to in built:
+            _tie(model, entry, built[entry.tied_to], ctx)
     for name, attr in rp.attr_scales:
         if wanted is None or any(n.startswith(name + ".") for n in wanted):
             module = model.get_submodule(name)
             setattr(module, attr, getattr(module, attr) // rp.tp)
+    _verify(model, entries, blocks, rp)
+    return model
+
+
+def _verify(model: nn.Module, entries: list[ModulePlan], blocks: dict[str, str], rp: RewritePlan) -> None:
+    """Raise unless every rewritten module holds exactly its planned shards (routers inside MoE blocks moved)."""
     problems: list[str] = []
+    gone = tuple(b + "." for b in blocks.values())
     for entry in entries:
-        _check_shapes(model, entry, problems)
+        if entry.name in blocks:
+            _check_moe(model, blocks[entry.name], entry, problems)
+        elif not entry.name.startswith(gone):
+            _check_shapes(model, entry, problems)
     if problems:
         raise RewriteError(rp.arch, problems)
-    return model
 
 
 def _tie(model: nn.Module, entry: ModulePlan, owner: nn.Module, ctx: Context) -> None:

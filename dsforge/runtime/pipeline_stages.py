@@ -1,0 +1,201 @@
+"""A rewritten HF decoder as DeepSpeed pipeline layers, cut where the plan's partition says.
+
+DeepSpeed's AutoTP does not work inside a PipelineModule, so for TP x PP dsforge shards the
+modules itself (dsforge.runtime.rewrite.apply) and hands DeepSpeed a flat layer list: embedding
+first, one entry per decoder layer, final norm and LM head last (Narayanan et al. 2021 sec. 2.2;
+DeepSpeed runtime/pipe/module.py). A tied LM head is a TiedLayerSpec sharing the embedding stage,
+so DeepSpeed all-reduces the tied weight's gradient between the first and last stage. Stage
+boundaries come from ``plan.stage_layers``, not from DeepSpeed's own partitioner, so the stages
+that run are the stages the compiler estimated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dsforge.compiler.plan import Plan
+from dsforge.runtime.groups import ParallelGroups
+from dsforge.runtime.layers import VocabParallelEmbedding, VocabParallelLMHead, scatter_to_sequence
+from dsforge.runtime.rewrite.apply import apply_rewrite
+from dsforge.runtime.rewrite.planner import RewriteError, RewritePlan
+
+
+@dataclass(frozen=True)
+class Structure:
+    """Where a family keeps its pipeline pieces, relative to the causal-LM root."""
+
+    embed: str
+    layers: str
+    norm: str
+    head: str
+    pos: str | None = None
+    drop: str | None = None
+    rotary: str | None = None
+
+
+STRUCTURES: dict[str, Structure] = {
+    "gpt2": Structure("transformer.wte", "transformer.h", "transformer.ln_f", "lm_head", pos="transformer.wpe",
+                      drop="transformer.drop"),
+    "llama": Structure("model.embed_tokens", "model.layers", "model.norm", "lm_head", rotary="model.rotary_emb"),
+    "mixtral": Structure("model.embed_tokens", "model.layers", "model.norm", "lm_head", rotary="model.rotary_emb"),
+}
+
+
+def _sequence_parallel(module: nn.Module) -> bool:
+    return bool(getattr(module, "sequence_parallel", False))
+
+
+class EmbeddingStage(nn.Module):
+    """Token ids -> hidden states; also the tied LM head, so a TiedLayerSpec can share just this table."""
+
+    def __init__(self, embed: nn.Module) -> None:
+        super().__init__()
+        self.embed = embed
+        self.head: VocabParallelLMHead | None = None
+        if isinstance(embed, VocabParallelEmbedding):
+            self.head = VocabParallelLMHead(embed.embedding_dim, embed.vocab, embed.pg, gather_output=True,
+                                            sequence_parallel=embed.sequence_parallel, reset=False,
+                                            dtype=embed.weight.dtype)
+            self.head.tie_to(embed)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """Embeddings (with sequence parallelism: this rank's sequence shard)."""
+        return self.embed(ids)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Hidden states times the (sharded) embedding table: full-vocabulary logits."""
+        return self.head(hidden) if self.head is not None else F.linear(hidden, self.embed.weight)
+
+
+def tied_logits(stage: EmbeddingStage, hidden: Tensor) -> Tensor:
+    """TiedLayerSpec forward_fn of the last stage: logits through the embedding's weight."""
+    return stage.logits(hidden)
+
+
+class PositionStage(nn.Module):
+    """Adds learned positions (and embedding dropout) to the embeddings; sliced to the sequence shard under SP."""
+
+    def __init__(self, pos: nn.Module, drop: nn.Module | None = None, sp_group: Any = None) -> None:
+        super().__init__()
+        self.pos, self.drop, self._sp_group = pos, drop, sp_group
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """hidden + position table rows of this rank's positions."""
+        seq = hidden.shape[1] * (dist.get_world_size(self._sp_group) if self._sp_group is not None else 1)
+        pos = self.pos(torch.arange(seq, device=hidden.device)).unsqueeze(0)
+        if self._sp_group is not None:
+            pos = scatter_to_sequence(pos, self._sp_group, 1)
+        hidden = hidden + pos
+        return self.drop(hidden) if self.drop is not None else hidden
+
+
+class DecoderStage(nn.Module):
+    """One decoder layer on hidden states; rotary positions recomputed here since only hidden crosses stages."""
+
+    def __init__(self, layer: nn.Module, rotary: nn.Module | None = None, seq_factor: int = 1) -> None:
+        super().__init__()
+        # The rotary module (shared by every layer) holds only a non-persistent buffer.
+        self.layer, self.rotary, self.seq_factor = layer, rotary, seq_factor
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """Causal self-attention and MLP (sdpa with no mask is causal); returns hidden states."""
+        if self.rotary is None:
+            return self.layer(hidden)
+        seq = hidden.shape[1] * self.seq_factor  # sequence-parallel hidden holds 1/tp of the positions
+        position_ids = torch.arange(seq, device=hidden.device).unsqueeze(0)
+        cos_sin = self.rotary(hidden, position_ids)
+        return self.layer(hidden, position_ids=position_ids, position_embeddings=cos_sin)
+
+
+class HeadStage(nn.Module):
+    """Final norm, then the LM head when it is not tied (a tied head follows as its own layer)."""
+
+    def __init__(self, norm: nn.Module, head: nn.Module | None = None) -> None:
+        super().__init__()
+        self.norm, self.head = norm, head
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """Normalised hidden states, or logits."""
+        hidden = self.norm(hidden)
+        return self.head(hidden) if self.head is not None else hidden
+
+
+def causal_lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Next-token cross entropy averaged over the non-ignored tokens (HF's ForCausalLMLoss on full logits)."""
+    shifted = F.pad(labels, (0, 1), value=-100)[..., 1:]
+    return F.cross_entropy(logits.float().flatten(0, -2), shifted.flatten(), ignore_index=-100)
+
+
+def stage_modules(rp: RewritePlan, stage: int) -> set[str]:
+    """Modules one pipeline stage holds: its own, plus the owners of weights tied into it."""
+    own = {m.name for m in rp.modules if m.stage == stage}
+    return own | {m.tied_to for m in rp.modules if m.name in own and m.tied_to}
+
+
+def layer_list(model: nn.Module, rp: RewritePlan) -> tuple[list[Any], int, int]:
+    """DeepSpeed's flat layer list for a rewritten HF model, with the entries before and after the decoder layers."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+
+    s = STRUCTURES.get(rp.arch)
+    if s is None:
+        raise RewriteError(rp.arch, [f"pipeline stages know the HF families {sorted(STRUCTURES)}; a `{rp.arch}` "
+                                     "model must come as a PipelineModule from its factory"])
+    get = model.get_submodule
+    embed = get(s.embed)
+    tied = rp.module(s.head).tied_to == s.embed
+    lead: list[Any] = [TiedLayerSpec("embed", EmbeddingStage, embed, tied_weight_attr="embed.weight") if tied
+                       else LayerSpec(EmbeddingStage, embed)]
+    if s.pos:
+        sp_group = embed.pg if _sequence_parallel(embed) else None
+        lead.append(LayerSpec(PositionStage, get(s.pos), get(s.drop) if s.drop else None, sp_group))
+    rotary = get(s.rotary) if s.rotary else None
+    seq_factor = rp.tp if rp.sequence_parallel else 1
+    decoders = [DecoderStage(layer, rotary, seq_factor) for layer in get(s.layers)]
+    tail: list[Any] = [LayerSpec(HeadStage, get(s.norm), None if tied else get(s.head))]
+    if tied:
+        tail.append(TiedLayerSpec("embed", EmbeddingStage, embed, forward_fn=tied_logits,
+                                  tied_weight_attr="embed.weight"))
+    return [*lead, *decoders, *tail], len(lead), len(tail)
+
+
+def boundaries(plan: Plan, layers: int, lead: int, tail: int) -> list[int]:
+    """DeepSpeed's ``parts``: the layer-list index where each stage starts (lead entries with stage 0, tail last)."""
+    pp = plan.degrees.pp if plan.degrees else 1
+    if plan.virtual_stages != 1:
+        raise RewriteError("pipeline", [f"virtual_stages={plan.virtual_stages}: DeepSpeed's PipelineModule runs one "
+                                        "chunk per stage (no interleaved schedule)"])
+    chunks = plan.stage_layers or ([layers] if pp == 1 else [])
+    if len(chunks) != pp or sum(chunks) != layers:
+        raise RewriteError("pipeline", [f"the plan's partition {chunks} does not split {layers} layers into pp={pp}"])
+    parts = [0, lead + chunks[0]]
+    for n in chunks[1:-1]:
+        parts.append(parts[-1] + n)
+    return parts + [lead + layers + tail] if pp > 1 else [0, lead + layers + tail]
+
+
+def build_pipeline(model: nn.Module, rp: RewritePlan, plan: Plan, groups: ParallelGroups,
+                   loss_fn: Callable[[Tensor, Tensor], Tensor] = causal_lm_loss, **kwargs: Any) -> nn.Module:
+    """Rewrite this rank's stage of a dense HF model and wrap the model as a PipelineModule cut by the plan."""
+    from deepspeed.pipe import PipelineModule
+
+    stage = groups.index("pp")
+    apply_rewrite(model, rp, groups, only=stage_modules(rp, stage))
+    specs, lead, tail = layer_list(model, rp)
+    parts = boundaries(plan, len(specs) - lead - tail, lead, tail)
+
+    class PlannedPipelineModule(PipelineModule):  # type: ignore[misc]
+        """PipelineModule whose stage boundaries are the plan's (DeepSpeed has no explicit-partition option)."""
+
+        def _partition_layers(self, method: str = "uniform") -> None:
+            self.parts = parts
+            me = self._topo.get_coord(self.global_rank).pipe
+            self._set_bounds(start=parts[me], stop=parts[me + 1])
+
+    return PlannedPipelineModule(specs, topology=groups.pipe_topology(), loss_fn=loss_fn, **kwargs)
