@@ -10,12 +10,13 @@ Formatter = Callable[[list[Diagnostic]], str]
 
 
 def get(name: str) -> Formatter:
-    """The formatter for ``name`` (text, json, github or sarif)."""
-    from dsforge.formatters import github, json_format, sarif, text
+    """The formatter for ``name`` (text, json, github or sarif); KeyError for another name."""
+    import importlib
 
-    table: dict[str, Formatter] = {"text": text.render, "json": json_format.render, "github": github.render,
-                                   "sarif": sarif.render}
-    return table[name]
+    module = {"text": "text", "json": "json_format", "github": "github", "sarif": "sarif"}[name]
+    # only the chosen module is imported: SARIF pulls in the rule registry's descriptions
+    render: Formatter = importlib.import_module(f"dsforge.formatters.{module}").render
+    return render
 
 
 NAMES = ("text", "json", "github", "sarif")
