@@ -127,6 +127,10 @@ def _activations(plan: Plan, stage: int, shape: act.ActivationShape, m: int, per
     chunk_flight = -(-flight // chunks)  # micro-batches of the first/last chunk in flight
     total = flight * per_mb / chunks
     total += max((per.working_set[moe] for moe in kinds), default=0.0)
+    if d.pp > 1 and stage < d.pp - 1:
+        # the pipeline engine keeps each in-flight chunk's output until its backward (DeepSpeed
+        # PipelineEngine pipe_buffers["outputs"]); no layer saves it, so it comes on top
+        total += flight * shape.tokens * model.hidden * shape.element_bytes / shape.sp_div
     if stage == 0:
         total += chunk_flight * act.embedding_bytes(model, shape)
     logits = 0.0
