@@ -32,6 +32,9 @@ bytes per parameter, B: reduce_bucket_size elements):
   in forward/backward the gathered working set (largest module plus the prefetch bucket, capped by
   max_live_parameters; an upper bound), and in the step the fp32 gradient partition 4Pn.
 
+`allgather_bucket_size` allocates nothing of its own: ZeRO 1/2 gather the updated partitions straight into
+the flat weight buffer (measured: the all-gather moment adds no bytes).
+
 CPU offload (ZeRO-Offload, Ren et al. 2021) moves the fp32 master, moments and fp32 gradients to the
 host, reported under ``host`` (read from the source; DeepSpeedCPUAdam is not built or measured here).
 """
