@@ -13,6 +13,9 @@ shard) errs by O(1) of that scale.
 
 from __future__ import annotations
 
+import importlib.util
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -69,6 +72,30 @@ def _column_fused_gqa(g: ParallelGroups) -> None:
         report(f"column(gather={gather}) dx", xp.grad, x.grad, RTOL)
         report(f"column(gather={gather}) dW", col.weight.grad, _blocks(dense.weight.grad, widths, r, tp, 0), RTOL)
         report(f"column(gather={gather}) db", col.bias.grad, _blocks(dense.bias.grad, widths, r, tp, 0), RTOL)
+
+
+def _gpt2_conv1d(g: ParallelGroups) -> None:
+    """HF GPT-2's Conv1D (weight stored (in, out)): fused c_attn as 3 column blocks, c_proj as a row layer."""
+    from transformers.pytorch_utils import Conv1D
+
+    r, tp = g.index("tp"), g.size("tp")
+    torch.manual_seed(8)
+    c_attn, c_proj = Conv1D(3 * H, H), Conv1D(H, H)
+    with torch.no_grad():
+        for p in (*c_attn.parameters(), *c_proj.parameters()):
+            p.normal_(0.0, 0.2)  # HF initialises biases to zero; non-zero ones test their sharding too
+    x = torch.randn(B, S, H, requires_grad=True)
+    ref = c_proj(c_attn(x)[..., :H])  # the query block only: an output that depends on the block order
+    ref.square().sum().backward()
+    col = ColumnParallelLinear.from_dense(c_attn, g, blocks=3)
+    row = RowParallelLinear.from_dense(c_proj, g)
+    xp = x.detach().clone().requires_grad_(True)
+    y = row(col(xp)[..., :H // tp])  # this rank's query shard is the first of its three local blocks
+    report("gpt2 conv1d c_attn->c_proj out", y, ref, RTOL)
+    y.square().sum().backward()
+    report("gpt2 conv1d dx", xp.grad, x.grad, RTOL)
+    report("gpt2 conv1d d c_attn.W", col.weight.grad, _blocks(c_attn.weight.grad.t(), [H] * 3, r, tp, 0), RTOL)
+    report("gpt2 conv1d d c_proj.W", row.weight.grad, _shard(c_proj.weight.grad.t(), r, tp, 1), RTOL)
 
 
 def _row(g: ParallelGroups) -> None:
@@ -189,11 +216,13 @@ def _lm_head_gather(g: ParallelGroups, vocab: int) -> None:
     report("lm head gathered dx", hp.grad, h.grad, RTOL)
 
 
-def _tp2_worker(rank: int, world: int) -> None:
+def _tp2_worker(rank: int, world: int, with_transformers: bool) -> None:
     g = create_groups(place(tp=2, pp=1, dp=1, cp=1, ep=1, gpus_per_node=2))
     assert g.size("tp") == 2
     _column_fused_gqa(g)
     _row(g)
+    if with_transformers:
+        _gpt2_conv1d(g)
     _mlp_with_sequence_parallel(g)
     _sequence_mappings(g)
     _vocab(g, vocab=37)  # 37 rows: 19 on rank 0, 18 on rank 1
@@ -202,4 +231,7 @@ def _tp2_worker(rank: int, world: int) -> None:
 
 @pytest.mark.slow
 def test_tensor_parallel_layers_match_dense_tp2() -> None:
-    run(_tp2_worker, 2)
+    with_transformers = importlib.util.find_spec("transformers") is not None
+    if not with_transformers:
+        warnings.warn("transformers is not installed: the HF Conv1D (GPT-2) sharding check is not run", stacklevel=1)
+    run(_tp2_worker, 2, with_transformers)
