@@ -77,6 +77,7 @@ class ParallelGroups:
     placement: Placement
     rank: int
     handles: dict[str, dist.ProcessGroup] = field(repr=False)
+    members: dict[str, list[int]] = field(default_factory=dict)
 
     def group(self, kind: str) -> dist.ProcessGroup:
         """The process group of this kind that contains this rank."""
@@ -84,7 +85,9 @@ class ParallelGroups:
 
     def ranks(self, kind: str) -> list[int]:
         """Global ranks of this rank's group of this kind, in group-rank order."""
-        return self.placement.group_of(kind, self.rank)
+        if kind not in self.members:
+            self.members[kind] = self.placement.group_of(kind, self.rank)
+        return self.members[kind]
 
     def size(self, kind: str) -> int:
         """Number of ranks in this rank's group of this kind."""
@@ -157,14 +160,15 @@ def create_groups(plan: Plan | Placement) -> ParallelGroups:
     rank = dist.get_rank()
     made: dict[tuple[int, ...], dist.ProcessGroup] = {}
     handles: dict[str, dist.ProcessGroup] = {}
+    members: dict[str, list[int]] = {}
     for kind in KINDS:
         for ranks in placement.groups[kind]:
             key = tuple(ranks)
             if key not in made:
                 made[key] = dist.new_group(list(ranks))
             if rank in ranks:
-                handles[kind] = made[key]
-    return ParallelGroups(placement, rank, handles)
+                handles[kind], members[kind] = made[key], list(ranks)
+    return ParallelGroups(placement, rank, handles, members)
 
 
 class DeepSpeedMPU:
