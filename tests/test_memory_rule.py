@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from dsforge.compiler.estimate import estimate_memory
+from dsforge.compiler.parse import load_job
+from dsforge.compiler.plan import build_plan
 from dsforge.compiler.validate import validate_file
 from dsforge.diagnostics import Diagnostic, Severity
 
@@ -98,3 +103,40 @@ def test_invalid_layout_is_left_to_other_rules(write_job: WriteJob) -> None:
     path = llama70b(write_job, "tp: 3, dp: 2, zero: 0")
     rules = {d.rule for d in validate_file(path).diagnostics}
     assert "DSF301" not in rules and "DSF900" not in rules and "DSF101" in rules
+
+
+# --- robustness: any well-typed layout is estimated without crashing, with sane numbers -------------
+
+LAYOUT = st.fixed_dictionaries({
+    "model": st.sampled_from(["tiny-llama", "tiny-mixtral", "tiny-gpt2", "llama3-8b", "mixtral-8x7b", "gpt2-small"]),
+    "nodes": st.sampled_from([1, 2]),
+    "tp": st.sampled_from([1, 2, 4]), "pp": st.sampled_from([1, 2]), "cp": st.sampled_from([1, 2]),
+    "ep": st.sampled_from([1, 2]), "zero": st.integers(0, 3), "sp": st.booleans(),
+    "schedule": st.sampled_from(["1f1b", "gpipe", "interleaved"]), "vs": st.sampled_from([1, 2]),
+    "recompute": st.sampled_from(["none", "selective", "full"]),
+    "precision": st.sampled_from(["bf16", "fp16", "fp32"]), "offload": st.sampled_from(["none", "cpu"]),
+    "micro": st.sampled_from([1, 2]),
+})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layout=LAYOUT)
+def test_any_layout_is_estimated_or_skipped(write_job: WriteJob, layout: dict) -> None:
+    body = (f"version: 1\nmodel: {{preset: {layout['model']}}}\n"
+            f"hardware: {{preset: dgx-h100, nodes: {layout['nodes']}}}\n"
+            f"parallel: {{tp: {layout['tp']}, pp: {layout['pp']}, cp: {layout['cp']}, ep: {layout['ep']}, "
+            f"zero: {layout['zero']}, sequence_parallel: {str(layout['sp']).lower()}, "
+            f"pipeline: {{schedule: {layout['schedule']}, virtual_stages: {layout['vs']}}}}}\n"
+            f"training: {{global_batch: 64, micro_batch: {layout['micro']}, precision: {layout['precision']}, "
+            f"recompute: {layout['recompute']}, optimizer: {{offload: {layout['offload']}}}}}\n")
+    path = write_job(body)
+    diags = validate_file(path).diagnostics
+    assert not [d for d in diags if d.rule == "DSF900"], [d.message for d in diags if d.rule == "DSF900"]
+    job, _ = load_job(path)
+    assert job is not None
+    plan = build_plan(job.spec)
+    if plan.layout_ok and plan.placement is not None and plan.stage_layers:
+        est = estimate_memory(plan)
+        for stage in est.stages:
+            assert all(v >= 0 for v in (*stage.components.values(), *stage.host.values()))
+            assert stage.components["activations"] > 0 or stage.phase == "update"
