@@ -15,7 +15,7 @@ def _relax(node: Any, top: bool) -> None:
         if not top and "required" in node:
             del node["required"]
         for key, value in node.items():
-            _relax(value, top=False if key != "$defs" else False)
+            _relax(value, top=False)
     elif isinstance(node, list):
         for item in node:
             _relax(item, top=False)

@@ -77,7 +77,7 @@ class GroupTable(Mapping[str, list[list[int]]]):
     """The groups of each kind, each built on first access: a 1,024-rank layout has thousands of groups
     and validation reads only the tp, cp and ep kinds."""
 
-    def __init__(self, builders: dict[str, Callable[[], list[list[int]]]]):
+    def __init__(self, builders: Mapping[str, Callable[[], list[list[int]]]]):
         self._builders = builders
         self._built: dict[str, list[list[int]]] = {}
 

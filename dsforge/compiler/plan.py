@@ -49,7 +49,8 @@ def balanced_partition(weights: list[int], parts: int) -> list[int]:
         return []
 
     def fits(cap: int) -> list[int] | None:
-        counts, run, n = [], 0, 0
+        counts: list[int] = []
+        run, n = 0, 0
         for i, w in enumerate(weights):
             left_items, left_parts = len(weights) - i, parts - len(counts)
             if n and (run + w > cap or left_items < left_parts):

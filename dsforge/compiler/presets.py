@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ class Preset:
     origin: str
 
 
-@lru_cache(maxsize=None)
+@cache
 def _builtin(kind: str) -> dict[str, Preset]:
     out: dict[str, Preset] = {}
     # A plain path, not importlib.resources: the data ships inside the package directory and the
@@ -52,5 +52,8 @@ def register(preset: Preset) -> None:
 
 
 def presets(kind: str) -> dict[str, Preset]:
-    """All presets of one kind ("hardware" or "models"), built-in first."""
+    """All presets of one kind ("hardware" or "models"), built-in first, then those of installed plugins."""
+    from dsforge.plugins.registry import ensure_loaded
+
+    ensure_loaded("presets")  # entry points are read on the first lookup, not at import (start-up time)
     return {**_builtin(kind), **_extra[kind]}

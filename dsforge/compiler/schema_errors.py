@@ -9,7 +9,7 @@ DSF022 value out of range, DSF023 not an allowed value, DSF024 required key miss
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -93,7 +93,7 @@ def _description(path: Path) -> str:
     return (field.description or "").rstrip(".") if field else ""
 
 
-def _msg(err: dict[str, Any]) -> str:
+def _msg(err: Mapping[str, Any]) -> str:
     msg = str(err["msg"])
     if err["type"] in {"model_type", "dict_type", "model_attributes_type"}:
         return "must be a mapping of keys"
@@ -112,7 +112,7 @@ def _shown(value: Any) -> str:
     return repr(value)
 
 
-def _literal_options(errors: list[dict[str, Any]]) -> list[str]:
+def _literal_options(errors: list[Mapping[str, Any]]) -> list[str]:
     options: list[str] = []
     for err in errors:
         expected = str(err.get("ctx", {}).get("expected", ""))
@@ -120,7 +120,7 @@ def _literal_options(errors: list[dict[str, Any]]) -> list[str]:
     return options
 
 
-def _one(path: Path, errors: list[dict[str, Any]], smap: SourceMap) -> Diagnostic:
+def _one(path: Path, errors: list[Mapping[str, Any]], smap: SourceMap) -> Diagnostic:
     """One diagnostic for all the errors pydantic reported about the value at ``path``."""
     where, value = dotted(path), errors[0].get("input")
     loc = smap.locate(path, value=True)
@@ -171,11 +171,11 @@ def _missing(section: Path, keys: list[str | int], smap: SourceMap) -> Diagnosti
                       section + (keys[0],))
 
 
-def schema_diagnostics(errors: list[dict[str, Any]], smap: SourceMap) -> list[Diagnostic]:
+def schema_diagnostics(errors: Sequence[Mapping[str, Any]], smap: SourceMap) -> list[Diagnostic]:
     """Diagnostics for pydantic's error list: union branches folded, missing keys grouped by section."""
     out: list[Diagnostic] = []
     missing: dict[Path, list[str | int]] = {}
-    groups: dict[Path, list[tuple[Path, dict[str, Any], bool]]] = {}
+    groups: dict[Path, list[tuple[Path, Mapping[str, Any], bool]]] = {}
     for err in errors:
         field, tag, below = _split(err["loc"])
         if err["type"] == "extra_forbidden":
@@ -188,7 +188,7 @@ def schema_diagnostics(errors: list[dict[str, Any]], smap: SourceMap) -> list[Di
             groups.setdefault(field, []).append((field + below, err, matched))
     for items in groups.values():
         chosen = [(p, e) for p, e, m in items if m] or [(p, e) for p, e, _ in items]
-        by_path: dict[Path, list[dict[str, Any]]] = {}
+        by_path: dict[Path, list[Mapping[str, Any]]] = {}
         for path, err in chosen:
             by_path.setdefault(path, []).append(err)
         out += [_one(path, errs, smap) for path, errs in by_path.items()]

@@ -83,8 +83,8 @@ def read_text(path: Path, display: str) -> str:
     if not text.strip() or all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()):
         raise _fail("DSF008", "the file is empty: a job file must be a mapping with at least `version: 1`",
                     Location(display, 1, 1), "start from an example in examples/ or `dsforge schema`")
-    for no, line in enumerate(text.splitlines(), 1):
-        indent = line[: len(line) - len(line.lstrip(" \t"))]
+    for no, row in enumerate(text.splitlines(), 1):
+        indent = row[: len(row) - len(row.lstrip(" \t"))]
         if "\t" in indent:
             raise _fail("DSF003", "a tab is used for indentation; YAML allows only spaces there",
                         Location(display, no, indent.index("\t") + 1), "replace the tab with spaces")

@@ -64,7 +64,8 @@ def tp_divides_ffn(ctx: Context) -> Iterator[Finding]:
     d, m = ctx.plan.degrees, ctx.spec.model
     if d is None:
         return
-    sizes = [("ffn_hidden", m.ffn_hidden or 4 * m.hidden, ("model", "ffn_hidden"))]
+    sizes: list[tuple[str, int, tuple[str, ...]]] = [("ffn_hidden", m.ffn_hidden or 4 * m.hidden,
+                                                       ("model", "ffn_hidden"))]
     if m.moe is not None and m.moe.ffn_hidden:
         sizes.append(("moe.ffn_hidden", m.moe.ffn_hidden, ("model", "moe", "ffn_hidden")))
     for name, size, path in sizes:
