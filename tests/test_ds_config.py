@@ -65,7 +65,9 @@ def test_offload_targets(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("precision", "present", "absent"),
                          [("bf16", "bf16", "fp16"), ("fp16", "fp16", "bf16"), ("fp32", None, None)])
 def test_precision_sections(tmp_path: Path, precision: str, present: str | None, absent: str | None) -> None:
-    cfg = build_ds_config(variant_plan(tmp_path, "llama3-8b-dgx-h100", {"training": {"precision": precision}}))
+    # a tiny model on 4 H100s: fp16 needs a GPU, and any precision fits its memory
+    cfg = build_ds_config(variant_plan(tmp_path, "tiny-tp2-dp2", {"hardware": {"preset": "dgx-h100"},
+                                                                  "training": {"precision": precision}}))
     if present is None:
         assert "bf16" not in cfg and "fp16" not in cfg
         return
