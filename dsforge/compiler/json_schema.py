@@ -14,7 +14,7 @@ def _relax(node: Any, top: bool) -> None:
     if isinstance(node, dict):
         if not top and "required" in node:
             del node["required"]
-        for key, value in node.items():
+        for value in node.values():
             _relax(value, top=False)
     elif isinstance(node, list):
         for item in node:
