@@ -99,3 +99,13 @@ def test_every_registered_rule_has_a_bad_fixture() -> None:
     others = sorted(i for i in registered - covered if i.startswith(OTHER_STAGES))
     if others:
         warnings.warn(f"rules of other stages still without a bad fixture: {others}", stacklevel=1)
+
+
+def test_update_script_agrees_with_the_stored_snapshot(capsys) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("update_snapshots", ROOT / "scripts" / "update_snapshots.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--check"]) == 0, capsys.readouterr().out + REGENERATE
