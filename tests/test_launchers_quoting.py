@@ -122,3 +122,10 @@ def check_manifest(files: dict[str, str], name: str, python: str, value: str) ->
 def test_shquote_refuses_nul() -> None:
     with pytest.raises(EmitError, match="NUL"):
         shquote("a\x00b")
+
+
+def test_sbatch_directives_refuse_what_sbatch_cannot_carry() -> None:
+    data = copy.deepcopy(DUMPS["slurm"])
+    data["launch"]["partition"] = "gpu\nrm -rf ~"
+    with pytest.raises(EmitError, match="SBATCH"):
+        render_job(build_plan(JobSpec.model_validate(data)))

@@ -3,7 +3,8 @@
 Every string that comes from the job file passes a filter fitted to where it lands: ``shquote`` for
 shell words (shlex.quote: one single-quoted word, nothing expanded), ``yamlquote`` for YAML scalars
 (a double-quoted scalar PyYAML reads back to the same string), ``k8s_literal`` before it for
-Kubernetes fields that expand ``$(VAR)`` references, ``slug`` for names with a restricted alphabet.
+Kubernetes fields that expand ``$(VAR)`` references, ``slug`` for names with a restricted alphabet,
+``directive`` for `#SBATCH` values (checked, since nothing can quote them).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from dsforge.compiler.emit.checks import SBATCH_VALUE
 from dsforge.compiler.emit.ds_config import EmitError
 
 
@@ -33,6 +35,14 @@ def yamlquote(value: Any) -> str:
     """A double-quoted YAML scalar that loads back to exactly ``str(value)`` (escapes included)."""
     out = yaml.dump(str(value), default_style='"', allow_unicode=False, width=float("inf"))
     return out.removesuffix("\n...\n").rstrip("\n")
+
+
+def directive(value: Any) -> str:
+    """A value for an ``#SBATCH`` line, which sbatch splits itself and no shell quotes; anything else is refused."""
+    text = str(value)
+    if not SBATCH_VALUE.match(text):  # DSF604 reports it with its location first
+        raise EmitError(f"{text!r} cannot be written into an #SBATCH directive")
+    return text
 
 
 def k8s_literal(value: Any) -> str:
@@ -70,7 +80,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(shquote=shquote, yamlquote=yamlquote, k8s_literal=k8s_literal, slug=slug,
-                       canonical_json=canonical_json)
+                       canonical_json=canonical_json, directive=directive)
     return env
 
 
