@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsforge.compiler.source import MAX_DEPTH, load_yaml, read_text
+from dsforge.compiler.source import MAX_DEPTH, MAX_FILE_BYTES, load_yaml, read_text
 from dsforge.diagnostics import InputError
 
 
@@ -130,6 +130,13 @@ def test_read_text_rejects_files(tmp_path: Path) -> None:
     assert read(b"model:\n  \tpreset: x\n") == ("DSF003", 2, 3)
     assert _error(read_text, tmp_path / "nope.yaml", "nope.yaml")[0] == "DSF001"
     assert _error(read_text, tmp_path, "dir")[0] == "DSF001"
+
+
+def test_oversized_file_is_refused_before_parsing(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_bytes(b"a: 1\n" + b"# padding\n" * (MAX_FILE_BYTES // 10 + 1))
+    rule, line, _ = _error(read_text, path, "job.yaml")
+    assert (rule, line) == ("DSF007", 0)
 
 
 def test_utf8_bom_and_tabs_inside_values_are_fine(tmp_path: Path) -> None:
