@@ -44,6 +44,9 @@ class StageMemory:
     components: dict[str, float]
     host: dict[str, float] = field(default_factory=dict)
     phase: str = "backward"  # the moment the components describe: "backward" or "update"
+    #: every moment's components: "backward", "update" (gradient reduction and step; the larger of the
+    #: reduction and the step) and "step" (inside the optimizer step alone, what a step hook measures)
+    moments: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def device_bytes(self) -> float:
@@ -156,13 +159,16 @@ def stage_memory(plan: Plan, stage: int, z: ZeroSettings, m: int, per: _PerLayer
     states = model_states(share, z, d.dp * d.cp, max(1, d.expert_dp), m)
     shape = activation_shape(plan)
     activ, logits = _activations(plan, stage, shape, m, per or _PerLayer.of(plan, shape), kinds)
-    backward = {**states.backward, "activations": activ, "logits": logits}
-    update = {**states.update, "activations": 0.0, "logits": 0.0}
-    phase, comps = max((("backward", backward), ("update", update)), key=lambda kv: sum(kv[1].values()))
-    comps = {name: comps.get(name, 0.0) for name in DEVICE_COMPONENTS[:-1]}
-    comps["reserve"] = _reserve(plan, sum(comps.values()))
+    moments = {name: _with_reserve(plan, {**dict.fromkeys(DEVICE_COMPONENTS[:-1], 0.0), **values})
+               for name, values in (("backward", {**states.backward, "activations": activ, "logits": logits}),
+                                    ("update", states.update), ("step", states.step))}
+    phase = max(("backward", "update"), key=lambda name: sum(moments[name].values()))
     rank = plan.placement.groups["pp"][0][stage]
-    return StageMemory(stage, rank, comps, dict(states.host), phase)
+    return StageMemory(stage, rank, dict(moments[phase]), dict(states.host), phase, moments)
+
+
+def _with_reserve(plan: Plan, comps: dict[str, float]) -> dict[str, float]:
+    return {**comps, "reserve": _reserve(plan, sum(comps.values()))}
 
 
 def estimate_memory(plan: Plan) -> MemoryEstimate:

@@ -63,6 +63,11 @@ class ModelStates:
     backward: States = field(default_factory=dict)
     update: States = field(default_factory=dict)
     host: States = field(default_factory=dict)
+    step: States = field(default_factory=dict)  # inside the optimizer step (part of update); default: update
+
+    def __post_init__(self) -> None:
+        if not self.step:
+            self.step = dict(self.update)
 
     @property
     def peak(self) -> float:
@@ -99,7 +104,8 @@ def model_states(share: RankParams, z: ZeroSettings, n_dense: int, n_expert: int
     if uses_bf16_optimizer(z):
         accum = FP32 if z.fp32_grad_accum else b
         same = _states(b * p, accum * p, (FP32 + k) * pn)
-        return ModelStates(same, _with_allreduce_copy(same, p, accum) if z.stage == 0 else dict(same))
+        update = _with_allreduce_copy(same, p, accum) if z.stage == 0 else dict(same)
+        return ModelStates(same, update, step=dict(same))
     if z.stage == 0:
         return _no_zero(p, b, k)
     if z.stage in (1, 2):
@@ -111,10 +117,10 @@ def _no_zero(p: float, b: int, k: int) -> ModelStates:
     """No ZeRO: fp32 trains in place; 16-bit adds a full fp32 master and, in the step, fp32 gradients."""
     if b == FP32:
         same = _states(FP32 * p, FP32 * p, k * p)
-        return ModelStates(same, _with_allreduce_copy(same, p, FP32))
+        return ModelStates(same, _with_allreduce_copy(same, p, FP32), step=dict(same))
     backward = _states(b * p, b * p, (FP32 + k) * p)
     step = _states(b * p, (b + FP32) * p, (FP32 + k) * p)
-    return ModelStates(backward, _larger(step, _with_allreduce_copy(backward, p, b)))
+    return ModelStates(backward, _larger(step, _with_allreduce_copy(backward, p, b)), step=step)
 
 
 def _with_allreduce_copy(states: States, p: float, grad_bytes: int) -> States:
@@ -142,8 +148,9 @@ def _zero12(p: float, pn: float, b: int, k: int, z: ZeroSettings, m: int) -> Mod
     optimizer = (FP32 + k) * pn
     if z.offload_optimizer:
         return _zero12_offload(p, pn, b, optimizer, z, m)
-    update = _larger(_states(b * p, grads_reduce, optimizer), _states(b * p, FP32 * pn, optimizer))
-    return ModelStates(_states(b * p, grads_bwd, optimizer, buffers_bwd), update)
+    step = _states(b * p, FP32 * pn, optimizer)
+    update = _larger(_states(b * p, grads_reduce, optimizer), step)
+    return ModelStates(_states(b * p, grads_bwd, optimizer, buffers_bwd), update, step=step)
 
 
 def _zero12_offload(p: float, pn: float, b: int, optimizer: float, z: ZeroSettings, m: int) -> ModelStates:
