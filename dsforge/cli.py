@@ -161,6 +161,21 @@ def _explain_plan(plan: object, fmt: str, plot_dir: str | None, html_path: str |
         click.echo(f"dsforge explain: wrote {', '.join(str(p) for p in paths)}", err=True)
 
 
+@cli.command()
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def plugins(fmt: str) -> None:
+    """List installed plugins (presets, rules, rewrite policies, launchers), where each came from, what it added.
+
+    A plugin that fails to load is listed with its error and skipped. Exit codes: 0 every plugin
+    loaded (or none is installed), 1 at least one failed.
+    """
+    from dsforge.plugins.report import plugin_report, render_text
+
+    report = plugin_report()
+    click.echo(json.dumps(report, indent=2) if fmt == "json" else render_text(report), nl=fmt == "json")
+    sys.exit(EXIT_FINDINGS if report["failed"] else EXIT_CLEAN)
+
+
 def main() -> NoReturn:
     """Console entry point: run the CLI; an unexpected exception is reported without a traceback."""
     # Pydantic scans every installed distribution's entry points for plugins the first time it builds

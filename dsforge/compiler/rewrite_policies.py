@@ -128,8 +128,24 @@ MIXTRAL = Policy(
 
 POLICIES: dict[str, Policy] = {p.arch: p for p in (GPT2, LLAMA, MIXTRAL)}
 
-#: The order `arch: auto` tries the families in: the most specific signature first.
-DETECT_ORDER: tuple[str, ...] = ("mixtral", "llama", "gpt2")
+#: The order `arch: auto` tries the families in: the most specific signature first, plugin families last
+#: (installing a plugin never changes how a model a built-in family recognises is rewritten).
+DETECT_ORDER: list[str] = ["mixtral", "llama", "gpt2"]
+
+
+def register_policy(policy: Policy) -> None:
+    """Add the policy of a model family dsforge does not ship (plugins); `arch: auto` can then detect it."""
+    if policy.arch in POLICIES:
+        raise ValueError(f"a rewrite policy for arch {policy.arch!r} is already registered")
+    POLICIES[policy.arch] = policy
+    DETECT_ORDER.append(policy.arch)
+
+
+def load_plugins() -> None:
+    """Register the policies of installed plugins (entry points `dsforge.rewrite_policies`), once."""
+    from dsforge.plugins.registry import ensure_loaded
+
+    ensure_loaded("policies")
 
 
 def user_rows(rules: list[object]) -> tuple[PolicyRow, ...]:
@@ -140,6 +156,7 @@ def user_rows(rules: list[object]) -> tuple[PolicyRow, ...]:
 
 def rows_for(arch: str, rules: list[object]) -> list[tuple[str, PolicyRow]]:
     """The rows that apply to a job, each with its source label; user rules first, built-ins after."""
+    load_plugins()
     out = [(f"rewrite[{i}]", row) for i, row in enumerate(user_rows(rules))]
     policy = POLICIES.get(arch)
     if policy is not None:

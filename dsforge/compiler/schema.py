@@ -195,6 +195,35 @@ class TrainingSpec(Section):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
 
 
+#: Launchers dsforge ships; installed plugins can add launch targets (entry points `dsforge.launchers`).
+BUILTIN_LAUNCHERS: tuple[str, ...] = ("local", "deepspeed", "torchrun", "slurm", "kubernetes", "accelerate")
+
+
+def _launcher(value: Any) -> Any:
+    if isinstance(value, str) and value in BUILTIN_LAUNCHERS:
+        return value
+    names = list(BUILTIN_LAUNCHERS)
+    if isinstance(value, str):
+        from dsforge.plugins.extensions import launch_target_names
+
+        plugins = launch_target_names()  # read only for a name dsforge does not ship: start-up stays lean
+        if value in plugins:
+            return value
+        names += plugins
+    # Reported as a literal error, so a misspelt launcher gets the same "did you mean" as any other choice.
+    expected = ", ".join(repr(n) for n in names[:-1]) + f" or {names[-1]!r}"
+    raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+
+
+#: A launcher: a built-in one or a plugin's launch target.
+Launcher = Annotated[
+    str,
+    BeforeValidator(_launcher),
+    WithJsonSchema({"anyOf": [{"enum": list(BUILTIN_LAUNCHERS)},
+                              {"type": "string", "description": "a launch target of an installed plugin"}]}),
+]
+
+
 class RewriteRule(Section):
     """One module-rewrite rule: modules whose name matches become this parallel variant."""
 
@@ -207,8 +236,9 @@ class RewriteRule(Section):
 class LaunchSpec(Section):
     """How the compiled job is started: the launcher and its settings."""
 
-    launcher: Literal["local", "deepspeed", "torchrun", "slurm", "kubernetes"] = Field(
-        "local", description="How the job is started.")
+    launcher: Launcher = Field(
+        "local", description="How the job is started (accelerate: `accelerate launch` with accelerate_config.yaml; "
+                             "any other name: the launch target of an installed plugin).")
     master_addr: str = Field("127.0.0.1", description="Rendezvous host (multi-node).")
     master_port: Annotated[StrictInt, Field(ge=1, le=65535)] = Field(29500, description="Rendezvous port.")
     image: str | None = Field(None, description="Container image (kubernetes).")

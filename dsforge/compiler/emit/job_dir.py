@@ -56,8 +56,8 @@ def render_job(plan: Plan, summary: dict[str, Any] | None = None) -> dict[str, J
     ctx = {**launch_context(plan), "version": __version__}
     if launch.launcher == "kubernetes":
         ctx["configmap"] = _configmap(files)
-    for f in extra:
-        files[f.name] = JobFile(render(f.template, **ctx), f.executable)
+    for f in extra:  # a plugin's launch target brings its files rendered (content), built-ins a template
+        files[f.name] = JobFile(f.content if f.content is not None else render(f.template, **ctx), f.executable)
     files["README.md"] = JobFile(render(
         "README.md.j2", **ctx, launcher=launch.launcher, degrees=doc["degrees"], zero=doc["zero"],
         stage_layers=doc["stage_layers"], ds=doc["deepspeed"], launch_files=[(f.name, f.purpose) for f in extra]))

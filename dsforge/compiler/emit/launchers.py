@@ -16,12 +16,17 @@ from dsforge.compiler.plan import Plan
 
 @dataclass(frozen=True)
 class LaunchFile:
-    """One emitted launcher file: its name in the job directory, its template, its mode and purpose."""
+    """One emitted launcher file: its name in the job directory, its template, its mode and purpose.
+
+    ``content`` is set instead of a template for the files of a plugin's launch target, which
+    renders them itself (dsforge/plugins/api.py).
+    """
 
     name: str
     template: str
     executable: bool
     purpose: str
+    content: str | None = None
 
 
 _SCRIPT = "the launcher: run it to start every rank"
@@ -35,6 +40,13 @@ LAUNCHERS: dict[str, tuple[LaunchFile, ...]] = {
     "slurm": (LaunchFile("slurm.sbatch", "launch/slurm.sbatch.j2", True, "the SLURM batch script (sbatch)"),),
     "kubernetes": (LaunchFile("pytorchjob.yaml", "launch/pytorchjob.yaml.j2", False,
                               "a ConfigMap with this directory's files and the Kubeflow PyTorchJob"),),
+    # `accelerate launch` with the job's DeepSpeed config; launch.sh takes any Accelerate/HF script
+    # as its first argument (README "Accelerate"), train.py otherwise.
+    "accelerate": (
+        LaunchFile("launch.sh", "launch/accelerate.sh.j2", True, _SCRIPT + " (`./launch.sh my_script.py` runs yours)"),
+        LaunchFile("accelerate_config.yaml", "launch/accelerate_config.yaml.j2", False,
+                   "`accelerate launch --config_file` for DeepSpeed with ds_config.json"),
+    ),
 }
 #: DeepSpeed's pdsh runner exports this file's variables on the other nodes (launcher/runner.py
 #: DEEPSPEED_ENVIRONMENT_NAME, read from the working directory).
@@ -45,6 +57,10 @@ DEEPSPEED_ENV = LaunchFile(".deepspeed_env", "launch/deepspeed_env.j2", False,
 def launch_files(plan: Plan) -> tuple[LaunchFile, ...]:
     """The launcher files of this plan's launcher (.deepspeed_env only when multi-node needs it)."""
     launch = plan.spec.launch
+    if launch.launcher not in LAUNCHERS:
+        from dsforge.plugins.launch import plugin_launch_files
+
+        return plugin_launch_files(plan, launch_context(plan))
     files = LAUNCHERS[launch.launcher]
     if launch.launcher == "deepspeed" and plan.nodes > 1 and rank_env(plan):
         files += (DEEPSPEED_ENV,)
@@ -76,4 +92,15 @@ def launch_context(plan: Plan) -> dict[str, Any]:
         "cpu": on_cpu(plan),
         "hosts": list(launch.hosts) or ["localhost"],
         "master_addr": launch.master_addr if explicit_addr else None,
+        **_plugin_context(plan),
     }
+
+
+def _plugin_context(plan: Plan) -> dict[str, Any]:
+    """What the accelerate launcher and plugin launch targets add to the context (nothing for the others)."""
+    name = plan.spec.launch.launcher
+    if name == "accelerate" or name not in LAUNCHERS:
+        from dsforge.plugins.launch import launcher_context
+
+        return launcher_context(plan)
+    return {}

@@ -16,3 +16,10 @@ def load_builtin() -> None:
     _loaded = True
     for name in _BUILTIN:
         importlib.import_module(f"dsforge.compiler.rules.{name}")
+    from dsforge.plugins.registry import ensure_loaded, failures
+
+    ensure_loaded("rules")  # rules of installed plugins (entry points `dsforge.rules`)
+    if failures():  # a plugin that failed to load is reported by rule DSF701 with every job
+        from dsforge.plugins.extensions import report_failed_plugins
+
+        report_failed_plugins()

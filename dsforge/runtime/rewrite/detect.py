@@ -11,7 +11,7 @@ import re
 
 from torch import nn
 
-from dsforge.compiler.rewrite_policies import DETECT_ORDER, POLICIES, rows_for
+from dsforge.compiler.rewrite_policies import DETECT_ORDER, POLICIES, load_plugins, rows_for
 from dsforge.runtime.rewrite.walk import group_names, match_rows
 
 
@@ -31,6 +31,7 @@ def why_not(model: nn.Module, arch: str, rules: list[object]) -> str | None:
 def detect_arch(model: nn.Module, rules: list[object] | None = None) -> tuple[str | None, dict[str, str]]:
     """The recognised family (or None) and, for every family tried and rejected, the reason."""
     reasons: dict[str, str] = {}
+    load_plugins()  # plugin families join DETECT_ORDER when first needed
     for arch in DETECT_ORDER:
         reason = why_not(model, arch, list(rules or []))
         if reason is None:
