@@ -1,14 +1,16 @@
-"""Expert parallelism (ep 2) on DeepSpeed's MoE layer against HF Mixtral's dense sparse-MoE block.
+"""Expert parallelism (ep 2) on DeepSpeed's MoE layer against a dense Mixtral MoE block.
 
-Every rank builds the same HF ``MixtralSparseMoeBlock`` (the dense reference: all experts on one
-process, softmax top-2 routing renormalised over the two) and the token batches of *all* ranks;
-the reference loss is the sum of every rank's loss. The expert-parallel layer then holds half
-the experts on each rank and sees only its own tokens, which DeepSpeed all-to-alls to the experts'
+The dense reference is ``DenseTop2MoE``: all experts on one process, softmax top-2 routing
+renormalised over the two, in the parameter layout of transformers 5's ``MixtralSparseMoeBlock``;
+a single-process test pins it to HF's own block (same outputs and gradients), so the multi-process
+runs need not import transformers. Every rank builds the same reference and the token batches of
+*all* ranks; the reference loss is the sum of every rank's loss. The expert-parallel layer holds
+E/ep experts on each rank and sees only its own tokens, which DeepSpeed all-to-alls to the experts'
 owners. Outputs and input gradients must equal the reference rows of this rank's tokens; each
-local expert's gradient must equal the reference gradient of that expert (it collects tokens from
-both ranks); the router gradient summed over the data-parallel group must equal the reference's.
-A failure means wrong routing, wrong expert placement (an expert group that is not the plan's) or
-a lost gradient through the all-to-all.
+local expert's gradient, summed over its expert-data-parallel replicas (as the engine does), must
+equal the reference gradient of that expert; the router gradient summed over the data-parallel
+group must equal the reference's. A failure means wrong routing, wrong expert placement (an
+expert group that is not the plan's) or a lost gradient through the all-to-all.
 
 Tolerance: rtol 1e-5 of the reference's scale: the same fp32 products, summed in a different
 order (DeepSpeed combines the experts' outputs with an einsum over capacity slots), err by a few
@@ -104,13 +106,29 @@ def check_moe_parity(g: ParallelGroups, block: nn.Module, seed: int) -> None:
     report("moe router dW (summed over dp)", router, block.gate.weight.grad, RTOL)
 
 
+def test_dense_reference_matches_hf_mixtral_block() -> None:
+    pytest.importorskip("transformers")
+    hf = mixtral_block(0)
+    ours = DenseTop2MoE(seed=1)
+    ours.load_state_dict(hf.state_dict())
+    x = torch.randn(3, 5, HIDDEN, requires_grad=True)
+    w = torch.randn(3, 5, HIDDEN)
+    (hf(x) * w).sum().backward()
+    hf_dx, x.grad = x.grad.clone(), None
+    y = ours(x)
+    (y * w).sum().backward()
+    torch.testing.assert_close(y, hf(x), rtol=RTOL, atol=RTOL)  # O(1) values: rtol is also a fair atol
+    torch.testing.assert_close(x.grad, hf_dx, rtol=RTOL, atol=RTOL)
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, dict(hf.named_parameters())[name].grad, rtol=RTOL, atol=RTOL)
+
+
 def _ep2_worker(rank: int, world: int) -> None:
     g = create_groups(place(tp=1, pp=1, dp=2, cp=1, ep=2, gpus_per_node=2))
     assert g.ranks("ep") == [0, 1] and g.ranks("edp") == [rank]
-    check_moe_parity(g, mixtral_block(0), seed=0)
+    check_moe_parity(g, DenseTop2MoE(seed=0), seed=0)
 
 
 @pytest.mark.slow
 def test_expert_parallel_moe_matches_dense_mixtral_ep2() -> None:
-    pytest.importorskip("transformers")
     run(_ep2_worker, 2)
