@@ -73,9 +73,14 @@ def test_recursive_alias_is_refused() -> None:
     assert _error(_load, "a: &m\n  self: *m\n")[0] == "DSF007"
 
 
-def test_deep_nesting_is_refused() -> None:
-    text = "a: " + "[" * (MAX_DEPTH + 2) + "]" * (MAX_DEPTH + 2) + "\n"
-    assert _error(_load, text)[0] == "DSF007"
+@pytest.mark.parametrize("levels", [MAX_DEPTH + 2, 990])  # 990: below libyaml's limit, above Python's recursion
+@pytest.mark.parametrize("anchor", ["", "x: &x 1\n"])
+def test_deep_nesting_is_refused(levels: int, anchor: str) -> None:
+    flow = anchor + "a: " + "[" * levels + "]" * levels + "\n"
+    block = anchor + "".join("  " * i + "k:\n" for i in range(levels)) + "  " * levels + "k: 1\n"
+    for text in (flow, block):
+        rule, line, _ = _error(_load, text)
+        assert rule == "DSF007" and line <= MAX_DEPTH + 3
 
 
 def test_reused_alias_within_bounds_is_fine() -> None:

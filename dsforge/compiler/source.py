@@ -103,37 +103,48 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
+def _too_big(display: str, node: yaml.Node) -> InputError:
+    return _fail("DSF007", f"the document expands to more than {MAX_NODES} values (aliases repeated inside "
+                 "aliases?)", _loc(display, node.start_mark), "write the values out instead of nesting aliases")
+
+
+def _too_deep(display: str, node: yaml.Node) -> InputError:
+    return _fail("DSF007", f"the document nests deeper than {MAX_DEPTH} levels", _loc(display, node.start_mark),
+                 "flatten the structure; a job file needs a few levels")
+
+
 def check_bounds(root: yaml.Node, display: str) -> None:
     """Reject alias bombs, recursive aliases and deep nesting before any value is built.
 
     An alias reuses its anchor's node, so the composed graph stays small while its expansion can be
     9^9 values ("billion laughs"). Sizes and heights are memoised per node, so this pass costs one
-    visit per distinct node however large the expansion would be.
+    visit per distinct node however large the expansion would be; depth is checked on the way down,
+    so the recursion never goes deeper than MAX_DEPTH.
     """
     memo: dict[int, tuple[int, int]] = {}
     open_nodes: set[int] = set()
 
-    def measure(node: yaml.Node) -> tuple[int, int]:
+    def measure(node: yaml.Node, depth: int) -> tuple[int, int]:
         key = id(node)
-        if key in memo:
-            return memo[key]
         if key in open_nodes:
             raise _fail("DSF007", "an alias refers to the anchor that contains it (a recursive structure)",
                         _loc(display, node.start_mark), "write the values out instead of the recursive alias")
+        if depth > MAX_DEPTH or (key in memo and depth + memo[key][1] > MAX_DEPTH):
+            raise _too_deep(display, node)
+        if key in memo:
+            return memo[key]
         open_nodes.add(key)
         size, height = 1, 0
         for child in _children(node):
-            child_size, child_height = measure(child)
+            child_size, child_height = measure(child, depth + 1)
             size, height = size + child_size, max(height, child_height + 1)
+            if size > MAX_NODES:
+                raise _too_big(display, node)
         open_nodes.discard(key)
-        if size > MAX_NODES or height > MAX_DEPTH:
-            what = f"more than {MAX_NODES} values" if size > MAX_NODES else f"nesting deeper than {MAX_DEPTH} levels"
-            raise _fail("DSF007", f"the document expands to {what} (aliases repeated inside aliases?)",
-                        _loc(display, node.start_mark), "write the values out instead of nesting aliases")
         memo[key] = (size, height)
         return size, height
 
-    measure(root)
+    measure(root, 0)
 
 
 class _Builder:
@@ -142,8 +153,16 @@ class _Builder:
     def __init__(self, display: str):
         self.display = display
         self.smap = SourceMap(display)
+        self.count = 0
 
     def build(self, node: yaml.Node, path: Path_, depth: int) -> Any:
+        # Bounds for documents without anchors, where check_bounds is skipped (libyaml itself stops at
+        # 1,000 levels, deeper than Python's recursion limit allows here).
+        self.count += 1
+        if depth > MAX_DEPTH:
+            raise _too_deep(self.display, node)
+        if self.count > MAX_NODES:
+            raise _too_big(self.display, node)
         self.smap.values.setdefault(path, _loc(self.display, node.start_mark))
         if isinstance(node, yaml.MappingNode):
             return self._mapping(node, path, depth)
@@ -219,7 +238,8 @@ def load_yaml(text: str, display: str) -> tuple[dict[str, Any], SourceMap]:
                     "check the file's YAML syntax") from None
     if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _CORE + "null" and not node.value):
         raise _fail("DSF008", "the document is empty", Location(display, 1, 1), "add `version: 1` and a model")
-    check_bounds(node, display)
+    if "&" in text:  # only an anchor makes aliases (and so exponential expansion) possible
+        check_bounds(node, display)
     builder = _Builder(display)
     data = builder.build(node, (), 0)
     if not isinstance(data, dict):
