@@ -130,7 +130,7 @@ def run_rules(ctx: Context, rules: list[Rule] | None = None) -> list[Diagnostic]
             out.append(Diagnostic("DSF900", Severity.ERROR,
                                   f"internal error in rule {r.id} ({r.origin}): {type(exc).__name__}: {exc}",
                                   Location(ctx.source.file), "report this; the other rules still ran"))
-    return sorted(out, key=lambda d: (d.location.line, d.location.column, d.rule))
+    return sorted(out, key=lambda d: (d.location.file, d.location.line, d.location.column, d.rule))
 
 
 def _iterate(found: Iterable[Finding] | None) -> Iterator[Finding]:
