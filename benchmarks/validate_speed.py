@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -50,18 +51,22 @@ print(json.dumps({"files": len(files), "with_errors": errors, "import_s": t1 - t
 """
 
 
-def best_wall(cmd: list[str], runs: int, env: dict[str, str] | None = None) -> tuple[float, float, str]:
-    """Best and median wall time of ``runs`` fresh processes, and the last one's output."""
-    times, out = [], ""
+def best_wall(cmd: list[str], runs: int, env: dict[str, str] | None = None) -> tuple[float, float, float, str]:
+    """Best and median wall time of ``runs`` fresh processes, their best CPU time (user + system, which
+    a machine busy with other work inflates less than wall time), and the last one's output."""
+    walls, cpus, out = [], [], ""
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-        times.append(time.perf_counter() - start)
+        walls.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         if proc.returncode not in (0, 1):
             raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
         out = proc.stdout
-    times.sort()
-    return times[0], times[len(times) // 2], out
+    walls.sort()
+    return walls[0], walls[len(walls) // 2], min(cpus), out
 
 
 def dsforge_command() -> list[str]:
@@ -102,19 +107,20 @@ def main() -> int:
     parser.add_argument("--skip-deepspeed", action="store_true", help="do not measure DeepSpeed")
     args = parser.parse_args()
 
-    cold, cold_median, _ = best_wall([*dsforge_command(), "validate", str(EXAMPLE)], args.runs)
+    cold, cold_median, cold_cpu, _ = best_wall([*dsforge_command(), "validate", str(EXAMPLE)], args.runs)
     print(f"dsforge validate {EXAMPLE.relative_to(ROOT)} (fresh process): best {cold:.3f} s, "
-          f"median {cold_median:.3f} s over {args.runs} runs")
+          f"median {cold_median:.3f} s, best CPU {cold_cpu:.3f} s over {args.runs} runs")
 
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_deepspeed:
             cfg = emitted_ds_config(Path(tmp) / "ds_config.json")
             env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
-            ds, ds_median, out = best_wall([sys.executable, "-c", DS_CHILD, str(cfg)], args.runs, env)
+            ds, ds_median, ds_cpu, out = best_wall([sys.executable, "-c", DS_CHILD, str(cfg)], args.runs, env)
             print(f"DeepSpeedConfig of the emitted ds_config, import included (fresh process): best {ds:.3f} s, "
-                  f"median {ds_median:.3f} s  [tbs, gas, zero = {out.strip()}]")
-            print(f"ratio (best/best): dsforge is {ds / cold:.1f}x faster; median/median {ds_median / cold_median:.1f}x"
-                  f"  (target >= 10x: {'met' if ds / cold >= 10 else 'NOT met'})")
+                  f"median {ds_median:.3f} s, best CPU {ds_cpu:.3f} s  [tbs, gas, zero = {out.strip()}]")
+            print(f"ratio: dsforge is {ds / cold:.1f}x faster (best wall), {ds_median / cold_median:.1f}x (median "
+                  f"wall), {ds_cpu / cold_cpu:.1f}x (best CPU)  (target >= 10x: "
+                  f"{'met' if ds / cold >= 10 else 'NOT met'} on best wall)")
         folder = Path(tmp) / "jobs"
         folder.mkdir()
         write_variants(folder, args.files)
