@@ -1,0 +1,203 @@
+"""The DeepSpeed engine of a plan: the job's model rewritten for this rank, its loss, and deepspeed.initialize.
+
+pp = 1: a plain ``DeepSpeedEngine`` over a ``CausalLMLoss`` module, given the plan's groups as ``mpu``
+so the batch rule counts the plan's dp and ZeRO partitions and reduces over the plan's dp (x cp) group.
+pp > 1: a ``PipelineModule`` whose stages hold this rank's layers (dsforge.runtime.pipeline_stages),
+with the plan's ``pipe_topology``; DeepSpeed refuses an mpu there and builds the same groups itself.
+Every rank builds the dense model from the job's seed and keeps its own shards (``from_dense``), so
+all ranks start from the weights a single process would (the equivalence tests rely on it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dsforge.compiler.plan import Plan
+from dsforge.runtime.groups import ParallelGroups, ensure_deepspeed_comm
+from dsforge.runtime.layers import VocabParallelLMHead, vocab_parallel_cross_entropy
+from dsforge.runtime.models import build_model
+from dsforge.runtime.rewrite import plan_rewrite
+from dsforge.runtime.rewrite.apply import apply_rewrite
+from dsforge.runtime.data import IGNORE_INDEX
+
+
+class EngineError(RuntimeError):
+    """The engine cannot be built for this plan; the message says why and what to change."""
+
+
+def token_loss_sum(logits: Tensor, targets: Tensor, head: nn.Module | None) -> Tensor:
+    """Sum of next-token cross entropy over the non-ignored targets (vocab-parallel when ``head`` is split)."""
+    if isinstance(head, VocabParallelLMHead) and head.tp > 1 and not head.gather_output:
+        per_token = vocab_parallel_cross_entropy(logits, targets, head.pg, head.vocab_start, IGNORE_INDEX)
+        return per_token.sum()
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                           ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+class CausalLMLoss(nn.Module):
+    """The job's causal LM and its loss: this rank's share of the micro-batch's mean next-token loss.
+
+    With context parallelism each rank holds 1/cp of every sequence; its loss is its tokens' sum
+    over the *whole* micro-batch's token count, so the cp shares add up to the mean (DeepSpeed
+    sums gradients over dp x cp and divides by dp only; see groups.DeepSpeedMPU).
+    """
+
+    def __init__(self, model: nn.Module, cp: int = 1) -> None:
+        super().__init__()
+        self.model, self.cp = model, cp
+        self.head = getattr(model, "lm_head", None)
+
+    def forward(self, ids: Tensor, targets: Tensor, positions: Tensor) -> Tensor:
+        """(ids, targets, positions) -> scalar loss share."""
+        # Global positions of this rank's tokens: HF would number the tokens it sees from 0, which is
+        # wrong for a context-parallel shard and, under sequence parallelism, counts only the shard.
+        logits = self.model(input_ids=ids, position_ids=positions).logits
+        return token_loss_sum(logits, targets, self.head) / (targets.numel() * self.cp)
+
+
+def _swap_experts(model: nn.Module, groups: ParallelGroups) -> set[str]:
+    """Replace every HF Mixtral sparse-MoE block by DeepSpeed's expert-parallel MoE; return the blocks' names."""
+    from dsforge.runtime.moe import ExpertParallelMoE
+
+    blocks = [(n, m) for n, m in model.named_modules() if type(m).__name__ == "MixtralSparseMoeBlock"]
+    if not blocks:
+        raise EngineError("ep > 1 needs MoE blocks, and the model has no HF MixtralSparseMoeBlock")
+    for name, block in blocks:
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, ExpertParallelMoE.from_mixtral(block, groups))
+    return {n for n, _ in blocks}
+
+
+def _sequence_parallel_hooks(model: nn.Module, group: dist.ProcessGroup) -> int:
+    """Sum the partial gradients of sequence-parallel parameters over the TP group as autograd produces them.
+
+    Megatron sums them after backward; under DeepSpeed, ZeRO's own gradient hooks may consume a
+    gradient before backward returns, so the sum runs in a tensor hook, which fires first.
+    """
+    def hook(grad: Tensor) -> Tensor:
+        grad = grad.clone()
+        dist.all_reduce(grad, group=group)
+        return grad
+
+    count = 0
+    for p in model.parameters():
+        if getattr(p, "sequence_parallel", False) and p.requires_grad:
+            p.register_hook(hook)
+            count += 1
+    return count
+
+
+def _gather_attention_input(model: nn.Module, group: dist.ProcessGroup) -> int:
+    """Sequence parallelism for HF attention: all-gather the sequence once, at the attention's entry.
+
+    HF attention reshapes q, k and v with its *input's* sequence length (``hidden_states.shape[:-1]``),
+    so the q/k/v layers must see the whole sequence before they run; gathering inside each column
+    layer (as for MLPs) would hand it the shard's length. The projections then act as plain
+    column-parallel layers (identity forward, gradient all-reduce), so the entry's backward only
+    keeps this rank's slice of the (already summed) gradient. The output projection still
+    reduce-scatters back to the sequence shard.
+    """
+    from dsforge.runtime.layers import ColumnParallelLinear, gather_from_sequence
+
+    def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        if args:
+            return (gather_from_sequence(args[0], group, 1, grad_is_partial=False), *args[1:]), kwargs
+        kwargs["hidden_states"] = gather_from_sequence(kwargs["hidden_states"], group, 1, grad_is_partial=False)
+        return args, kwargs
+
+    count = 0
+    for name, module in model.named_modules():
+        inputs = [m for n, m in module.named_children() if isinstance(m, ColumnParallelLinear)]
+        if not type(module).__name__.endswith("Attention") or not inputs:
+            continue
+        for layer in inputs:
+            layer.sequence_parallel = False
+        module.register_forward_pre_hook(pre_hook, with_kwargs=True)
+        count += 1
+    return count
+
+
+def parallelize(model: nn.Module, plan: Plan, groups: ParallelGroups) -> nn.Module:
+    """Rewrite a dense model in place into this rank's parallel variant: experts, TP/SP layers, CP attention."""
+    d = plan.degrees
+    if d is None:
+        raise EngineError("the plan's degrees are unresolved (some degree is still `auto`)")
+    rp = plan_rewrite(model, plan)
+    swapped = _swap_experts(model, groups) if d.ep > 1 else set()
+    only = [m.name for m in rp.modules if not any(m.name.startswith(s + ".") for s in swapped)]
+    apply_rewrite(model, rp, groups, only=only, gather_logits=False)
+    if d.cp > 1:
+        from dsforge.runtime.hf_attention import install_context_parallel
+
+        install_context_parallel(model, plan.spec.parallel.context_parallel.kind, groups.cp)
+    if rp.sequence_parallel:
+        if plan.spec.model.position == "learned":
+            raise EngineError("sequence parallelism with learned position embeddings (GPT-2's wpe) is not supported: "
+                              "the position table is added after the embedding's reduce-scatter; use arch llama "
+                              "(RoPE) or set parallel.sequence_parallel: false")
+        _gather_attention_input(model, groups.tp)
+        _sequence_parallel_hooks(model, groups.tp)
+    return model
+
+
+def build_parallel_model(plan: Plan, groups: ParallelGroups, seed: int | None = None) -> nn.Module:
+    """The job's dense model built from the seed on the CPU, rewritten for this rank."""
+    d = plan.degrees
+    seed = plan.spec.training.seed if seed is None else seed
+    dense = build_model(plan.spec.model, "cpu", d.tp if d else 1, seed=seed)
+    return parallelize(dense, plan, groups)
+
+
+def optimizer_parameters(module: nn.Module) -> list[Any]:
+    """Parameter groups for DeepSpeed's optimizer: MoE expert parameters in their own groups when present."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    from deepspeed.moe.utils import has_moe_layers, split_params_into_different_moe_groups_for_optimizer
+
+    if has_moe_layers(module)[0]:
+        return list(split_params_into_different_moe_groups_for_optimizer({"params": params, "name": "dense"}))
+    return params
+
+
+def _release_expert_groups(module: nn.Module) -> None:
+    """Let deepspeed.initialize set the MoE gates' expert group again.
+
+    ExpertParallelMoE sets its layer's parallelism when built (so it runs without an engine);
+    the engine calls ``set_deepspeed_parallelism`` once more and DeepSpeed's gate asserts that its
+    group is still unset (moe/sharded_moe.py ``TopKGate._set_ep_group``). The group it sets is the
+    same one: the plan's, registered under the layer's name (dsforge.runtime.moe).
+    """
+    from deepspeed.moe.layer import MoE
+
+    for m in module.modules():
+        if isinstance(m, MoE):
+            m.deepspeed_moe.gate.ep_group = None
+
+
+def initialize_engine(module: nn.Module, ds_config: dict[str, Any], groups: ParallelGroups | None) -> Any:
+    """deepspeed.initialize over ``module`` with the plan's mpu (None for a PipelineModule)."""
+    import deepspeed
+
+    ensure_deepspeed_comm()
+    _release_expert_groups(module)
+    engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=optimizer_parameters(module),
+                                           config=ds_config, mpu=groups.mpu() if groups is not None else None)
+    return engine
+
+
+def build_engine(plan: Plan, ds_config: dict[str, Any], groups: ParallelGroups, seed: int | None = None) -> Any:
+    """The DeepSpeed engine of the plan on this rank (plain for pp = 1, pipeline for pp > 1)."""
+    d = plan.degrees
+    if d is None:
+        raise EngineError("the plan's degrees are unresolved (some degree is still `auto`)")
+    torch.manual_seed(plan.spec.training.seed if seed is None else seed)
+    if d.pp > 1:
+        from dsforge.runtime.pipeline_engine import build_pipeline_module
+
+        return initialize_engine(build_pipeline_module(plan, groups, seed), ds_config, None)
+    task = CausalLMLoss(build_parallel_model(plan, groups, seed), d.cp)
+    return initialize_engine(task, ds_config, groups)

@@ -1,0 +1,109 @@
+"""Context parallelism inside HF transformers models: their attention call routed to ring or Ulysses attention.
+
+HF models (gpt2, llama, mixtral in transformers 5) look their attention function up by name in
+``ALL_ATTENTION_FUNCTIONS`` (``config._attn_implementation``) and build the causal mask through the
+matching entry of ``ALL_MASK_ATTENTION_FUNCTIONS``. dsforge registers one name, ``dsforge_cp``: its
+mask function returns no mask (ring and Ulysses apply the causal mask themselves, over the global
+positions), and its attention function hands the projected q, k, v of this rank's tokens to the
+context-parallel layer attached to the attention module. Positions come in as ``position_ids`` so
+RoPE and learned position tables see the global token positions (dsforge.runtime.data lays them out).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dsforge.runtime.attention import UlyssesAttention, ring_attention
+
+NAME = "dsforge_cp"
+_ATTR = "_dsforge_context_parallel"
+
+
+class ContextParallelError(ValueError):
+    """The model has no attention module the context-parallel hook can reach."""
+
+
+def _attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Any,
+               scaling: float | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, None]:
+    """HF attention interface: [b, h, s_local, d] q/k/v -> ([b, s_local, h, d], no weights)."""
+    impl: Callable[[Tensor, Tensor, Tensor, float | None], Tensor] | None = getattr(module, _ATTR, None)
+    if impl is None:
+        raise ContextParallelError(f"{type(module).__name__} runs with attn_implementation {NAME!r} but has no "
+                                   "context-parallel layer attached (install_context_parallel was not called on it)")
+    if dropout:
+        raise ContextParallelError("context-parallel attention has no attention dropout; set it to 0")
+    return impl(query, key, value, scaling), None
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    """Mask interface: none (the context-parallel layers mask causally over global positions)."""
+    return None
+
+
+def register() -> None:
+    """Register the ``dsforge_cp`` attention and mask functions with transformers (idempotent)."""
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(NAME, _attention)
+    AttentionMaskInterface.register(NAME, _no_mask)
+
+
+def _ring(group: dist.ProcessGroup) -> Callable[[Tensor, Tensor, Tensor, float | None], Tensor]:
+    def attend(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor:
+        return ring_attention(q, k, v, group, causal=True, scale=scale, load_balanced=True).transpose(1, 2)
+    return attend
+
+
+def _ulysses(group: dist.ProcessGroup) -> tuple[nn.Module, Callable[[Tensor, Tensor, Tensor, float | None], Tensor]]:
+    scales: list[float | None] = [None]
+
+    def local(q: Tensor, k: Tensor, v: Tensor, *args: object, **kwargs: object) -> Tensor:
+        # [b, s, h, d] after the all-to-all: the whole sequence, this rank's heads.
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=True, scale=scales[0], enable_gqa=k.shape[2] != q.shape[2])
+        return out.transpose(1, 2)
+
+    layer = UlyssesAttention(group, local_attention=local)
+
+    def attend(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor:
+        scales[0] = scale
+        return layer(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return layer, attend
+
+
+def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules that call HF's attention interface (their class name ends in ``Attention``)."""
+    return [(n, m) for n, m in model.named_modules() if type(m).__name__.endswith("Attention") and hasattr(m, "config")]
+
+
+def install_context_parallel(model: nn.Module, kind: str, group: dist.ProcessGroup) -> int:
+    """Route every attention of an HF model through ring (``kind="ring"``) or Ulysses attention over ``group``.
+
+    Returns the number of attention modules rewired; raises ContextParallelError when there are none.
+    """
+    if kind not in ("ring", "ulysses"):
+        raise ContextParallelError(f"context_parallel.kind must be ring or ulysses, not {kind!r}")
+    found = attention_modules(model)
+    if not found:
+        raise ContextParallelError(f"{type(model).__name__} has no HF attention module (class name ending in "
+                                   "'Attention' with a config); context parallelism needs one")
+    register()
+    for _, module in found:
+        if kind == "ring":
+            impl = _ring(group)
+        else:
+            layer, impl = _ulysses(group)
+            module.add_module("context_parallel", layer)  # no parameters; kept for repr and device moves
+        object.__setattr__(module, _ATTR, impl)
+    configs = {id(m.config): m.config for _, m in found}
+    for cfg in configs.values():
+        cfg._attn_implementation = NAME
+    top = getattr(model, "config", None)
+    if top is not None:
+        top._attn_implementation = NAME
+    return len(found)

@@ -1,0 +1,229 @@
+"""``run_job(job_dir)``: the entry point every rank of a compiled job runs (the job directory's train.py).
+
+It reads plan.json and ds_config.json (never the job file), checks that the launcher started exactly
+the ranks the plan places, joins the process group with a timeout, builds the plan's groups, the
+rewritten model and the DeepSpeed engine, resumes from the newest checkpoint, trains, saves
+checkpoints, and writes the measured memory per rank beside the cost model's prediction.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED = 0, 1
+DEFAULT_TIMEOUT_S = 600
+
+
+class JobDirError(ValueError):
+    """The job directory cannot be run (missing or inconsistent files); the message says which."""
+
+
+@dataclass(frozen=True)
+class JobDir:
+    """A compiled job directory: the plan rebuilt from plan.json, the DeepSpeed config, and the raw plan document."""
+
+    path: Path
+    plan: Any
+    ds_config: dict[str, Any]
+    doc: dict[str, Any]
+
+    @classmethod
+    def load(cls, job_dir: str | os.PathLike[str]) -> JobDir:
+        """Read and cross-check plan.json and ds_config.json of ``job_dir``."""
+        from dsforge.compiler.plan import build_plan
+        from dsforge.compiler.schema import JobSpec
+
+        path = Path(job_dir).resolve()
+        docs = {}
+        for name in ("plan.json", "ds_config.json"):
+            try:
+                docs[name] = json.loads((path / name).read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise JobDirError(f"{path / name}: cannot read it ({exc}); recompile the job with `dsforge compile`")
+        doc = docs["plan.json"]
+        plan = build_plan(JobSpec.model_validate(doc["job"]))
+        if plan.degrees is None or plan.placement is None:
+            raise JobDirError(f"{path / 'plan.json'}: its job has no complete layout; recompile it")
+        from dataclasses import asdict
+
+        if asdict(plan.degrees) != doc.get("degrees") or plan.world_size != doc.get("world_size"):
+            raise JobDirError(f"{path / 'plan.json'} was written by another dsforge version (its degrees "
+                              f"{doc.get('degrees')} differ from {asdict(plan.degrees)} now); recompile the job")
+        return cls(path, plan, docs["ds_config.json"], doc)
+
+
+def launched_world_size() -> int:
+    """Processes the launcher started (torchrun / deepspeed set WORLD_SIZE; a bare `python train.py` is 1)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def prepare_environment(job: JobDir) -> None:
+    """Before torch/deepspeed are imported: the CPU accelerator for gloo jobs, quiet DeepSpeed logs."""
+    if job.doc.get("dist_backend") == "gloo":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if os.environ.get("DSFORGE_VERBOSE") != "1":
+        from deepspeed.utils import logger
+
+        logger.setLevel(logging.WARNING)
+
+
+def init_distributed(job: JobDir) -> None:
+    """Join the job's process group (env:// from the launcher) with a timeout, so a missing rank fails, not hangs."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    backend = job.doc.get("dist_backend", "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if "MASTER_ADDR" not in os.environ:  # a single process started without a launcher
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29500"),
+                          RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    timeout = datetime.timedelta(seconds=float(os.environ.get("DSFORGE_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
+    dist.init_process_group(backend, timeout=timeout)
+
+
+def run_job(job_dir: str | os.PathLike[str]) -> int:
+    """Run the compiled job in ``job_dir`` on this rank; 0 on success, 1 with a message on stderr otherwise."""
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        job = JobDir.load(job_dir)
+        from dsforge.runtime.groups import check_world_size
+
+        check_world_size(job.plan.placement, launched_world_size())
+        prepare_environment(job)
+        init_distributed(job)
+        run_session(job)
+        return EXIT_OK
+    except Exception as exc:  # every rank reports its own failure; the launcher collects the exit codes
+        if not isinstance(exc, known_errors()):
+            raise
+        print(f"dsforge: rank {rank}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    finally:
+        _shutdown()
+
+
+def _shutdown() -> None:
+    """Leave the process group if this process joined one."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def known_errors() -> tuple[type[Exception], ...]:
+    """Errors that are the job's fault (layout, data, checkpoint, model): one line, no traceback."""
+    from dsforge.runtime.checkpoint import CheckpointError
+    from dsforge.runtime.data import DataError
+    from dsforge.runtime.engine import EngineError
+    from dsforge.runtime.groups import LayoutError
+    from dsforge.runtime.hf_attention import ContextParallelError
+    from dsforge.runtime.models import ModelBuildError
+    from dsforge.runtime.rewrite import RewriteError
+    from dsforge.runtime.train_loop import TrainingError
+
+    return (JobDirError, LayoutError, DataError, CheckpointError, EngineError, ContextParallelError,
+            ModelBuildError, RewriteError, TrainingError)
+
+
+def say(text: str) -> None:
+    """Print on rank 0 only."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(text, flush=True)
+
+
+def describe_job(job: JobDir) -> str:
+    """One header line: name, layout, batch split."""
+    d, b = job.plan.degrees, job.doc["batch"]
+    layout = " x ".join(f"{k}={getattr(d, k)}" for k in ("tp", "pp", "dp", "cp", "ep") if getattr(d, k) > 1) or "1 rank"
+    return (f"dsforge: {job.plan.spec.name}: {layout}, ZeRO-{job.plan.zero}, {job.plan.world_size} ranks; "
+            f"global batch {b['global_batch']} = micro {b['micro_batch']} x {b['grad_accum']} accumulation x dp "
+            f"{d.dp}; {job.plan.spec.training.steps} steps")
+
+
+def run_session(job: JobDir) -> None:
+    """Groups, engine, data, resume, training with checkpoints, then the memory report (every rank)."""
+    import torch.distributed as dist
+
+    from dsforge.runtime import checkpoint as ckpt
+    from dsforge.runtime.data import batches_for
+    from dsforge.runtime.engine import build_engine
+    from dsforge.runtime.groups import create_groups
+    from dsforge.runtime.measure import ActivationProbe, StateProbe, gather_rows, rank_row
+    from dsforge.runtime.train_loop import Progress, train
+
+    plan, rank = job.plan, dist.get_rank()
+    say(describe_job(job))
+    groups = create_groups(plan)
+    engine = build_engine(plan, job.ds_config, groups)
+    batches = batches_for(plan, groups, job.path)
+    policy = ckpt.CheckpointPolicy.from_spec(plan.spec.training.checkpoint, job.path)
+    start, steps = ckpt.resume(engine, policy), plan.spec.training.steps
+    if start:
+        say(f"dsforge: resumed from {policy.directory / ckpt.tag_of(start)} after step {start}")
+    if start >= steps:
+        say(f"dsforge: the checkpoint has all {steps} steps; nothing to train (raise training.steps, "
+            f"or move {policy.directory} away to start over)")
+        return
+    acts, states = ActivationProbe(engine.module), StateProbe(engine)
+    measure_at = start + 1 if steps - start >= 2 else start  # optimizer state exists from the second step on
+
+    def before(step: int) -> None:
+        if step == measure_at:
+            acts.arm()
+            states.arm()
+
+    def after(result: Any) -> None:
+        log_step(job, result)
+        if policy.due(result.step, steps):
+            ckpt.save(engine, policy, result.step)
+
+    progress = Progress(steps, start, job.ds_config.get("steps_per_print", 10), rank == 0)
+    results = train(engine, batches, groups, steps=steps, start=start, pipeline=plan.degrees.pp > 1,
+                    progress=progress, before_step=before, after_step=after)
+    rows = gather_rows(rank_row(plan, rank, states.states, acts.bytes if acts.done else None))
+    if rank == 0:
+        write_report(job, rows, results)
+
+
+def log_step(job: JobDir, result: Any) -> None:
+    """Append one step to train_log.jsonl in the job directory (rank 0)."""
+    import torch.distributed as dist
+
+    if dist.get_rank() != 0:
+        return
+    line = {"step": result.step, "loss": result.loss, "seconds": result.seconds, "tokens_per_s": result.tokens_per_s}
+    with open(job.path / "train_log.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line) + "\n")
+
+
+def write_report(job: JobDir, rows: list[dict[str, Any]], results: list[Any]) -> None:
+    """memory_report.json beside plan.json, and the table and a throughput line on stdout."""
+    from dsforge.runtime.measure import render_table
+
+    timed = results[1:] or results  # the first step pays for warm-up (lazy buffers, first collectives)
+    mean_s = sum(r.seconds for r in timed) / len(timed)
+    doc = {"job": job.plan.spec.name, "units": "bytes", "ranks": rows,
+           "step_seconds_mean": mean_s, "tokens_per_s_mean": sum(r.tokens_per_s for r in timed) / len(timed),
+           "final_loss": results[-1].loss,
+           "notes": ["predicted: dsforge.compiler.estimate.memory for the rank's pipeline stage",
+                     "activations_per_micro_batch: predicted (activations + logits) / micro-batches in flight; "
+                     "measured: bytes autograd saved in one forward",
+                     "peak: predicted device total incl. reserve; measured peak RSS (CPU) or max allocated (GPU)"]}
+    (job.path / "memory_report.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    print(render_table(rows), flush=True)
+    print(f"dsforge: {job.plan.spec.name}: final loss {results[-1].loss:.4f}, {doc['tokens_per_s_mean']:,.0f} tok/s, "
+          f"{mean_s * 1000:.0f} ms/step; wrote {job.path / 'memory_report.json'}", flush=True)

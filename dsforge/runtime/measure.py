@@ -1,0 +1,208 @@
+"""Measured memory per rank, written beside the cost model's prediction (``memory_report.json``) and printed.
+
+Three measurements, each on the real engine of the run:
+* model states: the distinct storages of every live tensor at the optimizer step of one training
+  step (a step pre-hook on the torch optimizer inside DeepSpeed), classified as parameters (the
+  module's, or ZeRO-3's partitions), gradients (the module's and the optimizer's fp32 partition
+  gradients) and optimizer (its state and the fp32 master partitions ZeRO keeps);
+* activations: bytes autograd saves for backward during one forward of the engine's module (one
+  micro-batch; ``torch.autograd.graph.saved_tensors_hooks``), parameters excluded, each storage once;
+* peak: the process's peak resident set size on the CPU, ``max_memory_allocated`` on a GPU.
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+MiB = 1024 * 1024
+
+
+def storage_key(t: Tensor) -> int:
+    """Address of a tensor's storage (0 for an empty one)."""
+    return t.untyped_storage().data_ptr()
+
+
+def _tensors(obj: Any, out: list[Tensor], depth: int = 0) -> None:
+    if torch.is_tensor(obj):
+        out.append(obj)
+    elif depth < 5 and isinstance(obj, dict):
+        for v in obj.values():
+            _tensors(v, out, depth + 1)
+    elif depth < 5 and isinstance(obj, (list, tuple)):
+        for v in obj:
+            _tensors(v, out, depth + 1)
+
+
+class ActivationProbe:
+    """Bytes of the distinct non-parameter storages autograd saves during the next forward of ``module``."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module, self.bytes, self.armed, self.done = module, 0, False, False
+        self._seen: set[int] = set()
+        self._ctx: Any = None
+        self._params = list(module.parameters())
+        self._handles = [module.register_forward_pre_hook(self._enter), module.register_forward_hook(self._exit)]
+
+    def arm(self) -> None:
+        """Record the next forward call."""
+        self.armed = True
+
+    def _pack(self, t: Tensor) -> Tensor:
+        key = storage_key(t)
+        if key and key not in self._seen and not isinstance(t, nn.Parameter):
+            # ZeRO-3 gathers parameters just before use, so their storages are looked up now, not at arm time.
+            if all(storage_key(p) != key for p in self._params):
+                self._seen.add(key)
+                self.bytes += t.untyped_storage().nbytes()
+        return t
+
+    def _enter(self, *args: Any) -> None:
+        if self.armed and self._ctx is None:
+            self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+            self._ctx.__enter__()
+
+    def _exit(self, *args: Any) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(None, None, None)
+            self._ctx, self.armed, self.done = None, False, True
+            self.remove()
+
+    def remove(self) -> None:
+        """Detach the hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def inner_optimizer(engine: Any) -> torch.optim.Optimizer | None:
+    """The torch optimizer DeepSpeed steps (inside a ZeRO wrapper when there is one)."""
+    opt = getattr(engine, "basic_optimizer", None) or getattr(engine, "optimizer", None)
+    inner = getattr(opt, "optimizer", opt)
+    return inner if isinstance(inner, torch.optim.Optimizer) else None
+
+
+def classify(module: nn.Module, inner: torch.optim.Optimizer | None) -> dict[str, int]:
+    """Bytes of distinct live storages: parameters, gradients, optimizer (first class that holds a storage wins)."""
+    params = list(module.parameters())
+    groups = [q for g in inner.param_groups for q in g["params"]] if inner is not None else []
+    classes: list[tuple[str, Callable[[], list[Any]]]] = [
+        ("parameters", lambda: [params, [getattr(p, "ds_tensor", None) for p in params]]),
+        ("gradients", lambda: [[p.grad for p in params], [getattr(p, "grad_accum", None) for p in params],
+                               [q.grad for q in groups]]),
+        ("optimizer", lambda: [list(inner.state.values()) if inner is not None else [], groups]),
+    ]
+    owner: dict[int, str] = {}
+    for name, members in classes:
+        found: list[Tensor] = []
+        _tensors(members(), found)
+        for t in found:
+            if t.device.type != "meta":
+                owner.setdefault(storage_key(t), name)
+    gc.collect()
+    live = [o for o in gc.get_objects() if torch.is_tensor(o)]
+    live += [p.grad for p in params if p.grad is not None] + [q.grad for q in groups if q.grad is not None]
+    out = {name: 0 for name, _ in classes}
+    done: set[int] = set()
+    for t in live:
+        key = storage_key(t)
+        if key and key not in done and key in owner and t.device.type != "meta":
+            done.add(key)
+            out[owner[key]] += t.untyped_storage().nbytes()
+    return out
+
+
+class StateProbe:
+    """Model-state bytes at the next optimizer step of the engine (taken inside the torch optimizer's step)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.inner = engine, inner_optimizer(engine)
+        self.states: dict[str, int] | None = None
+        self._handle: Any = None
+
+    def arm(self) -> None:
+        """Measure at the next optimizer step."""
+        if self.inner is not None and self._handle is None:
+            self._handle = self.inner.register_step_pre_hook(self._snap)
+
+    def _snap(self, *args: Any) -> None:
+        self.states = classify(self.engine.module, self.inner)
+        self._handle.remove()
+        self._handle = None
+
+
+def peak_bytes() -> int:
+    """Peak device memory of this process: max allocated on a GPU, peak resident set size on the CPU."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.max_memory_allocated())
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def gather_rows(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's row on every rank, in rank order (a single process gives its own)."""
+    if not dist.is_initialized():
+        return [row]
+    rows: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(rows, row)
+    return rows
+
+
+def mib(n: float | None) -> str:
+    """Bytes as MiB with precision that suits tiny and large models alike."""
+    if n is None:
+        return "-"
+    v = n / MiB
+    return f"{v:.3f}" if v < 10 else f"{v:.1f}" if v < 1000 else f"{v:.0f}"
+
+
+COLUMNS = (("parameters", "parameters"), ("gradients", "gradients"), ("optimizer", "optimizer"),
+           ("activations_per_micro_batch", "act/µbatch"), ("peak", "peak"))
+
+
+def render_table(rows: Iterable[dict[str, Any]]) -> str:
+    """The predicted-vs-measured table, one line per rank, in MiB."""
+    head = f"{'rank':>4} {'stage':>5}  " + "  ".join(f"{label:>21}" for _, label in COLUMNS)
+    lines = ["memory per rank, predicted / measured (MiB)", head]
+    for r in rows:
+        cells = [f"{mib(r['predicted'].get(k)):>9} / {mib(r['measured'].get(k)):<9}" for k, _ in COLUMNS]
+        lines.append(f"{r['rank']:>4} {r['stage']:>5}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def predicted(plan: Any, stage: int) -> dict[str, float]:
+    """The cost model's bytes for one rank of ``stage`` (dsforge.compiler.estimate.memory), in the table's terms.
+
+    Its activations cover every micro-batch the schedule keeps in flight; the per-micro-batch figure
+    divides by that count (1 without a pipeline) so it compares with the one measured forward.
+    """
+    from dsforge.compiler.estimate.activations import in_flight
+    from dsforge.compiler.estimate.memory import estimate_memory
+    from dsforge.compiler.estimate.shares import stage_chunks
+
+    est = estimate_memory(plan)
+    row = est.stages[stage]
+    c = row.components
+    flight = in_flight(plan.spec.parallel.pipeline.schedule, plan.degrees.pp, stage, est.micro_batches,
+                       len(stage_chunks(plan, stage)))
+    return {"parameters": c["parameters"], "gradients": c["gradients"], "optimizer": c["optimizer"],
+            "activations": c["activations"], "logits": c["logits"], "in_flight_micro_batches": flight,
+            "activations_per_micro_batch": (c["activations"] + c["logits"]) / max(1, flight),
+            "peak": row.device_bytes}
+
+
+def rank_row(plan: Any, rank: int, states: dict[str, int] | None, activations: int | None) -> dict[str, Any]:
+    """This rank's report row: coordinates, prediction and measurement."""
+    coords = plan.placement.coordinates(rank)
+    measured: dict[str, Any] = dict(states or {})
+    measured["activations_per_micro_batch"] = activations
+    measured["peak"] = peak_bytes()
+    measured["peak_kind"] = "max_allocated" if torch.cuda.is_available() and torch.cuda.is_initialized() \
+        else "peak_rss"
+    return {"rank": rank, "stage": coords["pp"], "coordinates": coords,
+            "predicted": predicted(plan, coords["pp"]), "measured": measured}
