@@ -33,14 +33,16 @@ def validate(files: tuple[str, ...], fmt: str, strict: bool, output: str | None)
     """
     from dsforge.compiler.validate import validate_file
     from dsforge.diagnostics import has_errors
-    from dsforge.formatters import get
+    from dsforge.formatters import get, write_report
 
     results = [validate_file(f) for f in files]
     diags = [d for r in results for d in r.diagnostics]
     text = get(fmt)(diags)
     if output:
-        with open(output, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        problem = write_report(text, output)
+        if problem:
+            click.echo(f"dsforge: {problem}", err=True)
+            sys.exit(EXIT_UNUSABLE)
     else:
         click.echo(text, nl=False)
     if any(r.unusable for r in results):

@@ -74,6 +74,12 @@ def test_every_format_writes_to_output_file(tmp_path: Path, fmt: str) -> None:
         json.loads(text)
 
 
+def test_unwritable_output_is_a_clear_error(tmp_path: Path) -> None:
+    result = _run("validate", "-o", str(tmp_path / "no-such-dir" / "r.txt"), TP_KV)
+    assert result.exit_code == 2 and "cannot write the report" in result.output and "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
 def test_schema_and_presets_commands() -> None:
     schema = json.loads(_run("schema").output)
     assert schema["title"] == "dsforge job file" and "parallel" in schema["properties"]

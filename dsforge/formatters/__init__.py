@@ -20,3 +20,24 @@ def get(name: str) -> Formatter:
 
 
 NAMES = ("text", "json", "github", "sarif")
+
+
+def write_report(text: str, output: str) -> str | None:
+    """Write a report file whole (a temporary file renamed into place); returns why it failed, or None."""
+    import contextlib
+    import os
+    import tempfile
+
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".dsforge-report-", dir=os.path.dirname(os.path.abspath(output)))
+    except OSError as exc:
+        return f"cannot write the report to {output}: {exc.strerror or exc}"
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, output)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return f"cannot write the report to {output}: {exc.strerror or exc}"
+    return None
