@@ -116,7 +116,9 @@ class Placement:
 
     def crosses_nodes(self, kind: str) -> bool:
         """True if some group of this kind has members on two or more nodes."""
-        return self.nodes_spanned(kind) > 1
+        per = self.gpus_per_node
+        # groups are sorted and nodes hold consecutive ranks: a group stays in one node iff its ends do
+        return any(g[0] // per != g[-1] // per for g in self.groups.get(kind, []))
 
     def group_of(self, kind: str, rank: int) -> list[int]:
         """The group of this kind that contains ``rank``."""

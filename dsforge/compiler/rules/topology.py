@@ -15,9 +15,9 @@ _WHY = {
 
 
 def _crossing(ctx: Context, kind: str, key: str) -> Iterator[Finding]:
-    placement = ctx.plan.placement
-    if placement is None or not placement.crosses_nodes(kind):
-        return
+    placement, d = ctx.plan.placement, ctx.plan.degrees
+    if placement is None or d is None or getattr(d, kind) == 1 or not placement.crosses_nodes(kind):
+        return  # a group of one rank never leaves its node (and its groups need not be built)
     hw = ctx.spec.hardware
     group = next(g for g in placement.groups[kind] if len({placement.node_of(r) for r in g}) > 1)
     intra, inter = hw.intra_node.bandwidth_gbs, hw.inter_node.bandwidth_gbs
