@@ -93,7 +93,8 @@ def test_every_registered_rule_has_a_bad_fixture() -> None:
     covered = {entry[0] for diags in SNAPSHOT["files"].values() for entry in diags}
     missing_input = sorted(set(LOADER_IDS + SCHEMA_IDS) - covered)
     assert not missing_input, f"loader/schema ids without a bad fixture: {missing_input}"
-    registered = {r.id for r in all_rules()} - {"DSF900"}
+    # DSF900 (a crashing rule) and DSF701 (a broken plugin installation) come from the environment, not a job file
+    registered = {r.id for r in all_rules() if r.origin == "dsforge"} - {"DSF900", "DSF701"}
     mine = sorted(i for i in registered - covered if not i.startswith(OTHER_STAGES))
     assert not mine, f"rules without a bad fixture in tests/fixtures/bad/: {mine}"
     others = sorted(i for i in registered - covered if i.startswith(OTHER_STAGES))

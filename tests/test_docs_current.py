@@ -37,7 +37,7 @@ def test_check_mode_reports_stale_files(tmp_path, monkeypatch, capsys) -> None:
 
 def test_rules_doc_has_every_id_with_its_rationale() -> None:
     text = docs_gen.render_rules()
-    for r in all_rules():
+    for r in (r for r in all_rules() if r.origin == "dsforge"):
         assert f'<a id="{r.id.lower()}"></a>' in text and f"### {r.id}: {r.summary}" in text
         assert " ".join(r.rationale.split())[:60] in text and r.source in text
     for r in INPUT_RULES:
