@@ -1,6 +1,8 @@
 """The memory estimate against real runs: DeepSpeed engines and autograd's saved tensors on 2 CPU ranks.
 
-One launcher run (tests/dist/measure_memory.py) measures every configuration; the tests compare.
+One launcher run (tests/dist/measure_memory.py) measures every configuration; the tests compare. The
+test GPT uses explicit ops (the `EAGER` kernel profile); dsforge's own HF models are measured too,
+against the default `HF_SDPA` profile.
 Tolerances are the issue's: model states within 2 % (they are exact byte counts of the buffers
 DeepSpeed keeps; what remains is alignment padding and the few parameters of straddling tensors
 that ZeRO-2 copies whole), activations within 10 % (the count is exact on this model; 10 % leaves
@@ -9,6 +11,7 @@ room for kernel choices of other torch versions).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -24,6 +27,8 @@ from dsforge.compiler.estimate.shares import stage_share
 from dsforge.compiler.estimate.zero_config import zero_settings
 from dsforge.compiler.parse import load_job
 from dsforge.compiler.plan import Plan, build_plan
+from dsforge.compiler.presets import presets
+from dsforge.compiler.schema import ModelSpec
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).resolve().parent / "dist" / "measure_memory.py"
@@ -38,6 +43,7 @@ training: {{global_batch: {gb}, micro_batch: 2, precision: {precision}, recomput
 deepspeed:
   zero_optimization: {{reduce_bucket_size: 20000, allgather_bucket_size: 20000,
                       stage3_prefetch_bucket_size: 20000, stage3_param_persistence_threshold: 1000}}
+  activation_checkpointing: {{partition_activations: false}}  # the test model checkpoints with torch
 """
 
 
@@ -102,7 +108,7 @@ def test_activations_within_10_percent(measured: dict[str, Any], tmp_path: Path,
     plan = plan_for(tmp_path, tp=tp, precision=precision, recompute=recompute)
     from dsforge.compiler.estimate.memory import activation_shape
 
-    shape = activation_shape(plan)
+    shape = dataclasses.replace(activation_shape(plan), kernels=act.EAGER)  # the test GPT's explicit ops
     model = plan.spec.model
     got = measured["activations"][key]
     blocks = model.layers * act.layer_bytes(model, shape, False, recompute)
@@ -111,3 +117,18 @@ def test_activations_within_10_percent(measured: dict[str, Any], tmp_path: Path,
         assert act.embedding_bytes(model, shape) == pytest.approx(got["embed"], rel=0.10), got
         head = act.head_bytes(model, shape) + act.logits_bytes(model, shape, model.vocab)[0]
         assert head == pytest.approx(got["head"], rel=0.10), (head, got)
+
+
+@pytest.mark.parametrize("key", ["tiny-llama-fp32", "tiny-llama-bf16", "tiny-gpt2-fp32", "tiny-gpt2-bf16"])
+def test_runtime_model_activations_within_10_percent(measured: dict[str, Any], key: str) -> None:
+    # the HF models dsforge's runtime builds (SDPA attention, HF norms and activations): the estimate's
+    # default kernel profile, the one `estimate_memory` uses for every job
+    preset, precision = key.rsplit("-", 1)
+    model = ModelSpec(**presets("models")[preset].spec)
+    shape = act.ActivationShape(2, model.seq_len, 1, 1, False, 4 if precision == "fp32" else 2, kernels=act.HF_SDPA)
+    got = measured["hf"][key]
+    blocks = model.layers * act.layer_bytes(model, shape, False, "none")
+    outside = (act.embedding_bytes(model, shape) + act.head_bytes(model, shape)
+               + act.logits_bytes(model, shape, model.vocab)[0])
+    assert blocks == pytest.approx(got["blocks"], rel=0.10), (blocks, got)
+    assert outside == pytest.approx(got["outside"], rel=0.10), (outside, got)

@@ -6,6 +6,7 @@ dsforge's estimate:
 
 * "activations": bytes autograd saves for backward over one micro-batch (distinct storages, no
   parameters), by region (embed, blocks, head), for tp 1 and 2 and recompute none/full;
+* "hf": the same for the HF models dsforge's runtime builds (tiny-llama, tiny-gpt2; tp 1);
 * "states": model-state bytes of a DeepSpeed engine (ZeRO 0-3, fp32 and bf16), summed over the
   distinct storages of every live tensor, classified as parameters / gradients / optimizer / other,
   at three moments of the second optimizer step: "backward" (inside backward, when the gradient
@@ -57,6 +58,34 @@ def measure_activations(tp: int, recompute: str, dtype: torch.dtype) -> dict[str
         x = model.run_blocks(x)
     with saved.record("head"):
         loss = model.loss(x, targets)
+    loss.backward()
+    return saved.by_region()
+
+
+def measure_hf(preset: str, dtype: torch.dtype) -> dict[str, int]:
+    """Saved bytes of one forward of the HF model dsforge's runtime builds for a preset (tp 1), split into
+    the decoder layers ("blocks") and everything else ("outside": embedding, final norm, head, loss)."""
+    from dsforge.compiler.presets import presets
+    from dsforge.compiler.schema import ModelSpec
+    from dsforge.runtime.models import build_model
+
+    spec = ModelSpec(**presets("models")[preset].spec)
+    model = build_model(spec, device="cpu", seed=0).to(dtype).train()
+    layers = model.model.layers if hasattr(model, "model") else model.transformer.h
+    saved = SavedTensors(model.parameters())
+    blocks = saved.record("blocks")
+
+    def enter(*_: Any) -> None:  # hooks must return None (a forward hook's value replaces the output)
+        blocks.__enter__()
+
+    def leave(*_: Any) -> None:
+        blocks.__exit__(None, None, None)
+
+    layers[0].register_forward_pre_hook(enter)
+    layers[-1].register_forward_hook(leave)
+    idx, _ = batch(2)
+    with saved.record("outside"):
+        loss = model(idx, labels=idx).loss
     loss.backward()
     return saved.by_region()
 
@@ -175,6 +204,8 @@ def main() -> None:
                 if tp == 2 and name == "bf16":
                     continue
                 out["activations"][f"tp{tp}-{recompute}-{name}"] = measure_activations(tp, recompute, dtype)
+    out["hf"] = {f"{preset}-{name}": measure_hf(preset, dtype) for preset in ("tiny-llama", "tiny-gpt2")
+                 for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     for bf16 in (False, True):
         for zero in (0, 1, 2, 3):
             out["states"][f"zero{zero}-{'bf16' if bf16 else 'fp32'}"] = measure_states(zero, bf16)

@@ -4,20 +4,26 @@ Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 a GPT layer saves s*b*h*(34 + 5*a*s/h) bytes with 16-bit activations (eq. 1); with tensor
 parallelism s*b*h*(10 + 24/t + 5*a*s/(h*t)) (eq. 2); with sequence parallelism all of it is divided
 by t (eq. 3); selective recomputation drops the 5*a*s/h attention-score term (eq. 4); full
-recomputation keeps only the layer input, 2*s*b*h (/t with sequence parallelism). This module
-derives the same terms tensor by tensor so that it also covers GQA (K/V narrower than Q), SwiGLU
-(gate, up, SiLU output and product saved), any ffn width, fp32 activations, context parallelism
-(s/cp local tokens attending to all s keys), MoE layers and fused attention.
+recomputation keeps only the layer input, 2*s*b*h (/t when sharded). This module derives the same
+terms tensor by tensor, so that it also covers GQA (K/V narrower than Q), SwiGLU, any ffn width, fp32
+activations, context parallelism (s/cp local tokens attending to all s keys), MoE layers, and the
+kernels an implementation really uses, described by a `Kernels` profile:
 
-Assumptions, stated: GPT-2-style layers (biases, LayerNorm) carry dropout after attention scores,
-attention output and MLP (Megatron's GPT default), Llama-style ones none. A fused attention kernel
-(FlashAttention; assumed on every accelerator except the CPU) saves Q, K, V, the output and a fp32
-log-sum-exp per head and token instead of the score matrices. RoPE is assumed fused (no extra saved
-tensors). LayerNorm saves fp32 mean and rstd per token, RMSNorm an fp32 rstd. On an accelerator the
-dropout kernel is fused and keeps a one-byte mask and the masked softmax is fused (Megatron's
-scaled_upper_triang_masked_softmax); on the CPU `at::dropout` multiplies by a noise tensor of the
-activation dtype and `masked_fill` keeps the boolean causal mask (s x s per layer). Measured on a tiny GPT on the CPU, this count matches autograd's saved tensors exactly
-(tests/test_memory_measured.py).
+* `MEGATRON`, the paper's setting: unfused attention (softmax output and dropout on the scores),
+  dropout 0.1 with fused 1-byte masks, fused masked softmax, fused GELU (input and output saved) and
+  fused SwiGLU (Megatron's `SwiGLUFunction` saves its 2f input; the down projection saves its f input);
+* `HF_SDPA`, what `dsforge.runtime` runs (HF transformers modules with `attn_implementation="sdpa"`
+  and dropout 0, `dsforge/runtime/models.py`): SDPA picks a flash kernel on GPUs and, in torch 2.x,
+  on the CPU too, saving Q, K, V (GQA not expanded), the output and an fp32 log-sum-exp per head and
+  token; HF's RMSNorm upcasts to fp32 and saves that copy, an fp32 rstd and the normalised tensor in
+  the compute dtype; GPT-2's `gelu_new` (tanh approximation in plain ops) saves five f-wide tensors,
+  Llama's SwiGLU four (gate, up, SiLU output, product); the loss upcasts the logits to fp32;
+* `EAGER`, explicit PyTorch ops on the CPU (matmul-softmax attention, `F.dropout` multiplying by a
+  noise tensor of the activation dtype, `masked_fill` keeping the boolean causal mask, exact GELU).
+
+Measured with `torch.autograd.graph.saved_tensors_hooks` (tests/test_memory_measured.py), the count
+matches the saved tensors of the `EAGER` test GPT and of dsforge's HF models exactly in fp32. LayerNorm
+saves fp32 mean and rstd per token; RoPE saves only cos/sin shared by all layers (not counted).
 """
 
 from __future__ import annotations
@@ -29,7 +35,29 @@ from dsforge.compiler.params import has_bias
 from dsforge.compiler.schema import ModelSpec
 
 FP32 = 4
-MASK = 1  # a dropout mask is one byte per element in PyTorch
+MASK = 1  # a fused dropout kernel keeps one byte per element
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Which saved tensors an implementation's kernels produce (see the module doc)."""
+
+    fused_attention: bool  # flash/SDPA: Q, K, V, output and fp32 log-sum-exp instead of score matrices
+    dropout: bool  # dropout after attention scores, attention output and MLP
+    byte_masks: bool  # dropout keeps 1-byte masks (fused kernel); else a noise tensor of the activation dtype
+    causal_mask_saved: bool  # unfused masking keeps a boolean s x s mask per layer
+    hf_rmsnorm: bool  # RMSNorm saves an fp32 copy of its input and its normalised output (HF transformers)
+    gelu_tensors: int  # f-wide tensors a GELU MLP saves (2: fused or exact GELU; 5: HF gelu_new)
+    swiglu_tensors: int  # f-wide tensors a SwiGLU MLP saves (3: Megatron's fused SwiGLU; 4: plain ops)
+    fp32_logits: bool  # the loss upcasts 16-bit logits to an fp32 copy
+
+
+MEGATRON = Kernels(fused_attention=False, dropout=True, byte_masks=True, causal_mask_saved=False,
+                   hf_rmsnorm=False, gelu_tensors=2, swiglu_tensors=3, fp32_logits=True)
+HF_SDPA = Kernels(fused_attention=True, dropout=False, byte_masks=True, causal_mask_saved=False,
+                  hf_rmsnorm=True, gelu_tensors=5, swiglu_tensors=4, fp32_logits=True)
+EAGER = Kernels(fused_attention=False, dropout=True, byte_masks=False, causal_mask_saved=True,
+                hf_rmsnorm=False, gelu_tensors=2, swiglu_tensors=4, fp32_logits=True)
 
 
 @dataclass(frozen=True)
@@ -42,8 +70,8 @@ class ActivationShape:
     cp: int
     sequence_parallel: bool
     element_bytes: int  # 2 for bf16/fp16 activations, 4 for fp32
-    fused_attention: bool  # FlashAttention-style kernel: no score matrices saved
-    fused_kernels: bool = True  # GPU kernels: 1-byte dropout masks, masked softmax without a saved mask
+    kernels: Kernels = HF_SDPA
+    partition_checkpoints: bool = False  # full recompute keeps 1/tp of each layer input (partition_activations)
 
     @property
     def tokens(self) -> float:
@@ -53,7 +81,7 @@ class ActivationShape:
     @property
     def mask_bytes(self) -> int:
         """Bytes per element of a saved dropout mask."""
-        return MASK if self.fused_kernels else self.element_bytes
+        return MASK if self.kernels.byte_masks else self.element_bytes
 
     @property
     def sp_div(self) -> int:
@@ -61,79 +89,81 @@ class ActivationShape:
         return self.tp if self.sequence_parallel else 1
 
 
-def has_dropout(model: ModelSpec) -> bool:
-    """GPT-2-style models train with dropout (Megatron GPT default 0.1); Llama-style ones without."""
-    return has_bias(model)
+def norm_bytes(model: ModelSpec, a: ActivationShape) -> float:
+    """Bytes per token one norm saves: LayerNorm its input and fp32 mean/rstd; RMSNorm its input and an
+    fp32 rstd, or with HF's implementation an fp32 copy of the input, the rstd and the normalised output."""
+    e, h = a.element_bytes, model.hidden
+    if has_bias(model):
+        return h * e + 2 * FP32
+    if a.kernels.hf_rmsnorm:
+        return h * FP32 + FP32 + h * e
+    return h * e + FP32
 
 
 def attention_terms(model: ModelSpec, a: ActivationShape) -> dict[str, float]:
     """Bytes one layer's attention block saves for backward (one micro-batch), by tensor group."""
-    h, t, e, n = model.hidden, a.tp, a.element_bytes, a.tokens
+    h, t, e, n, k = model.hidden, a.tp, a.element_bytes, a.tokens, a.kernels
     kv_dim = kv_heads_per_rank(model, t) * (h // model.heads)
     heads = model.heads / t
-    norm_stats = (2 if has_bias(model) else 1) * FP32
     terms = {
-        "norm": n * (h * e + norm_stats) / a.sp_div,  # norm input and its fp32 statistics
+        "norm": n * norm_bytes(model, a) / a.sp_div,
         "qkv_input": n * h * e / a.sp_div,
         "q_k_v": n * (h / t + 2 * kv_dim) * e,
         "attn_output": n * h / t * e,  # input of the output projection (also the fused kernel's output)
     }
-    if a.fused_attention:
+    if k.fused_attention:
         terms["softmax_lse"] = n * heads * FP32
     else:
         scores = n * heads * a.seq_len  # each local query row against all s keys
         terms["scores"] = scores * e  # softmax output
-        if has_dropout(model):
+        if k.dropout:
             terms["scores"] += scores * (a.mask_bytes + e)  # dropout mask and dropout output
-        if not a.fused_kernels:  # masked_fill keeps the boolean mask; a fused masked softmax does not
+        if k.causal_mask_saved:
             terms["causal_mask"] = a.seq_len / a.cp * a.seq_len * MASK
-    if has_dropout(model):
+    if k.dropout:
         terms["dropout_masks"] = n * h * a.mask_bytes / a.sp_div
     return terms
 
 
-def _mlp_inner(model: ModelSpec, ffn: int, t: int, e: int) -> float:
-    """Bytes per token an MLP saves inside its tp-split region: GELU input and output, or SwiGLU's
-    gate, up, SiLU output and product."""
-    per = 4 if model.activation == "swiglu" else 2
-    return per * ffn / t * e
+def _mlp_inner(model: ModelSpec, a: ActivationShape, ffn: int) -> float:
+    """Bytes per token an MLP saves inside its tp-split region (the f-wide tensors)."""
+    per = a.kernels.swiglu_tensors if model.activation == "swiglu" else a.kernels.gelu_tensors
+    return per * ffn / a.tp * a.element_bytes
 
 
 def mlp_terms(model: ModelSpec, a: ActivationShape, moe: bool) -> dict[str, float]:
     """Bytes one layer's MLP block (dense or MoE) saves for backward (one micro-batch)."""
-    h, t, e, n = model.hidden, a.tp, a.element_bytes, a.tokens
-    norm_stats = (2 if has_bias(model) else 1) * FP32
-    terms = {"norm": n * (h * e + norm_stats) / a.sp_div, "mlp_input": n * h * e / a.sp_div}
+    h, e, n = model.hidden, a.element_bytes, a.tokens
+    terms = {"norm": n * norm_bytes(model, a) / a.sp_div, "mlp_input": n * h * e / a.sp_div}
     if moe and model.moe is not None:
         m = model.moe
         routed = n * m.top_k * m.capacity_factor  # token copies processed by the experts on this rank
         ffn = m.ffn_hidden or model.ffn_hidden or 4 * h
         terms["router"] = n * m.experts * e + n * m.top_k * (e + 8)  # probabilities, top-k weights, indices
-        terms["experts"] = routed * (2 * h * e + _mlp_inner(model, ffn, t, e))  # input, inner, output
+        terms["experts"] = routed * (2 * h * e + _mlp_inner(model, a, ffn))  # input, inner, output
     else:
-        terms["mlp_inner"] = n * _mlp_inner(model, model.ffn_hidden or 4 * h, t, e)
-    if has_dropout(model):
+        terms["mlp_inner"] = n * _mlp_inner(model, a, model.ffn_hidden or 4 * h)
+    if a.kernels.dropout:
         terms["dropout_masks"] = n * h * a.mask_bytes / a.sp_div
     return terms
 
 
 def layer_terms(model: ModelSpec, a: ActivationShape, moe: bool) -> dict[str, float]:
     """All bytes one layer saves for backward with no recomputation, by tensor group."""
-    out: dict[str, float] = {}
-    for name, value in [*(("attn." + k, v) for k, v in attention_terms(model, a).items()),
-                        *(("mlp." + k, v) for k, v in mlp_terms(model, a, moe).items())]:
-        out[name] = value
-    return out
+    attn = {"attn." + k: v for k, v in attention_terms(model, a).items()}
+    return {**attn, **{"mlp." + k: v for k, v in mlp_terms(model, a, moe).items()}}
 
 
 def layer_bytes(model: ModelSpec, a: ActivationShape, moe: bool, recompute: str) -> float:
     """Bytes one layer keeps for backward under a recompute policy (Korthikanti et al. 2022, sec. 4-5).
 
     none: every saved tensor; selective: all but the attention scores (eq. 4); full: only the layer
-    input, s*b*h (divided by t with sequence parallelism, as Megatron stores it sharded).
+    input, s*b*h, divided by t when it is sharded: with sequence parallelism, or when DeepSpeed's
+    `activation_checkpointing.partition_activations` splits it over the tensor-parallel group.
     """
     if recompute == "full":
-        return a.tokens * model.hidden * a.element_bytes / a.sp_div
+        div = a.tp if a.partition_checkpoints else a.sp_div
+        return a.tokens * model.hidden * a.element_bytes / div
     terms = layer_terms(model, a, moe)
     if recompute == "selective":
         terms.pop("attn.scores", None)
@@ -150,29 +180,28 @@ def recompute_working_set(model: ModelSpec, a: ActivationShape, moe: bool, recom
 
 
 def embedding_bytes(model: ModelSpec, a: ActivationShape) -> float:
-    """Bytes the input embedding saves: int64 token (and position) ids, and a dropout mask for GPT-2
-    style models."""
+    """Bytes the input embedding saves: int64 token (and position) ids, and a dropout mask if any."""
     saved = a.tokens * 8
     if model.position == "learned":
         saved += a.seq_len / a.cp * 8
-    if has_dropout(model):
+    if a.kernels.dropout:
         saved += a.tokens * model.hidden * a.mask_bytes / a.sp_div
     return saved
 
 
 def head_bytes(model: ModelSpec, a: ActivationShape) -> float:
-    """Bytes the final norm and LM head save: the norm input and statistics and the head's input."""
-    norm_stats = (2 if has_bias(model) else 1) * FP32
-    h, e = model.hidden, a.element_bytes
-    return a.tokens * (h * e + norm_stats) / a.sp_div + a.tokens * h * e
+    """Bytes the final norm and LM head save: the norm's tensors and the head's input."""
+    return a.tokens * norm_bytes(model, a) / a.sp_div + a.tokens * model.hidden * a.element_bytes
 
 
 def logits_bytes(model: ModelSpec, a: ActivationShape, vocab: int) -> tuple[float, float]:
     """(saved, transient) bytes of the loss: fp32 log-probabilities and int64 targets kept for
-    backward, and the logits in the compute dtype alive while the loss is formed; the vocabulary is
-    split over tp (vocabulary-parallel cross-entropy)."""
+    backward; the logits in the compute dtype (and their fp32 copy when the loss upcasts 16-bit
+    logits) alive while the loss is formed. The vocabulary is split over tp (vocabulary-parallel
+    cross-entropy)."""
     cells = a.tokens * vocab / a.tp
-    return cells * FP32 + a.tokens * 8, cells * a.element_bytes
+    upcast = FP32 if a.kernels.fp32_logits and a.element_bytes != FP32 else 0
+    return cells * FP32 + a.tokens * 8, cells * (a.element_bytes + upcast)
 
 
 def in_flight(schedule: str, stages: int, stage: int, micro_batches: int, chunks: int) -> int:

@@ -80,7 +80,7 @@ class MemoryEstimate:
 
 
 def is_cpu(plan: Plan) -> bool:
-    """True when the accelerator is the CPU (no fused attention kernel, no CUDA context)."""
+    """True when the accelerator is the CPU (no CUDA context: a smaller reserve)."""
     return "cpu" in plan.spec.hardware.accelerator.name.lower()
 
 
@@ -91,8 +91,20 @@ def activation_shape(plan: Plan) -> act.ActivationShape:
     return act.ActivationShape(
         micro_batch=t.micro_batch, seq_len=plan.spec.model.seq_len, tp=plan.degrees.tp, cp=plan.degrees.cp,
         sequence_parallel=p.sequence_parallel and plan.degrees.tp > 1,
-        element_bytes=4 if t.precision == "fp32" else 2, fused_attention=not is_cpu(plan),
-        fused_kernels=not is_cpu(plan))
+        element_bytes=4 if t.precision == "fp32" else 2, kernels=act.HF_SDPA,
+        partition_checkpoints=partitions_checkpoints(plan))
+
+
+def partitions_checkpoints(plan: Plan) -> bool:
+    """True when the emitted ds_config (overrides merged) partitions checkpointed layer inputs over tp."""
+    from dsforge.compiler.emit.ds_config import checkpointing_section
+    from dsforge.compiler.extends import deep_merge
+
+    ds = plan.spec.deepspeed if isinstance(plan.spec.deepspeed, dict) else {}
+    merged = deep_merge(checkpointing_section(plan), {k: v for k, v in ds.items() if k == "activation_checkpointing"})
+    block = merged.get("activation_checkpointing")
+    return plan.degrees is not None and plan.degrees.tp > 1 and isinstance(block, dict) and \
+        bool(block.get("partition_activations", False))
 
 
 def micro_batches(plan: Plan) -> int:
@@ -180,5 +192,5 @@ def estimate_memory(plan: Plan) -> MemoryEstimate:
     per = _PerLayer.of(plan, activation_shape(plan))
     stages = [stage_memory(plan, s, z, m, per) for s in range(plan.degrees.pp)]
     notes = (f"reserve: {'CPU 0.3 GB' if is_cpu(plan) else 'GPU 2 GB + 5 % fragmentation'}",
-             f"attention: {'unfused (scores saved)' if is_cpu(plan) else 'fused kernel (no scores saved)'}")
+             "activations: dsforge's HF models (SDPA flash attention, no dropout, HF norms and activations)")
     return MemoryEstimate(stages, plan.spec.hardware.accelerator.memory_gb * 1e9, m, notes)

@@ -1,10 +1,10 @@
-"""The DeepSpeed settings that size the model-state buffers, read from the job with DeepSpeed's defaults.
+"""The DeepSpeed settings that size the model-state buffers: those of the ds_config dsforge emits.
 
-Defaults are those of DeepSpeed 0.19.8 `deepspeed/runtime/zero/config.py` (DeepSpeedZeroConfig):
-reduce_bucket_size 5e8 and allgather_bucket_size 5e8 elements, contiguous_gradients on, overlap_comm
-on for stage 3 only, stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold 1e5,
-stage3_max_live_parameters 1e9. Keys written under `deepspeed.zero_optimization` in the job override
-them, because they are merged into the emitted ds_config.
+Precedence, as in the emitted file: the job's `deepspeed.zero_optimization` overrides, then the
+emitter's choices (`emit/ds_config.py`), then DeepSpeed 0.19.8's defaults
+(`deepspeed/runtime/zero/config.py` DeepSpeedZeroConfig): reduce_bucket_size 5e8 and
+allgather_bucket_size 5e8 elements, contiguous_gradients on, overlap_comm on for stage 3 only,
+stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold 1e5, stage3_max_live_parameters 1e9.
 """
 
 from __future__ import annotations
@@ -50,11 +50,28 @@ def _offloaded(block: Any) -> bool:
     return isinstance(block, dict) and block.get("device", "none") in ("cpu", "nvme")
 
 
-def zero_settings(spec: JobSpec, stage: int, pipeline: bool) -> ZeroSettings:
-    """Resolve the ZeRO settings of a job: its stage and precision, DeepSpeed defaults, then overrides."""
+def emitted_zero_block(spec: JobSpec) -> dict[str, Any]:
+    """The `zero_optimization` block `dsforge compile` writes for this job, overrides merged last.
+
+    The estimate must size the buffers of the config that will really run, so it reads the emitter's
+    choices (dsforge/compiler/emit/ds_config.py `zero_section`: buckets scaled to the model width,
+    overlap_comm on accelerators) instead of DeepSpeed's defaults, which apply only to keys neither
+    sets.
+    """
+    from dsforge.compiler.emit.ds_config import zero_section
+    from dsforge.compiler.extends import deep_merge
+    from dsforge.compiler.plan import build_plan
+
     ds = spec.deepspeed if isinstance(spec.deepspeed, dict) else {}
-    zo = ds.get("zero_optimization", {})
-    zo = zo if isinstance(zo, dict) else {}
+    user = ds.get("zero_optimization", {})
+    return deep_merge(zero_section(build_plan(spec)), user if isinstance(user, dict) else {})
+
+
+def zero_settings(spec: JobSpec, stage: int, pipeline: bool) -> ZeroSettings:
+    """Resolve the ZeRO settings of a job: its stage and precision, then the emitted ds_config's
+    `zero_optimization` (with the job's overrides), then DeepSpeed's defaults for keys neither sets."""
+    ds = spec.deepspeed if isinstance(spec.deepspeed, dict) else {}
+    zo = emitted_zero_block(spec)
     opt = spec.training.optimizer
     weight_bytes = 4 if spec.training.precision == "fp32" else 2
     dtypes = ds.get("data_types", {})
