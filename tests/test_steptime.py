@@ -45,8 +45,9 @@ def test_llama3_405b_rows_are_reproduced(tmp_path: Path) -> None:
     # Dubey et al. 2024, Table 4: 8,192 GPUs (DP 64) 43 % MFU, calibrated; 16,384 GPUs (DP 128, so 16 instead of
     # 32 micro-batches per step and a larger bubble) 41 %, held out: the model must predict a drop of a few points.
     # DSF301 allowed: with Megatron's interleaved warm-up (77 chunk micro-batches in flight on stage 1 at
-    # v=4) the estimate puts stage 1 over 80 GB; Meta's own schedule keeps fewer in flight (Dubey et al.
-    # 2024 sec. 3.3.2), which dsforge does not model. This test is about step time only.
+    # the assumed v=4) the memory estimate puts stage 1 over 80 GB; Meta reports fitting 8K sequences
+    # with its own schedule changes and early deallocation (Dubey et al. 2024 sec. 3.3.2), which
+    # dsforge does not model. This test is about step time only.
     eight = estimate_step(make_plan(LLAMA3_405B_8K, tmp_path, allow=("DSF301",)))
     sixteen = estimate_step(make_plan(with_changes(LLAMA3_405B_8K, hardware={"nodes": 2048}), tmp_path,
                                       allow=("DSF301",)))
