@@ -1,0 +1,89 @@
+"""Lightning driven by a job file: a DeepSpeedStrategy built from the plan and the Trainer arguments that go with it.
+
+The strategy gets the ds_config `dsforge compile` writes, less ``gradient_accumulation_steps``:
+Lightning refuses that key in a config and writes it itself from the Trainer's
+``accumulate_grad_batches`` (lightning/pytorch/strategies/deepspeed.py
+``_format_batch_size_and_grad_accum_config``), which ``trainer_kwargs`` sets to the plan's value. It
+keeps the config's micro-batch, clipping and precision sections as they are, so what Lightning
+hands deepspeed.initialize is the compiled config again.
+
+Where it stops on a CPU (Lightning 2.6): ``Trainer.fit`` calls ``DeepSpeedStrategy.setup_environment``,
+which raises "The DeepSpeed strategy is only supported on CUDA GPUs" before any process group or
+engine exists. Everything before that runs without a GPU: the strategy, the Trainer, and the config
+Lightning formats for DeepSpeed (tests/plugins/test_lightning.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.strategies import DeepSpeedStrategy
+
+from dsforge.compiler.emit.ds_config import on_cpu
+from dsforge.plugins.job import JobLike, TrainerJob, check_live, load_job, precision_of, require_data_parallel
+
+#: Lightning precision per job precision ("mixed": fp32 master weights, as DeepSpeed keeps them).
+PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": "32-true"}
+_JOB_PRECISION = {"bf16-mixed": "bf16", "bf16-true": "bf16", "16-mixed": "fp16", "16-true": "fp16",
+                  "32-true": "fp32", "32": "fp32"}
+_FIX = "build the Trainer with dsforge.plugins.lightning.trainer_kwargs(job) and launch as many processes as planned"
+
+
+def strategy_config(job: JobLike) -> dict[str, Any]:
+    """The compiled ds_config without gradient_accumulation_steps (Lightning fills it from the Trainer)."""
+    config = load_job(job).ds_config()
+    config.pop("gradient_accumulation_steps")
+    return config
+
+
+def deepspeed_strategy(job: JobLike, **kwargs: Any) -> DeepSpeedStrategy:
+    """A DeepSpeedStrategy running the job's config (``kwargs`` go to the strategy, e.g. a cluster environment)."""
+    j = load_job(job)
+    require_data_parallel(j, "Lightning")
+    return DeepSpeedStrategy(config=strategy_config(j), **kwargs)
+
+
+def trainer_kwargs(job: JobLike) -> dict[str, Any]:
+    """pl.Trainer keywords: the strategy, accelerator, devices, nodes, precision, accumulation and steps."""
+    j = load_job(job)
+    plan = j.plan
+    return {
+        "strategy": deepspeed_strategy(j),
+        "accelerator": "cpu" if on_cpu(plan) else "gpu",
+        "devices": plan.gpus_per_node,
+        "num_nodes": plan.nodes,
+        "precision": PRECISION[plan.spec.training.precision],
+        "accumulate_grad_batches": j.grad_accum,
+        "max_steps": plan.spec.training.steps,
+    }
+
+
+def check_trainer(job: JobLike, trainer: pl.Trainer) -> None:
+    """Compare the Trainer and its strategy's DeepSpeed config with the plan (PlanMismatchError on a difference)."""
+    j: TrainerJob = load_job(job)
+    live: dict[str, Any] = {"world size": trainer.num_nodes * trainer.num_devices,
+                            "gradient accumulation steps": trainer.accumulate_grad_batches,
+                            "precision": _JOB_PRECISION.get(str(trainer.precision), str(trainer.precision))}
+    strategy = trainer.strategy
+    if not isinstance(strategy, DeepSpeedStrategy) or not isinstance(strategy.config, dict):
+        live["ZeRO stage"] = f"none (strategy {type(strategy).__name__})"
+    check_live(j, live, "the Lightning Trainer", _FIX)
+    if isinstance(strategy, DeepSpeedStrategy) and isinstance(strategy.config, dict):
+        cfg = strategy.config
+        # Lightning adds a bf16/fp16 section only when the config has none: the config's own section wins.
+        config_live = {"micro-batch per rank": cfg.get("train_micro_batch_size_per_gpu"),
+                       "ZeRO stage": cfg.get("zero_optimization", {}).get("stage", 0),
+                       "precision": precision_of(cfg) if precision_of(cfg) != "fp32" else live["precision"]}
+        check_live(j, config_live, "the DeepSpeed strategy's config", _FIX)
+
+
+class PlanCheck(pl.Callback):  # type: ignore[misc]
+    """Runs ``check_trainer`` when fit starts (after the strategy is set up, before the first step)."""
+
+    def __init__(self, job: JobLike) -> None:
+        self.job = load_job(job)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Check the Trainer against the plan; a mismatch stops fit() before any step."""
+        check_trainer(self.job, trainer)
