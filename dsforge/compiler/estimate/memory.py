@@ -2,7 +2,10 @@
 
 Every rank of a pipeline stage holds the same shapes (tp, dp, cp and ep ranks are symmetric up to
 ZeRO's padding), so one rank per stage is estimated; the stage with the largest device total
-decides whether the job fits. Model states: `model_states.py`; activations: `activations.py`.
+decides whether the job fits. Model states: `model_states.py`; activations: `activations.py`, with
+the `HF_SDPA` kernel profile for every job because that is what `dsforge.runtime` runs (HF modules,
+SDPA attention, which uses a flash kernel on GPUs and, in torch 2.x, on the CPU too: measured, so no
+score matrices are counted on either).
 
 Framework reserve, stated: on a GPU 2 GB for the CUDA context, cuBLAS workspaces and NCCL
 communicator buffers (about 0.5-1 GB for the context on Hopper, the rest for NCCL), plus 5 % of the
