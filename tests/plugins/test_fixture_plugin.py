@@ -1,0 +1,110 @@
+"""The fixture plugin installed: its preset, rule, rewrite policy and launcher show up and work; the broken
+entry points are reported by name and skipped while the rest load."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from tests.plugins.conftest import DSFORGE, no_traceback, run
+
+JOB = """\
+version: 1
+name: {name}
+model: {{preset: {model}}}
+hardware: {{preset: fixture-cpu-box}}
+parallel: {{tp: 2, zero: 1}}
+training: {{global_batch: 8, micro_batch: 2}}
+launch: {{launcher: {launcher}}}
+"""
+
+
+def write_job(tmp: Path, name: str = "team-demo", model: str = "tiny-llama", launcher: str = "local") -> Path:
+    path = tmp / f"{name}-{launcher}.yaml"
+    path.write_text(JOB.format(name=name, model=model, launcher=launcher), encoding="utf-8")
+    return path
+
+
+def test_plugins_lists_each_entry_point_its_origin_and_the_broken_ones(plugin_env: dict[str, str]) -> None:
+    proc = run([*DSFORGE, "plugins"], plugin_env)
+    no_traceback(proc)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # two entry points fail on purpose
+    out = proc.stdout
+    assert "dsforge-fixture-plugin 0.1.0" in out and "dsforge_fixture_plugin-0.1.0.dist-info" in out
+    for added in ("hardware preset fixture-cpu-box", "models preset fixture-tinynet", "rule FIX001",
+                  "rewrite policy tinynet", "launcher fixture-batch"):
+        assert added in out
+    assert "broken = dsforge_fixture_plugin.broken\n      FAILED, skipped: RuntimeError: fixture plugin is broken" in out
+    assert "wrong-kind" in out and "kind 'gpus'" in out
+    assert out.rstrip().endswith("6 entry point(s): 4 loaded, 2 failed")
+    report = json.loads(run([*DSFORGE, "plugins", "--format", "json"], plugin_env).stdout)
+    assert {(p["name"], p["ok"]) for p in report["plugins"]} == {
+        ("fixture", True), ("wrong-kind", False), ("broken", False), ("tinynet", True), ("fixture-batch", True)}
+
+
+def test_preset_and_rule_work_in_validate_and_broken_plugins_are_warnings(plugin_env: dict[str, str],
+                                                                          tmp_path: Path) -> None:
+    proc = run([*DSFORGE, "validate", "--format", "json", str(write_job(tmp_path, name="demo"))], plugin_env)
+    no_traceback(proc)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # the 4-rank preset fills tp=2 x dp=2
+    diags = json.loads(proc.stdout)["diagnostics"]
+    by_rule = {d["rule"]: d for d in diags}
+    assert by_rule["FIX001"]["severity"] == "warning" and by_rule["FIX001"]["line"] == 2
+    assert "team-demo" in by_rule["FIX001"]["fix"]
+    broken = [d["message"] for d in diags if d["rule"] == "DSF701"]
+    assert len(broken) == 2 and any("'broken'" in m and "broken on purpose" in m for m in broken)
+    strict = run([*DSFORGE, "validate", "--strict", str(write_job(tmp_path, name="team-ok"))], plugin_env)
+    assert strict.returncode == 1 and "FIX001" not in strict.stdout  # only the broken plugins' warnings remain
+
+
+def test_plugin_presets_are_listed_with_their_origin(plugin_env: dict[str, str]) -> None:
+    table = json.loads(run([*DSFORGE, "presets", "--format", "json"], plugin_env).stdout)
+    assert table["hardware"]["fixture-cpu-box"]["origin"] == "plugin dsforge-fixture-plugin 0.1.0"
+    assert table["models"]["fixture-tinynet"]["spec"]["factory"] == "dsforge_fixture_plugin.model:build"
+    assert table["hardware"]["cpu-local"]["origin"].startswith("dsforge/")
+    assert "fixture-nonsense" not in json.dumps(table)  # the refused preset registered nothing
+
+
+def test_launch_target_is_a_launcher_name_and_compile_writes_its_files(plugin_env: dict[str, str],
+                                                                       tmp_path: Path) -> None:
+    out = tmp_path / "job-dir"
+    proc = run([*DSFORGE, "compile", str(write_job(tmp_path, launcher="fixture-batch")), "-o", str(out)], plugin_env)
+    no_traceback(proc)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    submit = out / "submit.sh"
+    assert os.access(submit, os.X_OK)
+    assert "exec fixture-submit --name team-demo --ranks 4 -- python -m torch.distributed.run" in submit.read_text()
+    readme = (out / "README.md").read_text()
+    assert "./submit.sh" in readme and "`submit.sh`: submits the job to fixture-submit" in readme
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "ds_config.json", "plan.json", "submit.sh",
+                                                     "train.py"]
+
+
+def test_misspelt_launcher_suggests_plugin_targets_too(plugin_env: dict[str, str], tmp_path: Path) -> None:
+    proc = run([*DSFORGE, "validate", str(write_job(tmp_path, launcher="fixture-bach"))], plugin_env)
+    no_traceback(proc)
+    assert proc.returncode == 1
+    assert "error[DSF023] `launch.launcher` is 'fixture-bach'" in proc.stdout
+    assert "did you mean `fixture-batch`?" in proc.stdout
+
+
+def test_rewrite_policy_is_detected_and_places_every_module(plugin_env: dict[str, str], tmp_path: Path) -> None:
+    """`arch: auto` on TinyNet (built by the plugin's factory) picks the plugin's family and shards it for tp=2."""
+    job = write_job(tmp_path, model="fixture-tinynet")
+    code = ("import json; from dsforge.compiler.validate import validate_file\n"
+            "from dsforge.runtime.rewrite import plan_rewrite\n"
+            f"r = validate_file({str(job)!r}); rp = plan_rewrite(r.plan.spec.model, r.plan)\n"
+            "print(json.dumps({'arch': rp.arch, 'modules': {m.name: [m.variant, m.rule, m.layer,"
+            " {p.name: p.shard for p in m.params}] for m in rp.modules}}))")
+    proc = run([sys.executable, "-c", code], plugin_env)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["arch"] == "tinynet"
+    mods = got["modules"]
+    assert mods["blocks.1.qkv"][:3] == ["column", "tinynet[3]", 1]
+    assert mods["blocks.0.qkv"][3] == {"weight": [96, 64], "bias": [96]}  # 3 x 64 outputs, half per rank
+    assert mods["blocks.0.out"][3] == {"weight": [64, 32], "bias": [64]}  # row: input split, bias whole
+    assert mods["tok"][3] == {"weight": [128, 64]} and mods["head"][3] == {"weight": [128, 64]}
+    assert mods["pos"][0] == "replicate" and mods["final_norm"][0] == "norm"
