@@ -32,17 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "dist"))
 
-JOB = """\
-version: 1
-model: {{arch: gpt2, layers: 2, hidden: 64, heads: 4, ffn_hidden: 256, vocab: 256, seq_len: 64,
-         tied_embeddings: false}}
-hardware: {{preset: cpu-local, gpus_per_node: 2}}
-parallel: {{dp: auto, zero: {zero}}}
-training: {{global_batch: 8, micro_batch: 2, precision: {precision}}}
-deepspeed:
-  zero_optimization: {{reduce_bucket_size: 20000, allgather_bucket_size: 20000,
-                      stage3_prefetch_bucket_size: 20000, stage3_param_persistence_threshold: 1000}}
-"""
+
+
+def job_yaml(zero: int, precision: str) -> str:
+    """The measured job's text, from the measurement script (one source for both)."""
+    from measure_memory import job_yaml as text
+
+    return str(text(zero, precision))
 
 
 def measure(out: Path) -> dict[str, Any]:
@@ -64,7 +60,7 @@ def dsforge_estimate(zero: int, precision: str) -> float:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.yaml"
-        path.write_text(JOB.format(zero=zero, precision=precision))
+        path.write_text(job_yaml(zero, precision))
         job, _ = load_job(path)
     assert job is not None
     plan = build_plan(job.spec)

@@ -12,6 +12,7 @@ room for kernel choices of other torch versions).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import subprocess
@@ -33,18 +34,16 @@ from dsforge.compiler.schema import ModelSpec
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).resolve().parent / "dist" / "measure_memory.py"
 
-JOB = """\
-version: 1
-model: {{arch: gpt2, layers: 2, hidden: 64, heads: 4, ffn_hidden: 256, vocab: 256, seq_len: 64,
-         tied_embeddings: false}}
-hardware: {{preset: cpu-local, gpus_per_node: 2}}
-parallel: {{tp: {tp}, dp: auto, zero: {zero}}}
-training: {{global_batch: {gb}, micro_batch: 2, precision: {precision}, recompute: {recompute}}}
-deepspeed:
-  zero_optimization: {{reduce_bucket_size: 20000, allgather_bucket_size: 20000,
-                      stage3_prefetch_bucket_size: 20000, stage3_param_persistence_threshold: 1000}}
-  activation_checkpointing: {{partition_activations: false}}  # the test model checkpoints with torch
-"""
+def _script() -> Any:
+    """tests/dist/measure_memory.py as a module (it holds the measured job's text)."""
+    spec = importlib.util.spec_from_file_location("measure_memory", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+MEASURE = _script()
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +60,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def plan_for(tmp_path: Path, *, tp: int = 1, zero: int = 0, precision: str = "fp32",
              recompute: str = "none") -> Plan:
     path = tmp_path / "job.yaml"
-    gb = 8 // tp  # two micro-batches of 2 per data-parallel rank, as the measurement runs
-    path.write_text(JOB.format(tp=tp, zero=zero, precision=precision, recompute=recompute, gb=gb))
+    path.write_text(MEASURE.job_yaml(zero, precision, tp, recompute))
     job, diags = load_job(path)
     assert job is not None, diags
     return build_plan(job.spec)

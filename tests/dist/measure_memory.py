@@ -5,13 +5,15 @@ Rank 0 writes a JSON with, per configuration, what tests/test_memory_measured.py
 dsforge's estimate:
 
 * "activations": bytes autograd saves for backward over one micro-batch (distinct storages, no
-  parameters), by region (embed, blocks, head), for tp 1 and 2 and recompute none/full;
+  parameters), by region (embed, blocks, head), for the test GPT at tp 1 and 2, recompute none/full;
 * "hf": the same for the HF models dsforge's runtime builds (tiny-llama, tiny-gpt2; tp 1);
-* "states": model-state bytes of a DeepSpeed engine (ZeRO 0-3, fp32 and bf16), summed over the
-  distinct storages of every live tensor, classified as parameters / gradients / optimizer / other,
-  at three moments of the second optimizer step: "backward" (inside backward, when the gradient
-  of the embedding output arrives: reduction buckets are live), "boundary" (after the last
-  backward of the step) and "step" (inside the torch optimizer's step, fp32 gradients live).
+* "states": model-state bytes of a DeepSpeed engine (ZeRO 0-3, fp32 and bf16) started with the
+  ds_config `dsforge compile` emits for `job_yaml(...)`, summed over the distinct storages of every
+  live tensor and classified (parameters / gradients / optimizer / module_buffers / other), at the
+  moments of the second optimizer step where memory can peak: "backward" (when the gradient of the
+  embedding output arrives: every block's gradients and the reduction buckets are live),
+  "collectiveN" and "copyN" (each collective and ZeRO partition copy after that), "boundary" (after
+  the last backward) and "step" (inside the torch optimizer's step).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,10 +36,42 @@ from tiny_gpt import GPTConfig, TinyGPT
 
 CFG = GPTConfig()
 MICRO = 2
-BUCKET = 20_000  # elements: smaller than the model so buckets are exercised, larger than any tensor
-PERSIST = 1_000
 COLLECTIVES = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_fn",
-               "all_gather", "all_gather_into_tensor", "allgather_fn", "broadcast")  # ZeRO-3: biases and norms stay whole, matrices are partitioned
+               "all_gather", "all_gather_into_tensor", "allgather_fn", "broadcast")
+
+#: The dsforge job of the measured engines: the test GPT on 2 CPU ranks, two micro-batches per step.
+#: Buckets below the model size so they are exercised; ZeRO-3 keeps biases and norms whole.
+JOB = """\
+version: 1
+model: {{arch: gpt2, layers: 2, hidden: 64, heads: 4, ffn_hidden: 256, vocab: 256, seq_len: 64,
+         tied_embeddings: false}}
+hardware: {{preset: cpu-local, gpus_per_node: 2}}
+parallel: {{tp: {tp}, dp: auto, zero: {zero}}}
+training: {{global_batch: {gb}, micro_batch: 2, precision: {precision}, recompute: {recompute}}}
+deepspeed:
+  zero_optimization: {{reduce_bucket_size: 20000, allgather_bucket_size: 20000,
+                      stage3_prefetch_bucket_size: 20000, stage3_param_persistence_threshold: 1000}}
+  activation_checkpointing: {{partition_activations: false}}  # the test GPT checkpoints with torch
+"""
+
+
+def job_yaml(zero: int = 0, precision: str = "fp32", tp: int = 1, recompute: str = "none") -> str:
+    """The job file text for one measured configuration (global batch: 2 micro-batches per dp rank)."""
+    return JOB.format(tp=tp, zero=zero, precision=precision, recompute=recompute, gb=8 // tp)
+
+
+def emitted_ds_config(zero: int, precision: str) -> dict[str, Any]:
+    """The ds_config `dsforge compile` would write for the job (dsforge.compiler.emit)."""
+    from dsforge.compiler.emit.ds_config import build_ds_config
+    from dsforge.compiler.parse import load_job
+    from dsforge.compiler.plan import build_plan
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "job.yaml"
+        path.write_text(job_yaml(zero, precision))
+        job, diags = load_job(path)
+    assert job is not None, diags
+    return {**build_ds_config(build_plan(job.spec)), "steps_per_print": 10**9}
 
 
 def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,103 +125,103 @@ def measure_hf(preset: str, dtype: torch.dtype) -> dict[str, int]:
     return saved.by_region()
 
 
-def ds_config(zero: int, bf16: bool) -> dict[str, Any]:
-    return {
-        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-        "zero_optimization": {"stage": zero, "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET,
-                              "stage3_prefetch_bucket_size": BUCKET,
-                              "stage3_param_persistence_threshold": PERSIST},
-        "bf16": {"enabled": bf16}, "steps_per_print": 10**9,
-    }
+class StateProbe:
+    """Snapshots of an engine's live tensors, classified, at the moments named in the module doc."""
 
+    def __init__(self, engine: Any, model: TinyGPT) -> None:
+        self.engine, self.model = engine, model
+        self.inner = engine.basic_optimizer if hasattr(engine, "basic_optimizer") else engine.optimizer
+        self.params = list(model.parameters())
+        self.snaps: dict[str, dict[str, int]] = {}
+        self.batch: tuple[torch.Tensor, ...] = ()
+        self.watch = False  # set once autograd has reached the embedding of the step's last micro-batch
+        self.count = 0
 
-def measure_states(zero: int, bf16: bool) -> dict[str, dict[str, int]]:
-    """Model-state bytes of a DeepSpeed engine at three moments of its second step (see module doc)."""
-    import deepspeed
-
-    # everything alive before this engine is frozen out of the garbage collector's view (and stays
-    # alive, so no new tensor can reuse its address); snapshots then see only what this engine made
-    gc.collect()
-    gc.freeze()
-    skip: set[int] = set()
-    torch.manual_seed(0)
-    model = TinyGPT(CFG)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=ds_config(zero, bf16))
-    inner = engine.basic_optimizer if hasattr(engine, "basic_optimizer") else engine.optimizer
-    params = list(model.parameters())
-
-    def classes() -> list[tuple[str, Any]]:
-        return [("module_buffers", lambda: list(model.buffers())),
+    def classes(self) -> list[tuple[str, Any]]:
+        inner, params = self.inner, self.params
+        return [("module_buffers", lambda: list(self.model.buffers())),
                 ("optimizer", lambda: [list(inner.state.values()), [g["params"] for g in inner.param_groups]]),
                 ("parameters", lambda: [params, [getattr(p, "ds_tensor", None) for p in params]]),
                 ("gradients", lambda: [[p.grad for p in params], [getattr(p, "grad_accum", None) for p in params],
                                        [q.grad for g in inner.param_groups for q in g["params"]]])]
 
-    snaps: dict[str, dict[str, int]] = {}
-    batches: list[torch.Tensor] = []
+    def snap(self, name: str, skip: tuple[torch.Tensor, ...] = ()) -> None:
+        extra = [p.grad for p in self.params if p.grad is not None]  # .grad may exist only in C++
+        skipped = {storage_key(t) for t in (*self.batch, *skip)}
+        self.snaps[name] = classify(live_tensors(extra), self.classes(), skipped)
 
-    def snap(name: str, also_skip: tuple[torch.Tensor, ...] = ()) -> None:
-        extra = [p.grad for p in params if p.grad is not None]
-        skipped = skip | {storage_key(t) for t in (*batches, *also_skip)}
-        snaps[name] = classify(live_tensors(extra), classes(), skipped)
+    def snap_after_backward(self, kind: str) -> None:
+        if self.watch and self.count < 60:
+            self.count += 1
+            self.snap(f"{kind}{self.count}")
 
+    def on_embed_grad(self, grad: torch.Tensor) -> None:
+        self.snap("backward", (grad,))
+        self.watch = True
+
+    def patch(self) -> dict[str, Any]:
+        """Wrap DeepSpeed's collectives and ZeRO's partition copy to snapshot after backward; returns
+        the originals of the collectives (the copy is patched on this engine's optimizer only)."""
+        import deepspeed.comm as ds_comm
+
+        real = {name: getattr(ds_comm, name) for name in COLLECTIVES if hasattr(ds_comm, name)}
+        for name, fn in real.items():
+            def call(tensor: Any, *args: Any, _fn: Any = fn, **kwargs: Any) -> Any:
+                if isinstance(tensor, torch.Tensor) and tensor.numel() >= 1000:
+                    self.snap_after_backward("collective")
+                return _fn(tensor, *args, **kwargs)
+            setattr(ds_comm, name, call)
+        zero_opt = self.engine.optimizer
+        if hasattr(zero_opt, "copy_grads_in_partition"):  # ZeRO 1/2 allocate the partition buffer here
+            copy = zero_opt.copy_grads_in_partition
+
+            def copy_and_snap(*args: Any, **kwargs: Any) -> Any:
+                out = copy(*args, **kwargs)
+                self.snap_after_backward("copy")
+                return out
+
+            zero_opt.copy_grads_in_partition = copy_and_snap
+        return real
+
+    def run(self, steps: int = 2, micro: int = 2) -> None:
+        """Train ``steps`` steps of ``micro`` micro-batches, snapshotting during the last step."""
+        for step in range(steps):
+            for m in range(micro):
+                idx, targets = batch(10 * step + m)
+                self.batch = (idx, targets)
+                last = step == steps - 1 and m == micro - 1
+                self.model.embed_grad_hook = self.on_embed_grad if last else None
+                self.engine.backward(self.engine(idx, targets))
+                if last:
+                    self.snap("boundary")
+                    hook = self.inner.register_step_pre_hook(lambda *_: self.snap("step"))
+                self.engine.step()
+                self.watch = False
+        hook.remove()
+
+
+def measure_states(zero: int, bf16: bool) -> dict[str, dict[str, int]]:
+    """Model-state bytes of a DeepSpeed engine at the moments of its second step (see module doc)."""
+    import deepspeed
     import deepspeed.comm as ds_comm
 
-    real = {name: getattr(ds_comm, name) for name in COLLECTIVES if hasattr(ds_comm, name)}
-    watch = False
-    count = [0]
-
-    def watched(name: str) -> Any:
-        def call(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            # after autograd has reached the embedding (activations freed), every collective of the
-            # engine is a moment where its reduction copies are live: snapshot there
-            if watch and isinstance(tensor, torch.Tensor) and tensor.numel() >= 1000:
-                count[0] += 1
-                snap(f"collective{count[0]}")
-            return real[name](tensor, *args, **kwargs)
-        return call
-
-    for name in real:
-        setattr(ds_comm, name, watched(name))
-
-    zero_opt = engine.optimizer
-    if hasattr(zero_opt, "copy_grads_in_partition"):  # ZeRO 1/2: allocates the partition buffer on first use
-        copy = zero_opt.copy_grads_in_partition
-
-        def copy_and_snap(*args: Any, **kwargs: Any) -> Any:
-            out = copy(*args, **kwargs)
-            if watch and count[0] < 40:
-                count[0] += 1
-                snap(f"copy{count[0]}")
-            return out
-
-        zero_opt.copy_grads_in_partition = copy_and_snap
-
-    def on_embed_grad(g: torch.Tensor) -> None:
-        nonlocal watch
-        snap("backward", (g,))
-        watch = True
-
-    watch = False
-    for step in range(2):
-        for micro in range(2):
-            idx, targets = batch(10 * step + micro)
-            batches[:] = [idx, targets]
-            last = step == 1 and micro == 1
-            model.embed_grad_hook = on_embed_grad if last else None
-            engine.backward(engine(idx, targets))
-            if last:
-                snap("boundary")
-                hook = inner.register_step_pre_hook(lambda *_: snap("step"))
-            engine.step()
-            watch = False
-    hook.remove()
-    for name, fn in real.items():
-        setattr(ds_comm, name, fn)
-    gc.unfreeze()
-    return snaps
+    # everything alive before this engine is frozen out of the garbage collector's view (and stays
+    # alive, so no new tensor can reuse its address); snapshots then see only what this engine made
+    gc.collect()
+    gc.freeze()
+    torch.manual_seed(0)
+    model = TinyGPT(CFG)
+    config = emitted_ds_config(zero, "bf16" if bf16 else "fp32")
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    probe = StateProbe(engine, model)
+    real = probe.patch()
+    try:
+        probe.run()
+    finally:
+        for name, fn in real.items():
+            setattr(ds_comm, name, fn)
+        gc.unfreeze()
+    return probe.snaps
 
 
 def main() -> None:
@@ -196,8 +231,7 @@ def main() -> None:
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
-    out: dict[str, Any] = {"config": CFG.__dict__, "micro_batch": MICRO, "bucket": BUCKET, "persist": PERSIST,
-                           "activations": {}, "states": {}}
+    out: dict[str, Any] = {"config": CFG.__dict__, "micro_batch": MICRO, "activations": {}, "states": {}}
     for tp in (1, 2):
         for recompute in ("none", "full"):
             for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
