@@ -139,6 +139,12 @@ def test_estimate_shape_and_contract(tmp_path: Path) -> None:
     assert est.stages[3].components["logits"] > 0 == est.stages[0].components["logits"]
     assert list(est.peak.components) == ["parameters", "gradients", "optimizer", "buffers", "activations",
                                          "logits", "reserve"]
+    # every moment is exposed; the components are the larger of backward and update
+    for stage in est.stages:
+        assert set(stage.moments) == {"backward", "update", "step"}
+        assert stage.components == stage.moments[stage.phase]
+        assert stage.device_bytes == max(sum(stage.moments[m].values()) for m in ("backward", "update"))
+        assert stage.moments["step"]["activations"] == 0
 
 
 def test_invalid_layout_raises(tmp_path: Path) -> None:
