@@ -23,7 +23,7 @@ from dsforge.runtime.layers import VocabParallelLMHead, vocab_parallel_cross_ent
 from dsforge.runtime.models import build_model
 from dsforge.runtime.rewrite import plan_rewrite
 from dsforge.runtime.rewrite.apply import apply_rewrite
-from dsforge.runtime.data import IGNORE_INDEX
+from dsforge.runtime.data import IGNORE_INDEX, Batch
 
 
 class EngineError(RuntimeError):
@@ -58,19 +58,6 @@ class CausalLMLoss(nn.Module):
         # wrong for a context-parallel shard and, under sequence parallelism, counts only the shard.
         logits = self.model(input_ids=ids, position_ids=positions).logits
         return token_loss_sum(logits, targets, self.head) / (targets.numel() * self.cp)
-
-
-def _swap_experts(model: nn.Module, groups: ParallelGroups) -> set[str]:
-    """Replace every HF Mixtral sparse-MoE block by DeepSpeed's expert-parallel MoE; return the blocks' names."""
-    from dsforge.runtime.moe import ExpertParallelMoE
-
-    blocks = [(n, m) for n, m in model.named_modules() if type(m).__name__ == "MixtralSparseMoeBlock"]
-    if not blocks:
-        raise EngineError("ep > 1 needs MoE blocks, and the model has no HF MixtralSparseMoeBlock")
-    for name, block in blocks:
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, ExpertParallelMoE.from_mixtral(block, groups))
-    return {n for n, _ in blocks}
 
 
 def _sequence_parallel_hooks(model: nn.Module, group: dist.ProcessGroup) -> int:
@@ -113,8 +100,8 @@ def _gather_attention_input(model: nn.Module, group: dist.ProcessGroup) -> int:
     count = 0
     for name, module in model.named_modules():
         inputs = [m for n, m in module.named_children() if isinstance(m, ColumnParallelLinear)]
-        if not type(module).__name__.endswith("Attention") or not inputs:
-            continue
+        if not type(module).__name__.endswith("Attention") or not any(m.sequence_parallel for m in inputs):
+            continue  # not an HF attention, or its sequence is already gathered around it
         for layer in inputs:
             layer.sequence_parallel = False
         module.register_forward_pre_hook(pre_hook, with_kwargs=True)
@@ -128,21 +115,27 @@ def parallelize(model: nn.Module, plan: Plan, groups: ParallelGroups) -> nn.Modu
     if d is None:
         raise EngineError("the plan's degrees are unresolved (some degree is still `auto`)")
     rp = plan_rewrite(model, plan)
-    swapped = _swap_experts(model, groups) if d.ep > 1 else set()
-    only = [m.name for m in rp.modules if not any(m.name.startswith(s + ".") for s in swapped)]
-    apply_rewrite(model, rp, groups, only=only, gather_logits=False)
+    apply_rewrite(model, rp, groups, gather_logits=False)
     if d.cp > 1:
         from dsforge.runtime.hf_attention import install_context_parallel
 
         install_context_parallel(model, plan.spec.parallel.context_parallel.kind, groups.cp)
     if rp.sequence_parallel:
-        if plan.spec.model.position == "learned":
-            raise EngineError("sequence parallelism with learned position embeddings (GPT-2's wpe) is not supported: "
-                              "the position table is added after the embedding's reduce-scatter; use arch llama "
-                              "(RoPE) or set parallel.sequence_parallel: false")
-        _gather_attention_input(model, groups.tp)
-        _sequence_parallel_hooks(model, groups.tp)
+        _finish_sequence_parallel(model, plan, groups)
     return model
+
+
+def _finish_sequence_parallel(model: nn.Module, plan: Plan, groups: ParallelGroups) -> None:
+    """What sequence parallelism needs beyond the applier: the attention entry gather and the norm-gradient sums."""
+    from dsforge.runtime.layers import VocabParallelEmbedding
+
+    split_embedding = any(isinstance(m, VocabParallelEmbedding) and m.sequence_parallel for m in model.modules())
+    if split_embedding and plan.spec.model.position == "learned":
+        raise EngineError("sequence parallelism with learned position embeddings (GPT-2's wpe) is not supported: "
+                          "the position table is added after the embedding's reduce-scatter; use arch llama "
+                          "(RoPE) or set parallel.sequence_parallel: false")
+    _gather_attention_input(model, groups.tp)
+    _sequence_parallel_hooks(model, groups.tp)
 
 
 def build_parallel_model(plan: Plan, groups: ParallelGroups, seed: int | None = None) -> nn.Module:
@@ -151,6 +144,36 @@ def build_parallel_model(plan: Plan, groups: ParallelGroups, seed: int | None = 
     seed = plan.spec.training.seed if seed is None else seed
     dense = build_model(plan.spec.model, "cpu", d.tp if d else 1, seed=seed)
     return parallelize(dense, plan, groups)
+
+
+def pipeline_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """The last pipeline stage's loss: mean next-token cross entropy (targets come shifted by the data)."""
+    return token_loss_sum(logits, targets, None) / (targets != IGNORE_INDEX).sum().clamp(min=1)
+
+
+def pipeline_inputs(batches: list[Batch]) -> list[tuple[Tensor, Tensor]]:
+    """A step's micro-batches as PipelineEngine.train_batch reads them: (first stage's input, last stage's labels)."""
+    return [(mb.ids, mb.targets) for mb in batches]
+
+
+def build_pipeline_module(plan: Plan, groups: ParallelGroups, ds_config: dict[str, Any],
+                          seed: int | None = None) -> nn.Module:
+    """This rank's pipeline stage of the rewritten model as a PipelineModule cut by the plan's partition."""
+    from dsforge.runtime.pipeline_stages import build_pipeline
+
+    d = plan.degrees
+    assert d is not None
+    if d.cp > 1:
+        raise EngineError("context parallelism inside a pipeline (cp > 1 with pp > 1) is not supported yet: the "
+                          "pipeline stages number positions from 0; use pp 1 with cp, or cp 1 with pp")
+    seed = plan.spec.training.seed if seed is None else seed
+    dense = build_model(plan.spec.model, "cpu", d.tp, seed=seed)
+    rp = plan_rewrite(dense, plan)
+    interval = ds_config.get("pipeline", {}).get("activation_checkpoint_interval", 0)
+    module = build_pipeline(dense, rp, plan, groups, loss_fn=pipeline_loss, activation_checkpoint_interval=interval)
+    if rp.sequence_parallel:
+        _finish_sequence_parallel(module, plan, groups)
+    return module
 
 
 def optimizer_parameters(module: nn.Module) -> list[Any]:
@@ -195,9 +218,8 @@ def build_engine(plan: Plan, ds_config: dict[str, Any], groups: ParallelGroups, 
     if d is None:
         raise EngineError("the plan's degrees are unresolved (some degree is still `auto`)")
     torch.manual_seed(plan.spec.training.seed if seed is None else seed)
+    ensure_deepspeed_comm()  # PipelineModule and DeepSpeed's MoE layers talk through deepspeed.comm
     if d.pp > 1:
-        from dsforge.runtime.pipeline_engine import build_pipeline_module
-
-        return initialize_engine(build_pipeline_module(plan, groups, seed), ds_config, None)
+        return initialize_engine(build_pipeline_module(plan, groups, ds_config, seed), ds_config, None)
     task = CausalLMLoss(build_parallel_model(plan, groups, seed), d.cp)
     return initialize_engine(task, ds_config, groups)

@@ -53,7 +53,7 @@ def plain_step(engine: Any, batches: Batches, step: int, groups: ParallelGroups)
 
 def pipeline_step(engine: Any, batches: Batches, step: int, groups: ParallelGroups) -> float:
     """One optimizer step of a pipeline engine; DeepSpeed averages the loss over its data axis (dp x cp)."""
-    from dsforge.runtime.pipeline_engine import pipeline_inputs
+    from dsforge.runtime.engine import pipeline_inputs
 
     loss = engine.train_batch(data_iter=iter(pipeline_inputs(batches.step(step))))
     return float(loss) * groups.size("cp")  # cp ranks hold shares of one sequence's loss, not replicas

@@ -8,6 +8,7 @@ global-batch mean loss at every step; step 4's loss is the loss after 3 optimize
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +28,36 @@ RTOL = 1e-4
 
 
 def training(**overrides: Any) -> dict[str, Any]:
-    """Training keys of the test jobs: fp32, constant lr, clipping on, 4 steps."""
+    """Training keys of the test jobs: fp32, 4 steps of SGD with momentum at a constant rate.
+
+    SGD, not Adam: Adam's update g / sqrt(v) hides a gradient scaled by a constant (a reduction
+    that sums where it should average, expert gradients divided by the wrong group size), SGD moves
+    the loss in proportion to it. The clip threshold is far above any norm, so DeepSpeed computes the
+    global gradient norm (compared with the reference's at every step) without changing the update.
+    """
     base: dict[str, Any] = {"global_batch": 4, "micro_batch": 1, "precision": "fp32", "steps": STEPS,
-                            "optimizer": {"name": "adamw", "lr": 3.0e-3, "weight_decay": 0.01},
-                            "scheduler": {"name": "constant"}, "grad_clip": 1.0, "seed": 11}
+                            "optimizer": {"name": "sgd", "lr": 0.5, "weight_decay": 0.01},
+                            "scheduler": {"name": "constant"}, "grad_clip": 1.0e9, "seed": 11}
     base.update(overrides)
     return base
+
+
+SGD_DEEPSPEED = {"zero_allow_untested_optimizer": True, "optimizer": {"params": {"momentum": 0.9}}}
+ADAMW = {"optimizer": {"name": "adamw", "lr": 3.0e-3, "weight_decay": 0.01}, "grad_clip": 1.0}
+# Clipping active at every step (the tiny models' norms are 0.4-1.2): with SGD the update is then
+# lr * 0.1 * g / |g|, so a norm DeepSpeed computes wrongly (TP shards counted twice, a replicated
+# weight missed) changes the loss; used where the engine does not report its norm (ZeRO-0).
+CLIPPED = {"grad_clip": 0.1}
 
 
 def job_spec(tmp: Path, name: str, preset: str, parallel: dict[str, Any], world: int, nodes: int = 1,
              **train: Any) -> JobSpec:
     """A parsed job on cpu-local hardware with ``world`` ranks (over ``nodes`` nodes)."""
-    doc = {"version": 1, "name": name, "model": {"preset": preset},
-           "hardware": {"preset": "cpu-local", "nodes": nodes, "gpus_per_node": world // nodes},
-           "parallel": {"dp": "auto", **parallel}, "training": training(**train)}
+    doc: dict[str, Any] = {"version": 1, "name": name, "model": {"preset": preset},
+                           "hardware": {"preset": "cpu-local", "nodes": nodes, "gpus_per_node": world // nodes},
+                           "parallel": {"dp": "auto", **parallel}, "training": training(**train)}
+    if doc["training"]["optimizer"]["name"] == "sgd":
+        doc["deepspeed"] = SGD_DEEPSPEED
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     job, diags = load_job(path)
@@ -49,42 +66,57 @@ def job_spec(tmp: Path, name: str, preset: str, parallel: dict[str, Any], world:
     return job.spec
 
 
-def reference_losses(spec: JobSpec, steps: int = STEPS) -> list[float]:
-    """Global-batch mean losses of the dense model trained on one process (see the module doc)."""
+def reference_optimizer(spec: JobSpec, params: Any) -> torch.optim.Optimizer:
+    """The torch optimizer DeepSpeed builds from the job's ds_config (SGD, or AdamW for torch_adam)."""
+    o = spec.training.optimizer
+    if o.name == "sgd":
+        momentum = spec.deepspeed.get("optimizer", {}).get("params", {}).get("momentum", 0.0)
+        return torch.optim.SGD(params, lr=o.lr, momentum=momentum, weight_decay=o.weight_decay)
+    return torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+
+
+def reference_run(spec: JobSpec, steps: int = STEPS) -> tuple[list[float], list[float]]:
+    """Global-batch mean losses and pre-clipping gradient norms of the dense model trained on one process."""
     from dsforge.runtime.data import Batches, Sharding, SyntheticTokens
     from dsforge.runtime.models import build_model
 
     plan = build_plan(spec)
     t, m = spec.training, spec.model
     model = build_model(m, "cpu", plan.degrees.tp if plan.degrees else 1, seed=t.seed).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=t.optimizer.lr, betas=t.optimizer.betas, eps=t.optimizer.eps,
-                            weight_decay=t.optimizer.weight_decay)
+    opt = reference_optimizer(spec, model.parameters())
     data = Batches(SyntheticTokens(m.vocab, m.seq_len, t.seed), t.global_batch, t.micro_batch, Sharding(1, 0))
-    losses = []
+    losses, norms = [], []
     for step in range(steps):
         tokens = data.global_batch_tokens(step)
         logits = model(input_ids=tokens[:, :-1]).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
         loss.backward()
-        if t.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)))
         opt.step()
         opt.zero_grad()
         losses.append(float(loss))
-    return losses
+    return losses, norms
 
 
-def compare_losses(name: str, got: list[float], want: list[float], rtol: float = RTOL) -> None:
-    """Every step's loss within ``rtol`` of the reference's; prints both so a failure shows the drift."""
+def compare(name: str, what: str, got: list[float], want: list[float], rtol: float = RTOL) -> None:
+    """Every step's value within ``rtol`` of the reference's; prints both so a failure shows the drift."""
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else 0
-    rel = [abs(g - w) / abs(w) for g, w in zip(got, want)]
-    print(f"PARITY rank={rank} {name}: losses {[f'{g:.6f}' for g in got]} reference {[f'{w:.6f}' for w in want]} "
+    rel = [abs(g - w) / abs(w) for g, w in zip(got, want)] or [math.inf]
+    print(f"PARITY rank={rank} {name} {what}: {[f'{g:.6f}' for g in got]} reference {[f'{w:.6f}' for w in want]} "
           f"max rel {max(rel):.1e}", flush=True)
     if len(got) != len(want) or max(rel) > rtol:
-        raise AssertionError(f"{name}: rank {rank} losses {got} differ from the single-process reference {want} "
+        raise AssertionError(f"{name}: rank {rank} {what} {got} differ from the single-process reference {want} "
                              f"by up to {max(rel):.2e} relative (allowed {rtol:.0e})")
+
+
+def check_parity(name: str, spec: JobSpec, losses: list[float], norms: list[float]) -> None:
+    """Losses (and, when DeepSpeed reports them, gradient norms) equal the single-process run's."""
+    want_losses, want_norms = reference_run(spec, len(losses))
+    compare(name, "losses", losses, want_losses)
+    if all(math.isfinite(n) for n in norms):  # ZeRO-0 engines clip without recording the norm
+        compare(name, "grad norms", norms, want_norms)
 
 
 def param_shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
@@ -104,8 +136,8 @@ def expect_shapes(name: str, module: torch.nn.Module, expected: dict[str, tuple[
                 raise AssertionError(f"{name}: {n} is {shapes[n]} on this rank, expected {want}")
 
 
-def run_parallel(spec: JobSpec, steps: int = STEPS) -> tuple[Any, Any, list[float]]:
-    """Train ``spec`` on the already-initialised world with dsforge's runtime; (engine, groups, losses)."""
+def run_parallel(spec: JobSpec, steps: int = STEPS) -> tuple[Any, Any, list[float], list[float]]:
+    """Train ``spec`` on the already-initialised world with dsforge's runtime; (engine, groups, losses, norms)."""
     from dsforge.compiler.emit.ds_config import build_ds_config
     from dsforge.runtime.data import batches_for
     from dsforge.runtime.engine import build_engine
@@ -115,5 +147,7 @@ def run_parallel(spec: JobSpec, steps: int = STEPS) -> tuple[Any, Any, list[floa
     plan: Plan = build_plan(spec)
     groups = create_groups(plan)
     engine = build_engine(plan, build_ds_config(plan), groups)
-    results = train(engine, batches_for(plan, groups), groups, steps=steps, pipeline=plan.degrees.pp > 1)
-    return engine, groups, [r.loss for r in results]
+    norms: list[float] = []
+    results = train(engine, batches_for(plan, groups), groups, steps=steps, pipeline=plan.degrees.pp > 1,
+                    after_step=lambda r: norms.append(float(engine.get_global_grad_norm() or math.nan)))
+    return engine, groups, [r.loss for r in results], norms

@@ -22,12 +22,15 @@ import pytest
 import torch
 
 from tests.runtime.launcher import run
-from tests.runtime_e2e.harness import compare_losses, expect_shapes, job_spec, reference_losses, run_parallel
+from tests.runtime_e2e.harness import ADAMW, CLIPPED, check_parity, expect_shapes, job_spec, run_parallel
 
 GPT2 = {"c_attn.weight": (192, 64), "wte.weight": (256, 64)}  # tiny-gpt2, whole on every rank
+GPT2_TP2 = {"c_attn.weight": (96, 64), "attn.c_proj.weight": (64, 32), "c_fc.weight": (128, 64),
+            "wte.weight": (128, 64)}
 LLAMA_TP2 = {"q_proj.weight": (32, 64), "k_proj.weight": (16, 64), "v_proj.weight": (16, 64),
              "o_proj.weight": (64, 32), "gate_proj.weight": (64, 64), "down_proj.weight": (64, 64),
              "embed_tokens.weight": (128, 64), "lm_head.weight": (128, 64), "input_layernorm.weight": (64,)}
+LLAMA_TP2_LAYERS = {k: v for k, v in LLAMA_TP2.items() if not k.startswith(("embed", "lm_head"))}
 LLAMA_FULL = {"q_proj.weight": (64, 64), "k_proj.weight": (32, 64), "embed_tokens.weight": (256, 64)}
 
 
@@ -73,38 +76,73 @@ def check_experts(engine: Any, groups: Any) -> None:
         assert tuple(layer.local_experts[0].gate_up.weight.shape) == (256, 64)
 
 
-def _two_rank_layouts(rank: int, world: int, cases: list[tuple[str, Any, str]]) -> None:
-    torch.use_deterministic_algorithms(True)
-    for name, spec, check in cases:
-        engine, groups, losses = run_parallel(spec)
-        compare_losses(name, losses, reference_losses(spec))
-        kind, _, arg = check.partition(":")
+def check_pipeline(engine: Any, groups: Any) -> None:
+    """This rank holds only its stage: 2 of the 4 decoder layers, the embedding on the first stage, the head on the last."""
+    names = [n for n, _ in engine.module.named_parameters()]
+    layers = {n.split(".")[0] for n in names if ".layer.self_attn." in n}
+    assert len(layers) == 2, f"stage {groups.index('pp')} holds decoder layers {sorted(layers)}"
+    first, last = groups.index("pp") == 0, groups.index("pp") == groups.size("pp") - 1
+    assert any("embed" in n for n in names) == first and any("head" in n for n in names) == last, names
+
+
+def _check(name: str, engine: Any, groups: Any, spec: Any, check: str) -> None:
+    """Dispatch the shard checks of one layout (``kind[:arg]``, several joined by ``+``)."""
+    for part in check.split("+"):
+        kind, _, arg = part.partition(":")
         if kind == "zero":
-            expect_shapes(name, engine.module, GPT2)
             check_zero(engine, int(arg), groups.size("dp"))
-        elif kind == "tp":
-            expect_shapes(name, engine.module, LLAMA_TP2)
-            if arg == "sp":
-                check_sequence_parallel(engine)
+        elif kind == "gpt2":
+            expect_shapes(name, engine.module, GPT2 if groups.size("tp") == 1 else GPT2_TP2)
+        elif kind == "llama":
+            tp2 = LLAMA_TP2 if groups.size("pp") == 1 else LLAMA_TP2_LAYERS  # stages hold their own layers
+            expect_shapes(name, engine.module, tp2 if groups.size("tp") == 2 else LLAMA_FULL)
+        elif kind == "sp":
+            check_sequence_parallel(engine)
         elif kind == "cp":
-            expect_shapes(name, engine.module, LLAMA_FULL)
             check_context_parallel(engine, groups, spec)
         elif kind == "ep":
             check_experts(engine, groups)
+        elif kind == "pp":
+            check_pipeline(engine, groups)
+
+
+def _layouts(rank: int, world: int, cases: list[tuple[str, Any, str]]) -> None:
+    torch.use_deterministic_algorithms(True)
+    for name, spec, check in cases:
+        engine, groups, losses, norms = run_parallel(spec)
+        check_parity(name, spec, losses, norms)
+        _check(name, engine, groups, spec, check)
         del engine
 
 
 @pytest.mark.slow
 def test_two_rank_layouts_match_one_process(tmp_path: Path) -> None:
-    cases = [(f"dp2-zero{z}", job_spec(tmp_path, f"dp2z{z}", "tiny-gpt2", {"zero": z}, 2), f"zero:{z}")
-             for z in (1, 2, 3)]
+    def spec(name: str, preset: str, parallel: dict[str, Any], **train: Any) -> Any:
+        return job_spec(tmp_path, name, preset, parallel, 2, **train)
+
+    cases = [(f"dp2-zero{z}", spec(f"dp2z{z}", "tiny-gpt2", {"zero": z}), f"gpt2+zero:{z}") for z in (1, 2, 3)]
     cases += [
-        ("tp2", job_spec(tmp_path, "tp2", "tiny-llama", {"tp": 2}, 2), "tp"),
-        ("tp2-sp", job_spec(tmp_path, "tp2sp", "tiny-llama", {"tp": 2, "sequence_parallel": True}, 2), "tp:sp"),
-        ("cp2-ring", job_spec(tmp_path, "cpring", "tiny-llama", {"cp": 2, "context_parallel": {"kind": "ring"}}, 2),
-         "cp:ring"),
-        ("cp2-ulysses", job_spec(tmp_path, "cpuly", "tiny-llama",
-                                 {"cp": 2, "context_parallel": {"kind": "ulysses"}}, 2), "cp:ulysses"),
-        ("ep2", job_spec(tmp_path, "ep2", "tiny-mixtral", {"ep": 2, "zero": 1}, 2), "ep"),
+        ("dp2-zero1-adamw", spec("dp2adam", "tiny-gpt2", {"zero": 1}, **ADAMW), "gpt2+zero:1"),
+        ("tp2-zero0-clipped", spec("tp2", "tiny-llama", {"tp": 2}, **CLIPPED), "llama"),
+        ("tp2-sp", spec("tp2sp", "tiny-llama", {"tp": 2, "zero": 1, "sequence_parallel": True}), "llama+sp"),
+        ("pp2", spec("pp2", "tiny-llama", {"pp": 2, "zero": 1}), "pp"),
+        ("cp2-ring", spec("cpring", "tiny-llama", {"cp": 2, "zero": 1, "context_parallel": {"kind": "ring"}}),
+         "llama+cp"),
+        ("cp2-ulysses", spec("cpuly", "tiny-llama", {"cp": 2, "zero": 1, "context_parallel": {"kind": "ulysses"}}),
+         "llama+cp"),
+        ("ep2", spec("ep2", "tiny-mixtral", {"ep": 2, "zero": 1}), "ep"),
     ]
-    run(_two_rank_layouts, 2, cases)
+    run(_layouts, 2, cases)
+
+
+@pytest.mark.slow
+def test_four_rank_layouts_match_one_process(tmp_path: Path) -> None:
+    def spec(name: str, preset: str, parallel: dict[str, Any], **train: Any) -> Any:
+        return job_spec(tmp_path, name, preset, parallel, 4, **train)
+
+    cases = [
+        ("tp2xdp2", spec("tp2dp2", "tiny-gpt2", {"tp": 2, "zero": 1}), "gpt2+zero:1"),
+        ("tp2xpp2", spec("tp2pp2", "tiny-llama", {"tp": 2, "pp": 2, "zero": 1}), "llama+pp"),
+        ("tp2xpp2-adamw", spec("tp2pp2adam", "tiny-llama", {"tp": 2, "pp": 2, "zero": 1}, **ADAMW), "llama+pp"),
+    ]
+    run(_layouts, 4, cases)
