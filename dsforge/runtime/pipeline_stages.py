@@ -13,18 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dsforge.compiler.plan import Plan
 from dsforge.runtime.groups import ParallelGroups
-from dsforge.runtime.layers import VocabParallelEmbedding, VocabParallelLMHead, scatter_to_sequence
+from dsforge.runtime.layers import VocabParallelEmbedding, VocabParallelLMHead
 from dsforge.runtime.rewrite.apply import apply_rewrite
 from dsforge.runtime.rewrite.planner import RewriteError, RewritePlan
+from dsforge.runtime.rewrite.sequence import SequenceEntry
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,6 @@ STRUCTURES: dict[str, Structure] = {
 }
 
 
-def _sequence_parallel(module: nn.Module) -> bool:
-    return bool(getattr(module, "sequence_parallel", False))
-
-
 class EmbeddingStage(nn.Module):
     """Token ids -> hidden states; also the tied LM head, so a TiedLayerSpec can share just this table."""
 
@@ -61,17 +57,18 @@ class EmbeddingStage(nn.Module):
         self.head: VocabParallelLMHead | None = None
         if isinstance(embed, VocabParallelEmbedding):
             self.head = VocabParallelLMHead(embed.embedding_dim, embed.vocab, embed.pg, gather_output=True,
-                                            sequence_parallel=embed.sequence_parallel, reset=False,
-                                            dtype=embed.weight.dtype)
+                                            reset=False, dtype=embed.weight.dtype)
             self.head.tie_to(embed)
 
     def forward(self, ids: Tensor) -> Tensor:
-        """Embeddings (with sequence parallelism: this rank's sequence shard)."""
+        """Embeddings of the whole sequence (sequence parallelism splits them at the first decoder layer)."""
         return self.embed(ids)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Hidden states times the (sharded) embedding table: full-vocabulary logits."""
-        return self.head(hidden) if self.head is not None else F.linear(hidden, self.embed.weight)
+        if self.head is not None:
+            return self.head(hidden)
+        return F.linear(hidden, cast(Tensor, self.embed.weight))
 
 
 def tied_logits(stage: EmbeddingStage, hidden: Tensor) -> Tensor:
@@ -80,19 +77,15 @@ def tied_logits(stage: EmbeddingStage, hidden: Tensor) -> Tensor:
 
 
 class PositionStage(nn.Module):
-    """Adds learned positions (and embedding dropout) to the embeddings; sliced to the sequence shard under SP."""
+    """Adds learned positions (and embedding dropout) to the whole-sequence embeddings."""
 
-    def __init__(self, pos: nn.Module, drop: nn.Module | None = None, sp_group: Any = None) -> None:
+    def __init__(self, pos: nn.Module, drop: nn.Module | None = None) -> None:
         super().__init__()
-        self.pos, self.drop, self._sp_group = pos, drop, sp_group
+        self.pos, self.drop = pos, drop
 
     def forward(self, hidden: Tensor) -> Tensor:
-        """hidden + position table rows of this rank's positions."""
-        seq = hidden.shape[1] * (dist.get_world_size(self._sp_group) if self._sp_group is not None else 1)
-        pos = self.pos(torch.arange(seq, device=hidden.device)).unsqueeze(0)
-        if self._sp_group is not None:
-            pos = scatter_to_sequence(pos, self._sp_group, 1)
-        hidden = hidden + pos
+        """hidden + the position table's first rows."""
+        hidden = hidden + self.pos(torch.arange(hidden.shape[1], device=hidden.device)).unsqueeze(0)
         return self.drop(hidden) if self.drop is not None else hidden
 
 
@@ -107,11 +100,12 @@ class DecoderStage(nn.Module):
     def forward(self, hidden: Tensor) -> Tensor:
         """Causal self-attention and MLP (sdpa with no mask is causal); returns hidden states."""
         if self.rotary is None:
-            return self.layer(hidden)
-        seq = hidden.shape[1] * self.seq_factor  # sequence-parallel hidden holds 1/tp of the positions
-        position_ids = torch.arange(seq, device=hidden.device).unsqueeze(0)
-        cos_sin = self.rotary(hidden, position_ids)
-        return self.layer(hidden, position_ids=position_ids, position_embeddings=cos_sin)
+            out = self.layer(hidden)
+        else:
+            seq = hidden.shape[1] * self.seq_factor  # sequence-parallel hidden holds 1/tp of the positions
+            position_ids = torch.arange(seq, device=hidden.device).unsqueeze(0)
+            out = self.layer(hidden, position_ids=position_ids, position_embeddings=self.rotary(hidden, position_ids))
+        return out.contiguous()  # DeepSpeed sends stage outputs point-to-point, which needs contiguous memory
 
 
 class HeadStage(nn.Module):
@@ -145,19 +139,20 @@ def layer_list(model: nn.Module, rp: RewritePlan) -> tuple[list[Any], int, int]:
 
     s = STRUCTURES.get(rp.arch)
     if s is None:
-        raise RewriteError(rp.arch, [f"pipeline stages know the HF families {sorted(STRUCTURES)}; a `{rp.arch}` "
-                                     "model must come as a PipelineModule from its factory"])
+        raise RewriteError(rp.arch, [(f"pipeline stages know the HF families {sorted(STRUCTURES)}; a `{rp.arch}` "
+                                      "model must come as a PipelineModule from its factory")])
     get = model.get_submodule
     embed = get(s.embed)
     tied = rp.module(s.head).tied_to == s.embed
+    sp = rp.sequence_parallel
     lead: list[Any] = [TiedLayerSpec("embed", EmbeddingStage, embed, tied_weight_attr="embed.weight") if tied
                        else LayerSpec(EmbeddingStage, embed)]
     if s.pos:
-        sp_group = embed.pg if _sequence_parallel(embed) else None
-        lead.append(LayerSpec(PositionStage, get(s.pos), get(s.drop) if s.drop else None, sp_group))
+        lead.append(LayerSpec(PositionStage, get(s.pos), get(s.drop) if s.drop else None))
     rotary = get(s.rotary) if s.rotary else None
-    seq_factor = rp.tp if rp.sequence_parallel else 1
-    decoders = [DecoderStage(layer, rotary, seq_factor) for layer in get(s.layers)]
+    # Under sequence parallelism a layer's input holds 1/tp of the positions, except the entry layer's.
+    decoders = [DecoderStage(layer, rotary, rp.tp if sp and not isinstance(layer, SequenceEntry) else 1)
+                for layer in cast(nn.ModuleList, get(s.layers))]
     tail: list[Any] = [LayerSpec(HeadStage, get(s.norm), None if tied else get(s.head))]
     if tied:
         tail.append(TiedLayerSpec("embed", EmbeddingStage, embed, forward_fn=tied_logits,
@@ -169,8 +164,8 @@ def boundaries(plan: Plan, layers: int, lead: int, tail: int) -> list[int]:
     """DeepSpeed's ``parts``: the layer-list index where each stage starts (lead entries with stage 0, tail last)."""
     pp = plan.degrees.pp if plan.degrees else 1
     if plan.virtual_stages != 1:
-        raise RewriteError("pipeline", [f"virtual_stages={plan.virtual_stages}: DeepSpeed's PipelineModule runs one "
-                                        "chunk per stage (no interleaved schedule)"])
+        raise RewriteError("pipeline", [(f"virtual_stages={plan.virtual_stages}: DeepSpeed's PipelineModule runs one "
+                                         "chunk per stage (no interleaved schedule)")])
     chunks = plan.stage_layers or ([layers] if pp == 1 else [])
     if len(chunks) != pp or sum(chunks) != layers:
         raise RewriteError("pipeline", [f"the plan's partition {chunks} does not split {layers} layers into pp={pp}"])
@@ -178,6 +173,17 @@ def boundaries(plan: Plan, layers: int, lead: int, tail: int) -> list[int]:
     for n in chunks[1:-1]:
         parts.append(parts[-1] + n)
     return parts + [lead + layers + tail] if pp > 1 else [0, lead + layers + tail]
+
+
+def ds_pipeline_config(rp: RewritePlan) -> dict[str, bool]:
+    """The ds_config ``pipeline`` keys these stages need.
+
+    DeepSpeed's PipelineEngine assumes stage activations are replicated over the TP group and by
+    default sends 1/tp of them and all-gathers on arrival (``pipe_partitioned``, runtime/pipe/engine.py);
+    with sequence parallelism each TP rank's activation is its own sequence slice, so that must be off.
+    """
+    replicated = not rp.sequence_parallel
+    return {"pipe_partitioned": replicated, "grad_partitioned": replicated}
 
 
 def build_pipeline(model: nn.Module, rp: RewritePlan, plan: Plan, groups: ParallelGroups,

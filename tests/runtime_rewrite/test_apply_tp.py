@@ -1,4 +1,4 @@
-"""TP2- and EP2-rewritten HF models against the dense model they were sharded from, on 2 gloo processes.
+"""TP2 (with and without sequence parallelism) and EP2 rewrites of HF models against the dense ones (2 ranks).
 
 Every rank builds the same dense model (same seed), keeps a copy as the single-process reference,
 rewrites the other by its rewrite plan and compares logits, loss and gradients. A logits/loss
@@ -16,21 +16,23 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 
 import pytest
 
 pytest.importorskip("transformers")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-import torch  # noqa: E402
+import torch
 
-from dsforge.compiler.plan import build_plan  # noqa: E402
-from dsforge.compiler.schema import JobSpec  # noqa: E402
-from dsforge.runtime.groups import create_groups  # noqa: E402
-from dsforge.runtime.models import build_model  # noqa: E402
-from dsforge.runtime.rewrite import plan_rewrite  # noqa: E402
-from dsforge.runtime.rewrite.apply import apply_rewrite  # noqa: E402
-from tests.runtime.launcher import report, run  # noqa: E402
+from dsforge.compiler.plan import build_plan
+from dsforge.compiler.schema import JobSpec
+from dsforge.runtime.groups import create_groups
+from dsforge.runtime.layers import allreduce_sequence_parallel_grads
+from dsforge.runtime.models import build_model
+from dsforge.runtime.rewrite import plan_rewrite
+from dsforge.runtime.rewrite.apply import apply_rewrite
+from tests.runtime.launcher import report, run
 
 RTOL = 1e-5
 
@@ -59,10 +61,15 @@ def _compare(rank: int, spec: JobSpec, checks: dict[str, tuple[int, int]]) -> No
     apply_rewrite(model, rp, groups)
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
-    name = spec.model.preset
+    sp = spec.parallel.sequence_parallel
+    if sp:  # norms and row biases saw 1/tp of the tokens: their gradients are partial sums
+        allreduce_sequence_parallel_grads(model.parameters(), groups.tp)
+    name = f"{spec.model.preset}{' sp' if sp else ''}"
     report(f"{name} logits", out.logits, ref.logits, RTOL)
     report(f"{name} loss", out.loss, ref.loss, RTOL)
-    params, ref_params = dict(model.named_parameters()), dict(dense.named_parameters())
+    # Sequence-parallel wrappers nest the original modules under `.block` / `.layer`.
+    params = {re.sub(r"\.(block|layer)(?=\.)", "", n): p for n, p in model.named_parameters()}
+    ref_params = dict(dense.named_parameters())
     for pname, (dim, blocks) in checks.items():
         want, got = ref_params[pname], params[pname]
         owner = type(dense.get_submodule(pname.rpartition(".")[0])).__name__
@@ -116,8 +123,13 @@ def test_tp2_and_ep2_rewrites_match_the_dense_model(job):
     # dims are in the dense module's own layout; Conv1D (in, out) is handled by the comparison
     gpt2_checks = {"transformer.h.0.attn.c_attn.weight": (1, 3), "transformer.h.0.attn.c_attn.bias": (0, 3),
                    "transformer.h.1.attn.c_proj.weight": (0, 1), "transformer.h.1.mlp.c_fc.weight": (1, 1),
-                   "transformer.wte.weight": (0, 1), "transformer.wpe.weight": (-1, 1)}
+                   "transformer.wte.weight": (0, 1), "transformer.wpe.weight": (-1, 1),
+                   "transformer.h.1.ln_2.weight": (-1, 1), "transformer.h.1.mlp.c_proj.bias": (-1, 1)}
     mixtral_checks = {"model.layers.0.mlp.experts.gate_up_proj": (-1, 1), "model.layers.0.mlp.gate.weight": (-1, 1),
                       f"{attn}.v_proj.weight": (0, 1)}
     mixtral_ep, _ = job({"preset": "tiny-mixtral"}, {"dp": 2, "ep": 2})
-    run(_worker, 2, [(llama, llama_checks), (gpt2, gpt2_checks), (mixtral, mixtral_checks)], mixtral_ep)
+    llama_sp, _ = job({"preset": "tiny-llama"}, {"tp": 2, "sequence_parallel": True})
+    gpt2_sp, _ = job({"preset": "tiny-gpt2"}, {"tp": 2, "sequence_parallel": True})
+    mixtral_sp, _ = job({"preset": "tiny-mixtral"}, {"tp": 2, "sequence_parallel": True})
+    run(_worker, 2, [(llama, llama_checks), (gpt2, gpt2_checks), (mixtral, mixtral_checks), (llama_sp, llama_checks),
+                     (gpt2_sp, gpt2_checks), (mixtral_sp, mixtral_checks)], mixtral_ep)

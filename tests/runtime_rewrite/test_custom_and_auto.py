@@ -6,11 +6,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dsforge.compiler.rewrite_policies import POLICIES, format_rows  # noqa: E402
-from dsforge.runtime.models import ModelBuildError, build_model, hf_config  # noqa: E402
-from dsforge.runtime.rewrite import RewriteError, describe, detect_arch, plan_rewrite  # noqa: E402
-from dsforge.runtime.rewrite.shard import Heads, shard_tensor_parallel  # noqa: E402
-from tests.runtime_rewrite.toy_models import Toy  # noqa: E402
+from dsforge.compiler.rewrite_policies import POLICIES, format_rows
+from dsforge.runtime.models import ModelBuildError, build_model, hf_config
+from dsforge.runtime.rewrite import RewriteError, describe, detect_arch, plan_rewrite
+from dsforge.runtime.rewrite.shard import Heads, shard_tensor_parallel
+from tests.runtime_rewrite.toy_models import Toy
 
 TOY = {"arch": "custom", "factory": "tests.runtime_rewrite.toy_models:build", "layers": 2, "hidden": 64,
        "heads": 4, "ffn_hidden": 128, "vocab": 256, "seq_len": 32}
@@ -87,7 +87,7 @@ def test_auto_detects_each_family_from_modules(job, preset):
     model = build_model(spec.model, "meta")
     found, _ = detect_arch(model)
     assert found == spec.model.arch
-    auto, plan = job({"preset": preset, "arch": "auto"}, {"tp": 2})
+    _, plan = job({"preset": preset, "arch": "auto"}, {"tp": 2})
     assert plan_rewrite(model, plan).arch == spec.model.arch
 
 

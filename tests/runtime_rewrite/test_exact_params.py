@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dsforge.compiler.params import total_params  # noqa: E402
-from dsforge.compiler.presets import presets  # noqa: E402
-from dsforge.runtime.models import build_model  # noqa: E402
-from dsforge.runtime.rewrite import describe, plan_rewrite  # noqa: E402
+from dsforge.compiler.params import total_params
+from dsforge.compiler.presets import presets
+from dsforge.runtime.models import build_model
+from dsforge.runtime.rewrite import describe, plan_rewrite
 
 MODELS = sorted(presets("models"))
 

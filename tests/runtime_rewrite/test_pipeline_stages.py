@@ -2,7 +2,7 @@
 
 The 4-process test builds the dense HF model on every rank (same seed), rewrites each rank's stage,
 runs it in DeepSpeed's PipelineEngine, and compares the loss before and after one SGD step with the
-dense model's. The step covers the backward through both stages, the TP collectives and, for the
+dense model's (GPT-2 with sequence parallelism on top). The step covers the backward through both stages, the TP collectives and, for the
 tied GPT-2 head, DeepSpeed's all-reduce of the tied embedding gradient between first and last stage.
 Each rank's parameter count must equal the plan's exact per-rank count for its stage.
 
@@ -21,12 +21,12 @@ pytest.importorskip("transformers")
 pytest.importorskip("deepspeed")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-import torch  # noqa: E402
+import torch
 
-from dsforge.compiler.plan import build_plan  # noqa: E402
-from dsforge.compiler.schema import JobSpec  # noqa: E402
-from dsforge.runtime.rewrite import RewriteError  # noqa: E402
-from dsforge.runtime.pipeline_stages import boundaries  # noqa: E402
+from dsforge.compiler.plan import build_plan
+from dsforge.compiler.schema import JobSpec
+from dsforge.runtime.pipeline_stages import boundaries
+from dsforge.runtime.rewrite import RewriteError
 
 RTOL = 1e-5
 LR = 0.5
@@ -44,12 +44,26 @@ def test_boundaries_follow_the_plan_partition(job):
         boundaries(plan, 4, lead=1, tail=1)
 
 
+class _SGD(torch.optim.SGD):
+    """SGD that first sums the partial gradients of sequence-parallel parameters (Megatron's finalize step)."""
+
+    def __init__(self, module: torch.nn.Module, tp_group: object) -> None:
+        super().__init__(module.parameters(), lr=LR)
+        self._params, self._tp = list(module.parameters()), tp_group
+
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        from dsforge.runtime.layers import allreduce_sequence_parallel_grads
+
+        allreduce_sequence_parallel_grads(self._params, self._tp)
+        return super().step(closure)
+
+
 def _pipeline_parity(rank: int, spec: JobSpec) -> None:
     import deepspeed
 
     from dsforge.runtime.groups import create_groups
     from dsforge.runtime.models import build_model
-    from dsforge.runtime.pipeline_stages import build_pipeline
+    from dsforge.runtime.pipeline_stages import build_pipeline, ds_pipeline_config
     from dsforge.runtime.rewrite import plan_rewrite
     from tests.runtime.launcher import report
 
@@ -75,9 +89,8 @@ def _pipeline_parity(rank: int, spec: JobSpec) -> None:
         raise AssertionError(f"rank {rank} (stage {stage}) holds {held} parameters, the plan says "
                              f"{rp.stage_params()[stage]}")
     config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 10**6,
-              "gradient_clipping": 0.0}
-    engine, *_ = deepspeed.initialize(model=pipe, config=config,
-                                      optimizer=torch.optim.SGD(pipe.parameters(), lr=LR))
+              "gradient_clipping": 0.0, "pipeline": ds_pipeline_config(rp)}
+    engine, *_ = deepspeed.initialize(model=pipe, config=config, optimizer=_SGD(pipe, groups.tp))
     name = spec.model.preset
     report(f"{name} pipeline loss", engine.eval_batch(iter([(ids, ids)])).reshape(()), ref.detach(), RTOL)
     engine.train_batch(iter([(ids, ids)]))
@@ -97,5 +110,5 @@ def test_tp2_pp2_pipeline_matches_the_dense_model(job):
     from tests.runtime.launcher import run
 
     llama, _ = job({"preset": "tiny-llama"}, {"tp": 2, "pp": 2, "pipeline": {"partition": [1, 3]}})
-    gpt2, _ = job({"preset": "tiny-gpt2"}, {"tp": 2, "pp": 2})
+    gpt2, _ = job({"preset": "tiny-gpt2"}, {"tp": 2, "pp": 2, "sequence_parallel": True})
     run(_worker, 4, [llama, gpt2])

@@ -8,11 +8,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from torch import nn  # noqa: E402
+from torch import nn
 
-from dsforge.compiler.params import embedding_params, head_params, layer_params, total_params  # noqa: E402
-from dsforge.runtime.models import build_model  # noqa: E402
-from dsforge.runtime.rewrite import RewriteError, describe, plan_rewrite  # noqa: E402
+from dsforge.compiler.params import embedding_params, head_params, layer_params, total_params
+from dsforge.runtime.models import build_model
+from dsforge.runtime.rewrite import RewriteError, describe, plan_rewrite
 
 TINY = {"gpt2": "tiny-gpt2", "llama": "tiny-llama", "mixtral": "tiny-mixtral"}
 

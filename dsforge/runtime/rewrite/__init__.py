@@ -24,8 +24,8 @@ def resolve_arch(model: nn.Module, spec: JobSpec) -> str:
     arch = spec.model.arch
     if arch == "custom":
         if not spec.rewrite:
-            raise RewriteError("custom", ["arch: custom places modules only by the job's `rewrite:` rules, "
-                                          "and the job has none"])
+            raise RewriteError("custom", [("arch: custom places modules only by the job's `rewrite:` rules, "
+                                           "and the job has none")])
         return arch
     if arch != "auto":
         return arch

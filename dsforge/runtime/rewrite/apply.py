@@ -12,14 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from torch import nn
 
 from dsforge.runtime.groups import ParallelGroups
-from dsforge.runtime.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
-                                    VocabParallelLMHead, mark_sequence_parallel)
+from dsforge.runtime.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    VocabParallelLMHead,
+    mark_sequence_parallel,
+)
 from dsforge.runtime.rewrite.planner import ModulePlan, RewriteError, RewritePlan
-
+from dsforge.runtime.rewrite.sequence import wrap_sequence_parallel
 
 
 @dataclass(frozen=True)
@@ -43,15 +49,15 @@ def _even(entry: ModulePlan, ctx: Context) -> None:
     """The layers cut every block evenly; a planned shard that is not 1/tp (replicated KV heads) is refused."""
     for p in entry.params:
         if p.dim is not None and p.shard[p.dim] * ctx.rp.tp != p.shape[p.dim]:
-            raise RewriteError(ctx.rp.arch, [f"{entry.name}: the planned shard {p.shard} of {p.name} {p.shape} is "
-                                             f"not 1/{ctx.rp.tp} of it (replicated KV heads); the tensor-parallel "
-                                             "layers cannot build it"])
+            raise RewriteError(ctx.rp.arch, [(f"{entry.name}: the planned shard {p.shard} of {p.name} {p.shape} is "
+                                              f"not 1/{ctx.rp.tp} of it (replicated KV heads); the tensor-parallel "
+                                              "layers cannot build it")])
 
 
 def _column(dense: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
     _even(entry, ctx)
-    return ColumnParallelLinear.from_dense(dense, ctx.groups, blocks=entry.fused, unit=_unit(entry, ctx.rp),
-                                           sequence_parallel=ctx.rp.sequence_parallel)
+    # Under sequence parallelism the block around it gathers the sequence (rewrite.sequence), not the layer.
+    return ColumnParallelLinear.from_dense(dense, ctx.groups, blocks=entry.fused, unit=_unit(entry, ctx.rp))
 
 
 def _row(dense: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
@@ -60,13 +66,13 @@ def _row(dense: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
 
 
 def _vocab(dense: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
-    sp = ctx.rp.sequence_parallel
+    # Under sequence parallelism both ends see the whole sequence (rewrite.sequence): no SP mode here.
     if isinstance(dense, nn.Embedding):
-        return VocabParallelEmbedding.from_dense(dense, ctx.groups, sequence_parallel=sp)
+        return VocabParallelEmbedding.from_dense(dense, ctx.groups)
     if isinstance(dense, nn.Linear):
-        return VocabParallelLMHead.from_dense(dense, ctx.groups, gather_output=ctx.gather_logits, sequence_parallel=sp)
-    raise RewriteError(ctx.rp.arch, [f"{entry.name}: `vocab` needs an nn.Embedding or nn.Linear, not "
-                                     f"{type(dense).__name__}"])
+        return VocabParallelLMHead.from_dense(dense, ctx.groups, gather_output=ctx.gather_logits)
+    raise RewriteError(ctx.rp.arch, [(f"{entry.name}: `vocab` needs an nn.Embedding or nn.Linear, not "
+                                      f"{type(dense).__name__}")])
 
 
 def _norm(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
@@ -83,8 +89,8 @@ def _keep(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
 def _expert(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
     if ctx.rp.ep == 1:
         return module  # every expert is local: the dense module is already this rank's shard
-    raise RewriteError(ctx.rp.arch, [f"{entry.name}: expert parallelism (ep={ctx.rp.ep}) replaces the whole MoE "
-                                     "block; the applier does that for HF Mixtral blocks only"])
+    raise RewriteError(ctx.rp.arch, [(f"{entry.name}: expert parallelism (ep={ctx.rp.ep}) replaces the whole MoE "
+                                      "block; the applier does that for HF Mixtral blocks only")])
 
 
 def _moe_block(model: nn.Module, entry: ModulePlan, ctx: Context) -> str | None:
@@ -129,7 +135,7 @@ def _check_shapes(model: nn.Module, entry: ModulePlan, problems: list[str]) -> N
 def _check_moe(model: nn.Module, block_name: str, entry: ModulePlan, problems: list[str]) -> None:
     """An expert-parallel block holds the plan's number of local experts, each one expert's slice of every tensor."""
     moe = model.get_submodule(block_name)
-    local = list(moe.local_experts)
+    local = list(cast(nn.ModuleList, moe.local_experts))  # an ExpertParallelMoE's experts on this rank
     planned = {p.name: p.shard for p in entry.params}
     count = {s[0] for s in planned.values()}
     sizes = sorted(sum(t.numel() for t in e.parameters()) for e in local)
@@ -155,8 +161,8 @@ def apply_rewrite(model: nn.Module, rp: RewritePlan, groups: ParallelGroups, onl
     the LM head's logits split over the vocabulary (for ``vocab_parallel_cross_entropy``).
     """
     if groups.size("tp") != rp.tp or (rp.ep > 1 and groups.size("ep") != rp.ep):
-        raise RewriteError(rp.arch, [f"the plan is for tp={rp.tp}, ep={rp.ep} but this rank's groups have "
-                                     f"tp={groups.size('tp')}, ep={groups.size('ep')}"])
+        raise RewriteError(rp.arch, [(f"the plan is for tp={rp.tp}, ep={rp.ep} but this rank's groups have "
+                                      f"tp={groups.size('tp')}, ep={groups.size('ep')}")])
     wanted = set(only) if only is not None else None
     entries = [m for m in rp.modules if wanted is None or m.name in wanted]
     ctx = Context(rp, groups, gather_logits)
@@ -178,6 +184,8 @@ def apply_rewrite(model: nn.Module, rp: RewritePlan, groups: ParallelGroups, onl
             module = model.get_submodule(name)
             setattr(module, attr, getattr(module, attr) // rp.tp)
     _verify(model, entries, blocks, rp)
+    if rp.sequence_parallel:
+        wrap_sequence_parallel(model, rp, groups, wanted)
     return model
 
 
@@ -202,7 +210,7 @@ def _tie(model: nn.Module, entry: ModulePlan, owner: nn.Module, ctx: Context) ->
     if getattr(model.get_submodule(entry.name), "bias", None) is not None:
         raise RewriteError(ctx.rp.arch, [f"{entry.name}: a tied LM head with a bias cannot be vocab-parallel"])
     head = VocabParallelLMHead(owner.embedding_dim, owner.vocab, owner.pg, gather_output=ctx.gather_logits,
-                               sequence_parallel=ctx.rp.sequence_parallel, reset=False, dtype=owner.weight.dtype)
+                               reset=False, dtype=owner.weight.dtype)
     head.tie_to(owner)
     _swap(model, entry.name, head.to(owner.weight.device))
 

@@ -17,10 +17,24 @@ from torch import nn
 from dsforge.compiler.plan import Plan
 from dsforge.compiler.rewrite_policies import POLICIES, rows_for
 from dsforge.compiler.schema import JobSpec
-from dsforge.runtime.rewrite.shard import (Heads, ParamShard, ShardResult, replicated, shard_experts,
-                                           shard_tensor_parallel)
-from dsforge.runtime.rewrite.walk import (Claim, direct_shapes, expert_shapes, find_layer_list, group_names,
-                                          match_rows, module_kind, subtree_shapes)
+from dsforge.runtime.rewrite.shard import (
+    Heads,
+    ParamShard,
+    ShardResult,
+    replicated,
+    shard_experts,
+    shard_tensor_parallel,
+)
+from dsforge.runtime.rewrite.walk import (
+    Claim,
+    direct_shapes,
+    expert_shapes,
+    find_layer_list,
+    group_names,
+    match_rows,
+    module_kind,
+    subtree_shapes,
+)
 
 
 class RewriteError(ValueError):
