@@ -1,0 +1,137 @@
+"""HF Trainer integration: TrainingArguments agree with HF's DeepSpeed "auto" logic, the callback catches a
+script that disagrees with the job before step one, and a real Trainer trains under ZeRO-2 on 2 processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+from transformers import TrainingArguments  # noqa: E402
+from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig  # noqa: E402
+
+from dsforge.plugins.hf import DsforgeCallback, training_args_kwargs  # noqa: E402
+from dsforge.plugins.job import PlanMismatchError, PluginError  # noqa: E402
+from tests.plugins.conftest import ROOT  # noqa: E402
+
+EXAMPLE = ROOT / "examples" / "trainers" / "hf"
+JOB = """\
+version: 1
+model: {{preset: tiny-llama}}
+hardware: {{preset: {hardware}, gpus_per_node: {ranks}}}
+parallel: {{tp: {tp}, zero: {zero}}}
+training:
+  global_batch: 16
+  micro_batch: 2
+  precision: {precision}
+  grad_clip: {clip}
+  steps: 50
+  optimizer: {{name: adamw, lr: 2.0e-4, betas: [0.9, 0.98], eps: 1.0e-6, weight_decay: 0.1}}
+  scheduler: {{name: {sched}, warmup_steps: {warm}, min_lr: {min_lr}}}
+"""
+
+
+def job_file(tmp: Path, **over: Any) -> Path:
+    values = {"hardware": "dgx-h100", "ranks": 8, "tp": 1, "zero": 2, "precision": "bf16", "clip": 1.0,
+              "sched": "cosine", "warm": 5, "min_lr": 0.0, **over}
+    path = tmp / f"job{len(list(tmp.glob('*.yaml')))}.yaml"
+    path.write_text(JOB.format(**values), encoding="utf-8")
+    return path
+
+
+def hf_fill_in(kwargs: dict[str, Any], world: int) -> dict[str, Any]:
+    """Run HF's own DeepSpeed fill-in and checks (trainer_config_process + _finalize) on the keywords."""
+    args = SimpleNamespace(**{k: v for k, v in kwargs.items() if k != "deepspeed"}, world_size=world,
+                           save_on_each_node=False, fp16_full_eval=False, bf16_full_eval=False)
+    args.get_warmup_steps = lambda n: TrainingArguments.get_warmup_steps(args, n)  # HF's rule, on these values
+    hf = HfTrainerDeepSpeedConfig(kwargs["deepspeed"])
+    hf.trainer_config_process(args)
+    hf.trainer_config_finalize(args, SimpleNamespace(config=SimpleNamespace(hidden_size=64)), args.max_steps)
+    return hf.config
+
+
+@pytest.mark.parametrize("over", [
+    {}, {"precision": "fp16", "zero": 3}, {"precision": "fp32", "zero": 0, "clip": 0.0},
+    {"sched": "linear", "warm": 0}, {"sched": "constant", "warm": 3, "zero": 1}, {"sched": "cosine", "warm": 0,
+                                                                                    "min_lr": 2.0e-5},
+    {"hardware": "cpu-local", "ranks": 2, "precision": "fp32"},
+], ids=["bf16-z2", "fp16-z3", "fp32-z0-noclip", "linear-nowarmup", "constant-z1", "cosine-minlr", "cpu"])
+def test_training_arguments_pass_hf_checks_and_leave_the_config_as_compiled(tmp_path: Path, over: dict) -> None:
+    path = job_file(tmp_path, **over)
+    kwargs = training_args_kwargs(path)
+    compiled = json.loads(json.dumps(kwargs["deepspeed"]))
+    assert hf_fill_in(kwargs, over.get("ranks", 8)) == compiled  # no mismatch raised, nothing left to fill
+    assert kwargs["per_device_train_batch_size"] == 2 and kwargs["gradient_accumulation_steps"] == 16 // (
+        2 * over.get("ranks", 8))
+    assert kwargs.get("use_cpu", False) == (over.get("hardware") == "cpu-local")
+
+
+def test_hf_check_catches_a_keyword_that_disagrees(tmp_path: Path) -> None:
+    """The comparison above can fail: HF itself rejects a learning rate that is not the config's."""
+    kwargs = {**training_args_kwargs(job_file(tmp_path)), "learning_rate": 1.0e-3}
+    with pytest.raises(ValueError, match="optimizer.params.lr=0.0002 vs hf learning_rate=0.001"):
+        hf_fill_in(kwargs, 8)
+
+
+def test_callback_names_each_mismatch_and_the_job_file_key(tmp_path: Path) -> None:
+    path = job_file(tmp_path, hardware="cpu-local", ranks=2, precision="fp32")
+    args = SimpleNamespace(world_size=1, per_device_train_batch_size=4, gradient_accumulation_steps=4, bf16=True,
+                           fp16=False, hf_deepspeed_config=SimpleNamespace(config={"zero_optimization": {"stage": 2}}))
+    with pytest.raises(PlanMismatchError) as err:
+        DsforgeCallback(path).check_arguments(args)
+    text = str(err.value)
+    assert f"world size: TrainingArguments has 1, the job file plans 2 (hardware.gpus_per_node at {path}:3:" in text
+    assert f"micro-batch per rank: TrainingArguments has 4, the job file plans 2 (training.micro_batch at {path}:7:" \
+        in text
+    assert "precision: TrainingArguments has bf16, the job file plans fp32" in text
+    assert "gradient accumulation" not in text and "ZeRO" not in text  # those agree
+    args.world_size, args.per_device_train_batch_size, args.bf16 = 2, 2, False
+    DsforgeCallback(path).check_arguments(args)  # all agree: no error
+
+
+def test_layouts_the_trainer_cannot_run_and_bad_jobs_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(PluginError, match=r"tp=2: the HF Trainer passes the model to deepspeed.initialize without"):
+        training_args_kwargs(job_file(tmp_path, tp=2))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nmodel: {preset: tiny-llama}\nhardware: {preset: cpu-local}\nparallel: {tp: 3}\n")
+    with pytest.raises(PluginError, match=r"(?s)cannot be used:\n.*bad.yaml:4:\d+: error\[DSF102\]"):
+        training_args_kwargs(bad)
+
+
+def _torchrun(args: list[str], tmp: Path, port: int) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+           str(EXAMPLE / "train_hf.py"), str(EXAMPLE / "job.yaml"), "--output-dir", str(tmp / "out"), *args]
+    return subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_trainer_trains_tiny_llama_under_zero2_on_two_processes(tmp_path: Path) -> None:
+    proc = _torchrun(["--summary", str(tmp_path / "summary.json")], tmp_path, 29641)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 4 and len(summary["losses"]) == 4
+    assert all(5.0 < loss < 6.0 for loss in summary["losses"])  # ln(256) = 5.55 for random tokens
+    ranks = summary["memory"]
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["coordinates"]["dp"] for r in ranks} == {0, 1}
+    for r in ranks:  # the engine's real buffers: ZeRO-2 keeps whole fp32 parameters, half of Adam's state
+        assert r["measured"]["parameters"] == r["predicted"]["parameters"]
+        assert r["measured"]["optimizer"] == pytest.approx(r["predicted"]["optimizer"], rel=0.02)
+    assert "memory per rank, predicted / measured" in proc.stdout
+
+
+@pytest.mark.slow
+def test_batch_mismatch_stops_the_run_before_step_one(tmp_path: Path) -> None:
+    proc = _torchrun(["--batch-size", "4"], tmp_path, 29643)
+    assert proc.returncode != 0
+    assert "micro-batch per rank: TrainingArguments has 4, the job file plans 2 (training.micro_batch at" \
+        in proc.stderr
+    assert "'loss'" not in proc.stdout + proc.stderr  # no step ran
+    assert 'train_hf.py", line' not in proc.stderr  # the script's message, not its traceback (torchrun adds its own)
