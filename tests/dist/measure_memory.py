@@ -6,7 +6,7 @@ dsforge's estimate:
 
 * "activations": bytes autograd saves for backward over one micro-batch (distinct storages, no
   parameters), by region (embed, blocks, head), for the test GPT at tp 1 and 2, recompute none/full;
-* "hf": the same for the HF models dsforge's runtime builds (tiny-llama, tiny-gpt2; tp 1);
+* "hf": the same for the HF models dsforge's runtime builds (tiny-llama, tiny-gpt2, tiny-mixtral; tp 1);
 * "states": model-state bytes of a DeepSpeed engine (ZeRO 0-3, fp32 and bf16) started with the
   ds_config `dsforge compile` emits for `job_yaml(...)`, summed over the distinct storages of every
   live tensor and classified (parameters / gradients / optimizer / module_buffers / other), at the
@@ -238,7 +238,7 @@ def main() -> None:
                 if tp == 2 and name == "bf16":
                     continue
                 out["activations"][f"tp{tp}-{recompute}-{name}"] = measure_activations(tp, recompute, dtype)
-    out["hf"] = {f"{preset}-{name}": measure_hf(preset, dtype) for preset in ("tiny-llama", "tiny-gpt2")
+    out["hf"] = {f"{preset}-{name}": measure_hf(preset, dtype) for preset in ("tiny-llama", "tiny-gpt2", "tiny-mixtral")
                  for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     for bf16 in (False, True):
         for zero in (0, 1, 2, 3):
