@@ -178,6 +178,39 @@ def plugins(fmt: str) -> None:
     sys.exit(EXIT_FINDINGS if report["failed"] else EXIT_CLEAN)
 
 
+@cli.command(name="run")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", "out", type=click.Path(file_okay=False),
+              help="The job directory (default: runs/<job name>).")
+@click.option("--fresh", is_flag=True, help="Discard an earlier run in the job directory (checkpoints, reports).")
+def run_job(file: str, out: str | None, fresh: bool) -> None:
+    """Compile a job file and train it on this machine with its local launcher (needs torch and deepspeed).
+
+    An earlier run of the same compile in the job directory resumes from its checkpoints. Exit codes:
+    0 trained, 1 errors in the job or a failed run, 2 unusable input or no runtime installed.
+    """
+    from dsforge.runner import INSTALL_HINT, RunError, launch, missing_runtime, prepare
+
+    missing = missing_runtime()
+    if missing:
+        click.echo(f"dsforge run: this Python has no {', '.join(missing)}; install the runtime: {INSTALL_HINT}",
+                   err=True)
+        sys.exit(EXIT_UNUSABLE)
+    try:
+        prepared = prepare(file, out, fresh)
+        click.echo(prepared.report, nl=False)
+        verb = "resuming the earlier run in" if prepared.reused else "compiled into"
+        click.echo(f"dsforge run: {verb} {prepared.job_dir}", err=True)
+        code = launch(prepared.job_dir)
+    except RunError as exc:
+        click.echo(exc.report, nl=False)
+        click.echo(f"dsforge run: {exc}", err=True)
+        sys.exit(exc.code)
+    if code != 0:
+        click.echo(f"dsforge run: the job failed (exit code {code}); see {prepared.job_dir}", err=True)
+        sys.exit(EXIT_FINDINGS)
+
+
 def main() -> NoReturn:
     """Console entry point: run the CLI; an unexpected exception is reported without a traceback."""
     # Pydantic scans every installed distribution's entry points for plugins the first time it builds

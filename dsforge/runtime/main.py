@@ -69,9 +69,13 @@ def prepare_environment(job: JobDir) -> None:
     if job.doc.get("dist_backend") == "gloo":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if os.environ.get("DSFORGE_VERBOSE") != "1":
+        import warnings
+
         from deepspeed.utils import logger
 
         logger.setLevel(logging.WARNING)
+        # torch.distributed deprecations raised inside DeepSpeed: nothing a job can act on.
+        warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def init_distributed(job: JobDir) -> None:
@@ -196,7 +200,9 @@ def run_session(job: JobDir) -> None:
                     progress=progress, before_step=before, after_step=after)
     rows = gather_rows(rank_row(plan, rank, states.states, acts.bytes if acts.done else None))
     if rank == 0:
-        write_report(job, rows, results)
+        # The first step pays for warm-up (lazy buffers, first collectives), the measured one for the probes.
+        timed = [r for r in results if r.step not in (start + 1, measure_at + 1)] or results
+        write_report(job, rows, results, timed)
 
 
 def log_step(job: JobDir, result: Any) -> None:
@@ -210,11 +216,10 @@ def log_step(job: JobDir, result: Any) -> None:
         fh.write(json.dumps(line) + "\n")
 
 
-def write_report(job: JobDir, rows: list[dict[str, Any]], results: list[Any]) -> None:
+def write_report(job: JobDir, rows: list[dict[str, Any]], results: list[Any], timed: list[Any]) -> None:
     """memory_report.json beside plan.json, and the table and a throughput line on stdout."""
     from dsforge.runtime.measure import render_table
 
-    timed = results[1:] or results  # the first step pays for warm-up (lazy buffers, first collectives)
     mean_s = sum(r.seconds for r in timed) / len(timed)
     doc = {"job": job.plan.spec.name, "units": "bytes", "ranks": rows,
            "step_seconds_mean": mean_s, "tokens_per_s_mean": sum(r.tokens_per_s for r in timed) / len(timed),
@@ -222,7 +227,9 @@ def write_report(job: JobDir, rows: list[dict[str, Any]], results: list[Any]) ->
            "notes": ["predicted: dsforge.compiler.estimate.memory for the rank's pipeline stage",
                      "activations_per_micro_batch: predicted (activations + logits) / micro-batches in flight; "
                      "measured: bytes autograd saved in one forward",
-                     "peak: predicted device total incl. reserve; measured peak RSS (CPU) or max allocated (GPU)"]}
+                     "peak: predicted device total incl. reserve; measured peak RSS (CPU) or max allocated (GPU)",
+                     "measured parameters/gradients/optimizer: live storages inside the optimizer step (ZeRO has "
+                     "already freed the gradients it reduced into its fp32 partitions)"]}
     (job.path / "memory_report.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
     print(render_table(rows), flush=True)
     print(f"dsforge: {job.plan.spec.name}: final loss {results[-1].loss:.4f}, {doc['tokens_per_s_mean']:,.0f} tok/s, "
