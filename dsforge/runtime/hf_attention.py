@@ -46,9 +46,12 @@ def _no_mask(*args: Any, **kwargs: Any) -> None:
 
 def register() -> None:
     """Register the ``dsforge_cp`` attention and mask functions with transformers (idempotent)."""
-    from transformers.masking_utils import AttentionMaskInterface
-    from transformers.modeling_utils import AttentionInterface
-
+    try:
+        from transformers.masking_utils import AttentionMaskInterface
+        from transformers.modeling_utils import AttentionInterface
+    except ImportError as exc:  # both registries exist from transformers 4.53 on
+        raise ContextParallelError(f"context parallelism needs transformers >= 4.53 (its attention and mask "
+                                   f"registries): {exc}") from exc
     AttentionInterface.register(NAME, _attention)
     AttentionMaskInterface.register(NAME, _no_mask)
 
