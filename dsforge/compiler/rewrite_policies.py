@@ -20,7 +20,7 @@ Variants (Shoeybi et al. 2019, Megatron-LM sec. 3; Korthikanti et al. 2022 for s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Variant = Literal["column", "row", "vocab", "norm", "replicate", "expert"]
 VARIANTS: tuple[str, ...] = ("column", "row", "vocab", "norm", "replicate", "expert")
@@ -170,4 +170,23 @@ def format_rows(arch: str, rules: list[object]) -> list[str]:
     for source, row in rows_for(arch, rules):
         opts = "".join([f" fused={row.fused}" if row.fused > 1 else "", f" heads={row.heads}" if row.heads else ""])
         lines.append(f"{source:<12} {row.variant:<9} {row.match}{opts}")
+    return lines
+
+
+def format_description(desc: dict[str, Any]) -> list[str]:
+    """Lines for `dsforge explain` from ``dsforge.runtime.rewrite.describe`` output (or plan.json's copy)."""
+    if not desc.get("ok"):
+        return [f"rewrite plan ({desc.get('arch')}): cannot place the model"] + [f"  {e}" for e in desc["errors"]]
+    head = (f"rewrite plan ({desc['arch']}, tp={desc['tp']}, ep={desc['ep']}"
+            f"{', sequence-parallel' if desc['sequence_parallel'] else ''}):")
+    lines = [head]
+    for row in desc["summary"]:
+        shards = ", ".join(f"{name} {'x'.join(map(str, p['shape']))} -> {'x'.join(map(str, p['shard']))}"
+                           for name, p in row["params"].items())
+        tied = f" (tied to {row['tied_to']})" if row.get("tied_to") else ""
+        lines.append(f"  {row['variant']:<9} {row['modules']}{tied}: {shards}")
+    params = desc["params"]
+    lines.append(f"  parameters: {params['total']:,} exact; per rank by pipeline stage: "
+                 + ", ".join(f"{n:,}" for n in params["per_rank_by_stage"]))
+    lines += [f"  warning: {w}" for w in desc.get("warnings", [])]
     return lines

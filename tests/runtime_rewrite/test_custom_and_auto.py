@@ -146,3 +146,16 @@ def test_policy_tables_print_without_torch_objects():
     assert lines[3].split()[:2] == ["gpt2[3]", "column"] and "fused=3 heads=q" in lines[3]
     assert all(row.variant in {"column", "row", "vocab", "norm", "replicate", "expert"}
                for p in POLICIES.values() for row in p.rows)
+
+
+def test_description_renders_for_explain(job):
+    from dsforge.compiler.rewrite_policies import format_description
+
+    spec, plan = job({"preset": "tiny-gpt2"}, {"tp": 2})
+    lines = format_description(describe(spec, plan))
+    assert lines[0] == "rewrite plan (gpt2, tp=2, ep=1):"
+    assert "  column    transformer.h.{0..1}.attn.c_attn: weight 64x192 -> 64x96, bias 192 -> 96" in lines
+    assert any(line.startswith("  vocab     lm_head (tied to transformer.wte)") for line in lines)
+    spec, plan = job({"preset": "tiny-gpt2"}, {"tp": 8})
+    bad = format_description(describe(spec, plan))
+    assert bad[0] == "rewrite plan (gpt2): cannot place the model" and "tp=8 does not divide" in bad[1]
