@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -48,6 +49,7 @@ def hf_config(model: ModelSpec, tp: int = 1) -> Any:
     """The transformers config of the spec (vocabulary padded for ``tp`` as the compiler counts it)."""
     arch = family(model)
     kv, ffn = model.kv_heads or model.heads, model.ffn_hidden or 4 * model.hidden
+    cfg: Any
     if arch == "gpt2":
         from transformers import GPT2Config
         _require(kv == model.heads, arch, f"GPT-2 has no grouped-query attention (kv_heads={kv}, heads={model.heads})")
