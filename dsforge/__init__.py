@@ -1,3 +1,12 @@
 """dsforge: compile one declarative YAML job file into a checked, explained, runnable DeepSpeed job."""
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """``dsforge.initialize`` loads torch and DeepSpeed on first use only, so ``import dsforge`` stays torch-free."""
+    if name == "initialize":
+        from dsforge.runtime.api import initialize
+
+        return initialize
+    raise AttributeError(f"module 'dsforge' has no attribute {name!r}")

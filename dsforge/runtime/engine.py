@@ -109,13 +109,17 @@ def _gather_attention_input(model: nn.Module, group: dist.ProcessGroup) -> int:
     return count
 
 
-def parallelize(model: nn.Module, plan: Plan, groups: ParallelGroups) -> nn.Module:
-    """Rewrite a dense model in place into this rank's parallel variant: experts, TP/SP layers, CP attention."""
+def parallelize(model: nn.Module, plan: Plan, groups: ParallelGroups, gather_logits: bool = False) -> nn.Module:
+    """Rewrite a dense model in place into this rank's parallel variant: experts, TP/SP layers, CP attention.
+
+    ``gather_logits=False`` leaves the LM head's logits split over the vocabulary (CausalLMLoss
+    computes a vocab-parallel cross entropy); True gives every rank whole logits (HF's own loss).
+    """
     d = plan.degrees
     if d is None:
         raise EngineError("the plan's degrees are unresolved (some degree is still `auto`)")
     rp = plan_rewrite(model, plan)
-    apply_rewrite(model, rp, groups, gather_logits=False)
+    apply_rewrite(model, rp, groups, gather_logits=gather_logits)
     if d.cp > 1:
         from dsforge.runtime.hf_attention import install_context_parallel
 
