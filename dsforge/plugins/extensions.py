@@ -48,7 +48,7 @@ def _load_presets(entry: PluginEntry, load: Loader) -> list[str]:
         if not isinstance(p.spec, dict):
             raise PluginLoadError(f"preset {p.name!r}: spec must be a mapping of job-file keys")
         # _builtin, not presets(): this runs inside the first presets() lookup.
-        if p.name in table._builtin(p.kind):  # noqa: SLF001
+        if p.name in table._builtin(p.kind):
             raise PluginLoadError(f"{p.kind} preset {p.name!r} would replace dsforge's built-in preset")
     for p in items:
         table.register(dataclasses.replace(p, origin=f"plugin {entry.dist} {entry.version}"))
@@ -58,7 +58,7 @@ def _load_presets(entry: PluginEntry, load: Loader) -> list[str]:
 def _load_rules(entry: PluginEntry, load: Loader) -> list[str]:
     from dsforge.compiler.rules import registry
 
-    table = registry._RULES  # noqa: SLF001 - the registry's own table: attribute and roll back
+    table = registry._RULES  # the registry's own table: attribute the new rules, roll back a failed import
     before = dict(table)
     try:
         obj = load()  # a module registers its rules on import

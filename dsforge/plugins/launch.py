@@ -28,7 +28,7 @@ def plugin_launch_files(plan: Plan, context: dict[str, Any]) -> tuple[LaunchFile
         raise EmitError(f"no installed plugin offers the launcher {name!r} (`dsforge plugins` lists them)") from None
     try:
         produced = list(target.render(plan, {**context, "version": __version__}))
-    except Exception as exc:  # noqa: BLE001 - third-party code; report which plugin failed
+    except Exception as exc:  # third-party code: any failure becomes a report naming the plugin
         raise EmitError(f"launcher {name!r} of {entry.label} failed: {type(exc).__name__}: {exc}") from exc
     out: list[LaunchFile] = []
     for f in produced:

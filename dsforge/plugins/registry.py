@@ -54,7 +54,7 @@ class LoadRecord:
     generating a dataclass costs more start-up than the whole entry-point scan.
     """
 
-    __slots__ = ("entry", "provides", "error")
+    __slots__ = ("entry", "error", "provides")
 
     def __init__(self, entry: PluginEntry, provides: list[str] | None = None, error: str | None = None) -> None:
         self.entry, self.provides, self.error = entry, provides or [], error

@@ -13,10 +13,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_PKG = ROOT / "tests" / "fixtures" / "plugin_pkg"
@@ -53,7 +53,7 @@ def plugin_env(plugin_site: Path) -> dict[str, str]:
 
 def run(args: list[str], env: dict[str, str], cwd: Path | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
     """Run a command; its output as text."""
-    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(args, check=False, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def no_traceback(proc: subprocess.CompletedProcess) -> None:
