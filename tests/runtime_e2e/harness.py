@@ -136,8 +136,11 @@ def expect_shapes(name: str, module: torch.nn.Module, expected: dict[str, tuple[
                 raise AssertionError(f"{name}: {n} is {shapes[n]} on this rank, expected {want}")
 
 
-def run_parallel(spec: JobSpec, steps: int = STEPS) -> tuple[Any, Any, list[float], list[float]]:
-    """Train ``spec`` on the already-initialised world with dsforge's runtime; (engine, groups, losses, norms)."""
+def run_parallel(spec: JobSpec, steps: int = STEPS, resume: Any = None) -> tuple[Any, Any, list[float], list[float]]:
+    """Train ``spec`` on the already-initialised world with dsforge's runtime; (engine, groups, losses, norms).
+
+    ``resume``: a CheckpointPolicy to resume from first (the losses then start after its step).
+    """
     from dsforge.compiler.emit.ds_config import build_ds_config
     from dsforge.runtime.data import batches_for
     from dsforge.runtime.engine import build_engine
@@ -148,6 +151,13 @@ def run_parallel(spec: JobSpec, steps: int = STEPS) -> tuple[Any, Any, list[floa
     groups = create_groups(plan)
     engine = build_engine(plan, build_ds_config(plan), groups)
     norms: list[float] = []
-    results = train(engine, batches_for(plan, groups), groups, steps=steps, pipeline=plan.degrees.pp > 1,
+    start = 0
+    if resume is not None:
+        from dsforge.runtime.checkpoint import resume as load
+
+        start = load(engine, resume)
+        assert start > 0, f"nothing to resume in {resume.directory}"
+    results = train(engine, batches_for(plan, groups), groups, steps=steps, start=start,
+                    pipeline=plan.degrees.pp > 1,
                     after_step=lambda r: norms.append(float(engine.get_global_grad_norm() or math.nan)))
     return engine, groups, [r.loss for r in results], norms

@@ -135,10 +135,25 @@ def hand_written_loop(spec: Any) -> tuple[Any, Any, list[float], list[float]]:
     return engine, g, losses, norms
 
 
+def resumed_run(spec: Any, directory: str) -> tuple[Any, Any, list[float], list[float]]:
+    """Two steps, a checkpoint, a fresh engine resumed from it (`resume: auto`), two more steps."""
+    from dsforge.runtime import checkpoint as ckpt
+
+    policy = ckpt.CheckpointPolicy(Path(directory), every=2, resume=True)
+    engine, _, first, norms = run_parallel(spec, steps=2)
+    ckpt.save(engine, policy, 2)
+    del engine
+    engine, groups, rest, more = run_parallel(spec, steps=STEPS, resume=policy)
+    return engine, groups, first + rest, norms + more
+
+
 def _layouts(rank: int, world: int, cases: list[tuple[str, Any, str]]) -> None:
     torch.use_deterministic_algorithms(True)
     for name, spec, check in cases:
-        engine, groups, losses, norms = (hand_written_loop if name.startswith("api") else run_parallel)(spec)
+        if check.startswith("resume:"):
+            engine, groups, losses, norms = resumed_run(spec, check.partition(":")[2])
+        else:
+            engine, groups, losses, norms = (hand_written_loop if name.startswith("api") else run_parallel)(spec)
         check_parity(name, spec, losses, norms)
         _check(name, engine, groups, spec, check)
         del engine
@@ -160,6 +175,8 @@ def test_two_rank_layouts_match_one_process(tmp_path: Path) -> None:
         ("cp2-ulysses", spec("cpuly", "tiny-llama", {"cp": 2, "zero": 1, "context_parallel": {"kind": "ulysses"}}),
          "llama+cp"),
         ("ep2", spec("ep2", "tiny-mixtral", {"ep": 2, "zero": 1}), "ep"),
+        # Resuming restores weights, ZeRO-partitioned optimizer state (momentum) and the data position.
+        ("dp2-zero2-resumed", spec("resume", "tiny-gpt2", {"zero": 2}), f"resume:{tmp_path / 'ckpt'}"),
     ]
     run(_layouts, 2, cases)
 
