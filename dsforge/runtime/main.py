@@ -8,14 +8,16 @@ checkpoints, and writes the measured memory per rank beside the cost model's pre
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import io
 import json
 import logging
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 EXIT_OK, EXIT_FAILED = 0, 1
 DEFAULT_TIMEOUT_S = 600
@@ -74,8 +76,20 @@ def prepare_environment(job: JobDir) -> None:
         from deepspeed.utils import logger
 
         logger.setLevel(logging.WARNING)
+        # Harmless on every rank and every run: the pipeline engine reads the rate before the first step.
+        logger.addFilter(lambda record: "before it has started" not in record.getMessage())
         # torch.distributed deprecations raised inside DeepSpeed: nothing a job can act on.
         warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Drop what DeepSpeed prints to stdout while it starts (op builds, topology dumps) unless DSFORGE_VERBOSE=1."""
+    if os.environ.get("DSFORGE_VERBOSE") == "1":
+        yield
+        return
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
 
 
 def init_distributed(job: JobDir) -> None:
@@ -169,10 +183,18 @@ def run_session(job: JobDir) -> None:
     from dsforge.runtime.measure import ActivationProbe, StateProbe, gather_rows, rank_row
     from dsforge.runtime.train_loop import Progress, train
 
+    from dsforge.runtime.groups import ensure_deepspeed_comm
+
     plan, rank = job.plan, dist.get_rank()
     say(describe_job(job))
+    with quiet():
+        ensure_deepspeed_comm()
     groups = create_groups(plan)
-    engine = build_engine(plan, job.ds_config, groups)
+    # DeepSpeed's own progress prints would repeat dsforge's (steps_per_print stays the bar's interval).
+    config = {**job.ds_config, "steps_per_print": 10**9} if os.environ.get("DSFORGE_VERBOSE") != "1" \
+        else job.ds_config
+    with quiet():
+        engine = build_engine(plan, config, groups)
     batches = batches_for(plan, groups, job.path)
     policy = ckpt.CheckpointPolicy.from_spec(plan.spec.training.checkpoint, job.path)
     start, steps = ckpt.resume(engine, policy), plan.spec.training.steps
