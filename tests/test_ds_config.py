@@ -129,3 +129,16 @@ def test_overrides_are_merged_last(tmp_path: Path) -> None:
     assert cfg["zero_optimization"]["stage"] == 1 and cfg["zero_optimization"]["allgather_bucket_size"] == 4096**2
     assert cfg["steps_per_print"] == 7
     assert cfg["optimizer"]["params"]["lr"] == 1.0e-4 and cfg["optimizer"]["type"] == "AdamW"
+
+
+def test_sequence_parallel_pipelines_send_whole_stage_activations(tmp_path: Path) -> None:
+    """SP x TP x PP: each TP rank's activation is its own sequence slice, so DeepSpeed must not split and
+    all-gather it as if replicated (pipe/grad_partitioned off); without SP (or with tp 1) DeepSpeed's default."""
+    sp = build_ds_config(example_plan("llama3-70b-multinode"))["pipeline"]  # tp 8 x pp 4, sequence_parallel
+    assert (sp["pipe_partitioned"], sp["grad_partitioned"]) == (False, False)
+    plain = build_ds_config(example_plan("tiny-3d"))["pipeline"]  # tp 2 x pp 2, no sequence parallelism
+    assert (plain["pipe_partitioned"], plain["grad_partitioned"]) == (True, True)
+    sp_3d = build_ds_config(variant_plan(tmp_path, "tiny-3d", {"parallel": {"sequence_parallel": True}}))
+    assert (sp_3d["pipeline"]["pipe_partitioned"], sp_3d["pipeline"]["grad_partitioned"]) == (False, False)
+    tp1 = variant_plan(tmp_path, "tiny-pp2-dp2", {"parallel": {"sequence_parallel": True}})  # DSF110 warns only
+    assert build_ds_config(tp1)["pipeline"]["pipe_partitioned"] is True

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dsforge.compiler.emit.ds_config import pipeline_partitioning
 from dsforge.compiler.plan import Plan
 from dsforge.runtime.groups import ParallelGroups
 from dsforge.runtime.layers import VocabParallelEmbedding, VocabParallelLMHead
@@ -176,14 +177,13 @@ def boundaries(plan: Plan, layers: int, lead: int, tail: int) -> list[int]:
 
 
 def ds_pipeline_config(rp: RewritePlan) -> dict[str, bool]:
-    """The ds_config ``pipeline`` keys these stages need.
+    """The ds_config ``pipeline`` keys these stages need: the compiler's rule, which `dsforge compile` emits.
 
     DeepSpeed's PipelineEngine assumes stage activations are replicated over the TP group and by
     default sends 1/tp of them and all-gathers on arrival (``pipe_partitioned``, runtime/pipe/engine.py);
     with sequence parallelism each TP rank's activation is its own sequence slice, so that must be off.
     """
-    replicated = not rp.sequence_parallel
-    return {"pipe_partitioned": replicated, "grad_partitioned": replicated}
+    return pipeline_partitioning(rp.sequence_parallel, rp.tp)
 
 
 def build_pipeline(model: nn.Module, rp: RewritePlan, plan: Plan, groups: ParallelGroups,

@@ -79,15 +79,31 @@ def precision_section(plan: Plan) -> dict[str, Any]:
     return {}
 
 
+def pipeline_partitioning(sequence_parallel: bool, tp: int) -> dict[str, bool]:
+    """``pipe_partitioned`` / ``grad_partitioned`` for a pipeline's stages (dsforge.runtime uses this too).
+
+    DeepSpeed's PipelineEngine assumes the activations and gradients sent between stages are the same on
+    every TP rank, so by default each rank sends 1/tp of them and the receiver all-gathers
+    (runtime/pipe/engine.py ``_exec_forward_pass``, ``_exec_backward_pass``: PartitionedTensor over the
+    slice-parallel group). Under sequence parallelism with tp > 1 each TP rank holds its own sequence
+    slice instead: partitioning would glue together slices of different ranks and the loss comes out
+    wrong, so both are off.
+    """
+    replicated = not (sequence_parallel and tp > 1)
+    return {"pipe_partitioned": replicated, "grad_partitioned": replicated}
+
+
 def pipeline_section(plan: Plan) -> dict[str, Any]:
-    """``pipeline`` for pp > 1. DeepSpeed reads activation_checkpoint_interval (runtime/pipe/engine.py);
-    stages and partition are read by dsforge.runtime, which builds the PipelineModule."""
+    """``pipeline`` for pp > 1. DeepSpeed reads activation_checkpoint_interval and the two partitioning
+    switches (runtime/pipe/engine.py); stages and partition are read by dsforge.runtime, which builds
+    the PipelineModule."""
     d = plan.degrees
     if d is None or d.pp == 1:
         return {}
     part = plan.spec.parallel.pipeline.partition
     return {"pipeline": {"stages": d.pp, "partition": part if isinstance(part, str) else list(part),
-                         "activation_checkpoint_interval": 1 if plan.spec.training.recompute == "full" else 0}}
+                         "activation_checkpoint_interval": 1 if plan.spec.training.recompute == "full" else 0,
+                         **pipeline_partitioning(plan.spec.parallel.sequence_parallel, d.tp)}}
 
 
 def checkpointing_section(plan: Plan) -> dict[str, Any]:
