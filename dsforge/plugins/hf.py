@@ -67,8 +67,23 @@ def training_args_kwargs(job: JobLike) -> dict[str, Any]:
 
 
 def training_arguments(job: JobLike, output_dir: str, **overrides: Any) -> TrainingArguments:
-    """TrainingArguments for the job; ``overrides`` add or replace keywords (the callback checks the plan's)."""
-    return TrainingArguments(output_dir=output_dir, **{**training_args_kwargs(job), **overrides})
+    """TrainingArguments for the job; ``overrides`` add or replace keywords (the callback checks the plan's).
+
+    The process group is set up here (HF does it lazily, on first use): under ZeRO-3 the model must be
+    built inside the full world (deepspeed.zero.Init reads the world size from it), so create the
+    arguments before the model.
+    """
+    args = TrainingArguments(output_dir=output_dir, **{**training_args_kwargs(job), **overrides})
+    _ = args.world_size  # HF's _setup_devices: the distributed state (gloo on the CPU) exists from now on
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        # With use_cpu accelerate starts torch.distributed itself; deepspeed.comm must wrap that world too,
+        # or zero.Init (ZeRO-3 model construction) sees world size 1 and rejects the batch split.
+        from dsforge.runtime.groups import ensure_deepspeed_comm
+
+        ensure_deepspeed_comm()
+    return args
 
 
 def _args_precision(args: TrainingArguments) -> str:
