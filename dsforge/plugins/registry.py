@@ -17,6 +17,7 @@ thing — is recorded with its error and contributes nothing; the other plugins 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
@@ -109,7 +110,7 @@ def _dist_name_version(path: str, folder: str) -> tuple[str, str]:
 
 
 def _scan_folder(base: str) -> Iterable[tuple[str, str, str]]:
-    """(metadata folder path, distribution name, entry_points.txt text) of dsforge plugins under ``base``."""
+    """(metadata folder path, its name, entry_points.txt text) of the distributions under ``base`` with dsforge plugins."""
     try:
         listing = os.scandir(base or ".")
     except OSError:
@@ -138,7 +139,7 @@ def discover(paths: list[str] | None = None) -> list[PluginEntry]:
     for base in sys.path if paths is None else paths:
         for path, folder, text in _scan_folder(base):
             dist, version = _dist_name_version(path, folder)
-            key = dist.lower().replace("-", "_")
+            key = re.sub(r"[-_.]+", "_", dist).lower()  # PEP 503 normalisation
             if key in seen:  # shadowed by an earlier sys.path entry, as the import system would
                 continue
             seen.add(key)
@@ -170,7 +171,7 @@ def _load_one(entry: PluginEntry) -> LoadRecord:
     record = LoadRecord(entry)
     try:
         record.provides = _loaders[entry.kind](entry, lambda: load_object(entry))
-    except Exception as exc:  # noqa: BLE001 - any failure of third-party code skips that plugin only
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure of third-party code skips that plugin only
         record.error = f"{type(exc).__name__}: {exc}"
     return record
 
@@ -197,9 +198,3 @@ def failures() -> list[LoadRecord]:
     """The plugins loaded so far that failed."""
     return [r for records in _records.values() for r in records if not r.ok]
 
-
-def reset() -> None:
-    """Forget discovery and load records (tests; registered objects stay registered)."""
-    global _entries
-    _entries = None
-    _records.clear()
