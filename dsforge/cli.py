@@ -84,9 +84,13 @@ def presets(kind: str, fmt: str) -> None:
 @click.option("--force", is_flag=True, help="Replace a job directory an earlier compile wrote (nothing else).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "github", "sarif"]), default="text",
               show_default=True, help="Output format of the diagnostics.")
-def compile_job(file: str, out: str, force: bool, fmt: str) -> None:
+@click.option("--no-rewrite", is_flag=True, help="Skip the rewrite plan (it imports torch and transformers, which "
+              "takes seconds); plan.json records it as skipped and DSF607 is not checked.")
+def compile_job(file: str, out: str, force: bool, fmt: str, no_rewrite: bool) -> None:
     """Compile a job file into a runnable job directory (ds_config.json, plan.json, launcher, train.py).
 
+    Where torch is installed, plan.json carries the rewrite plan (which module becomes which parallel
+    variant, exact parameter counts) and a model the policies cannot place is an error (DSF607).
     Nothing is written when the job has errors. Exit codes: 0 written, 1 errors in the job,
     2 unusable input or an output directory that may not be written.
     """
@@ -94,11 +98,13 @@ def compile_job(file: str, out: str, force: bool, fmt: str) -> None:
     from dsforge.formatters import get
 
     try:
-        result = compile_file(file, out, force)
+        result = compile_file(file, out, force, rewrite=not no_rewrite)
     except TargetError as exc:
         click.echo(f"dsforge compile: {exc}", err=True)
         sys.exit(EXIT_UNUSABLE)
     click.echo(get(fmt)(result.diagnostics), nl=False)
+    for note in result.notes:
+        click.echo(f"dsforge compile: note: {note}", err=True)
     if result.unusable:
         sys.exit(EXIT_UNUSABLE)
     if result.written is None:

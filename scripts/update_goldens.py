@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Regenerate tests/golden/<example>/: the job directories `dsforge compile` emits for the pinned examples.
 
-The files are rendered without the cost model's summary (plan.json's "summary" key), so they change
-only when the emitter, the templates, the plan or the schema change. Review `git diff tests/golden`
+The files are rendered without the cost model's summary and without the rewrite plan (plan.json's
+"summary" and "rewrite" keys), so they change only when the emitter, the templates, the plan or the
+schema change, and need neither torch nor transformers (tests/test_compile_rewrite.py covers "rewrite"). Review `git diff tests/golden`
 after running this: every change there is a change of the emitted jobs.
 """
 

@@ -20,7 +20,9 @@ from tests.test_compile_support import dry_run, example_path, write_variant
 
 
 def compile_(*args: str) -> Result:
-    return CliRunner().invoke(cli, ["compile", *args])
+    """`dsforge compile --no-rewrite`: these tests are about the emitter, and the rewrite plan imports
+    transformers (seconds); tests/test_compile_rewrite.py covers it."""
+    return CliRunner().invoke(cli, ["compile", "--no-rewrite", *args])
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
@@ -93,6 +95,7 @@ EMIT_ERRORS: dict[str, tuple[str, dict[str, Any]]] = {
     "DSF604": ("tiny-tp2-dp2", {"launch": {"env": {"BAD-KEY": "1"}}}),
     "DSF605": ("llama3-8b-dgx-h100", {"launch": {"launcher": "kubernetes"}}),
     "DSF606": ("tiny-tp2-dp2", {"deepspeed": {"tensor_parallel": {"autotp_size": 2}}}),
+    "DSF608": ("llama3-70b-multinode", {"deepspeed": {"pipeline": {"pipe_partitioned": True}}}),
 }
 
 
@@ -181,9 +184,9 @@ def test_train_py_fails_clearly_without_the_runtime(tmp_path: Path) -> None:
     assert "dsforge.runtime.main.run_job is not available" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_compile_imports_neither_torch_nor_deepspeed(tmp_path: Path) -> None:
+def test_compile_without_the_rewrite_plan_imports_neither_torch_nor_deepspeed(tmp_path: Path) -> None:
     code = ("import sys; from dsforge.compiler.emit.compile import compile_file; "
-            f"r = compile_file({str(example_path('mixtral-8x7b-ep'))!r}, {str(tmp_path / 'job')!r}); "
+            f"r = compile_file({str(example_path('mixtral-8x7b-ep'))!r}, {str(tmp_path / 'job')!r}, rewrite=False); "
             "assert r.written, r.diagnostics; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'deepspeed')))")
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)

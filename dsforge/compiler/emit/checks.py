@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from dsforge.compiler.emit.ds_config import pipeline_partitioning
+from dsforge.compiler.emit.rewrite_doc import REWRITE_RULE
 from dsforge.compiler.rules.registry import Context, Finding, Rule
 from dsforge.diagnostics import Severity
 
@@ -134,6 +136,21 @@ def _runtime_owned(ctx: Context) -> Iterator[Finding]:
                       ("deepspeed", *path))
 
 
+def _pipe_partitioning(ctx: Context) -> Iterator[Finding]:
+    """With sequence parallelism each TP rank's stage activation is its own sequence slice, so compile turns
+    DeepSpeed's partitioned pipeline transfers off (they assume the activation is replicated over the TP
+    group, runtime/pipe/engine.py); a `deepspeed.pipeline` override turning them back on would all-gather
+    slices of different ranks as if they were pieces of one tensor, and the loss would come out wrong."""
+    d, pipe = ctx.plan.degrees, ctx.spec.deepspeed.get("pipeline")
+    if d is None or d.pp == 1 or not isinstance(pipe, dict):
+        return
+    for key, want in pipeline_partitioning(ctx.spec.parallel.sequence_parallel, d.tp).items():
+        if not want and pipe.get(key) is True:
+            yield Finding(f"deepspeed.pipeline.{key}=true with sequence parallelism (tp={d.tp}, pp={d.pp}): "
+                          "DeepSpeed would all-gather the TP ranks' different sequence slices as one tensor",
+                          "remove it (compile sets it to false)", ("deepspeed", "pipeline", key))
+
+
 EMIT_RULES: list[Rule] = [
     Rule("DSF600", Severity.ERROR, "compile needs concrete degrees and ZeRO stage", "dsforge emit", _unresolved),
     Rule("DSF601", Severity.ERROR, "NVMe offload needs an NVMe path",
@@ -148,4 +165,7 @@ EMIT_RULES: list[Rule] = [
     Rule("DSF606", Severity.ERROR, "DeepSpeed does not re-shard what dsforge.runtime shards",
          "deepspeed 0.19.8 runtime/engine.py _apply_autotp_partitioning, _configure_expert_parallel; "
          "deepspeed/__init__.py initialize (mesh_device)", _runtime_owned),
+    REWRITE_RULE,
+    Rule("DSF608", Severity.ERROR, "pipeline transfers are not partitioned under sequence parallelism",
+         "deepspeed 0.19.8 runtime/pipe/engine.py is_pipe_partitioned, is_grad_partitioned", _pipe_partitioning),
 ]

@@ -5,13 +5,22 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dsforge.compiler.emit.checks import EMIT_RULES
 from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.emit.job_dir import render_job
 from dsforge.compiler.emit.plan_doc import summarize_safely
+from dsforge.compiler.emit.rewrite_doc import (
+    NO_REWRITE,
+    RewriteContext,
+    rewrite_description,
+    with_exact_params,
+)
 from dsforge.compiler.emit.writer import TargetError, check_target, write_job_dir
-from dsforge.compiler.rules.registry import Context, run_rules
+from dsforge.compiler.parse import LoadedJob
+from dsforge.compiler.plan import Plan
+from dsforge.compiler.rules.registry import run_rules
 from dsforge.compiler.validate import validate_file
 from dsforge.diagnostics import Diagnostic, Location, Severity, has_errors
 
@@ -20,18 +29,34 @@ __all__ = ["CompileResult", "TargetError", "compile_file"]
 
 @dataclass
 class CompileResult:
-    """What compile did: its diagnostics, and the directory and files it wrote (None/[] when it refused)."""
+    """What compile did: its diagnostics, the directory and files it wrote (None/[] when it refused), and notes
+    (what plan.json lacks and why, e.g. no rewrite plan without torch)."""
 
     diagnostics: list[Diagnostic] = field(default_factory=list)
     unusable: bool = False
     written: Path | None = None
     files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
-def compile_file(path: str | Path, out: str | Path, force: bool = False) -> CompileResult:
+def _rewrite_step(job: LoadedJob, plan: Plan, enabled: bool) -> tuple[dict[str, Any], list[Diagnostic], list[str]]:
+    """plan.json's rewrite section, a DSF691 warning if the planner crashed, and a note when it was skipped."""
+    if not enabled:
+        return dict(NO_REWRITE), [], []
+    section, failure = rewrite_description(job.spec, plan)
+    if failure is not None:
+        return section, [Diagnostic("DSF691", Severity.WARNING, f"plan.json carries no rewrite plan: the rewrite "
+                                    f"planner failed on this job ({failure})", Location(job.source.file),
+                                    "report it; the job directory is complete otherwise")], []
+    return section, [], ([f"plan.json has no rewrite plan: {section['skipped']}"] if "skipped" in section else [])
+
+
+def compile_file(path: str | Path, out: str | Path, force: bool = False, rewrite: bool = True) -> CompileResult:
     """Compile one job file into the directory ``out``; nothing is written when any error is found.
 
-    Raises TargetError when ``out`` may not be written (checked before and again while writing).
+    ``rewrite``: compute the rewrite plan (imports torch and transformers, seconds) for plan.json and
+    check that it places every module (DSF607); False records it as skipped. Raises TargetError when
+    ``out`` may not be written (checked before and again while writing).
     """
     target = Path(os.path.abspath(out))
     check_target(target, force)
@@ -39,23 +64,28 @@ def compile_file(path: str | Path, out: str | Path, force: bool = False) -> Comp
     if result.unusable or result.job is None or result.plan is None:
         return CompileResult(result.diagnostics, unusable=result.unusable)
     job, plan = result.job, result.plan
-    diags = result.diagnostics + run_rules(Context(job.spec, plan, job.source, job.raw), EMIT_RULES)
+    # A job with validation errors gets no rewrite plan: it would only restate them, and costs seconds.
+    section, diags, notes = _rewrite_step(job, plan, rewrite and not has_errors(result.diagnostics))
+    ctx = RewriteContext(job.spec, plan, job.source, job.raw, rewrite=section)
+    diags = result.diagnostics + run_rules(ctx, EMIT_RULES) + diags
     diags.sort(key=lambda d: (d.location.line, d.location.column, d.rule))
     if has_errors(diags):
-        return CompileResult(diags)
+        return CompileResult(diags, notes=notes)
     summary, failure = summarize_safely(plan)
+    if summary is not None:
+        summary = with_exact_params(summary, section)
     if failure is not None:
         diags.append(Diagnostic("DSF690", Severity.WARNING, f"plan.json carries no explain summary: the cost "
                                 f"model failed on this job ({failure})", Location(job.source.file),
                                 "report it; the job directory is complete otherwise"))
     try:
-        files = render_job(plan, summary)
+        files = render_job(plan, summary, section)
     except EmitError as exc:
         diags.append(Diagnostic("DSF699", Severity.ERROR, f"cannot emit the job: {exc}", Location(job.source.file),
                                 "fix the job file as the message says"))
-        return CompileResult(diags)
+        return CompileResult(diags, notes=notes)
     try:
         write_job_dir(target, files, force)
     except OSError as exc:  # a parent that is a file, no permission, a full disk: nothing was left behind
         raise TargetError(f"cannot write {target}: {exc.strerror or exc}") from exc
-    return CompileResult(diags, written=target, files=list(files))
+    return CompileResult(diags, written=target, files=list(files), notes=notes)

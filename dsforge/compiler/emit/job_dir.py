@@ -36,8 +36,9 @@ def _configmap(files: dict[str, JobFile]) -> list[tuple[str, str]]:
     return entries
 
 
-def render_job(plan: Plan, summary: dict[str, Any] | None = None) -> dict[str, JobFile]:
-    """Every file of the job directory for a validated plan; ``summary`` goes into plan.json.
+def render_job(plan: Plan, summary: dict[str, Any] | None = None,
+               rewrite: dict[str, Any] | None = None) -> dict[str, JobFile]:
+    """Every file of the job directory for a validated plan; ``summary`` and ``rewrite`` go into plan.json.
 
     Raises EmitError if the plan cannot be emitted.
     """
@@ -47,7 +48,7 @@ def render_job(plan: Plan, summary: dict[str, Any] | None = None) -> dict[str, J
         raise EmitError(f"the hostfile needs {plan.nodes} host names in launch.hosts, got {len(launch.hosts)}")
     extra = launch_files(plan)
     names = [*CORE_FILES, *(f.name for f in extra)]
-    doc = plan_document(plan, names, summary)
+    doc = plan_document(plan, names, summary, rewrite)
     files = {
         "ds_config.json": JobFile(render("ds_config.json.j2", config=build_ds_config(plan))),
         "plan.json": JobFile(render("plan.json.j2", plan=doc)),

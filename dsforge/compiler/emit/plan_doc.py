@@ -2,7 +2,8 @@
 
 ``dsforge.runtime.main.run_job(job_dir)`` reads this file and ds_config.json; it never re-parses the
 job file, so the resolved spec, degrees, batch split, stage partition, rank placement and seed are
-all here. The explain summary of the cost model is included when that module is installed.
+all here. The explain summary of the cost model is included when that module is installed, and the
+rewrite plan (module -> parallel variant, shard shapes, exact parameter counts) when compile computed it.
 """
 
 from __future__ import annotations
@@ -72,8 +73,10 @@ def plan_ready(plan: Plan) -> tuple[Degrees, Placement]:
     return d, p
 
 
-def plan_document(plan: Plan, files: list[str], summary: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The plan.json document: resolved job, degrees, batch, partition, placement, DeepSpeed's view, summary."""
+def plan_document(plan: Plan, files: list[str], summary: dict[str, Any] | None = None,
+                  rewrite: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plan.json document: resolved job, degrees, batch, partition, placement, DeepSpeed's view, summary,
+    and the rewrite plan (``dsforge.runtime.rewrite.describe``, or why it was skipped)."""
     d, p = plan_ready(plan)
     t = plan.spec.training
     doc: dict[str, Any] = {
@@ -99,4 +102,6 @@ def plan_document(plan: Plan, files: list[str], summary: dict[str, Any] | None =
     }
     if summary is not None:
         doc["summary"] = summary
+    if rewrite is not None:
+        doc["rewrite"] = rewrite
     return doc
