@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 from tests.plugins.conftest import DSFORGE, no_traceback, run
@@ -67,10 +66,12 @@ def test_plugin_presets_are_listed_with_their_origin(plugin_env: dict[str, str])
     assert "fixture-nonsense" not in json.dumps(table)  # the refused preset registered nothing
 
 
-def test_launch_target_is_a_launcher_name_and_compile_writes_its_files(plugin_env: dict[str, str],
-                                                                       tmp_path: Path) -> None:
+def test_launch_target_and_rewrite_policy_work_in_compile(plugin_env: dict[str, str], tmp_path: Path) -> None:
+    """`launch.launcher: fixture-batch` writes the plugin's submit.sh; TinyNet (the plugin's model, built by its
+    factory, `arch: auto`) is recognised as the plugin's family and sharded for tp=2 in plan.json's rewrite plan."""
     out = tmp_path / "job-dir"
-    proc = run([*DSFORGE, "compile", str(write_job(tmp_path, launcher="fixture-batch")), "-o", str(out)], plugin_env)
+    job = write_job(tmp_path, model="fixture-tinynet", launcher="fixture-batch")
+    proc = run([*DSFORGE, "compile", str(job), "-o", str(out)], plugin_env)
     no_traceback(proc)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     submit = out / "submit.sh"
@@ -80,6 +81,16 @@ def test_launch_target_is_a_launcher_name_and_compile_writes_its_files(plugin_en
     assert "./submit.sh" in readme and "`submit.sh`: submits the job to fixture-submit" in readme
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "ds_config.json", "plan.json", "submit.sh",
                                                      "train.py"]
+    rewrite = json.loads((out / "plan.json").read_text())["rewrite"]
+    assert rewrite["ok"] and rewrite["arch"] == "tinynet" and rewrite["layer_list"] == "blocks"
+    mods = {m["name"]: m for m in rewrite["modules"]}
+    shards = {name: {p: v["shard"] for p, v in m["params"].items()} for name, m in mods.items()}
+    assert (mods["blocks.1.qkv"]["variant"], mods["blocks.1.qkv"]["rule"], mods["blocks.1.qkv"]["layer"]) == (
+        "column", "tinynet[3]", 1)
+    assert shards["blocks.0.qkv"] == {"weight": [96, 64], "bias": [96]}  # 3 x 64 outputs, half per rank
+    assert shards["blocks.0.out"] == {"weight": [64, 32], "bias": [64]}  # row: inputs split, bias whole
+    assert shards["tok"] == {"weight": [128, 64]} and shards["head"] == {"weight": [128, 64]}
+    assert mods["pos"]["variant"] == "replicate" and mods["final_norm"]["variant"] == "norm"
 
 
 def test_misspelt_launcher_suggests_plugin_targets_too(plugin_env: dict[str, str], tmp_path: Path) -> None:
@@ -88,23 +99,3 @@ def test_misspelt_launcher_suggests_plugin_targets_too(plugin_env: dict[str, str
     assert proc.returncode == 1
     assert "error[DSF023] `launch.launcher` is 'fixture-bach'" in proc.stdout
     assert "did you mean `fixture-batch`?" in proc.stdout
-
-
-def test_rewrite_policy_is_detected_and_places_every_module(plugin_env: dict[str, str], tmp_path: Path) -> None:
-    """`arch: auto` on TinyNet (built by the plugin's factory) picks the plugin's family and shards it for tp=2."""
-    job = write_job(tmp_path, model="fixture-tinynet")
-    code = ("import json; from dsforge.compiler.validate import validate_file\n"
-            "from dsforge.runtime.rewrite import plan_rewrite\n"
-            f"r = validate_file({str(job)!r}); rp = plan_rewrite(r.plan.spec.model, r.plan)\n"
-            "print(json.dumps({'arch': rp.arch, 'modules': {m.name: [m.variant, m.rule, m.layer,"
-            " {p.name: p.shard for p in m.params}] for m in rp.modules}}))")
-    proc = run([sys.executable, "-c", code], plugin_env)
-    assert proc.returncode == 0, proc.stderr
-    got = json.loads(proc.stdout)
-    assert got["arch"] == "tinynet"
-    mods = got["modules"]
-    assert mods["blocks.1.qkv"][:3] == ["column", "tinynet[3]", 1]
-    assert mods["blocks.0.qkv"][3] == {"weight": [96, 64], "bias": [96]}  # 3 x 64 outputs, half per rank
-    assert mods["blocks.0.out"][3] == {"weight": [64, 32], "bias": [64]}  # row: input split, bias whole
-    assert mods["tok"][3] == {"weight": [128, 64]} and mods["head"][3] == {"weight": [128, 64]}
-    assert mods["pos"][0] == "replicate" and mods["final_norm"][0] == "norm"
