@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from dsforge import __version__
+
+if TYPE_CHECKING:
+    from dsforge.compiler.plan import Plan
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNUSABLE = 0, 1, 2
 
@@ -122,10 +125,14 @@ def compile_job(file: str, out: str, force: bool, fmt: str, no_rewrite: bool) ->
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write one self-contained HTML report.")
 @click.option("--tokens", type=click.FloatRange(min=1), help="Training horizon for time-to-train "
               "(default: training.steps x tokens per step).")
-def explain(file: str, fmt: str, plot_dir: str | None, html_path: str | None, tokens: float | None) -> None:
+@click.option("--rewrite", "with_rewrite", is_flag=True, help="Also show the rewrite plan (module -> parallel "
+              "variant, shards per rank) and use its exact parameter counts; needs torch and transformers.")
+def explain(file: str, fmt: str, plot_dir: str | None, html_path: str | None, tokens: float | None,
+            with_rewrite: bool) -> None:
     """Estimate a job: parameters, FLOPs, memory per stage, communication per group, bubble, step time, MFU.
 
-    Exit codes as validate: 0 explained, 1 the job has errors (they are printed), 2 unusable input.
+    Exit codes as validate: 0 explained, 1 the job has errors (they are printed; with --rewrite, also a
+    model the rewrite policies cannot place), 2 unusable input (or --rewrite without torch).
     Warnings go to stderr and do not stop the estimate.
     """
     from dsforge.compiler.validate import validate_file
@@ -139,16 +146,36 @@ def explain(file: str, fmt: str, plot_dir: str | None, html_path: str | None, to
     warnings = [d for d in result.diagnostics if d.severity == Severity.WARNING]
     if warnings:
         click.echo(get("text")(warnings), nl=False, err=True)
-    _explain_plan(result.plan, fmt, plot_dir, html_path, tokens)
+    rewrite = _rewrite_plan(result.plan) if with_rewrite else None
+    _explain_plan(result.plan, fmt, plot_dir, html_path, tokens, rewrite)
+    if rewrite is not None and not rewrite["ok"]:
+        click.echo("dsforge explain: the rewrite policies cannot place the model (see the rewrite plan above)",
+                   err=True)
+        sys.exit(EXIT_FINDINGS)
 
 
-def _explain_plan(plan: object, fmt: str, plot_dir: str | None, html_path: str | None, tokens: float | None) -> None:
+def _rewrite_plan(plan: Plan) -> dict[str, Any]:
+    """The rewrite plan's description for --rewrite; exits with a message where it cannot be computed."""
+    from dsforge.compiler.emit.rewrite_doc import rewrite_description
+
+    desc, failure = rewrite_description(plan.spec, plan)
+    if failure is not None:
+        click.echo(f"dsforge explain: the rewrite planner failed on this job: {failure}", err=True)
+        sys.exit(EXIT_FINDINGS)
+    if "skipped" in desc:
+        click.echo(f"dsforge explain: --rewrite cannot compute the rewrite plan: {desc['skipped']}", err=True)
+        sys.exit(EXIT_UNUSABLE)
+    return desc
+
+
+def _explain_plan(plan: object, fmt: str, plot_dir: str | None, html_path: str | None, tokens: float | None,
+                  rewrite: dict[str, Any] | None = None) -> None:
     from dsforge.compiler.estimate.schedule import ScheduleError
     from dsforge.compiler.estimate.steptime import EstimateError
     from dsforge.explain.report import explain_plan, write_outputs
 
     try:
-        ex = explain_plan(plan, tokens)  # type: ignore[arg-type]
+        ex = explain_plan(plan, tokens, rewrite)  # type: ignore[arg-type]
     except (EstimateError, ScheduleError, ValueError) as exc:
         click.echo(f"dsforge explain: cannot estimate this job: {exc}", err=True)
         sys.exit(EXIT_FINDINGS)

@@ -128,7 +128,7 @@ def test_a_factory_that_cannot_be_imported_here_is_a_skip_not_an_error(tmp_path:
 
 def test_a_crashing_rewrite_planner_costs_only_the_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            runtime: None) -> None:
-    import dsforge.runtime.rewrite as rewrite
+    from dsforge.runtime import rewrite
 
     def boom(spec: object, plan: object) -> dict[str, Any]:
         raise RuntimeError("boom")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsforge.compiler.emit.rewrite_doc import with_exact_params
 from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
 from dsforge.compiler.estimate.steptime import StepTime, estimate_step
 from dsforge.compiler.estimate.summary import summarize
@@ -25,11 +26,18 @@ class Explanation:
     memory: MemoryEstimate
 
 
-def explain_plan(plan: Plan, tokens: float | None = None) -> Explanation:
-    """Estimate a valid plan (raises EstimateError/ValueError when its layout does not resolve)."""
+def explain_plan(plan: Plan, tokens: float | None = None, rewrite: dict[str, Any] | None = None) -> Explanation:
+    """Estimate a valid plan (raises EstimateError/ValueError when its layout does not resolve).
+
+    ``rewrite``: the rewrite plan's description (dsforge.runtime.rewrite.describe); it goes into the
+    summary and, where it is ok, its exact parameter counts replace the formula's.
+    """
     step = estimate_step(plan)
     memory = estimate_memory(plan)
-    return Explanation(plan, summarize(plan, tokens, step, memory), step, memory)
+    summary = summarize(plan, tokens, step, memory)
+    if rewrite is not None:
+        summary = {**with_exact_params(summary, rewrite), "rewrite": rewrite}
+    return Explanation(plan, summary, step, memory)
 
 
 def placement_kinds(plan: Plan) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsforge.compiler.rewrite_policies import format_description
 from dsforge.explain.units import count, gb, pct, plural, rate, seconds, table
 
 #: Memory components in display order (others the estimate adds are appended).
@@ -29,6 +30,8 @@ def headline(s: dict[str, Any]) -> str:
     """Two lines naming the job, its hardware and layout."""
     lay, par = s["layout"], s["params"]
     moe = f", {count(par['active_per_token'])} active per token" if par["active_per_token"] != par["total"] else ""
+    if par.get("formula_total", par["total"]) != par["total"]:
+        moe = f" (exact; formula {count(par['formula_total'])}){moe}"
     sp = ", SP" if lay["sequence_parallel"] and lay["tp"] > 1 else ""
     return (f"{s['job']}: {lay['world_size']} x {lay['accelerator']} ({plural(lay['nodes'], 'node')} x {lay['gpus_per_node']}), "
             f"tp {lay['tp']} x pp {lay['pp']} x dp {lay['dp']} x cp {lay['cp']} (ep {lay['ep']}), "
@@ -49,10 +52,45 @@ def summary_section(s: dict[str, Any]) -> Section:
             ["time to train", (f"{seconds(t['train_time_s'])} for {count(t['train_tokens'])} tokens "
                               f"({count(t['train_steps'])} steps)")],
             ["memory peak", (f"{gb(mem['peak_bytes'])} on stage {mem['peak_stage']} (rank {mem['peak_rank']}), "
-                            f"{pct(mem['utilization'])} of {gb(mem['capacity_bytes'])}")]]
+                            f"{pct(mem['utilization'])} of {gb(mem['capacity_bytes'])}")],
+            _params_row(s["params"])]
     note = (f"assumption: kernels reach {t['achievable_fraction']:.2f} of peak "
             f"({t['achievable_fraction_source']})")
     return Section("Summary", ["quantity", "estimate"], rows, notes=[note])
+
+
+def _params_row(par: dict[str, Any]) -> list[str]:
+    """Parameters one GPU holds, by pipeline stage: the rewrite plan's exact count where the summary has it,
+    with the formula's beside it where the two differ."""
+    stages = par["per_gpu_by_stage"]
+    exact = bool(stages) and all("exact" in st for st in stages)
+
+    def one(st: dict[str, Any]) -> str:
+        formula = st["dense"] + st["expert"]
+        if not exact or st["exact"] == formula:
+            return count(st["exact"] if exact else formula)
+        return f"{count(st['exact'])} (formula {count(formula)})"
+
+    return [f"parameters per GPU by stage ({'exact' if exact else 'formula'})", ", ".join(one(st) for st in stages)]
+
+
+def rewrite_section(desc: dict[str, Any]) -> Section:
+    """The rewrite plan (one row per repeated module pattern, shards per rank), or why the model cannot be placed.
+
+    Title and notes are `format_description`'s lines, the rows its module lines split into columns.
+    """
+    lines = format_description(desc)
+    title = lines[0].rstrip(":")
+    title = title[0].upper() + title[1:]
+    if not desc.get("ok"):
+        left = desc.get("leftover") or []
+        notes = [f"{plural(len(left), 'module')} with parameters left over: give them `rewrite:` rules"] if left else []
+        return Section(title, ["problem"], [[e] for e in desc.get("errors", [])], notes=notes)
+    rows = [[row["variant"], row["modules"] + (f" (tied to {row['tied_to']})" if row.get("tied_to") else ""),
+             row["rule"], ", ".join(f"{name} {'x'.join(map(str, p['shape']))} -> {'x'.join(map(str, p['shard']))}"
+                                    for name, p in row["params"].items())] for row in desc["summary"]]
+    notes = [line.strip() for line in lines[1 + len(desc["summary"]):]]
+    return Section(title, ["variant", "modules", "rule", "parameters: full -> per rank"], rows, notes=notes)
 
 
 def memory_section(s: dict[str, Any]) -> Section:
@@ -100,8 +138,9 @@ def timing_section(s: dict[str, Any]) -> Section:
 
 
 def sections(s: dict[str, Any]) -> list[Section]:
-    """The four tables in display order."""
-    return [summary_section(s), memory_section(s), comm_section(s), timing_section(s)]
+    """The four tables in display order, then the rewrite plan when the summary carries one (--rewrite)."""
+    out = [summary_section(s), memory_section(s), comm_section(s), timing_section(s)]
+    return out + [rewrite_section(s["rewrite"])] if "rewrite" in s else out
 
 
 def render_section(sec: Section) -> str:
