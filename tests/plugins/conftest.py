@@ -16,7 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the copy pip vendors
+    from pip._vendor import tomli as tomllib  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_PKG = ROOT / "tests" / "fixtures" / "plugin_pkg"

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("transformers")
 from transformers import TrainingArguments
-from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
 
 from dsforge.plugins.hf import DsforgeCallback, training_args_kwargs
 from dsforge.plugins.job import PlanMismatchError, PluginError
@@ -52,9 +52,12 @@ def hf_fill_in(kwargs: dict[str, Any], world: int) -> dict[str, Any]:
                            save_on_each_node=False, fp16_full_eval=False, bf16_full_eval=False)
     args.get_warmup_steps = lambda n: TrainingArguments.get_warmup_steps(args, n)  # HF's rule, on these values
     hf = HfTrainerDeepSpeedConfig(kwargs["deepspeed"])
-    hf.trainer_config_process(args)
-    hf.trainer_config_finalize(args, SimpleNamespace(config=SimpleNamespace(hidden_size=64)), args.max_steps)
-    return hf.config
+    try:
+        hf.trainer_config_process(args)
+        hf.trainer_config_finalize(args, SimpleNamespace(config=SimpleNamespace(hidden_size=64)), args.max_steps)
+        return hf.config
+    finally:  # the config registers itself globally (ZeRO-3 model construction); later tests must not see it
+        unset_hf_deepspeed_config()
 
 
 @pytest.mark.parametrize("over", [
