@@ -54,8 +54,11 @@ def runtime() -> None:
 
 
 def test_plan_json_records_the_rewrite_plan_and_its_exact_counts(tmp_path: Path, runtime: None) -> None:
+    doc = yaml.safe_load(example_path("mixtral-8x7b-ep").read_text(encoding="utf-8"))
+    doc["parallel"].update(tp=2, ep=4, sequence_parallel=True)  # experts stay whole on each TP rank
+    job = write_job(tmp_path, doc)
     for name in ("a", "b"):
-        result = compile_(str(example_path("mixtral-8x7b-ep")), "-o", str(tmp_path / name))
+        result = compile_(str(job), "-o", str(tmp_path / name))
         assert result.exit_code == 0, result.output
     a, b = (tmp_path / "a" / "plan.json").read_bytes(), (tmp_path / "b" / "plan.json").read_bytes()
     assert a == b  # deterministic, rewrite section included
@@ -63,12 +66,12 @@ def test_plan_json_records_the_rewrite_plan_and_its_exact_counts(tmp_path: Path,
     rewrite, params = doc["rewrite"], doc["summary"]["params"]
     assert rewrite["ok"] is True and rewrite["arch"] == "mixtral" and rewrite["tp"] == 2
     assert {row["variant"] for row in rewrite["summary"]} >= {"column", "row", "vocab", "norm", "expert"}
-    # Exact counts replace the formula's; here they differ per rank (the runtime keeps experts whole on each
-    # TP rank, the formula splits them), so both stay in the summary.
+    # Exact counts replace the formula's; the formula keeps experts whole on each TP rank as the runtime
+    # does, so per-rank counts agree too.
     assert params["total"] == rewrite["params"]["total"] == rewrite["params"]["formula_total"]
     stage = params["per_gpu_by_stage"][0]
     assert stage["exact"] == rewrite["params"]["per_rank_by_stage"][0] == 12_077_764_608
-    assert stage["dense"] + stage["expert"] != stage["exact"] and params["source"] == "rewrite plan (exact)"
+    assert stage["dense"] + stage["expert"] == stage["exact"] and params["source"] == "rewrite plan (exact)"
 
 
 def test_a_model_the_policies_cannot_place_is_refused_naming_the_modules_left_over(tmp_path: Path,

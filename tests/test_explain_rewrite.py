@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from dsforge.cli import cli
@@ -20,7 +21,7 @@ from tests.conftest import ROOT
 from tests.test_compile_rewrite import TOY_JOB, write_job
 from tests.test_compile_support import example_path, example_plan
 
-MIXTRAL = example_path("mixtral-8x7b-ep")  # tp 2 x ep 4: the runtime keeps experts whole on each TP rank
+MIXTRAL = example_path("mixtral-8x7b-ep")
 
 
 @pytest.fixture(scope="module")
@@ -30,28 +31,53 @@ def runtime() -> None:
     pytest.importorskip("transformers")
 
 
-def test_text_shows_the_rewrite_plan_and_exact_counts_beside_the_formula(runtime: None) -> None:
-    result = CliRunner().invoke(cli, ["explain", str(MIXTRAL), "--rewrite"])
+@pytest.fixture
+def mixtral_tp2(tmp_path: Path) -> Path:
+    """The Mixtral example at tp 2 x ep 4 with SP: the runtime keeps experts whole on each TP rank."""
+    job = yaml.safe_load(MIXTRAL.read_text(encoding="utf-8"))
+    job["parallel"].update(tp=2, ep=4, sequence_parallel=True)
+    path = tmp_path / "mixtral-tp2.yaml"
+    path.write_text(yaml.safe_dump(job), encoding="utf-8")
+    return path
+
+
+def test_text_shows_the_rewrite_plan_and_exact_counts(runtime: None, mixtral_tp2: Path) -> None:
+    result = CliRunner().invoke(cli, ["explain", str(mixtral_tp2), "--rewrite"])
     assert result.exit_code == 0, result.output
     out = result.output
     assert "Rewrite plan (mixtral, tp=2, ep=4, sequence-parallel)" in out
     assert "expert     model.layers.{0..31}.mlp.experts" in out and "8x28672x4096 -> 2x28672x4096" in out
     assert "parameters: 46,702,792,704 exact; per rank by pipeline stage: 12,077,764,608" in out
-    assert "parameters per GPU by stage (exact)  12.08B (formula 6.44B)" in out
-    plain = CliRunner().invoke(cli, ["explain", str(MIXTRAL)])
-    assert "Rewrite plan" not in plain.output and "parameters per GPU by stage (formula)  6.44B" in plain.output
+    # The formula keeps experts whole on every TP rank, as the runtime does, so the two agree.
+    assert "parameters per GPU by stage (exact)  12.08B" in out and "(formula" not in out
+    plain = CliRunner().invoke(cli, ["explain", str(mixtral_tp2)])
+    assert "Rewrite plan" not in plain.output and "parameters per GPU by stage (formula)  12.08B" in plain.output
 
 
-def test_json_carries_the_rewrite_plan_and_the_exact_counts(runtime: None) -> None:
-    result = CliRunner().invoke(cli, ["explain", str(MIXTRAL), "--rewrite", "--format", "json"])
+def test_exact_counts_are_shown_beside_a_formula_that_differs() -> None:
+    plan = example_plan("tiny-3d")
+    summary = summarize(plan)
+    per_stage = [row["dense"] + row["expert"] + 1000 for row in summary["params"]["per_gpu_by_stage"]]
+    desc = {"ok": True, "params": {"total": summary["params"]["total"] + 2000, "per_rank_by_stage": per_stage}}
+    merged = with_exact_params(summary, desc)
+    rows = summary_section(merged).rows
+    row = next(r for r in rows if r[0].startswith("parameters per GPU by stage"))
+    assert row[0].endswith("(exact)") and "(formula" in row[1]
+    assert merged["params"]["formula_total"] == summary["params"]["total"]
+
+
+def test_json_carries_the_rewrite_plan_and_the_exact_counts(runtime: None, mixtral_tp2: Path) -> None:
+    result = CliRunner().invoke(cli, ["explain", str(mixtral_tp2), "--rewrite", "--format", "json"])
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)
     rewrite, params = doc.pop("rewrite"), doc.pop("params")
     assert rewrite["ok"] and rewrite["params"]["per_rank_by_stage"] == [12_077_764_608]
     assert params["total"] == rewrite["params"]["total"] == params["formula_total"]
     assert params["per_gpu_by_stage"][0]["exact"] == 12_077_764_608 and params["source"] == "rewrite plan (exact)"
-    formula = json.loads(json.dumps(summarize(example_plan("mixtral-8x7b-ep"))))
-    assert doc == {k: v for k, v in formula.items() if k != "params"}  # nothing else changes
+    row = params["per_gpu_by_stage"][0]
+    assert row["dense"] + row["expert"] == row["exact"]  # formula and module tree agree for MoE under TP
+    plain = json.loads(CliRunner().invoke(cli, ["explain", str(mixtral_tp2), "--format", "json"]).stdout)
+    assert doc == {k: v for k, v in plain.items() if k != "params"}  # nothing else changes
 
 
 def test_html_report_has_the_rewrite_section(tmp_path: Path, runtime: None) -> None:

@@ -125,10 +125,10 @@ def attention_terms(model: ModelSpec, a: ActivationShape) -> dict[str, float]:
     return terms
 
 
-def _mlp_inner(model: ModelSpec, a: ActivationShape, ffn: int) -> float:
+def _mlp_inner(model: ModelSpec, a: ActivationShape, ffn: int, tp: int | None = None) -> float:
     """Bytes per token an MLP saves inside its tp-split region (the f-wide tensors)."""
     per = a.kernels.swiglu_tensors if model.activation == "swiglu" else a.kernels.gelu_tensors
-    return per * ffn / a.tp * a.element_bytes
+    return per * ffn / (a.tp if tp is None else tp) * a.element_bytes
 
 
 def mlp_terms(model: ModelSpec, a: ActivationShape, moe: bool) -> dict[str, float]:
@@ -140,7 +140,9 @@ def mlp_terms(model: ModelSpec, a: ActivationShape, moe: bool) -> dict[str, floa
         routed = n * m.top_k * m.capacity_factor  # token copies processed by the experts on this rank
         ffn = m.ffn_hidden or model.ffn_hidden or 4 * h
         terms["router"] = n * m.experts * e + n * m.top_k * (e + 8)  # probabilities, top-k weights, indices
-        terms["experts"] = routed * (2 * h * e + _mlp_inner(model, a, ffn))  # input, inner, output
+        # Experts run whole on every TP rank, on all the micro-batch's tokens (the runtime gathers the
+        # sequence into the MoE block under SP): neither the ffn width nor the tokens split by tp.
+        terms["experts"] = routed * (2 * h * e + _mlp_inner(model, a, ffn, tp=1))  # input, inner, output
     else:
         terms["mlp_inner"] = n * _mlp_inner(model, a, model.ffn_hidden or 4 * h)
     if a.kernels.dropout:

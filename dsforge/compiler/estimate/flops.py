@@ -104,11 +104,22 @@ class ChunkFlops:
     attention_forward: float  # the attention-core part of ``forward`` (what ring CP overlaps with)
 
 
+def _unsplit_by_tp(hw: LayerFlops, moe: bool) -> float:
+    """Forward FLOPs per token that every TP rank runs whole: the experts and router of an MoE layer.
+
+    dsforge's runtime keeps each expert whole on every tensor-parallel rank (DeepSpeed's MoE layer has
+    no expert tensor parallelism) and, under sequence parallelism, gathers the sequence into the MoE
+    block (dsforge/runtime/rewrite/sequence.py), so each TP rank routes all tokens of the micro-batch.
+    """
+    return hw.mlp + hw.router if moe else 0.0
+
+
 def chunk_flops(plan: Plan, first_layer: int, layers: int, first: bool, last: bool) -> ChunkFlops:
     """Per-GPU hardware FLOPs of one micro-batch through layers [first_layer, first_layer + layers).
 
     The micro-batch's micro_batch·seq_len tokens are split over cp (each rank owns a slice of the
-    sequence) and every matmul over tp (Shoeybi et al. 2019); the last chunk adds the logits.
+    sequence) and every matmul over tp (Shoeybi et al. 2019), except the MoE experts, which every TP
+    rank runs whole (``_unsplit_by_tp``); the last chunk adds the logits.
     """
     assert plan.degrees is not None
     model, t = plan.spec.model, plan.spec.training
@@ -116,10 +127,14 @@ def chunk_flops(plan: Plan, first_layer: int, layers: int, first: bool, last: bo
     split = tokens / plan.degrees.tp
     fwd = core = extra = 0.0
     for i in range(first_layer, first_layer + layers):
-        hw = _hardware_layer(model, is_moe_layer(model, i))
-        fwd += hw.total
+        moe = is_moe_layer(model, i)
+        hw = _hardware_layer(model, moe)
+        whole = _unsplit_by_tp(hw, moe)
+        # Work every TP rank repeats counts tp times when expressed per split token.
+        scale = 1.0 + (plan.degrees.tp - 1) * whole / hw.total if hw.total else 1.0
+        fwd += hw.total * scale
         core += hw.attention_core
-        extra += _recompute_flops(hw, t.recompute)
+        extra += _recompute_flops(hw, t.recompute) * scale
     if last:
         fwd += logits_forward_flops(model, plan.degrees.tp)
     return ChunkFlops(forward=fwd * split, backward=(2.0 * fwd + extra) * split, attention_forward=core * split)
@@ -131,8 +146,10 @@ def hardware_flops_per_step(plan: Plan) -> float:
     tp = plan.degrees.tp if plan.degrees else 1
     per_token = 3.0 * logits_forward_flops(model, tp)
     for i in range(model.layers):
-        hw = _hardware_layer(model, is_moe_layer(model, i))
-        per_token += 3.0 * hw.total + _recompute_flops(hw, t.recompute)
+        moe = is_moe_layer(model, i)
+        hw = _hardware_layer(model, moe)
+        scale = 1.0 + (tp - 1) * _unsplit_by_tp(hw, moe) / hw.total if hw.total else 1.0
+        per_token += (3.0 * hw.total + _recompute_flops(hw, t.recompute)) * scale
     return per_token * t.global_batch * model.seq_len
 
 

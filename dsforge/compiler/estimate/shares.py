@@ -4,7 +4,8 @@ Tensor-parallel splits follow Megatron-LM (Shoeybi et al. 2019, sec. 3): column-
 biases (QKV, MLP up/gate) and row-parallel weights (attention output, MLP down) are divided by tp;
 row-parallel biases, norms, routers and learned position tables are replicated; the embedding and
 LM head are vocabulary-parallel over the padded vocabulary. Expert MLPs are divided over ep (whole
-experts) and, as Megatron does by default (expert_tensor_parallel_size = tp), over tp.
+experts) but not over tp: dsforge's runtime uses DeepSpeed's MoE layer, which has no expert tensor
+parallelism, so every TP rank keeps its experts whole (unlike Megatron's expert_tensor_parallel_size = tp).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _tensor_sizes(model: ModelSpec, moe: bool, tp: int, ep: int) -> tuple[list[f
     if moe and model.moe is not None:
         ffn = model.moe.ffn_hidden or model.ffn_hidden or 4 * h
         dense.append(h * model.moe.experts)  # router, replicated
-        expert = _mlp_sizes(model, ffn, tp) * (model.moe.experts // max(ep, 1))
+        expert = _mlp_sizes(model, ffn, 1) * (model.moe.experts // max(ep, 1))  # whole experts on every TP rank
     else:
         dense += _mlp_sizes(model, model.ffn_hidden or 4 * h, tp)
     return dense, expert
