@@ -212,14 +212,14 @@ def run_session(job: JobDir) -> None:
             acts.arm()
             states.arm()
 
-    def after(result: Any) -> None:
-        log_step(job, result)
-        if policy.due(result.step, steps):
-            ckpt.save(engine, policy, result.step)
+    def save(step: int) -> None:
+        if policy.due(step, steps):
+            ckpt.save(engine, policy, step)
 
     progress = Progress(steps, start, job.ds_config.get("steps_per_print", 10), rank == 0)
     results = train(engine, batches, groups, steps=steps, start=start, pipeline=plan.degrees.pp > 1,
-                    progress=progress, before_step=before, after_step=after)
+                    progress=progress, before_step=before, on_step=save,
+                    after_step=lambda result: log_step(job, result))
     rows = gather_rows(rank_row(plan, rank, states.states, acts.bytes if acts.done else None))
     if rank == 0:
         # The first step pays for warm-up (lazy buffers, first collectives), the measured one for the probes.

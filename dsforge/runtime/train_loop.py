@@ -37,26 +37,41 @@ class StepResult:
     tokens_per_s: float
 
 
-def plain_step(engine: Any, batches: Batches, step: int, groups: ParallelGroups) -> float:
-    """One optimizer step of a plain engine (0-based ``step``); the global batch's mean loss."""
+class PendingLoss:
+    """A step's global mean loss whose all-reduce may still be in flight (``value()`` waits for it)."""
+
+    def __init__(self, total: torch.Tensor, divisor: float, work: Any = None) -> None:
+        self.total, self.divisor, self.work = total, divisor, work
+
+    def value(self) -> float:
+        """The loss, once the reduction has finished."""
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+        return float(self.total) / self.divisor
+
+
+def plain_step(engine: Any, batches: Batches, step: int, groups: ParallelGroups) -> PendingLoss:
+    """One optimizer step of a plain engine (0-based ``step``); the global batch's mean loss, being reduced."""
     total = torch.zeros(())
     for mb in batches.step(step):
         loss = engine(mb.ids, mb.targets, mb.positions)
         engine.backward(loss)
         engine.step()
         total += loss.detach().float().cpu()
-    # Each rank holds its micro-batches' (cp: share of the) mean; sum over dp x cp, average over dp.
-    if groups.size("dp-cp") > 1:
-        dist.all_reduce(total, group=groups.dp_cp)
-    return float(total) / (groups.size("dp") * batches.grad_accum)
+    # Each rank holds its micro-batches' (cp: share of the) mean; sum over dp x cp, average over dp. The sum
+    # runs while the next step computes: a blocking one would add a synchronisation point to every step.
+    work = dist.all_reduce(total, group=groups.dp_cp, async_op=True) if groups.size("dp-cp") > 1 else None
+    return PendingLoss(total, groups.size("dp") * batches.grad_accum, work)
 
 
-def pipeline_step(engine: Any, batches: Batches, step: int, groups: ParallelGroups) -> float:
+def pipeline_step(engine: Any, batches: Batches, step: int, groups: ParallelGroups) -> PendingLoss:
     """One optimizer step of a pipeline engine; DeepSpeed averages the loss over its data axis (dp x cp)."""
     from dsforge.runtime.engine import pipeline_inputs
 
     loss = engine.train_batch(data_iter=iter(pipeline_inputs(batches.step(step))))
-    return float(loss) * groups.size("cp")  # cp ranks hold shares of one sequence's loss, not replicas
+    # cp ranks hold shares of one sequence's loss, not replicas: undo the average over them.
+    return PendingLoss(loss.detach().float().cpu() * groups.size("cp"), 1.0)
 
 
 class Progress:
@@ -91,12 +106,31 @@ class Progress:
 
 def train(engine: Any, batches: Batches, groups: ParallelGroups, *, steps: int, start: int = 0,
           pipeline: bool = False, progress: Progress | None = None,
-          before_step: Callable[[int], None] | None = None,
+          before_step: Callable[[int], None] | None = None, on_step: Callable[[int], None] | None = None,
           after_step: Callable[[StepResult], None] | None = None) -> list[StepResult]:
-    """Train from ``start`` optimizer steps done to ``steps``; ``before_step(s)`` / ``after_step(result)`` hook in."""
+    """Train from ``start`` optimizer steps done to ``steps``.
+
+    Hooks: ``before_step(s)`` before 0-based step s; ``on_step(n)`` right after the n-th step (the engine
+    holds its state: checkpoints go here); ``after_step(result)`` once its loss is known, which is
+    after the next step has run (the loss is reduced in the background meanwhile).
+    """
     seq_tokens = batches.global_batch * batches.source.seq_len
     results: list[StepResult] = []
     run_step = pipeline_step if pipeline else plain_step
+
+    def finish(step: int, loss: PendingLoss, seconds: float) -> None:
+        value = loss.value()
+        if not math.isfinite(value):
+            raise TrainingError(f"the loss is {value} at step {step}; lower training.optimizer.lr or "
+                                "enable gradient clipping (training.grad_clip)")
+        result = StepResult(step, value, seconds, seq_tokens / seconds)
+        results.append(result)
+        if progress is not None:
+            progress.update(result)
+        if after_step is not None:
+            after_step(result)
+
+    pending: tuple[int, PendingLoss, float] | None = None
     try:
         for step in range(start, steps):
             if before_step is not None:
@@ -104,15 +138,13 @@ def train(engine: Any, batches: Batches, groups: ParallelGroups, *, steps: int, 
             t0 = time.perf_counter()
             loss = run_step(engine, batches, step, groups)
             seconds = time.perf_counter() - t0
-            if not math.isfinite(loss):
-                raise TrainingError(f"the loss is {loss} at step {step + 1}; lower training.optimizer.lr or "
-                                    "enable gradient clipping (training.grad_clip)")
-            result = StepResult(step + 1, loss, seconds, seq_tokens / seconds)
-            results.append(result)
-            if progress is not None:
-                progress.update(result)
-            if after_step is not None:
-                after_step(result)
+            if on_step is not None:
+                on_step(step + 1)
+            if pending is not None:
+                finish(*pending)
+            pending = (step + 1, loss, seconds)
+        if pending is not None:
+            finish(*pending)
     finally:
         if progress is not None and (not results or results[-1].step != steps):
             progress.close()

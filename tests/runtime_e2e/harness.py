@@ -159,5 +159,5 @@ def run_parallel(spec: JobSpec, steps: int = STEPS, resume: Any = None) -> tuple
         assert start > 0, f"nothing to resume in {resume.directory}"
     results = train(engine, batches_for(plan, groups), groups, steps=steps, start=start,
                     pipeline=plan.degrees.pp > 1,
-                    after_step=lambda r: norms.append(float(engine.get_global_grad_norm() or math.nan)))
+                    on_step=lambda n: norms.append(float(engine.get_global_grad_norm() or math.nan)))
     return engine, groups, [r.loss for r in results], norms
