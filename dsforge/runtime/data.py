@@ -106,6 +106,10 @@ class Batch:
     positions: Tensor
     tokens: int  # next-token targets of the micro-batch over the whole sequence (the loss's denominator)
 
+    def to(self, device: torch.device | str) -> Batch:
+        """The same micro-batch on ``device``."""
+        return Batch(self.ids.to(device), self.targets.to(device), self.positions.to(device), self.tokens)
+
 
 @dataclass(frozen=True)
 class Sharding:

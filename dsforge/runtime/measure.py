@@ -202,7 +202,9 @@ def rank_row(plan: Any, rank: int, states: dict[str, int] | None, activations: i
     measured: dict[str, Any] = dict(states or {})
     measured["activations_per_micro_batch"] = activations
     measured["peak"] = peak_bytes()
-    measured["peak_kind"] = "max_allocated" if torch.cuda.is_available() and torch.cuda.is_initialized() \
-        else "peak_rss"
+    on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+    measured["peak_kind"] = "max_allocated" if on_gpu else "peak_rss"
+    if on_gpu:  # what the caching allocator held: closer to what nvidia-smi shows, context excluded
+        measured["max_reserved"] = int(torch.cuda.max_memory_reserved())
     return {"rank": rank, "stage": coords["pp"], "coordinates": coords,
             "predicted": predicted(plan, coords["pp"]), "measured": measured}

@@ -53,12 +53,15 @@ class PendingLoss:
 
 def plain_step(engine: Any, batches: Batches, step: int, groups: ParallelGroups) -> PendingLoss:
     """One optimizer step of a plain engine (0-based ``step``); the global batch's mean loss, being reduced."""
-    total = torch.zeros(())
+    device = getattr(engine, "device", None)
+    total = torch.zeros((), device=device)  # NCCL reduces device tensors only
     for mb in batches.step(step):
+        if device is not None and mb.ids.device != device:  # the plain engine leaves inputs where they are
+            mb = mb.to(device)
         loss = engine(mb.ids, mb.targets, mb.positions)
         engine.backward(loss)
         engine.step()
-        total += loss.detach().float().cpu()
+        total += loss.detach().float()
     # Each rank holds its micro-batches' (cp: share of the) mean; sum over dp x cp, average over dp. The sum
     # runs while the next step computes: a blocking one would add a synchronisation point to every step.
     work = dist.all_reduce(total, group=groups.dp_cp, async_op=True) if groups.size("dp-cp") > 1 else None
