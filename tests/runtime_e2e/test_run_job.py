@@ -17,7 +17,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from dsforge.compiler.emit.compile import compile_file
 from tests.runtime.launcher import free_port
@@ -76,21 +78,40 @@ def check_report(job_dir: Path, ranks: int, stages: int) -> dict:
     return report
 
 
+def first_loss_on_constant_tokens(job_dir: Path, token: int) -> float:
+    """The job's dense model (its seed) on a batch of one repeated token: the loss before any update."""
+    import torch.nn.functional as F
+
+    from dsforge.runtime.main import JobDir
+    from dsforge.runtime.models import build_model
+
+    spec = JobDir.load(job_dir).plan.spec
+    model = build_model(spec.model, "cpu", 1, seed=spec.training.seed)
+    ids = torch.full((1, spec.model.seq_len), token)
+    logits = model(input_ids=ids).logits
+    return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1)))
+
+
 @pytest.mark.slow
 def test_example_trains_under_its_launcher_with_checkpoints_and_memory_report(tmp_path: Path) -> None:
+    np.full(4000, 7, dtype=np.uint16).tofile(tmp_path / "train.bin")  # every sample: token 7 repeated
     job_dir = compile_job(tmp_path, "moe", f"""version: 1
 extends: {ROOT / 'examples' / 'tiny-moe-ep2.yaml'}
 name: tiny-moe-ep2-short
-training: {{steps: 3, checkpoint: {{every: 2}}}}
+training: {{steps: 3, checkpoint: {{every: 2}}, data: {{kind: tokens, path: {tmp_path / 'train.bin'}}}}}
 """)
     out = finish(launch(job_dir))
     assert "memory per rank, predicted / measured" in out and "tok/s" in out, out[-3000:]
-    check_report(job_dir, ranks=2, stages=1)
+    report = check_report(job_dir, ranks=2, stages=1)
+    for row in report["ranks"]:  # parameters are exact counts on both sides (experts split over ep=2)
+        assert row["measured"]["parameters"] == pytest.approx(row["predicted"]["parameters"], rel=0.02), row
     ckpt = job_dir / "checkpoints"
     assert (ckpt / "latest").read_text().strip() == "step3"
     assert (ckpt / "step2").is_dir() and (ckpt / "step3").is_dir()
     log = [json.loads(line) for line in (job_dir / "train_log.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log] == [1, 2, 3] and all(e["loss"] > 0 for e in log)
+    # The run read the token file: its first loss is the dense model's on the repeated token.
+    assert log[0]["loss"] == pytest.approx(first_loss_on_constant_tokens(job_dir, 7), rel=1e-4)
 
 
 @pytest.mark.slow
