@@ -67,6 +67,7 @@ def _join(plan: Plan) -> None:
         return
     from dsforge.runtime.groups import check_world_size
 
+    assert plan.placement is not None  # initialize checked the layout
     check_world_size(plan.placement, launched_world_size())
     backend = "gloo" if on_cpu(plan) else "nccl"
     if backend == "gloo":

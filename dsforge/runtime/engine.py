@@ -18,12 +18,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dsforge.compiler.plan import Plan
+from dsforge.runtime.data import IGNORE_INDEX, Batch
 from dsforge.runtime.groups import ParallelGroups, ensure_deepspeed_comm
 from dsforge.runtime.layers import VocabParallelLMHead, vocab_parallel_cross_entropy
 from dsforge.runtime.models import build_model
 from dsforge.runtime.rewrite import plan_rewrite
 from dsforge.runtime.rewrite.apply import apply_rewrite
-from dsforge.runtime.data import IGNORE_INDEX, Batch
 
 
 class EngineError(RuntimeError):

@@ -11,7 +11,8 @@ RoPE and learned position tables see the global token positions (dsforge.runtime
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -41,7 +42,7 @@ def _attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, att
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
     """Mask interface: none (the context-parallel layers mask causally over global positions)."""
-    return None
+    return
 
 
 def register() -> None:
@@ -102,11 +103,8 @@ def install_context_parallel(model: nn.Module, kind: str, group: dist.ProcessGro
         else:
             layer, impl = _ulysses(group)
             module.add_module("context_parallel", layer)  # no parameters; kept for repr and device moves
-        object.__setattr__(module, _ATTR, impl)
-    configs = {id(m.config): m.config for _, m in found}
-    for cfg in configs.values():
+        setattr(module, _ATTR, impl)
+    configs: list[Any] = [m.config for _, m in found] + [getattr(model, "config", None)]
+    for cfg in {id(c): c for c in configs if c is not None}.values():
         cfg._attn_implementation = NAME
-    top = getattr(model, "config", None)
-    if top is not None:
-        top._attn_implementation = NAME
     return len(found)

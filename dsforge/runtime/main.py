@@ -15,9 +15,10 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 EXIT_OK, EXIT_FAILED = 0, 1
 DEFAULT_TIMEOUT_S = 600
@@ -172,37 +173,50 @@ def describe_job(job: JobDir) -> str:
             f"{d.dp}; {job.plan.spec.training.steps} steps")
 
 
+def start_engine(job: JobDir) -> tuple[Any, Any]:
+    """This rank's groups and DeepSpeed engine, DeepSpeed's start-up chatter kept quiet."""
+    from dsforge.runtime.engine import build_engine
+    from dsforge.runtime.groups import create_groups, ensure_deepspeed_comm
+
+    with quiet():
+        ensure_deepspeed_comm()
+    groups = create_groups(job.plan)
+    # DeepSpeed's own progress prints would repeat dsforge's (steps_per_print stays the bar's interval).
+    verbose = os.environ.get("DSFORGE_VERBOSE") == "1"
+    config = job.ds_config if verbose else {**job.ds_config, "steps_per_print": 10**9}
+    with quiet():
+        return groups, build_engine(job.plan, config, groups)
+
+
+def resume_point(engine: Any, policy: Any, steps: int) -> int | None:
+    """Steps already done by the newest checkpoint (0 without one); None when nothing is left to train."""
+    from dsforge.runtime import checkpoint as ckpt
+
+    start = ckpt.resume(engine, policy)
+    if start:
+        say(f"dsforge: resumed from {policy.directory / ckpt.tag_of(start)} after step {start}")
+    if start >= steps:
+        say(f"dsforge: the checkpoint has all {steps} steps; nothing to train (raise training.steps, "
+            f"or move {policy.directory} away to start over)")
+        return None
+    return start
+
+
 def run_session(job: JobDir) -> None:
     """Groups, engine, data, resume, training with checkpoints, then the memory report (every rank)."""
     import torch.distributed as dist
 
     from dsforge.runtime import checkpoint as ckpt
     from dsforge.runtime.data import batches_for
-    from dsforge.runtime.engine import build_engine
-    from dsforge.runtime.groups import create_groups
     from dsforge.runtime.measure import ActivationProbe, StateProbe, gather_rows, rank_row
     from dsforge.runtime.train_loop import Progress, train
 
-    from dsforge.runtime.groups import ensure_deepspeed_comm
-
-    plan, rank = job.plan, dist.get_rank()
+    plan, rank, steps = job.plan, dist.get_rank(), job.plan.spec.training.steps
     say(describe_job(job))
-    with quiet():
-        ensure_deepspeed_comm()
-    groups = create_groups(plan)
-    # DeepSpeed's own progress prints would repeat dsforge's (steps_per_print stays the bar's interval).
-    config = {**job.ds_config, "steps_per_print": 10**9} if os.environ.get("DSFORGE_VERBOSE") != "1" \
-        else job.ds_config
-    with quiet():
-        engine = build_engine(plan, config, groups)
-    batches = batches_for(plan, groups, job.path)
+    groups, engine = start_engine(job)
     policy = ckpt.CheckpointPolicy.from_spec(plan.spec.training.checkpoint, job.path)
-    start, steps = ckpt.resume(engine, policy), plan.spec.training.steps
-    if start:
-        say(f"dsforge: resumed from {policy.directory / ckpt.tag_of(start)} after step {start}")
-    if start >= steps:
-        say(f"dsforge: the checkpoint has all {steps} steps; nothing to train (raise training.steps, "
-            f"or move {policy.directory} away to start over)")
+    start = resume_point(engine, policy, steps)
+    if start is None:
         return
     acts, states = ActivationProbe(engine.module), StateProbe(engine)
     measure_at = start + 1 if steps - start >= 2 else start  # optimizer state exists from the second step on
@@ -217,9 +231,9 @@ def run_session(job: JobDir) -> None:
             ckpt.save(engine, policy, step)
 
     progress = Progress(steps, start, job.ds_config.get("steps_per_print", 10), rank == 0)
-    results = train(engine, batches, groups, steps=steps, start=start, pipeline=plan.degrees.pp > 1,
-                    progress=progress, before_step=before, on_step=save,
-                    after_step=lambda result: log_step(job, result))
+    results = train(engine, batches_for(plan, groups, job.path), groups, steps=steps, start=start,
+                    pipeline=plan.degrees.pp > 1, progress=progress, before_step=before,
+                    on_step=save, after_step=lambda result: log_step(job, result))
     rows = gather_rows(rank_row(plan, rank, states.states, acts.bytes if acts.done else None))
     if rank == 0:
         # The first step pays for warm-up (lazy buffers, first collectives), the measured one for the probes.
@@ -238,6 +252,16 @@ def log_step(job: JobDir, result: Any) -> None:
         fh.write(json.dumps(line) + "\n")
 
 
+REPORT_NOTES = [
+    "predicted: dsforge.compiler.estimate.memory for the rank's pipeline stage",
+    ("activations_per_micro_batch: predicted (activations + logits) / micro-batches in flight; "
+     "measured: bytes autograd saved in one forward"),
+    "peak: predicted device total incl. reserve; measured peak RSS (CPU) or max allocated (GPU)",
+    ("measured parameters/gradients/optimizer: live storages inside the optimizer step (ZeRO has "
+     "already freed the gradients it reduced into its fp32 partitions)"),
+]
+
+
 def write_report(job: JobDir, rows: list[dict[str, Any]], results: list[Any], timed: list[Any]) -> None:
     """memory_report.json beside plan.json, and the table and a throughput line on stdout."""
     from dsforge.runtime.measure import render_table
@@ -246,12 +270,7 @@ def write_report(job: JobDir, rows: list[dict[str, Any]], results: list[Any], ti
     doc = {"job": job.plan.spec.name, "units": "bytes", "ranks": rows,
            "step_seconds_mean": mean_s, "tokens_per_s_mean": sum(r.tokens_per_s for r in timed) / len(timed),
            "final_loss": results[-1].loss,
-           "notes": ["predicted: dsforge.compiler.estimate.memory for the rank's pipeline stage",
-                     "activations_per_micro_batch: predicted (activations + logits) / micro-batches in flight; "
-                     "measured: bytes autograd saved in one forward",
-                     "peak: predicted device total incl. reserve; measured peak RSS (CPU) or max allocated (GPU)",
-                     "measured parameters/gradients/optimizer: live storages inside the optimizer step (ZeRO has "
-                     "already freed the gradients it reduced into its fp32 partitions)"]}
+           "notes": REPORT_NOTES}
     (job.path / "memory_report.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
     print(render_table(rows), flush=True)
     print(f"dsforge: {job.plan.spec.name}: final loss {results[-1].loss:.4f}, {doc['tokens_per_s_mean']:,.0f} tok/s, "

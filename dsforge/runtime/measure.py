@@ -56,11 +56,11 @@ class ActivationProbe:
 
     def _pack(self, t: Tensor) -> Tensor:
         key = storage_key(t)
-        if key and key not in self._seen and not isinstance(t, nn.Parameter):
-            # ZeRO-3 gathers parameters just before use, so their storages are looked up now, not at arm time.
-            if all(storage_key(p) != key for p in self._params):
-                self._seen.add(key)
-                self.bytes += t.untyped_storage().nbytes()
+        # ZeRO-3 gathers parameters just before use, so their storages are looked up now, not at arm time.
+        if (key and key not in self._seen and not isinstance(t, nn.Parameter)
+                and all(storage_key(p) != key for p in self._params)):
+            self._seen.add(key)
+            self.bytes += t.untyped_storage().nbytes()
         return t
 
     def _enter(self, *args: Any) -> None:

@@ -22,7 +22,15 @@ import pytest
 import torch
 
 from tests.runtime.launcher import run
-from tests.runtime_e2e.harness import ADAMW, CLIPPED, STEPS, check_parity, expect_shapes, job_spec, run_parallel
+from tests.runtime_e2e.harness import (
+    ADAMW,
+    CLIPPED,
+    STEPS,
+    check_parity,
+    expect_shapes,
+    job_spec,
+    run_parallel,
+)
 
 GPT2 = {"c_attn.weight": (64, 192), "wte.weight": (256, 64)}  # tiny-gpt2 whole on every rank (HF Conv1D: in x out)
 GPT2_TP2 = {"c_attn.weight": (96, 64), "attn.c_proj.weight": (64, 32), "c_fc.weight": (128, 64),

@@ -112,6 +112,16 @@ training: {{steps: 3, checkpoint: {{every: 2}}, data: {{kind: tokens, path: {tmp
     assert [e["step"] for e in log] == [1, 2, 3] and all(e["loss"] > 0 for e in log)
     # The run read the token file: its first loss is the dense model's on the repeated token.
     assert log[0]["loss"] == pytest.approx(first_loss_on_constant_tokens(job_dir, 7), rel=1e-4)
+    # `resume: auto`: a longer job over the same checkpoint directory trains only the missing step.
+    longer = compile_job(tmp_path, "moe-longer", f"""version: 1
+extends: {ROOT / 'examples' / 'tiny-moe-ep2.yaml'}
+name: tiny-moe-ep2-longer
+training: {{steps: 4, checkpoint: {{dir: {ckpt}}}, data: {{kind: tokens, path: {tmp_path / 'train.bin'}}}}}
+""")
+    out = finish(launch(longer))
+    assert f"resumed from {ckpt / 'step3'} after step 3" in out, out[-3000:]
+    assert [json.loads(line)["step"] for line in (longer / "train_log.jsonl").read_text().splitlines()] == [4]
+    assert (ckpt / "latest").read_text().strip() == "step4"
 
 
 @pytest.mark.slow
@@ -140,8 +150,8 @@ extends: {ROOT / 'examples' / 'tiny-moe-ep2.yaml'}
 name: wrong-world
 """)
     env = {**_env(), "WORLD_SIZE": "3", "RANK": "0"}
-    proc = subprocess.run([sys.executable, str(job_dir / "train.py")], env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, str(job_dir / "train.py")], check=False, env=env, capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "places 2 ranks" in proc.stderr and "3 processes were launched" in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
