@@ -196,8 +196,8 @@ def resume_point(engine: Any, policy: Any, steps: int) -> int | None:
     if start:
         say(f"dsforge: resumed from {policy.directory / ckpt.tag_of(start)} after step {start}")
     if start >= steps:
-        say(f"dsforge: the checkpoint has all {steps} steps; nothing to train (raise training.steps, "
-            f"or move {policy.directory} away to start over)")
+        say(f"dsforge: the checkpoint has all {steps} steps; nothing to train (raise training.steps, or start "
+            f"over: `dsforge run --fresh`, or move {policy.directory} away)")
         return None
     return start
 
