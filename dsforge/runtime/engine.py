@@ -47,13 +47,12 @@ class CausalLMLoss(nn.Module):
     sums gradients over dp x cp and divides by dp only; see groups.DeepSpeedMPU).
     """
 
-    def __init__(self, model: nn.Module, cp: int = 1, sequence_parallel: bool = False) -> None:
+    def __init__(self, model: nn.Module, cp: int = 1) -> None:
         super().__init__()
         self.model, self.cp = model, cp
         self.head = getattr(model, "lm_head", None)
-        # HF numbers the tokens it sees from 0: wrong for a context-parallel shard and, under sequence
-        # parallelism, for the shard the embedding hands on; otherwise its own numbering is the same.
-        self.pass_positions = cp > 1 or sequence_parallel
+        # HF numbers the tokens it sees from 0: wrong for a context-parallel shard, the same otherwise.
+        self.pass_positions = cp > 1
 
     def forward(self, ids: Tensor, targets: Tensor, positions: Tensor) -> Tensor:
         """(ids, targets, global positions) -> scalar loss share."""
@@ -77,36 +76,6 @@ def _sequence_parallel_hooks(model: nn.Module, group: dist.ProcessGroup) -> int:
         if getattr(p, "sequence_parallel", False) and p.requires_grad:
             p.register_hook(hook)
             count += 1
-    return count
-
-
-def _gather_attention_input(model: nn.Module, group: dist.ProcessGroup) -> int:
-    """Sequence parallelism for HF attention: all-gather the sequence once, at the attention's entry.
-
-    HF attention reshapes q, k and v with its *input's* sequence length (``hidden_states.shape[:-1]``),
-    so the q/k/v layers must see the whole sequence before they run; gathering inside each column
-    layer (as for MLPs) would hand it the shard's length. The projections then act as plain
-    column-parallel layers (identity forward, gradient all-reduce), so the entry's backward only
-    keeps this rank's slice of the (already summed) gradient. The output projection still
-    reduce-scatters back to the sequence shard.
-    """
-    from dsforge.runtime.layers import ColumnParallelLinear, gather_from_sequence
-
-    def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
-        if args:
-            return (gather_from_sequence(args[0], group, 1, grad_is_partial=False), *args[1:]), kwargs
-        kwargs["hidden_states"] = gather_from_sequence(kwargs["hidden_states"], group, 1, grad_is_partial=False)
-        return args, kwargs
-
-    count = 0
-    for name, module in model.named_modules():
-        inputs = [m for n, m in module.named_children() if isinstance(m, ColumnParallelLinear)]
-        if not type(module).__name__.endswith("Attention") or not any(m.sequence_parallel for m in inputs):
-            continue  # not an HF attention, or its sequence is already gathered around it
-        for layer in inputs:
-            layer.sequence_parallel = False
-        module.register_forward_pre_hook(pre_hook, with_kwargs=True)
-        count += 1
     return count
 
 
@@ -134,15 +103,7 @@ def parallelize(model: nn.Module, plan: Plan, groups: ParallelGroups, gather_log
 
 
 def _finish_sequence_parallel(model: nn.Module, plan: Plan, groups: ParallelGroups) -> None:
-    """What sequence parallelism needs beyond the applier: the attention entry gather and the norm-gradient sums."""
-    from dsforge.runtime.layers import VocabParallelEmbedding
-
-    split_embedding = any(isinstance(m, VocabParallelEmbedding) and m.sequence_parallel for m in model.modules())
-    if split_embedding and plan.spec.model.position == "learned":
-        raise EngineError("sequence parallelism with learned position embeddings (GPT-2's wpe) is not supported: "
-                          "the position table is added after the embedding's reduce-scatter; use arch llama "
-                          "(RoPE) or set parallel.sequence_parallel: false")
-    _gather_attention_input(model, groups.tp)
+    """What sequence parallelism needs beyond the applier's sequence regions: the norm-gradient sums over TP."""
     _sequence_parallel_hooks(model, groups.tp)
 
 
@@ -229,5 +190,5 @@ def build_engine(plan: Plan, ds_config: dict[str, Any], groups: ParallelGroups, 
     ensure_deepspeed_comm()  # PipelineModule and DeepSpeed's MoE layers talk through deepspeed.comm
     if d.pp > 1:
         return initialize_engine(build_pipeline_module(plan, groups, ds_config, seed), ds_config, None)
-    task = CausalLMLoss(build_parallel_model(plan, groups, seed), d.cp, plan.spec.parallel.sequence_parallel)
+    task = CausalLMLoss(build_parallel_model(plan, groups, seed), d.cp)
     return initialize_engine(task, ds_config, groups)
