@@ -88,7 +88,8 @@ def first_loss_on_constant_tokens(job_dir: Path, token: int) -> float:
     spec = JobDir.load(job_dir).plan.spec
     model = build_model(spec.model, "cpu", 1, seed=spec.training.seed)
     ids = torch.full((1, spec.model.seq_len), token)
-    logits = model(input_ids=ids).logits
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
     return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1)))
 
 
