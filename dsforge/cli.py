@@ -264,7 +264,7 @@ def main() -> NoReturn:
         raise
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - the user gets a message, not a traceback
+    except Exception as exc:  # the user gets a message, not a traceback
         click.echo(f"dsforge: internal error: {type(exc).__name__}: {exc} (set DSFORGE_DEBUG=1 for the traceback)",
                    err=True)
         if os.environ.get("DSFORGE_DEBUG"):
