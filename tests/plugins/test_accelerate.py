@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -80,6 +81,9 @@ def test_check_names_a_world_accelerate_got_wrong(tmp_path: Path) -> None:
 def test_compiled_launch_sh_trains_the_example_on_two_processes(tmp_path: Path) -> None:
     out = compiled(tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # launch.sh exports DS_ACCELERATOR=cpu itself
+    # launch.sh runs `python` (launch.python): make it this interpreter, which has accelerate, as CI does not
+    # activate the virtualenv.
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     summary = tmp_path / "summary.json"
     proc = subprocess.run([str(out / "launch.sh"), str(EXAMPLE / "train_accelerate.py"), str(EXAMPLE / "job.yaml"),
                            "--summary", str(summary)], check=False, env=env, cwd=tmp_path, capture_output=True, text=True,
