@@ -9,9 +9,11 @@ score matrices are counted on either).
 
 Framework reserve, stated: on a GPU 2 GB for the CUDA context, cuBLAS workspaces and NCCL
 communicator buffers (about 0.5-1 GB for the context on Hopper, the rest for NCCL), plus 5 % of the
-tensor bytes for the caching allocator's fragmentation; on the CPU accelerator 0.3 GB (the resident
-size of a process that has imported torch and deepspeed, measured at 247 MB in
-shared/research/deepspeed.md (g)).
+tensor bytes for the caching allocator's fragmentation; on the CPU accelerator 0.45 GB: the peak
+resident size of one rank of a dsforge run whose tensors are negligible (examples/tiny-3d.yaml, 8 ranks:
+434-436 MiB each, of which under 2 MiB are tensors), i.e. what torch, DeepSpeed, transformers, the gloo
+groups and the engine cost before the model does; importing torch and deepspeed alone is 247 MB
+(shared/research/deepspeed.md (g)).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dsforge.compiler.params import padded_vocab
 from dsforge.compiler.plan import Plan
 
 GPU_RESERVE_BYTES = 2.0e9
-CPU_RESERVE_BYTES = 0.3e9
+CPU_RESERVE_BYTES = 0.45e9
 FRAGMENTATION = 0.05
 
 #: Stable component names, in display order.
@@ -194,6 +196,6 @@ def estimate_memory(plan: Plan) -> MemoryEstimate:
     m = micro_batches(plan)
     per = _PerLayer.of(plan, activation_shape(plan))
     stages = [stage_memory(plan, s, z, m, per) for s in range(plan.degrees.pp)]
-    notes = (f"reserve: {'CPU 0.3 GB' if is_cpu(plan) else 'GPU 2 GB + 5 % fragmentation'}",
+    notes = (f"reserve: {'CPU 0.45 GB' if is_cpu(plan) else 'GPU 2 GB + 5 % fragmentation'}",
              "activations: dsforge's HF models (SDPA flash attention, no dropout, HF norms and activations)")
     return MemoryEstimate(stages, plan.spec.hardware.accelerator.memory_gb * 1e9, m, notes)
