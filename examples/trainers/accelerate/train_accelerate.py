@@ -54,6 +54,8 @@ def main() -> int:
             json.dump({"losses": losses, "optimizer_steps": model.global_steps, "world": acc.num_processes,
                        "ds_config": acc.deepspeed_config}, fh)
     acc.print(f"dsforge: {model.global_steps} optimizer steps, last loss {losses[-1]:.4f}")
+    acc.wait_for_everyone()
+    acc.end_training()  # destroys the process group, so no rank aborts at interpreter exit
     return 0
 
 
