@@ -246,10 +246,6 @@ def run_job(file: str, out: str | None, fresh: bool) -> None:
 
 def main() -> NoReturn:
     """Console entry point: run the CLI; an unexpected exception is reported without a traceback."""
-    # Pydantic scans every installed distribution's entry points for plugins the first time it builds
-    # a validator (~25 ms of a ~250 ms `dsforge validate`); dsforge's own models need none. A user who
-    # wants plugins can still set the variable explicitly.
-    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -4,8 +4,8 @@
     python -m dsforge.docs_gen --check   # exit 1 if either is out of date
 
 The generator walks the registry, so every rule registered by a built-in rule module (any stage)
-appears without being listed here; the job-file reference walks the JSON Schema that pydantic
-derives from `dsforge/compiler/schema.py`, so a field's description is written once, in the schema.
+appears without being listed here; the job-file reference walks the JSON Schema derived from the
+declarations in `dsforge/compiler/schema.py`, so a field's description is written once, in the schema.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dsforge.compiler.input_rules import INPUT_RULES
-from dsforge.compiler.json_schema import job_schema
+from dsforge.compiler.json_schema import spec_schema
 from dsforge.compiler.presets import KINDS, presets
 from dsforge.compiler.rules.registry import Rule, all_rules
 
@@ -120,10 +120,10 @@ def _rows(defs: dict[str, Any], props: dict[str, Any], required: list[str], pref
             suffix = "[]" if node.get("type") == "array" else ""
             nested.append((f"{path}{suffix}", defs[ref], node.get("description", "")))
             continue
-        if key in required or "default" not in node:
+        if key in required:
             default = "required"  # below the top level: unless a preset or an `extends` base supplies it
         else:
-            default = "unset" if node["default"] is None else f"`{json.dumps(node['default'])}`"
+            default = "unset" if node.get("default") is None else f"`{json.dumps(node['default'])}`"
         desc = str(node.get("description", "")).replace("|", "\\|")
         rows.append(f"| `{path}` | {_type(node).replace('|', chr(92) + '|')} | {default} | {desc} |")
     return rows, nested
@@ -131,7 +131,7 @@ def _rows(defs: dict[str, Any], props: dict[str, Any], required: list[str], pref
 
 def render_job_file() -> str:
     """The job-file reference: every key with its type, default, meaning and allowed values."""
-    schema = job_schema()
+    schema = spec_schema()
     defs = schema["$defs"]
     lines = [HEADER, "# The job file (format version 1)", "", JOB_FILE_INTRO, ""]
     queue: list[tuple[str, dict[str, Any], str]] = [("", schema, "")]

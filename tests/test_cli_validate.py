@@ -104,14 +104,6 @@ def test_main_turns_an_unexpected_exception_into_one_line(monkeypatch, capsys) -
     assert "internal error: RuntimeError: kaput" in err and "Traceback" not in err
 
 
-def test_main_sets_pydantic_plugins_off_only_when_unset(monkeypatch) -> None:
-    monkeypatch.setattr(sys, "argv", ["dsforge", "--version"])
-    monkeypatch.setenv("PYDANTIC_DISABLE_PLUGINS", "logfire")
-    with pytest.raises(SystemExit):
-        cli_module.main()
-    assert os.environ["PYDANTIC_DISABLE_PLUGINS"] == "logfire"
-
-
 # ---- the pre-commit hook ----
 
 def test_pre_commit_hook_runs_dsforge_validate_on_job_files() -> None:

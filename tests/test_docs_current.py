@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel
-
 from dsforge import docs_gen
 from dsforge.compiler.input_rules import INPUT_RULES
 from dsforge.compiler.rules.registry import all_rules
 from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.spec_types import ListOf, Section
 from tests.conftest import ROOT
 
 FIX = "run `python -m dsforge.docs_gen` and commit docs/"
@@ -47,14 +46,13 @@ def test_rules_doc_has_every_id_with_its_rationale() -> None:
     assert all(f"### {rule_id}:" in text for rule_id in reported)  # every id a user can see is documented
 
 
-def _keys(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
+def _keys(model: type[Section], prefix: str = "") -> list[tuple[str, Any]]:
     out = []
-    for name, field in model.model_fields.items():
-        key = f"{prefix}{field.alias or name}"
-        nested = [a for a in (field.annotation, *getattr(field.annotation, "__args__", ()))
-                  if isinstance(a, type) and issubclass(a, BaseModel)]
+    for field in model.model_fields.values():
+        key = f"{prefix}{field.key}"
+        nested = list(field.kind.sections())
         if nested:
-            suffix = "[]" if getattr(field.annotation, "__origin__", None) is list else ""
+            suffix = "[]" if isinstance(field.kind, ListOf) else ""
             out += _keys(nested[0], f"{key}{suffix}.")
         else:
             out.append((key, field))

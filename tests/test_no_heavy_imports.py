@@ -1,4 +1,4 @@
-"""`dsforge validate` (and the whole compiler) never imports torch, DeepSpeed or matplotlib.
+"""`dsforge validate` (and the whole compiler) never imports torch, DeepSpeed, matplotlib or pydantic.
 
 CI jobs that validate job files install dsforge without torch; an accidental `import torch` in the
 front end would break them and add seconds to every run. Each check runs in a fresh interpreter,
@@ -13,7 +13,7 @@ import sys
 
 from tests.conftest import EXAMPLES, ROOT
 
-HEAVY = ("torch", "deepspeed", "matplotlib", "transformers", "accelerate")
+HEAVY = ("torch", "deepspeed", "matplotlib", "transformers", "accelerate", "pydantic")
 
 
 def _fresh(code: str) -> dict:

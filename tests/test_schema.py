@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from dsforge.compiler.json_schema import job_schema
 from dsforge.compiler.parse import parse_job
@@ -16,6 +15,7 @@ from dsforge.compiler.plan import build_plan
 from dsforge.compiler.rules.registry import Context, run_rules
 from dsforge.compiler.schema import JobSpec
 from dsforge.compiler.source import SourceMap
+from dsforge.compiler.spec_types import FrozenSpecError
 
 VALID: dict[str, Any] = {
     "version": 1,
@@ -61,8 +61,8 @@ def test_defaults_follow_the_architecture() -> None:
 
 @pytest.mark.parametrize("path, value, rule, words", [
     (("parallel", "zero"), 5, "DSF022", "<= 3"),
-    (("parallel", "zero"), "two", "DSF023", "one of auto, or a valid integer"),
-    (("parallel", "zero"), True, "DSF021", "valid integer or 'auto'"),
+    (("parallel", "zero"), "two", "DSF023", "one of auto, or an integer >= 0 and <= 3"),
+    (("parallel", "zero"), True, "DSF021", "an integer >= 0 and <= 3 or `auto`"),
     (("parallel", "tp"), 0, "DSF022", ">= 1"),
     (("parallel", "tp"), True, "DSF021", "whole number"),
     (("parallel", "tp"), "auto", None, ""),
@@ -120,7 +120,7 @@ def test_json_schema_documents_every_section() -> None:
 def test_model_copy_is_frozen() -> None:
     spec, _ = _parse(VALID)
     assert spec is not None
-    with pytest.raises(ValidationError):
+    with pytest.raises(FrozenSpecError):
         spec.parallel.tp = 4  # type: ignore[misc]
     assert isinstance(spec, JobSpec)
 

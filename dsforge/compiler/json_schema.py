@@ -8,29 +8,34 @@ from dsforge.compiler.schema import JobSpec
 
 SCHEMA_ID = "https://dsforge.dev/schema/job-v1.json"
 
+EXTENDS = {
+    "description": "Base job file(s) merged underneath this one (relative path; mappings merge, lists replace).",
+    "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
+}
 
-def _relax(node: Any, top: bool) -> None:
+
+def _relax(node: Any) -> None:
     """Drop `required` below the top level: presets and `extends` may supply any section key."""
     if isinstance(node, dict):
-        if not top and "required" in node:
-            del node["required"]
+        node.pop("required", None)
         for value in node.values():
-            _relax(value, top=False)
+            _relax(value)
     elif isinstance(node, list):
         for item in node:
-            _relax(item, top=False)
+            _relax(item)
+
+
+def spec_schema() -> dict[str, Any]:
+    """The schema as declared: every section's own required keys kept (what docs/job-file.md shows)."""
+    schema = JobSpec.model_json_schema()
+    schema["properties"]["extends"] = dict(EXTENDS)
+    return schema
 
 
 def job_schema() -> dict[str, Any]:
     """JSON Schema (draft 2020-12) for a version-1 job file."""
-    schema = JobSpec.model_json_schema(by_alias=True, mode="validation")
-    _relax(schema.get("$defs", {}), top=False)
+    schema = spec_schema()
+    _relax(schema["$defs"])
     schema["required"] = ["version"]
-    schema["properties"]["extends"] = {
-        "description": "Base job file(s) merged underneath this one (relative path; mappings merge, lists replace).",
-        "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
-    }
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["$id"] = SCHEMA_ID
-    schema["title"] = "dsforge job file"
-    return schema
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID,
+            "title": "dsforge job file", **schema}

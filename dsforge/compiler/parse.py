@@ -6,13 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from dsforge.compiler.extends import deep_merge, load_document
 from dsforge.compiler.presets import presets
 from dsforge.compiler.schema import JobSpec, ModelSpec
 from dsforge.compiler.schema_errors import schema_diagnostics, suggest
 from dsforge.compiler.source import SourceMap
+from dsforge.compiler.spec_types import SpecError
 from dsforge.diagnostics import Diagnostic, InputError, Severity
 
 _PRESET_SECTIONS = {"model": "models", "hardware": "hardware"}
@@ -69,8 +68,8 @@ def parse_job(raw: dict[str, Any], smap: SourceMap) -> tuple[JobSpec | None, lis
         return None, diags
     try:
         spec = JobSpec.model_validate(data)
-    except ValidationError as exc:
-        return None, schema_diagnostics(exc.errors(include_url=False), smap)
+    except SpecError as exc:
+        return None, schema_diagnostics(exc.issues, smap)
     return _fill_defaults(spec), []
 
 

@@ -42,6 +42,7 @@ class JobDir:
         """Read and cross-check plan.json and ds_config.json of ``job_dir``."""
         from dsforge.compiler.plan import build_plan
         from dsforge.compiler.schema import JobSpec
+        from dsforge.compiler.spec_types import SpecError
 
         path = Path(job_dir).resolve()
         docs = {}
@@ -51,7 +52,11 @@ class JobDir:
             except (OSError, ValueError) as exc:
                 raise JobDirError(f"{path / name}: cannot read it ({exc}); recompile the job with `dsforge compile`")
         doc = docs["plan.json"]
-        plan = build_plan(JobSpec.model_validate(doc["job"]))
+        try:
+            plan = build_plan(JobSpec.model_validate(doc["job"]))
+        except (SpecError, KeyError, TypeError) as exc:
+            raise JobDirError(f"{path / 'plan.json'}: its job does not fit this dsforge version's schema ({exc}); "
+                              "recompile the job with `dsforge compile`") from None
         if plan.degrees is None or plan.placement is None:
             raise JobDirError(f"{path / 'plan.json'}: its job has no complete layout; recompile it")
         from dataclasses import asdict
