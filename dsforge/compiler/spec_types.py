@@ -479,6 +479,7 @@ class Section:
 
     model_fields: ClassVar[dict[str, Field]] = {}
     _by_key: ClassVar[dict[str, Field]] = {}
+    _plan: ClassVar[tuple[tuple[str, str, Kind, bool, Field], ...]] = ()
     model_fields_set: frozenset[str]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -491,6 +492,8 @@ class Section:
                 delattr(cls, name)  # the instance's own attribute holds the value
         cls.model_fields = fields
         cls._by_key = {**{f.name: f for f in fields.values()}, **{f.key: f for f in fields.values()}}
+        # Precomputed once per class: validating a job walks these tuples ~15 times (one per section).
+        cls._plan = tuple((f.name, f.key, f.kind, f.required, f) for f in fields.values())
 
     def __init__(self, **data: Any) -> None:
         issues: list[Issue] = []
@@ -523,18 +526,20 @@ class Section:
 
     @classmethod
     def _values(cls, data: dict[Any, Any], path: Path, issues: list[Issue]) -> dict[str, Any]:
+        by_key = cls._by_key
         for key in data:
-            if not isinstance(key, str) or key not in cls._by_key:
-                issues.append(Issue((*path, str(key)), "unknown", "", key, tuple(f.key for f in cls.model_fields.values())))
+            if not isinstance(key, str) or key not in by_key:
+                issues.append(Issue((*path, str(key)), "unknown", "", key, tuple(p[1] for p in cls._plan)))
         values: dict[str, Any] = {}
-        for f in cls.model_fields.values():
-            key = f.key if f.key in data else f.name if f.name in data else None
-            if key is not None:
-                values[f.name] = f.kind.check(data[key], (*path, f.key), issues)
-            elif f.required:
-                issues.append(Issue((*path, f.key), "missing"))
+        for name, key, kind, required, f in cls._plan:
+            if key in data:
+                values[name] = kind.check(data[key], (*path, key), issues)
+            elif name in data:
+                values[name] = kind.check(data[name], (*path, key), issues)
+            elif required:
+                issues.append(Issue((*path, key), "missing"))
             else:
-                values[f.name] = f.make_default()
+                values[name] = f.make_default()
         return values
 
     def _fill(self, values: dict[str, Any], given: frozenset[str]) -> None:

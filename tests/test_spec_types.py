@@ -1,0 +1,233 @@
+"""The typed-section layer the job schema is declared with: value checks, copies, dumps and its JSON Schema.
+
+The JSON Schema that editors use (`dsforge schema`) and the checker that `dsforge validate` runs are
+two readings of one declaration; the agreement tests feed both the same values (jsonschema as the
+independent reader) so that an editor never accepts what validate refuses, or the reverse.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from dsforge.compiler.extends import load_document
+from dsforge.compiler.json_schema import job_schema
+from dsforge.compiler.parse import load_job
+from dsforge.compiler.schema import JobSpec, LauncherKind, ModelSpec, OptimizerSpec, SchedulerSpec
+from dsforge.compiler.spec_types import (
+    AnyOf,
+    Choice,
+    Float,
+    FrozenSpecError,
+    Int,
+    Issue,
+    Kind,
+    MappingOf,
+    Nested,
+    Section,
+    SpecError,
+    field,
+)
+from tests.conftest import EXAMPLES, ROOT
+
+# ---- single kinds ----
+
+
+def _check(kind: Kind, value: Any) -> tuple[Any, list[Issue]]:
+    issues: list[Issue] = []
+    return kind.check(value, ("k",), issues), issues
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-10, 10), st.integers(-10, 10), st.integers(-50, 50))
+def test_int_reports_exactly_the_bound_it_breaks(low: int, high: int, value: int) -> None:
+    out, issues = _check(Int(ge=low, le=high), value)
+    if low <= value <= high:
+        assert out == value and not issues
+    else:
+        (issue,) = issues
+        assert issue.kind == "range" and issue.expected == (f">= {low}" if value < low else f"<= {high}")
+
+
+@pytest.mark.parametrize("value", [True, False, 1.0, "1", None, [1]])
+def test_int_refuses_everything_but_whole_numbers(value: Any) -> None:
+    _, issues = _check(Int(ge=0), value)
+    assert [i.kind for i in issues] == ["type"]
+
+
+@pytest.mark.parametrize("text, number", [("3e-4", 3e-4), ("1E+3", 1000.0), (" .5 ", 0.5), ("-2", -2.0), ("7", 7.0)])
+def test_float_takes_numbers_yaml_reads_as_strings(text: str, number: float) -> None:
+    out, issues = _check(Float(), text)
+    assert not issues and out == number and isinstance(out, float)
+
+
+@pytest.mark.parametrize("value, kind", [("nan", "type"), ("1e", "type"), (True, "type"), (math.nan, "range"),
+                                         (math.inf, "range"), (0.0, "range")])
+def test_float_refuses_non_numbers_and_non_finite(value: Any, kind: str) -> None:
+    _, issues = _check(Float(gt=0), value)
+    assert [i.kind for i in issues] == [kind]
+
+
+def test_float_stores_ints_as_floats() -> None:
+    out, _ = _check(Float(), 80)
+    assert out == 80.0 and isinstance(out, float)
+
+
+def test_choice_compares_types() -> None:
+    assert _check(Choice(1), True)[1][0].kind == "choice"
+    assert _check(Choice(1), 1) == (1, [])
+    assert _check(Choice("a", "b"), "c")[1][0].options == ("a", "b")
+
+
+def test_union_reports_the_member_that_applies() -> None:
+    degree = AnyOf(Int(ge=1), Choice("auto"))
+    assert _check(degree, "auto") == ("auto", []) and _check(degree, 3) == (3, [])
+    assert _check(degree, 0)[1] == [Issue(("k",), "range", ">= 1 or `auto`", 0)]
+    (word,) = _check(degree, "atuo")[1]
+    assert word.kind == "choice" and word.options == ("auto",) and word.expected == ", or an integer >= 1"
+    assert _check(degree, 1.5)[1][0].kind == "type"
+
+
+def test_mapping_keys_must_be_strings() -> None:
+    _, issues = _check(MappingOf(), {1: "x"})
+    assert issues[0].kind == "type" and issues[0].path == ("k", "1")
+
+
+# ---- sections ----
+
+
+class _Inner(Section):
+    """Inner."""
+
+    n: int = field(Int(ge=0), 1, "A count.")
+
+
+class _Outer(Section):
+    """Outer."""
+
+    name: str = field(Choice("a", "b"), description="Required.")
+    inner: _Inner = field(Nested(_Inner), description="Nested.")
+    tags: dict[str, Any] = field(MappingOf(), description="A mapping.", factory=dict)
+    as_: str = field(Choice("x", "y"), "x", "Aliased.", alias="as")
+
+
+def test_section_reports_every_mistake_at_once() -> None:
+    with pytest.raises(SpecError) as exc:
+        _Outer.model_validate({"inner": {"n": -1, "m": 2}, "as": "z", "extra": 1})
+    kinds = sorted((i.kind, i.path) for i in exc.value.issues)
+    assert kinds == [("choice", ("as",)), ("missing", ("name",)), ("range", ("inner", "n")),
+                     ("unknown", ("extra",)), ("unknown", ("inner", "m"))]
+    unknown = next(i for i in exc.value.issues if i.path == ("extra",))
+    assert unknown.options == ("name", "inner", "tags", "as")
+
+
+def test_defaults_copies_and_fields_set() -> None:
+    a = _Outer.model_validate({"name": "a", "inner": {}})
+    b = _Outer.model_validate({"name": "a", "inner": {}})
+    assert a.inner.n == 1 and a.as_ == "x" and a.tags == {} and a.tags is not b.tags  # factories run per section
+    assert a.model_fields_set == {"name", "inner"}
+    c = a.model_copy(update={"as_": "y"})
+    assert c.as_ == "y" and a.as_ == "x" and c.model_fields_set == {"name", "inner", "as_"}
+    with pytest.raises(TypeError):
+        a.model_copy(update={"nope": 1})
+    with pytest.raises(FrozenSpecError):
+        a.name = "b"  # type: ignore[misc]
+    assert a == b and hash(a) == hash(b) and a != c
+
+
+def test_dump_by_alias_and_json_mode() -> None:
+    spec = OptimizerSpec.model_validate({"betas": [0.8, 0.9]})
+    assert spec.betas == (0.8, 0.9)
+    assert spec.model_dump()["betas"] == (0.8, 0.9) and spec.model_dump(mode="json")["betas"] == [0.8, 0.9]
+    out = _Outer.model_validate({"name": "b", "inner": {"n": 3}, "as": "y"})
+    assert out.model_dump(by_alias=True) == {"name": "b", "inner": {"n": 3}, "tags": {}, "as": "y"}
+    assert out.model_dump()["as_"] == "y"
+
+
+def test_keyword_construction_checks_values() -> None:
+    assert SchedulerSpec(name="linear", warmup_steps=3).warmup_steps == 3
+    with pytest.raises(SpecError):
+        SchedulerSpec(name="lineer")
+    with pytest.raises(SpecError):
+        ModelSpec(layers=2)  # hidden, heads, vocab, seq_len missing
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_round_trips_through_its_dump(path) -> None:
+    job, diags = load_job(path)
+    assert job is not None, diags
+    dumped = job.spec.model_dump(mode="json", by_alias=True)  # what plan.json stores and `dsforge run` reads back
+    again = JobSpec.model_validate(copy.deepcopy(dumped))
+    assert again == job.spec and pickle.loads(pickle.dumps(job.spec)) == job.spec
+
+
+def test_unknown_launcher_is_a_choice_with_the_builtin_names() -> None:
+    _, issues = _check(LauncherKind(), "slrum")
+    assert issues[0].kind == "choice" and "slurm" in issues[0].options
+
+
+# ---- the JSON Schema agrees with the checker ----
+
+SCHEMA = job_schema()
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_as_written_satisfy_the_json_schema(path) -> None:
+    raw, _ = load_document(path)
+    assert list(VALIDATOR.iter_errors(raw)) == []
+
+
+def _leaves(section: type[Section], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Kind]]:
+    """Every key with a plain value (sections walked into; lists of sections and launchers left out)."""
+    out: list[tuple[tuple[str, ...], Kind]] = []
+    for f in section.model_fields.values():
+        if isinstance(f.kind, Nested):
+            out += _leaves(f.kind.section, (*prefix, f.key))
+        elif not list(f.kind.sections()) and not isinstance(f.kind, LauncherKind):
+            out.append(((*prefix, f.key), f.kind))
+    return out
+
+
+LEAVES = _leaves(JobSpec)
+_values = st.one_of(st.none(), st.booleans(), st.integers(-3, 70000), st.floats(allow_nan=False, allow_infinity=False),
+                    st.sampled_from(["auto", "bf16", "ring", "uniform", "x:y", "a.b:c", "node-1", "", "cpu", "tokens"]),
+                    st.lists(st.integers(-1, 3), max_size=3), st.lists(st.floats(-1, 2), max_size=3),
+                    st.dictionaries(st.sampled_from(["A", "B"]), st.sampled_from(["1", 2]), max_size=2))
+
+
+def _base() -> dict[str, Any]:
+    return {"version": 1, "model": {"preset": "tiny-llama"}, "hardware": {"preset": "cpu-local"}}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(LEAVES), _values)
+def test_checker_and_json_schema_agree_on_every_key(leaf, value: Any) -> None:
+    path, kind = leaf
+    # JSON Schema counts 2.0 as an integer; the checker, like YAML's reader, does not (a known, stated gap).
+    assume(not (isinstance(value, float) and value.is_integer()))
+    data = _base()
+    node = data
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = value
+    schema_ok = VALIDATOR.is_valid(data)
+    issues: list[Issue] = []
+    kind.check(value, path, issues)
+    assert schema_ok == (not issues), (path, value, issues)
+
+
+def test_json_schema_refuses_what_the_corpus_pins_as_schema_errors() -> None:
+    bad = ROOT / "tests" / "fixtures" / "bad"
+    for name in ("dsf020-unknown-key-typo", "dsf020-unknown-top-level", "dsf021-section-not-mapping",
+                 "dsf021-wrong-type", "dsf022-degree-zero", "dsf022-negative-lr", "dsf022-zero-stage-4",
+                 "dsf023-precision-typo", "dsf023-version-2"):
+        raw, _ = load_document(bad / f"{name}.yaml")
+        assert not VALIDATOR.is_valid(raw), name
