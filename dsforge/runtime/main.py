@@ -262,8 +262,9 @@ REPORT_NOTES = [
     ("activations_per_micro_batch: predicted (activations + logits) / micro-batches in flight; "
      "measured: bytes autograd saved in one forward"),
     "peak: predicted device total incl. reserve; measured peak RSS (CPU) or max allocated (GPU)",
-    ("measured parameters/gradients/optimizer: live storages inside the optimizer step (ZeRO has "
-     "already freed the gradients it reduced into its fp32 partitions)"),
+    ("parameters/gradients/optimizer: live storages inside the optimizer step (ZeRO has already freed the "
+     "gradients it reduced into its fp32 partitions), predicted for that same moment; predicted.at_peak "
+     "holds the states at the stage's peak moment, which the peak column totals"),
 ]
 
 

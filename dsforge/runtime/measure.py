@@ -88,14 +88,21 @@ def inner_optimizer(engine: Any) -> torch.optim.Optimizer | None:
     return inner if isinstance(inner, torch.optim.Optimizer) else None
 
 
-def classify(module: nn.Module, inner: torch.optim.Optimizer | None) -> dict[str, int]:
-    """Bytes of distinct live storages: parameters, gradients, optimizer (first class that holds a storage wins)."""
+def classify(module: nn.Module, inner: torch.optim.Optimizer | None, groups: list[Tensor] | None = None,
+             pending_grads: Any = None) -> dict[str, int]:
+    """Bytes of distinct live storages: parameters, gradients, optimizer (first class that holds a storage wins).
+
+    ``groups`` are the optimizer's parameters (default: those of its param groups now; ZeRO steps one
+    group at a time with the others swapped out, so the probe passes the list it saw before the step);
+    ``pending_grads`` are reduced gradients ZeRO keeps outside ``.grad`` until their group steps.
+    """
     params = list(module.parameters())
-    groups = [q for g in inner.param_groups for q in g["params"]] if inner is not None else []
+    if groups is None:
+        groups = [q for g in inner.param_groups for q in g["params"]] if inner is not None else []
     classes: list[tuple[str, Callable[[], list[Any]]]] = [
         ("parameters", lambda: [params, [getattr(p, "ds_tensor", None) for p in params]]),
         ("gradients", lambda: [[p.grad for p in params], [getattr(p, "grad_accum", None) for p in params],
-                               [q.grad for q in groups]]),
+                               [q.grad for q in groups], pending_grads]),
         ("optimizer", lambda: [list(inner.state.values()) if inner is not None else [], groups]),
     ]
     owner: dict[int, str] = {}
@@ -108,6 +115,7 @@ def classify(module: nn.Module, inner: torch.optim.Optimizer | None) -> dict[str
     gc.collect()
     live = [o for o in gc.get_objects() if torch.is_tensor(o)]
     live += [p.grad for p in params if p.grad is not None] + [q.grad for q in groups if q.grad is not None]
+    _tensors(pending_grads, live)  # lists held by the ZeRO wrapper: not found among gc's tracked objects
     out = {name: 0 for name, _ in classes}
     done: set[int] = set()
     for t in live:
@@ -125,14 +133,21 @@ class StateProbe:
         self.engine, self.inner = engine, inner_optimizer(engine)
         self.states: dict[str, int] | None = None
         self._handle: Any = None
+        self._groups: list[Tensor] = []
 
     def arm(self) -> None:
         """Measure at the next optimizer step."""
         if self.inner is not None and self._handle is None:
+            self._groups = [q for g in self.inner.param_groups for q in g["params"]]
             self._handle = self.inner.register_step_pre_hook(self._snap)
 
     def _snap(self, *args: Any) -> None:
-        self.states = classify(self.engine.module, self.inner)
+        # DeepSpeed's ZeRO 1/2 `step` runs the torch optimizer once per group with the other groups
+        # swapped out (`_optimizer_step`); MoE jobs have a dense and an expert group, so the groups seen
+        # now would miss the expert group's fp32 master, and its reduced gradients wait in
+        # `averaged_gradients` rather than in `.grad`.
+        pending = getattr(getattr(self.engine, "optimizer", None), "averaged_gradients", None)
+        self.states = classify(self.engine.module, self.inner, self._groups, pending)
         self._handle.remove()
         self._handle = None
 
@@ -178,8 +193,11 @@ def render_table(rows: Iterable[dict[str, Any]]) -> str:
 def predicted(plan: Any, stage: int) -> dict[str, float]:
     """The cost model's bytes for one rank of ``stage`` (dsforge.compiler.estimate.memory), in the table's terms.
 
-    Its activations cover every micro-batch the schedule keeps in flight; the per-micro-batch figure
-    divides by that count (1 without a pipeline) so it compares with the one measured forward.
+    Model states are the model's "step" moment, the one the probe measures (inside the optimizer step,
+    where ZeRO has already reduced the gradients into its fp32 partitions); ``at_peak`` keeps the states
+    of the stage's peak moment, which the peak column totals. Its activations cover every micro-batch
+    the schedule keeps in flight; the per-micro-batch figure divides by that count (1 without a
+    pipeline) so it compares with the one measured forward.
     """
     from dsforge.compiler.estimate.activations import in_flight
     from dsforge.compiler.estimate.memory import estimate_memory
@@ -190,7 +208,9 @@ def predicted(plan: Any, stage: int) -> dict[str, float]:
     c = row.components
     flight = in_flight(plan.spec.parallel.pipeline.schedule, plan.degrees.pp, stage, est.micro_batches,
                        len(stage_chunks(plan, stage)))
-    return {"parameters": c["parameters"], "gradients": c["gradients"], "optimizer": c["optimizer"],
+    step = row.moments.get("step", c)
+    return {"parameters": step["parameters"], "gradients": step["gradients"], "optimizer": step["optimizer"],
+            "at_peak": {"phase": row.phase, **{k: c[k] for k in ("parameters", "gradients", "optimizer", "buffers")}},
             "activations": c["activations"], "logits": c["logits"], "in_flight_micro_batches": flight,
             "activations_per_micro_batch": (c["activations"] + c["logits"]) / max(1, flight),
             "peak": row.device_bytes}
