@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 if TYPE_CHECKING:
@@ -302,23 +303,31 @@ class AnyOf(Kind):
             yield from m.sections()
 
 
-class ListOf(Kind):
+class _Items(Kind):
+    """A YAML list (a Python list or tuple): checked item by item, with the item's index in the path."""
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, (list, tuple))
+
+    def _each(self, kinds: Iterable[Kind], value: Any, path: Path, issues: list[Issue]) -> list[Any] | None:
+        before = len(issues)
+        out = [kind.check(item, (*path, i), issues) for i, (kind, item) in enumerate(zip(kinds, value))]
+        return out if len(issues) == before else None
+
+
+class ListOf(_Items):
     """A list whose every item is of the inner kind."""
 
     def __init__(self, inner: Kind) -> None:
         self.inner = inner
         self.expected = f"a list of {inner.expected.removeprefix('an ').removeprefix('a ')}s"
 
-    def accepts(self, value: Any) -> bool:
-        return isinstance(value, (list, tuple))
-
     def check(self, value: Any, path: Path, issues: list[Issue]) -> Any:
         if not self.accepts(value):
             issues.append(Issue(path, "type", self.expected, value))
             return BAD
-        before = len(issues)
-        out = [self.inner.check(item, (*path, i), issues) for i, item in enumerate(value)]
-        return out if len(issues) == before else BAD
+        out = self._each(repeat(self.inner), value, path, issues)
+        return BAD if out is None else out
 
     def schema(self, defs: dict[str, Any]) -> dict[str, Any]:
         return {"type": "array", "items": self.inner.schema(defs)}
@@ -327,15 +336,12 @@ class ListOf(Kind):
         return self.inner.sections()
 
 
-class TupleOf(Kind):
+class TupleOf(_Items):
     """A fixed number of items, each of its own kind (written as a YAML list; stored as a tuple)."""
 
     def __init__(self, *items: Kind) -> None:
         self.items = items
         self.expected = f"a list of {len(items)} items"
-
-    def accepts(self, value: Any) -> bool:
-        return isinstance(value, (list, tuple))
 
     def check(self, value: Any, path: Path, issues: list[Issue]) -> Any:
         if not self.accepts(value):
@@ -347,9 +353,8 @@ class TupleOf(Kind):
         if len(value) > len(self.items):
             issues.append(Issue(path, "range", f"a list of at most {len(self.items)} items", value))
             return BAD
-        before = len(issues)
-        out = tuple(kind.check(item, (*path, i), issues) for i, (kind, item) in enumerate(zip(self.items, value)))
-        return out if len(issues) == before else BAD
+        out = self._each(self.items, value, path, issues)
+        return BAD if out is None else tuple(out)
 
     def schema(self, defs: dict[str, Any]) -> dict[str, Any]:
         n = len(self.items)
