@@ -108,6 +108,11 @@ training: {{steps: 3, checkpoint: {{every: 2}}, data: {{kind: tokens, path: {tmp
         assert row["measured"]["parameters"] == pytest.approx(row["predicted"]["parameters"], rel=0.02), row
         # ZeRO steps the dense and the expert group one at a time; the probe still sees both groups' state
         assert row["measured"]["optimizer"] == pytest.approx(row["predicted"]["optimizer"], rel=0.02), row
+        # while the dense group steps, the expert group's reduced gradients hold the contiguous partition
+        # buffer; a rank whose partition boundary cuts a tensor keeps that whole tensor's gradient in it
+        # (at most the largest dense tensor, the 256 x 64 fp32 embedding here)
+        grads, predicted = row["measured"]["gradients"], row["predicted"]["gradients"]
+        assert 0.98 * predicted <= grads <= predicted + 256 * 64 * 4, row
     ckpt = job_dir / "checkpoints"
     assert (ckpt / "latest").read_text().strip() == "step3"
     assert (ckpt / "step2").is_dir() and (ckpt / "step3").is_dir()
