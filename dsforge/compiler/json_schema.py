@@ -14,17 +14,6 @@ EXTENDS = {
 }
 
 
-def _relax(node: Any) -> None:
-    """Drop `required` below the top level: presets and `extends` may supply any section key."""
-    if isinstance(node, dict):
-        node.pop("required", None)
-        for value in node.values():
-            _relax(value)
-    elif isinstance(node, list):
-        for item in node:
-            _relax(item)
-
-
 def spec_schema() -> dict[str, Any]:
     """The schema as declared: every section's own required keys kept (what docs/job-file.md shows)."""
     schema = JobSpec.model_json_schema()
@@ -35,7 +24,8 @@ def spec_schema() -> dict[str, Any]:
 def job_schema() -> dict[str, Any]:
     """JSON Schema (draft 2020-12) for a version-1 job file."""
     schema = spec_schema()
-    _relax(schema["$defs"])
+    for section in schema["$defs"].values():  # presets and `extends` may supply any section key
+        section.pop("required", None)
     schema["required"] = ["version"]
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID,
             "title": "dsforge job file", **schema}

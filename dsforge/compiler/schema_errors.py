@@ -63,14 +63,13 @@ def _one(issue: Issue, smap: SourceMap) -> Diagnostic:
                           f"use one of: {options}{issue.expected}", path)
     if issue.kind == "too_few":
         return Diagnostic("DSF022", Severity.ERROR,
-                          f"`{where}` has too few items: item {issue.options[0]} is missing", loc,
+                          f"`{where}` has too few items: item {len(issue.value)} is missing", loc,
                           f"give `{where}` {issue.expected} items", path)
     if issue.kind in ("range", "form"):
-        msg = f"be {issue.expected}"
-        if issue.kind == "form":  # a regex means little to a reader; the field's description says the form
-            described = field_at(path)
-            msg = f"have the form of {described.description.rstrip('.')}" if described and described.description \
-                else f"be {issue.expected}"
+        # a regex means little to a reader; the field's description says the form
+        described = field_at(path) if issue.kind == "form" else None
+        msg = f"have the form of {described.description.rstrip('.')}" if described and described.description \
+            else f"be {issue.expected}"
         return Diagnostic("DSF022", Severity.ERROR, f"`{where}` is {shown}: must {msg}", loc,
                           f"change `{where}`: it must {msg}", path)
     return Diagnostic("DSF021", Severity.ERROR, f"`{where}` has the wrong type ({shown}): must be {issue.expected}",

@@ -273,19 +273,18 @@ class AnyOf(Kind):
         return any(m.accepts(value) for m in self.members)
 
     def check(self, value: Any, path: Path, issues: list[Issue]) -> Any:
+        trials: list[list[Issue]] = []
         for member in self.members:
-            trial: list[Issue] = []
-            out = member.check(value, path, trial)
-            if not trial:
+            trials.append([])
+            out = member.check(value, path, trials[-1])
+            if not trials[-1]:
                 return out
-        typed = [m for m in self.members if m.accepts(value)]
-        if len(typed) == 1 and not isinstance(typed[0], Choice):
+        typed = [i for i, m in enumerate(self.members) if m.accepts(value)]
+        if len(typed) == 1 and not isinstance(self.members[typed[0]], Choice):
             # The value has this member's type and fails on a bound or an item: that is the mistake.
-            trial = []
-            typed[0].check(value, path, trial)
-            alt = " or ".join(m.expected for m in self.members if m is not typed[0])
+            alt = " or ".join(m.expected for i, m in enumerate(self.members) if i != typed[0])
             issues += [i._replace(expected=f"{i.expected} or {alt}") if i.path == path and i.kind == "range" else i
-                       for i in trial]
+                       for i in trials[typed[0]]]
             return BAD
         choices = [m for m in self.members if isinstance(m, Choice)]
         if choices and isinstance(value, str):
@@ -348,7 +347,7 @@ class TupleOf(_Items):
             issues.append(Issue(path, "type", self.expected, value))
             return BAD
         if len(value) < len(self.items):
-            issues.append(Issue(path, "too_few", str(len(self.items)), value, (str(len(value)),)))
+            issues.append(Issue(path, "too_few", str(len(self.items)), value))
             return BAD
         if len(value) > len(self.items):
             issues.append(Issue(path, "range", f"a list of at most {len(self.items)} items", value))
@@ -505,7 +504,7 @@ class Section:
         values = type(self)._values(data, (), issues)
         if issues:
             raise SpecError(issues)
-        self._fill(values, frozenset(data))
+        self._fill(values, self._given(data))
 
     @classmethod
     def model_validate(cls, data: Any) -> Any:
@@ -526,8 +525,13 @@ class Section:
         if len(issues) != before:
             return BAD
         obj = cls.__new__(cls)
-        obj._fill(values, frozenset(cls._by_key[k].name for k in data))
+        obj._fill(values, cls._given(data))
         return obj
+
+    @classmethod
+    def _given(cls, data: dict[str, Any]) -> frozenset[str]:
+        """Names of the fields ``data`` wrote (under their YAML key or their attribute name)."""
+        return frozenset(cls._by_key[k].name for k in data)
 
     @classmethod
     def _values(cls, data: dict[Any, Any], path: Path, issues: list[Issue]) -> dict[str, Any]:

@@ -29,15 +29,16 @@ def storage_key(t: Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-def _tensors(obj: Any, out: list[Tensor], depth: int = 0) -> None:
+def tensors_in(obj: Any, out: list[Tensor], max_depth: int = 5, depth: int = 0) -> None:
+    """Append the tensors in ``obj`` and its dicts, lists and tuples (``max_depth`` levels down) to ``out``."""
     if torch.is_tensor(obj):
         out.append(obj)
-    elif depth < 5 and isinstance(obj, dict):
+    elif depth < max_depth and isinstance(obj, dict):
         for v in obj.values():
-            _tensors(v, out, depth + 1)
-    elif depth < 5 and isinstance(obj, (list, tuple)):
+            tensors_in(v, out, max_depth, depth + 1)
+    elif depth < max_depth and isinstance(obj, (list, tuple)):
         for v in obj:
-            _tensors(v, out, depth + 1)
+            tensors_in(v, out, max_depth, depth + 1)
 
 
 class ActivationProbe:
@@ -108,14 +109,14 @@ def classify(module: nn.Module, inner: torch.optim.Optimizer | None, groups: lis
     owner: dict[int, str] = {}
     for name, members in classes:
         found: list[Tensor] = []
-        _tensors(members(), found)
+        tensors_in(members(), found)
         for t in found:
             if t.device.type != "meta":
                 owner.setdefault(storage_key(t), name)
     gc.collect()
     live = [o for o in gc.get_objects() if torch.is_tensor(o)]
     live += [p.grad for p in params if p.grad is not None] + [q.grad for q in groups if q.grad is not None]
-    _tensors(pending_grads, live)  # lists held by the ZeRO wrapper: not found among gc's tracked objects
+    tensors_in(pending_grads, live)  # lists held by the ZeRO wrapper: not found among gc's tracked objects
     out = {name: 0 for name, _ in classes}
     done: set[int] = set()
     for t in live:

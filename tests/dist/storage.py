@@ -14,10 +14,7 @@ from typing import Any
 
 import torch
 
-
-def storage_key(t: torch.Tensor) -> int:
-    """The address of a tensor's storage (0 for an empty storage)."""
-    return t.untyped_storage().data_ptr()
+from dsforge.runtime.measure import storage_key, tensors_in
 
 
 def storage_bytes(t: torch.Tensor) -> int:
@@ -53,17 +50,6 @@ class SavedTensors:
         return out
 
 
-def _tensors_in(obj: Any, out: list[torch.Tensor], depth: int = 0) -> None:
-    if torch.is_tensor(obj):
-        out.append(obj)
-    elif depth < 4 and isinstance(obj, dict):
-        for v in obj.values():
-            _tensors_in(v, out, depth + 1)
-    elif depth < 4 and isinstance(obj, (list, tuple)):
-        for v in obj:
-            _tensors_in(v, out, depth + 1)
-
-
 def live_tensors(extra: Iterable[torch.Tensor] = ()) -> list[torch.Tensor]:
     """Every tensor the garbage collector tracks (objects frozen by `gc.freeze()` excepted), plus
     ``extra`` (tensors only C++ may hold, e.g. .grad)."""
@@ -79,7 +65,7 @@ def classify(tensors: list[torch.Tensor], classes: list[tuple[str, Callable[[], 
     owner: dict[int, str] = {}
     for name, members in classes:
         found: list[torch.Tensor] = []
-        _tensors_in(members(), found)
+        tensors_in(members(), found, max_depth=4)
         for t in found:
             owner.setdefault(storage_key(t), name)
     out: dict[str, int] = {name: 0 for name, _ in classes}
