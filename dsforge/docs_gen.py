@@ -81,7 +81,7 @@ def render_rules() -> str:
 def _ref(node: dict[str, Any]) -> str | None:
     if "$ref" in node:
         return str(node["$ref"]).rsplit("/", 1)[-1]
-    for option in node.get("anyOf", []):
+    for option in [*node.get("anyOf", []), *node.get("allOf", [])]:
         if "$ref" in option:
             return str(option["$ref"]).rsplit("/", 1)[-1]
     return None
@@ -98,9 +98,11 @@ def _type(node: dict[str, Any]) -> str:
     kind = {"integer": "int", "number": "number", "string": "string", "boolean": "bool", "object": "mapping",
             "array": "list"}.get(str(node.get("type")), "any")
     if kind == "list":
-        items = node.get("prefixItems") or [node.get("items", {})]
+        items = node.get("items", {})
+        tuple_ = isinstance(items, list)  # draft-07 writes a fixed-length list as a list of item schemas
+        items = items if tuple_ else [items]
         return f"list of {' , '.join(dict.fromkeys(_type(i) for i in items))}" + (
-            f" ({len(items)} items)" if "prefixItems" in node else "")
+            f" ({len(items)} items)" if tuple_ else "")
     bounds = [f">= {node['minimum']}" if "minimum" in node else "", f"> {node['exclusiveMinimum']}"
               if "exclusiveMinimum" in node else "", f"<= {node['maximum']}" if "maximum" in node else ""]
     extra = ", ".join(b for b in bounds if b)
@@ -115,7 +117,8 @@ def _rows(defs: dict[str, Any], props: dict[str, Any], required: list[str], pref
     rows, nested = [], []
     for key, node in props.items():
         path = f"{prefix}{key}"
-        ref = _ref(node) or _ref(node.get("items", {}))
+        items = node.get("items", {})
+        ref = _ref(node) or (_ref(items) if isinstance(items, dict) else None)
         if ref and ref in defs:
             suffix = "[]" if node.get("type") == "array" else ""
             nested.append((f"{path}{suffix}", defs[ref], node.get("description", "")))
@@ -132,7 +135,7 @@ def _rows(defs: dict[str, Any], props: dict[str, Any], required: list[str], pref
 def render_job_file() -> str:
     """The job-file reference: every key with its type, default, meaning and allowed values."""
     schema = spec_schema()
-    defs = schema["$defs"]
+    defs = schema["definitions"]
     lines = [HEADER, "# The job file (format version 1)", "", JOB_FILE_INTRO, ""]
     queue: list[tuple[str, dict[str, Any], str]] = [("", schema, "")]
     while queue:

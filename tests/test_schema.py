@@ -110,7 +110,7 @@ def test_schema_diagnostics_point_at_written_values() -> None:
 def test_json_schema_documents_every_section() -> None:
     schema = job_schema()
     assert schema["required"] == ["version"] and "extends" in schema["properties"]
-    defs = schema["$defs"]
+    defs = schema["definitions"]
     for name in ("ModelSpec", "HardwareSpec", "ParallelSpec", "TrainingSpec"):
         assert all(p.get("description") or "$ref" in p or "allOf" in p for p in defs[name]["properties"].values()), name
     assert "required" not in defs["ModelSpec"]  # presets may supply any model key

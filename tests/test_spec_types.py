@@ -11,6 +11,7 @@ import copy
 import json
 import math
 import pickle
+from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -177,7 +178,43 @@ def test_unknown_launcher_is_a_choice_with_the_builtin_names() -> None:
 # ---- the JSON Schema agrees with the checker ----
 
 SCHEMA = job_schema()
-VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+# Draft-07 is what yaml-language-server implements; the schema must mean the same to it as to validate.
+VALIDATOR = jsonschema.Draft7Validator(SCHEMA)
+
+
+def _nodes(node: Any, where: str = "#") -> Iterator[tuple[str, Any]]:
+    """Every schema object inside ``node`` with its JSON pointer."""
+    if isinstance(node, dict):
+        yield where, node
+        for key, child in node.items():
+            yield from _nodes(child, f"{where}/{key}")
+    elif isinstance(node, list):
+        for i, child in enumerate(node):
+            yield from _nodes(child, f"{where}/{i}")
+
+
+def test_json_schema_is_draft_07() -> None:
+    assert SCHEMA["$schema"] == "http://json-schema.org/draft-07/schema#"
+    jsonschema.Draft7Validator.check_schema(SCHEMA)
+    assert jsonschema.validators.validator_for(SCHEMA) is jsonschema.Draft7Validator
+    later = {"prefixItems", "$defs", "unevaluatedProperties", "unevaluatedItems", "dependentRequired",
+             "dependentSchemas", "$anchor", "$dynamicRef"}
+    for where, node in _nodes(SCHEMA):
+        assert not later & set(node), (where, later & set(node))
+        # draft-07 ignores a `$ref`'s siblings: a description or default beside it would never reach an editor
+        assert "$ref" not in node or set(node) == {"$ref"}, where
+        if "$ref" in node:
+            assert node["$ref"].removeprefix("#/definitions/") in SCHEMA["definitions"], where
+
+
+def test_json_schema_tuples_have_exactly_their_items() -> None:
+    data = _base()
+    for betas, ok in (([0.9, 0.95], True), ([0.9], False), ([0.9, 0.95, 0.99], False), ([0.9, "x"], False),
+                      ([0.9, 1.5], False)):
+        data["training"] = {"optimizer": {"betas": betas}}
+        assert VALIDATOR.is_valid(data) is ok, betas
+        _, issues = _check(Nested(OptimizerSpec), {"betas": betas})
+        assert (not issues) is ok, betas
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

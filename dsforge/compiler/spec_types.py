@@ -356,8 +356,10 @@ class TupleOf(_Items):
         return BAD if out is None else tuple(out)
 
     def schema(self, defs: dict[str, Any]) -> dict[str, Any]:
+        # Draft-07 tuple form (what yaml-language-server reads), not 2020-12's `prefixItems`.
         n = len(self.items)
-        return {"type": "array", "prefixItems": [k.schema(defs) for k in self.items], "minItems": n, "maxItems": n}
+        return {"type": "array", "items": [k.schema(defs) for k in self.items], "additionalItems": False,
+                "minItems": n, "maxItems": n}
 
 
 class MappingOf(Kind):
@@ -408,7 +410,7 @@ class Nested(Kind):
         if name not in defs:
             defs[name] = {}  # placeholder first: a section that (indirectly) holds itself terminates
             defs[name] = self.section._schema_body(defs)
-        return {"$ref": f"#/$defs/{name}"}
+        return {"$ref": f"#/definitions/{name}"}
 
     def sections(self) -> Iterator[type[Section]]:
         yield self.section
@@ -591,6 +593,8 @@ class Section:
                 node["default"] = _plain(f.default, True, True)
             elif f.factory is not None and not isinstance(f.kind, Nested):
                 node["default"] = _plain(f.factory(), True, True)
+            if "$ref" in node and len(node) > 1:  # draft-07 ignores every key beside `$ref`: wrap the reference
+                node = {"allOf": [{"$ref": node.pop("$ref")}], **node}
             props[f.key] = node
         body: dict[str, Any] = {"type": "object", "additionalProperties": False,
                                 "description": " ".join((cls.__doc__ or "").split()), "properties": props}
@@ -601,11 +605,11 @@ class Section:
 
     @classmethod
     def model_json_schema(cls) -> dict[str, Any]:
-        """This section as a JSON Schema, nested sections under `$defs` by class name."""
+        """This section as a JSON Schema (draft-07), nested sections under `definitions` by class name."""
         defs: dict[str, Any] = {}
         body = cls._schema_body(defs)
         defs.pop(cls.__name__, None)
-        return {**body, "$defs": dict(sorted(defs.items()))}
+        return {**body, "definitions": dict(sorted(defs.items()))}
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and self._field_values() == other._field_values()  # type: ignore[attr-defined]
