@@ -64,7 +64,7 @@ def dsforge_estimate(zero: int, precision: str) -> float:
         job, _ = load_job(path)
     assert job is not None
     plan = build_plan(job.spec)
-    z = zero_settings(plan.spec, zero, pipeline=False)
+    z = zero_settings(plan)
     return model_states(stage_share(plan, 0, z.persistence_threshold), z, 2, 1, 2).peak
 
 

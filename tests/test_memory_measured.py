@@ -70,7 +70,7 @@ def plan_for(tmp_path: Path, *, tp: int = 1, zero: int = 0, precision: str = "fp
 def estimated_states(plan: Plan) -> dict[str, float]:
     """Estimated model-state bytes (all device components) at the two moments, keyed by moment."""
     assert plan.degrees is not None
-    z = zero_settings(plan.spec, plan.zero, pipeline=False)
+    z = zero_settings(plan)
     states = model_states(stage_share(plan, 0, z.persistence_threshold), z, plan.degrees.dp, 1, 2)
     return {"backward": sum(states.backward.values()), "update": sum(states.update.values()),
             "step": sum(states.step.values())}

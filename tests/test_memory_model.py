@@ -102,7 +102,7 @@ LLAMA8B = "model: {preset: llama3-8b}\nhardware: {preset: dgx-h100}\n"
 
 def states_peak(tmp_path: Path, zero: int, precision: str = "bf16") -> float:
     plan = job(tmp_path, LLAMA8B + f"parallel: {{zero: {zero}}}\ntraining: {{precision: {precision}}}\n")
-    z = zero_settings(plan.spec, zero, pipeline=False)
+    z = zero_settings(plan)
     return model_states(stage_share(plan, 0, z.persistence_threshold), z, 8, 1, 2).peak
 
 

@@ -1,7 +1,8 @@
 """ds_config.json from a plan: batch split, ZeRO, precision, optimizer, schedule, pipeline, recompute.
 
-Every value follows from the plan; the job file's `deepspeed:` section is merged last (rule DSF508
-has already refused overrides that contradict the plan). DeepSpeed's batch identity
+Every value follows from the plan (the ZeRO and activation-checkpointing blocks come from
+`dsforge/compiler/ds_settings.py`, which the estimates read too); the job file's `deepspeed:` section is
+merged last (rule DSF508 has already refused overrides that contradict the plan). DeepSpeed's batch identity
 ``train_batch_size == micro * gas * world_size`` (deepspeed/runtime/config.py
 ``DeepSpeedConfig._batch_assertion``) is checked against the world size DeepSpeed *sees*: the runtime
 passes an mpu built from the plan (a PipelineModule brings its own topology), whose
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+# on_cpu stays importable from here: launchers, plan_doc, the runtime and the plugins read it from this module.
+from dsforge.compiler.ds_settings import checkpointing_section, on_cpu, zero_section
 from dsforge.compiler.emit.optim import optimizer_section, scheduler_section
 from dsforge.compiler.extends import deep_merge
 from dsforge.compiler.plan import Plan
@@ -20,11 +23,6 @@ from dsforge.compiler.plan import Plan
 
 class EmitError(ValueError):
     """The plan cannot be emitted (a value the rules should have refused); the message says why."""
-
-
-def on_cpu(plan: Plan) -> bool:
-    """True when the ranks are CPU processes (the `cpu-local` hardware): no streams, no fused kernels."""
-    return plan.spec.hardware.accelerator.name.lower() == "cpu"
 
 
 def batch_section(plan: Plan) -> dict[str, Any]:
@@ -35,35 +33,6 @@ def batch_section(plan: Plan) -> dict[str, Any]:
         raise EmitError(f"global_batch={t.global_batch} does not split into micro_batch={t.micro_batch} x dp")
     return {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
             "gradient_accumulation_steps": gas}
-
-
-def zero_section(plan: Plan) -> dict[str, Any]:
-    """``zero_optimization`` with the knobs that matter for the stage, buckets scaled to the model width.
-
-    Bucket sizes follow HF transformers' DeepSpeed integration (integrations/deepspeed.py,
-    ``trainer_config_finalize``): reduce bucket hidden^2 elements, ZeRO-3 prefetch 0.9 x hidden^2,
-    persistence threshold 10 x hidden (parameters smaller than that stay unpartitioned: norms, biases).
-    overlap_comm needs a second stream to overlap anything; the CPU accelerator has none.
-    """
-    stage, h = plan.zero, plan.spec.model.hidden
-    z: dict[str, Any] = {"stage": stage}
-    if stage == 0:
-        return z
-    z.update(overlap_comm=not on_cpu(plan), reduce_bucket_size=h * h, reduce_scatter=True)
-    if stage in (1, 2):
-        z.update(allgather_partitions=True, allgather_bucket_size=h * h)
-    if stage >= 2:
-        z["contiguous_gradients"] = True
-    if stage == 3:
-        z.update(stage3_prefetch_bucket_size=int(0.9 * h * h), stage3_param_persistence_threshold=10 * h,
-                 stage3_max_live_parameters=10**9, stage3_max_reuse_distance=10**9,
-                 stage3_gather_16bit_weights_on_model_save=True)
-    offload = plan.spec.training.optimizer.offload
-    if offload != "none":
-        # Pinned host memory makes the optimizer-state copies asynchronous (runtime/zero/offload_config.py);
-        # an NVMe path is site-specific and comes from the `deepspeed:` overrides (checked by DSF601).
-        z["offload_optimizer"] = {"device": offload, "pin_memory": True}
-    return z
 
 
 def precision_section(plan: Plan) -> dict[str, Any]:
@@ -104,23 +73,6 @@ def pipeline_section(plan: Plan) -> dict[str, Any]:
     return {"pipeline": {"stages": d.pp, "partition": part if isinstance(part, str) else list(part),
                          "activation_checkpoint_interval": 1 if plan.spec.training.recompute == "full" else 0,
                          **pipeline_partitioning(plan.spec.parallel.sequence_parallel, d.tp)}}
-
-
-def checkpointing_section(plan: Plan) -> dict[str, Any]:
-    """``activation_checkpointing`` for recompute selective|full (runtime/activation_checkpointing/config.py).
-
-    With full recompute and tp > 1 each tensor-parallel rank keeps only its slice of a checkpointed
-    input (partition_activations; Megatron's distribute-saved-activations): the inputs are identical
-    across the TP group. Selective recompute checkpoints only the attention core, whose inputs TP
-    already shards.
-    """
-    d, recompute = plan.degrees, plan.spec.training.recompute
-    if recompute == "none":
-        return {}
-    partition = recompute == "full" and d is not None and d.tp > 1
-    return {"activation_checkpointing": {"partition_activations": partition, "cpu_checkpointing": False,
-                                         "contiguous_memory_optimization": False,
-                                         "synchronize_checkpoint_boundary": False, "profile": False}}
 
 
 def parallel_sections(plan: Plan) -> dict[str, Any]:

@@ -211,7 +211,7 @@ def _dp_ops(group: str, n: int, params: float, plan: Plan) -> list[Collective]:
     """The ZeRO collectives over one data-parallel group for ``params`` rank-local parameters."""
     if n <= 1 or params <= 0:
         return []
-    z = zero_settings(plan.spec, plan.zero, plan.degrees is not None and plan.degrees.pp > 1)
+    z = zero_settings(plan)
     payload, link = params * z.weight_bytes, link_of(plan, group)
     what = "expert " if group == "edp" else ""
     if z.stage == 0:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from dsforge.compiler.ds_settings import emitted_checkpointing_block, on_cpu
 from dsforge.compiler.estimate import activations as act
 from dsforge.compiler.estimate.model_states import model_states
 from dsforge.compiler.estimate.shares import layer_kinds, stage_chunks, stage_share
@@ -84,11 +85,6 @@ class MemoryEstimate:
         return self.peak.device_bytes / self.capacity_bytes
 
 
-def is_cpu(plan: Plan) -> bool:
-    """True when the accelerator is the CPU (no CUDA context: a smaller reserve)."""
-    return "cpu" in plan.spec.hardware.accelerator.name.lower()
-
-
 def activation_shape(plan: Plan) -> act.ActivationShape:
     """The activation-sizing inputs of a plan: micro-batch, sequence, tp/cp/sp, precision, kernels."""
     assert plan.degrees is not None
@@ -102,14 +98,8 @@ def activation_shape(plan: Plan) -> act.ActivationShape:
 
 def partitions_checkpoints(plan: Plan) -> bool:
     """True when the emitted ds_config (overrides merged) partitions checkpointed layer inputs over tp."""
-    from dsforge.compiler.emit.ds_config import checkpointing_section
-    from dsforge.compiler.extends import deep_merge
-
-    ds = plan.spec.deepspeed if isinstance(plan.spec.deepspeed, dict) else {}
-    merged = deep_merge(checkpointing_section(plan), {k: v for k, v in ds.items() if k == "activation_checkpointing"})
-    block = merged.get("activation_checkpointing")
-    return plan.degrees is not None and plan.degrees.tp > 1 and isinstance(block, dict) and \
-        bool(block.get("partition_activations", False))
+    block = emitted_checkpointing_block(plan)
+    return plan.degrees is not None and plan.degrees.tp > 1 and bool(block.get("partition_activations", False))
 
 
 def micro_batches(plan: Plan) -> int:
@@ -162,7 +152,7 @@ def _activations(plan: Plan, stage: int, shape: act.ActivationShape, m: int, per
 
 
 def _reserve(plan: Plan, tensor_bytes: float) -> float:
-    if is_cpu(plan):
+    if on_cpu(plan):
         return CPU_RESERVE_BYTES
     return GPU_RESERVE_BYTES + FRAGMENTATION * tensor_bytes
 
@@ -192,10 +182,10 @@ def estimate_memory(plan: Plan) -> MemoryEstimate:
     """Estimate every pipeline stage's memory for a plan whose layout is valid (else ValueError)."""
     if not plan.layout_ok or plan.degrees is None or plan.placement is None or not plan.stage_layers:
         raise ValueError("estimate_memory needs a valid layout (degrees filling the world, a stage partition)")
-    z = zero_settings(plan.spec, plan.zero, pipeline=plan.degrees.pp > 1)
+    z = zero_settings(plan)
     m = micro_batches(plan)
     per = _PerLayer.of(plan, activation_shape(plan))
     stages = [stage_memory(plan, s, z, m, per) for s in range(plan.degrees.pp)]
-    notes = (f"reserve: {'CPU 0.45 GB' if is_cpu(plan) else 'GPU 2 GB + 5 % fragmentation'}",
+    notes = (f"reserve: {'CPU 0.45 GB' if on_cpu(plan) else 'GPU 2 GB + 5 % fragmentation'}",
              "activations: dsforge's HF models (SDPA flash attention, no dropout, HF norms and activations)")
     return MemoryEstimate(stages, plan.spec.hardware.accelerator.memory_gb * 1e9, m, notes)

@@ -118,7 +118,7 @@ def optimizer_seconds(plan: Plan, stage: int) -> float:
     """
     assert plan.degrees is not None
     d = plan.degrees
-    z = zero_settings(plan.spec, plan.zero, d.pp > 1)
+    z = zero_settings(plan)
     if z.offload_optimizer:
         return 0.0
     share = stage_share(plan, stage, 0.0)

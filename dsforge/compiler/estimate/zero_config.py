@@ -1,7 +1,7 @@
 """The DeepSpeed settings that size the model-state buffers: those of the ds_config dsforge emits.
 
 Precedence, as in the emitted file: the job's `deepspeed.zero_optimization` overrides, then the
-emitter's choices (`emit/ds_config.py`), then DeepSpeed 0.19.8's defaults
+choices dsforge emits (`dsforge/compiler/ds_settings.py`), then DeepSpeed 0.19.8's defaults
 (`deepspeed/runtime/zero/config.py` DeepSpeedZeroConfig): reduce_bucket_size 5e8 and
 allgather_bucket_size 5e8 elements, contiguous_gradients on, overlap_comm on for stage 3 only,
 stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold 1e5, stage3_max_live_parameters 1e9.
@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.ds_settings import emitted_zero_block
+from dsforge.compiler.plan import Plan
 
 #: Bytes of optimizer state per parameter kept in fp32 (torch and DeepSpeed implementations).
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "lamb": 8, "lion": 4, "sgd": 4}
@@ -50,28 +51,17 @@ def _offloaded(block: Any) -> bool:
     return isinstance(block, dict) and block.get("device", "none") in ("cpu", "nvme")
 
 
-def emitted_zero_block(spec: JobSpec) -> dict[str, Any]:
-    """The `zero_optimization` block `dsforge compile` writes for this job, overrides merged last.
+def zero_settings(plan: Plan) -> ZeroSettings:
+    """Resolve the ZeRO settings of a plan: its stage and precision, then the emitted ds_config's
+    `zero_optimization` (with the job's overrides), then DeepSpeed's defaults for keys neither sets.
 
-    The estimate must size the buffers of the config that will really run, so it reads the emitter's
-    choices (dsforge/compiler/emit/ds_config.py `zero_section`: buckets scaled to the model width,
-    overlap_comm on accelerators) instead of DeepSpeed's defaults, which apply only to keys neither
-    sets.
+    The estimate must size the buffers of the config that will really run, so it reads dsforge's own
+    choices (`ds_settings.emitted_zero_block`: buckets scaled to the model width, overlap_comm on
+    accelerators) instead of DeepSpeed's defaults, which apply only to keys neither sets.
     """
-    from dsforge.compiler.emit.ds_config import zero_section
-    from dsforge.compiler.extends import deep_merge
-    from dsforge.compiler.plan import build_plan
-
+    spec, stage = plan.spec, plan.zero
     ds = spec.deepspeed if isinstance(spec.deepspeed, dict) else {}
-    user = ds.get("zero_optimization", {})
-    return deep_merge(zero_section(build_plan(spec)), user if isinstance(user, dict) else {})
-
-
-def zero_settings(spec: JobSpec, stage: int, pipeline: bool) -> ZeroSettings:
-    """Resolve the ZeRO settings of a job: its stage and precision, then the emitted ds_config's
-    `zero_optimization` (with the job's overrides), then DeepSpeed's defaults for keys neither sets."""
-    ds = spec.deepspeed if isinstance(spec.deepspeed, dict) else {}
-    zo = emitted_zero_block(spec)
+    zo = emitted_zero_block(plan)
     opt = spec.training.optimizer
     weight_bytes = 4 if spec.training.precision == "fp32" else 2
     dtypes = ds.get("data_types", {})
@@ -83,7 +73,7 @@ def zero_settings(spec: JobSpec, stage: int, pipeline: bool) -> ZeroSettings:
         optimizer_bytes=OPTIMIZER_STATE_BYTES.get(opt.name, 8),
         offload_optimizer=stage > 0 and (opt.offload != "none" or _offloaded(zo.get("offload_optimizer"))),
         offload_params=stage == 3 and _offloaded(zo.get("offload_param")),
-        pipeline=pipeline,
+        pipeline=plan.degrees is not None and plan.degrees.pp > 1,
         reduce_bucket=float(_get(zo, "reduce_bucket_size", default=5e8)),
         allgather_bucket=float(_get(zo, "allgather_bucket_size", default=5e8)),
         contiguous_gradients=bool(_get(zo, "contiguous_gradients", default=True)),
