@@ -23,14 +23,41 @@ def cli() -> None:
     """Compile a declarative YAML job file into a checked, explained, runnable DeepSpeed job."""
 
 
+def _selection_options(fn: Any) -> Any:
+    """`--select` / `--ignore`: which rule ids to report (ids or prefixes, comma-separated, repeatable)."""
+    fn = click.option("--ignore", "ignore", multiple=True, metavar="IDS",
+                      help="Never report these rule ids or prefixes (e.g. DSF204,DSF4); adds to [tool.dsforge] "
+                           "ignore. Errors stay unless their rule may be silenced (docs/rules.md).")(fn)
+    return click.option("--select", "select", multiple=True, metavar="IDS",
+                        help="Report only these rule ids or prefixes (e.g. DSF1,DSF301); replaces "
+                             "[tool.dsforge] select. Input errors (DSF0xx) are always reported.")(fn)
+
+
+def _selection(select: tuple[str, ...], ignore: tuple[str, ...]) -> Any:
+    """The command line's selection, or None when it names none (the project's settings then apply alone)."""
+    from dsforge.compiler.suppress import Selection
+
+    if not select and not ignore:
+        return None
+    try:
+        return Selection.of(select, (), "--select").over(Selection.of((), ignore, "--ignore"))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--select/--ignore") from None
+
+
+_FORMATS = ["text", "json", "github", "sarif", "gcc"]
+_FORMAT_HELP = "Output format of the diagnostics (gcc: `file:line:col: error: message [ID]` for editors)."
+
+
 @cli.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "github", "sarif"]), default="text",
-              show_default=True, help="Output format of the diagnostics.")
-@click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
+@_selection_options
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--format", "fmt", type=click.Choice(_FORMATS), default="text", show_default=True, help=_FORMAT_HELP)
+@click.option("--strict", is_flag=True, help="Warnings fail too (exit 1); also `strict = true` in [tool.dsforge].")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report here instead of stdout.")
-def validate(files: tuple[str, ...], fmt: str, strict: bool, output: str | None) -> None:
-    """Check job files against the schema, the hardware and DeepSpeed's rules.
+def validate(files: tuple[str, ...], fmt: str, strict: bool, output: str | None, select: tuple[str, ...],
+             ignore: tuple[str, ...]) -> None:
+    """Check job files against the schema, the hardware and DeepSpeed's rules (`-` reads standard input).
 
     Exit codes: 0 clean, 1 findings (errors, or warnings with --strict), 2 unusable input.
     """
@@ -38,7 +65,10 @@ def validate(files: tuple[str, ...], fmt: str, strict: bool, output: str | None)
     from dsforge.diagnostics import has_errors
     from dsforge.formatters import get, write_report
 
-    results = [validate_file(f) for f in files]
+    if files.count("-") > 1:
+        raise click.UsageError("`-` (standard input) can be read only once; give it at most once")
+    chosen = _selection(select, ignore)
+    results = [validate_file(f, selection=chosen) for f in files]
     diags = [d for r in results for d in r.diagnostics]
     text = get(fmt)(diags)
     if output:
@@ -50,7 +80,8 @@ def validate(files: tuple[str, ...], fmt: str, strict: bool, output: str | None)
         click.echo(text, nl=False)
     if any(r.unusable for r in results):
         sys.exit(EXIT_UNUSABLE)
-    sys.exit(EXIT_FINDINGS if has_errors(diags, strict) else EXIT_CLEAN)
+    failed = any(has_errors(r.diagnostics, strict or r.strict) for r in results)
+    sys.exit(EXIT_FINDINGS if failed else EXIT_CLEAN)
 
 
 @cli.command()
@@ -59,6 +90,52 @@ def schema() -> None:
     from dsforge.compiler.json_schema import job_schema
 
     click.echo(json.dumps(job_schema(), indent=2))
+
+
+def _interactive() -> bool:
+    """True when a person can answer prompts (standard input is a terminal)."""
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
+@cli.command()
+@click.option("--model", help="Model preset (`dsforge presets`)  [default: tiny-llama]")
+@click.option("--hardware", help="Hardware preset  [default: cpu-local]")
+@click.option("--nodes", type=click.IntRange(min=1), help="Nodes  [default: the fewest the model fits on]")
+@click.option("--launcher", help="local, deepspeed, torchrun, slurm, kubernetes, accelerate or a plugin's launch "
+              "target  [default: local on one node, slurm on several]")
+@click.option("--name", help="Job name  [default: MODEL-HARDWARE]")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the job file here  [default: stdout]")
+@click.option("--force", is_flag=True, help="Overwrite an existing --output file.")
+def init(model: str | None, hardware: str | None, nodes: int | None, launcher: str | None, name: str | None,
+         output: str | None, force: bool) -> None:
+    """Write a commented starter job file whose layout validates clean (every key with its description).
+
+    At a terminal, a missing --model or --hardware is asked for; otherwise the defaults train here
+    (`dsforge run`). Exit codes: 0 written, 1 no layout of the model fits the hardware, 2 unusable
+    choices or an output file that exists (without --force) or cannot be written.
+    """
+    from dsforge.compiler import init_job
+    from dsforge.compiler.presets import presets as table
+
+    if _interactive():
+        model = model or click.prompt("Model preset", type=click.Choice(list(table("models"))), default=init_job.DEFAULT_MODEL)
+        hardware = hardware or click.prompt("Hardware preset", type=click.Choice(list(table("hardware"))),
+                                            default=init_job.DEFAULT_HARDWARE)
+    try:
+        job = init_job.starter(init_job.Choices(model or init_job.DEFAULT_MODEL, hardware or init_job.DEFAULT_HARDWARE,
+                                                nodes, launcher, name))
+        where = init_job.write_starter(job.text, output, force)
+    except init_job.InitError as exc:
+        click.echo(f"dsforge init: {exc}", err=True)
+        sys.exit(exc.code)
+    if where is None:
+        click.echo(job.text, nl=False)
+    lay = job.layout
+    click.echo(f"dsforge init: {'wrote ' + where if where else 'job file above'}: {job.data['model']['preset']} on "
+               f"{job.nodes} node(s) of {job.data['hardware']['preset']}, tp={lay.tp} pp={lay.pp} ep={lay.ep} "
+               f"zero={lay.zero} recompute={lay.recompute} offload={lay.offload}", err=True)
+    for note in job.notes:
+        click.echo(f"dsforge init: note: {note}", err=True)
 
 
 @cli.command()
@@ -81,16 +158,18 @@ def presets(kind: str, fmt: str) -> None:
 
 
 @cli.command(name="compile")
-@click.argument("file", type=click.Path(dir_okay=False))
+@_selection_options
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False),
               help="The job directory to write (absent or empty).")
 @click.option("--force", is_flag=True, help="Replace a job directory an earlier compile wrote (nothing else).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "github", "sarif"]), default="text",
-              show_default=True, help="Output format of the diagnostics.")
+@click.option("--format", "fmt", type=click.Choice(_FORMATS), default="text", show_default=True, help=_FORMAT_HELP)
 @click.option("--no-rewrite", is_flag=True, help="Skip the rewrite plan (it imports torch and transformers, which "
               "takes seconds); plan.json records it as skipped and DSF607 is not checked.")
-def compile_job(file: str, out: str, force: bool, fmt: str, no_rewrite: bool) -> None:
-    """Compile a job file into a runnable job directory (ds_config.json, plan.json, launcher, train.py).
+def compile_job(file: str, out: str, force: bool, fmt: str, no_rewrite: bool, select: tuple[str, ...],
+                ignore: tuple[str, ...]) -> None:
+    """Compile a job file (`-`: standard input) into a runnable job directory (ds_config.json, plan.json, launcher,
+    train.py).
 
     Where torch is installed, plan.json carries the rewrite plan (which module becomes which parallel
     variant, exact parameter counts) and a model the policies cannot place is an error (DSF607).
@@ -101,7 +180,7 @@ def compile_job(file: str, out: str, force: bool, fmt: str, no_rewrite: bool) ->
     from dsforge.formatters import get
 
     try:
-        result = compile_file(file, out, force, rewrite=not no_rewrite)
+        result = compile_file(file, out, force, rewrite=not no_rewrite, selection=_selection(select, ignore))
     except TargetError as exc:
         click.echo(f"dsforge compile: {exc}", err=True)
         sys.exit(EXIT_UNUSABLE)
@@ -117,7 +196,8 @@ def compile_job(file: str, out: str, force: bool, fmt: str, no_rewrite: bool) ->
 
 
 @cli.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@_selection_options
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Text tables, or the JSON summary that compile embeds in plan.json.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False),
@@ -128,8 +208,9 @@ def compile_job(file: str, out: str, force: bool, fmt: str, no_rewrite: bool) ->
 @click.option("--rewrite", "with_rewrite", is_flag=True, help="Also show the rewrite plan (module -> parallel "
               "variant, shards per rank) and use its exact parameter counts; needs torch and transformers.")
 def explain(file: str, fmt: str, plot_dir: str | None, html_path: str | None, tokens: float | None,
-            with_rewrite: bool) -> None:
-    """Estimate a job: parameters, FLOPs, memory per stage, communication per group, bubble, step time, MFU.
+            with_rewrite: bool, select: tuple[str, ...], ignore: tuple[str, ...]) -> None:
+    """Estimate a job (`-`: read from standard input): parameters, FLOPs, memory per stage, communication per
+    group, bubble, step time, MFU.
 
     Exit codes as validate: 0 explained, 1 the job has errors (they are printed; with --rewrite, also a
     model the rewrite policies cannot place), 2 unusable input (or --rewrite without torch).
@@ -139,7 +220,7 @@ def explain(file: str, fmt: str, plot_dir: str | None, html_path: str | None, to
     from dsforge.diagnostics import Severity, has_errors
     from dsforge.formatters import get
 
-    result = validate_file(file)
+    result = validate_file(file, selection=_selection(select, ignore))
     if result.unusable or has_errors(result.diagnostics, False) or result.plan is None:
         click.echo(get(fmt)(result.diagnostics), nl=False)
         sys.exit(EXIT_UNUSABLE if result.unusable else EXIT_FINDINGS)
@@ -204,7 +285,7 @@ def plugins(fmt: str) -> None:
     A plugin that fails to load is listed with its error and skipped. Exit codes: 0 every plugin
     loaded (or none is installed), 1 at least one failed.
     """
-    from dsforge.plugins.report import plugin_report, render_text
+    from dsforge.plugin_report import plugin_report, render_text
 
     report = plugin_report()
     click.echo(json.dumps(report, indent=2) if fmt == "json" else render_text(report), nl=fmt == "json")
@@ -219,21 +300,34 @@ def plugins(fmt: str) -> None:
 def run_job(file: str, out: str | None, fresh: bool) -> None:
     """Compile a job file and train it on this machine with its local launcher (needs torch and deepspeed).
 
-    An earlier run of the same compile in the job directory resumes from its checkpoints. Exit codes:
+    An earlier run of the same compile in the job directory resumes from its checkpoints. To train a
+    finished run longer, raise training.steps in the job file and run it again: the job directory's
+    files are re-written and training continues from the last checkpoint (so do changes of
+    checkpoint.every, logging and launch settings; any other change needs --fresh or -o). Exit codes:
     0 trained, 1 errors in the job or a failed run, 2 unusable input or no runtime installed.
     """
-    from dsforge.runner import INSTALL_HINT, RunError, launch, missing_runtime, prepare
+    from dsforge.runner import INSTALL_HINT, RunError, launch, missing_runtime, prepare, unsupported_deepspeed
 
     missing = missing_runtime()
     if missing:
         click.echo(f"dsforge run: this Python has no {', '.join(missing)}; install the runtime: {INSTALL_HINT}",
                    err=True)
         sys.exit(EXIT_UNUSABLE)
+    version_problem = unsupported_deepspeed()
+    if version_problem:
+        click.echo(f"dsforge run: {version_problem}", err=True)
+        sys.exit(EXIT_UNUSABLE)
     try:
         prepared = prepare(file, out, fresh)
         click.echo(prepared.report, nl=False)
-        verb = "resuming the earlier run in" if prepared.reused else "compiled into"
-        click.echo(f"dsforge run: {verb} {prepared.job_dir}", err=True)
+        if prepared.continued:
+            click.echo(f"dsforge run: continuing the earlier run in {prepared.job_dir} from its checkpoints "
+                       f"(re-wrote its files: {'; '.join(prepared.continued)})", err=True)
+        else:
+            verb = "resuming the earlier run in" if prepared.reused else "compiled into"
+            click.echo(f"dsforge run: {verb} {prepared.job_dir}", err=True)
+        for note in prepared.notes:
+            click.echo(f"dsforge run: note: {note}", err=True)
         code = launch(prepared.job_dir)
     except RunError as exc:
         click.echo(exc.report, nl=False)
@@ -242,6 +336,8 @@ def run_job(file: str, out: str | None, fresh: bool) -> None:
     if code != 0:
         click.echo(f"dsforge run: the job failed (exit code {code}); see {prepared.job_dir}", err=True)
         sys.exit(EXIT_FINDINGS)
+    click.echo(f"dsforge run: done ({prepared.job_dir}); to train longer, raise training.steps in {file} and run "
+               f"`dsforge run {file}` again: it continues from the last checkpoint", err=True)
 
 
 def main() -> NoReturn:

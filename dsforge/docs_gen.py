@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dsforge.compiler.input_rules import INPUT_RULES
 from dsforge.compiler.json_schema import spec_schema
 from dsforge.compiler.presets import KINDS, presets
-from dsforge.compiler.rules.registry import Rule, all_rules
+from dsforge.compiler.rules.registry import STAGES, Rule, all_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES_MD = ROOT / "docs" / "rules.md"
@@ -34,31 +33,17 @@ JOB_FILE_INTRO = ("Every key of a dsforge job file. `auto` degrees are chosen by
                   "section may instead come from that section's `preset:` or from an `extends:` base. The same "
                   "information is available to editors as a JSON Schema (`dsforge schema`).")
 
-#: The rule-id ranges (dsforge/compiler/rules/registry.py), as section headings.
-STAGES = (("DSF0", "Input: reading, YAML, `extends`, schema, presets"), ("DSF1", "Model and layout"),
-          ("DSF2", "Batch and pipeline schedule"), ("DSF3", "Memory"), ("DSF4", "Communication and topology"),
-          ("DSF5", "DeepSpeed and hardware compatibility"), ("DSF6", "Compile and emit"), ("DSF7", "Plugins"),
-          ("DSF9", "Internal errors"))
+def _note(r: Rule) -> str:
+    notes = ["unusable input (exit code 2)" if r.exit_code == 2 else "",
+             "checked by `dsforge compile` only" if r.phase == "compile" else "",
+             "can be silenced (`--ignore`, `# dsforge: ignore[...]`)" if r.suppressible else ""]
+    return "; ".join(n for n in notes if n)
 
 
 def _entries() -> list[dict[str, str]]:
-    out = [{"id": r.id, "summary": r.summary, "severity": r.severity.value, "why": r.rationale, "source": r.source,
-            "note": "unusable input (exit code 2)" if r.exit_code == 2 else ""} for r in INPUT_RULES]
     # dsforge's own rules only: installed plugins would make the reference depend on the environment
-    out += [{"id": r.id, "summary": r.summary, "severity": r.severity.value, "why": r.rationale, "source": r.source,
-             "note": ""} for r in all_rules() if r.origin == "dsforge"]
-    out += [{"id": r.id, "summary": r.summary, "severity": r.severity.value, "why": r.rationale, "source": r.source,
-             "note": "checked by `dsforge compile`"} for r in _emit_rules()]
-    return sorted(out, key=lambda e: e["id"])
-
-
-def _emit_rules() -> list[Rule]:
-    """The compile-time checks (not registered with validate, whose rules do not depend on the launcher)."""
-    try:
-        from dsforge.compiler.emit.checks import EMIT_RULES
-    except ImportError:  # the emit stage is optional for the docs
-        return []
-    return list(EMIT_RULES)
+    return [{"id": r.id, "summary": r.summary, "severity": r.severity.value, "why": r.rationale, "source": r.source,
+             "note": _note(r)} for r in all_rules() if r.origin == "dsforge"]
 
 
 def render_rules() -> str:
@@ -66,11 +51,11 @@ def render_rules() -> str:
     entries = _entries()
     lines = [HEADER, "# dsforge rules", "", RULES_INTRO, "", "| id | severity | summary |", "|---|---|---|"]
     lines += [f"| [{e['id']}](#{e['id'].lower()}) | {e['severity']} | {e['summary']} |" for e in entries]
-    for prefix, title in STAGES:
-        stage = [e for e in entries if e["id"].startswith(prefix)]
+    for st in STAGES:
+        stage = [e for e in entries if st.holds(e["id"])]
         if not stage:
             continue
-        lines += ["", f"## {title}"]
+        lines += ["", f"## {st.title} (DSF{st.first:03d}-DSF{st.last:03d})"]
         for e in stage:
             lines += ["", f'<a id="{e["id"].lower()}"></a>', f"### {e['id']}: {e['summary']}", "",
                       f"*Severity:* {e['severity']}" + (f" ({e['note']})" if e["note"] else "") + "  ",

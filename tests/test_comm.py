@@ -27,7 +27,7 @@ def test_ring_all_reduce_cost_is_2_n_minus_1_over_n() -> None:
 
 
 def test_groups_inside_a_node_use_nvlink_and_groups_across_nodes_the_network(tmp_path: Path) -> None:
-    job = with_changes(SMALL, hardware={"nodes": 2}, parallel={"tp": 8, "pp": 2})
+    job = with_changes(SMALL, hardware={"nodes": 2}, parallel={"tp": 8, "pp": 2}, launch={"launcher": "slurm"})
     plan = make_plan(job, tmp_path)
     assert comm.link_of(plan, "tp").name == "intra_node"
     assert comm.link_of(plan, "pp").name == "inter_node"

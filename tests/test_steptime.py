@@ -65,7 +65,8 @@ def test_more_micro_batches_shrink_the_bubble(tmp_path: Path) -> None:
 
 
 def test_tensor_parallelism_across_nodes_costs_more(tmp_path: Path) -> None:
-    job = with_changes(SMALL, hardware={"nodes": 2}, parallel={"tp": 8, "pp": 2}, training={"global_batch": 16})
+    job = with_changes(SMALL, hardware={"nodes": 2}, parallel={"tp": 8, "pp": 2}, launch={"launcher": "slurm"},
+                       training={"global_batch": 16})
     inside = estimate_step(make_plan(job, tmp_path))
     across = estimate_step(make_plan(with_changes(job, parallel={"order": "pp-tp-cp-ep-dp"}), tmp_path))
     assert across.comm_s["tp"] > 5 * inside.comm_s["tp"]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from dsforge import extensions
 
 try:
     from yaml import CSafeLoader as _Loader
@@ -53,7 +57,24 @@ def register(preset: Preset) -> None:
 
 def presets(kind: str) -> dict[str, Preset]:
     """All presets of one kind ("hardware" or "models"), built-in first, then those of installed plugins."""
-    from dsforge.plugins.registry import ensure_loaded
-
-    ensure_loaded("presets")  # entry points are read on the first lookup, not at import (start-up time)
+    extensions.ensure_loaded("presets")  # entry points are read on the first lookup, not at import (start-up time)
     return {**_builtin(kind), **_extra[kind]}
+
+
+def _load_plugin_presets(entry: extensions.PluginEntry, load: Callable[[], Any]) -> list[str]:
+    """The `dsforge.presets` loader: check every preset of the plugin, then register them all (or none)."""
+    items = extensions.items_of(load(), Preset)
+    for p in items:
+        if p.kind not in KINDS:
+            raise extensions.PluginLoadError(f"preset {p.name!r} has kind {p.kind!r}; use one of {', '.join(KINDS)}")
+        if not isinstance(p.spec, dict):
+            raise extensions.PluginLoadError(f"preset {p.name!r}: spec must be a mapping of job-file keys")
+        # _builtin, not presets(): this runs inside the first presets() lookup.
+        if p.name in _builtin(p.kind):
+            raise extensions.PluginLoadError(f"{p.kind} preset {p.name!r} would replace dsforge's built-in preset")
+    for p in items:
+        register(dataclasses.replace(p, origin=extensions.origin_label(entry)))
+    return [f"{p.kind} preset {p.name}" for p in items]
+
+
+extensions.register_loader("presets", _load_plugin_presets)

@@ -19,8 +19,11 @@ Variants (Shoeybi et al. 2019, Megatron-LM sec. 3; Korthikanti et al. 2022 for s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from dsforge import extensions
 
 Variant = Literal["column", "row", "vocab", "norm", "replicate", "expert"]
 VARIANTS: tuple[str, ...] = ("column", "row", "vocab", "norm", "replicate", "expert")
@@ -143,9 +146,21 @@ def register_policy(policy: Policy) -> None:
 
 def load_plugins() -> None:
     """Register the policies of installed plugins (entry points `dsforge.rewrite_policies`), once."""
-    from dsforge.plugins.registry import ensure_loaded
+    extensions.ensure_loaded("policies")
 
-    ensure_loaded("policies")
+
+def _load_plugin_policies(entry: extensions.PluginEntry, load: Callable[[], Any]) -> list[str]:
+    """The `dsforge.rewrite_policies` loader: a plugin adds model families, never replaces one."""
+    items = extensions.items_of(load(), Policy)
+    for p in items:
+        if p.arch in POLICIES:
+            raise extensions.PluginLoadError(f"a rewrite policy for arch {p.arch!r} already exists")
+    for p in items:
+        register_policy(p)
+    return [f"rewrite policy {p.arch}" for p in items]
+
+
+extensions.register_loader("policies", _load_plugin_policies)
 
 
 def user_rows(rules: list[object]) -> tuple[PolicyRow, ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from dsforge.compiler.launch_targets import BUILTIN_LAUNCHERS, launch_target_names
 from dsforge.compiler.spec_types import (
     BAD,
     AnyOf,
@@ -171,14 +172,16 @@ class DataSpec(Section):
     """Training data: synthetic tokens, or a flat token file."""
 
     kind: Literal["synthetic", "tokens"] = field(Choice("synthetic", "tokens"), "synthetic", "synthetic or a token file.")
-    path: str | None = field(Optional(Str()), None, "Token file (flat uint16/uint32 array) for kind: tokens.")
+    path: str | None = field(Optional(Str()), None, "Token file (flat uint16/uint32 array) for kind: tokens; a relative "
+                                                    "path is taken from the job file's directory.")
     dtype: Literal["uint16", "uint32"] = field(Choice("uint16", "uint32"), "uint16", "Element type of the token file.")
 
 
 class CheckpointSpec(Section):
     """Where and how often checkpoints are written, and whether a run resumes."""
 
-    dir: str = field(Str(), "checkpoints", "Checkpoint directory (relative to the job directory).")
+    dir: str = field(Str(), "checkpoints", "Checkpoint directory; a relative path written in the job file is taken "
+                                           "from the job file's directory, the default lies inside the job directory.")
     every: int = field(NON_NEG_INT, 0, "Save every this many optimizer steps (0: only at the end).")
     resume: Literal["auto", "never"] = field(Choice("auto", "never"), "auto", "auto: resume from the latest checkpoint.")
 
@@ -200,8 +203,6 @@ class TrainingSpec(Section):
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Checkpoint directory, interval and resume.")
 
 
-#: Launchers dsforge ships; installed plugins can add launch targets (entry points `dsforge.launchers`).
-BUILTIN_LAUNCHERS: tuple[str, ...] = ("local", "deepspeed", "torchrun", "slurm", "kubernetes", "accelerate")
 
 
 class LauncherKind(Kind):
@@ -217,8 +218,6 @@ class LauncherKind(Kind):
             return value
         names = list(BUILTIN_LAUNCHERS)
         if isinstance(value, str):
-            from dsforge.plugins.extensions import launch_target_names
-
             plugins = launch_target_names()  # read only for a name dsforge does not ship: start-up stays lean
             if value in plugins:
                 return value
@@ -236,8 +235,8 @@ class RewriteRule(Section):
     """One module-rewrite rule: modules whose name matches become this parallel variant."""
 
     match: str = field(Str(), description="Regular expression over qualified module names.")
-    as_: Literal["column", "row", "vocab", "replicate", "expert"] = field(
-        Choice("column", "row", "vocab", "replicate", "expert"), alias="as",
+    as_: Literal["column", "row", "vocab", "norm", "replicate", "expert"] = field(
+        Choice("column", "row", "vocab", "norm", "replicate", "expert"), alias="as",
         description="Parallel variant of the matched modules.")
     fused: int = field(POS_INT, 1, "The weight fuses this many equal blocks (3 for a fused QKV).")
 
@@ -255,7 +254,9 @@ class LaunchSpec(Section):
     partition: str | None = field(Optional(Str()), None, "SLURM partition.")
     account: str | None = field(Optional(Str()), None, "SLURM account.")
     time_limit: str | None = field(Optional(Str()), None, "SLURM time limit, e.g. 24:00:00.")
-    python: str = field(Str(), "python", "Python interpreter on the nodes.")
+    python: str | None = field(
+        Optional(Str()), None, "Python interpreter the launcher runs on the nodes; default: the one that ran `dsforge "
+                               "compile` (its absolute path, recorded in plan.json); kubernetes: `python` in the image.")
     env: dict[str, str] = field(MappingOf(Str()), description="Environment variables for every rank.", factory=dict)
     hosts: list[str] = field(
         ListOf(Str(pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")), factory=list,

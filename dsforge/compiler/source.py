@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
+from dsforge.compiler.suppress import InlineIgnore, scan_comments
 from dsforge.diagnostics import Diagnostic, InputError, Location, Severity
 
 try:  # the C loader composes about 10x faster; marks are the same
@@ -27,6 +28,10 @@ MAX_FILE_BYTES = 2 * 1024 * 1024
 MAX_NODES = 100_000
 MAX_DEPTH = 64
 
+#: The file argument that means standard input (CI pipes a generated job in), and how diagnostics name it.
+STDIN = "-"
+STDIN_NAME = "<stdin>"
+
 _CORE = "tag:yaml.org,2002:"
 _SCALAR_TAGS = {_CORE + t for t in ("str", "int", "float", "bool", "null", "timestamp")}
 _MERGE = _CORE + "merge"
@@ -40,6 +45,8 @@ class SourceMap:
     file: str
     keys: dict[Path_, Location] = field(default_factory=dict)
     values: dict[Path_, Location] = field(default_factory=dict)
+    #: `# dsforge: ignore[...]` comments of this file and of the files it extends (dsforge/compiler/suppress.py).
+    ignores: list[InlineIgnore] = field(default_factory=list)
 
     def locate(self, path: Path_, value: bool = False) -> Location:
         """The best location for ``path``: itself, else its nearest written ancestor."""
@@ -54,10 +61,16 @@ class SourceMap:
         """Take ``other``'s positions where it has them (it was merged on top)."""
         self.keys.update(other.keys)
         self.values.update(other.values)
+        self.ignores.extend(other.ignores)
 
 
 def _fail(rule: str, msg: str, loc: Location, fix: str) -> InputError:
     return InputError([Diagnostic(rule, Severity.ERROR, msg, loc, fix)])
+
+
+def is_stdin(path: str | Path) -> bool:
+    """True when ``path`` is the conventional `-` that names standard input."""
+    return str(path) == STDIN
 
 
 def read_text(path: Path, display: str) -> str:
@@ -66,13 +79,45 @@ def read_text(path: Path, display: str) -> str:
         raw = path.read_bytes()
     except FileNotFoundError:
         raise _fail("DSF001", f"file {display} does not exist", Location(display),
-                    "check the path") from None
+                    "check the path (`-` reads the job from standard input)") from None
     except OSError as exc:
         raise _fail("DSF001", f"cannot read {display}: {exc.strerror}", Location(display),
                     "check the path and its permissions") from None
     if len(raw) > MAX_FILE_BYTES:
         raise _fail("DSF007", f"file is {len(raw)} bytes, over the {MAX_FILE_BYTES}-byte limit for a job file",
                     Location(display), "a job file describes one job; split data out of it")
+    return decode_text(raw, display)
+
+
+def read_stream(stream: BinaryIO | None, display: str = STDIN_NAME) -> str:
+    """Read a job file from a byte stream (standard input) with the checks of ``read_text``.
+
+    At most MAX_FILE_BYTES + 1 bytes are read: a pipe has no size to check first, and one byte over
+    the limit is enough to refuse it without buffering whatever the writer would go on sending.
+    """
+    if stream is None:  # the interpreter was started with standard input closed
+        raise _fail("DSF001", "standard input is closed; there is no job to read", Location(display),
+                    "pipe the job file in (`dsforge validate - < job.yaml`) or name the file")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while size <= MAX_FILE_BYTES:
+            chunk = stream.read(MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise _fail("DSF001", f"cannot read standard input: {exc.strerror or exc}", Location(display),
+                    "pipe the job file in, or name the file") from None
+    if size > MAX_FILE_BYTES:
+        raise _fail("DSF007", f"standard input holds more than the {MAX_FILE_BYTES}-byte limit for a job file",
+                    Location(display), "a job file describes one job; split data out of it")
+    return decode_text(b"".join(chunks), display)
+
+
+def decode_text(raw: bytes, display: str) -> str:
+    """Job-file bytes as text, rejecting non-UTF-8 bytes, an empty document and tab indentation."""
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -82,7 +127,7 @@ def read_text(path: Path, display: str) -> str:
                     Location(display, line, col), "save the file as UTF-8") from None
     if not text.strip() or all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()):
         raise _fail("DSF008", "the file is empty: a job file must be a mapping with at least `version: 1`",
-                    Location(display, 1, 1), "start from an example in examples/ or `dsforge schema`")
+                    Location(display, 1, 1), "start from an example in examples/, `dsforge init` or `dsforge schema`")
     for no, row in enumerate(text.splitlines(), 1):
         indent = row[: len(row) - len(row.lstrip(" \t"))]
         if "\t" in indent:
@@ -247,4 +292,6 @@ def load_yaml(text: str, display: str) -> tuple[dict[str, Any], SourceMap]:
             type(data), "null")
         raise _fail("DSF009", f"the top level is {kind}; a job file must be a mapping of sections",
                     _loc(display, node.start_mark), "start the file with `version: 1` and sections such as `model:`")
+    if "dsforge:" in text:  # suppression comments are rare: scan only files that may hold one
+        builder.smap.ignores = scan_comments(text, display)
     return data, builder.smap

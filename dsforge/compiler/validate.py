@@ -1,4 +1,10 @@
-"""`validate`: load, parse, plan and check one job file, collecting every diagnostic."""
+"""`validate`: load, parse, plan and check one job file, collecting every diagnostic.
+
+Which findings are reported follows the project's settings (`dsforge.toml` / `[tool.dsforge]`, found
+from the job file's directory), the caller's selection and the file's inline `# dsforge: ignore[...]`
+comments (dsforge/compiler/suppress.py); explain, compile and run validate through here, so they all
+decide on the same findings.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +13,56 @@ from pathlib import Path
 
 from dsforge.compiler.parse import LoadedJob, load_job
 from dsforge.compiler.plan import Plan, build_plan
+from dsforge.compiler.project_config import ConfigError, ProjectConfig, find_config
 from dsforge.compiler.rules.registry import Context, Rule, run_rules
-from dsforge.diagnostics import Diagnostic, InputError
+from dsforge.compiler.source import is_stdin
+from dsforge.compiler.suppress import Selection, apply
+from dsforge.diagnostics import Diagnostic, InputError, Location, Severity
 
 
 @dataclass
 class Result:
-    """The outcome for one file: its diagnostics, and the job and plan when it got that far."""
+    """The outcome for one file: its diagnostics, the job and plan when it got that far, and its settings."""
 
     file: str
     diagnostics: list[Diagnostic] = field(default_factory=list)
     job: LoadedJob | None = None
     plan: Plan | None = None
     unusable: bool = False
+    strict: bool = False  # the project's settings ask warnings to fail
+    silenced: int = 0  # findings the selection or inline comments silenced
+    selection: Selection = field(default_factory=Selection)  # what was chosen: the settings' and the caller's
 
 
 def check(job: LoadedJob, rules: list[Rule] | None = None) -> tuple[Plan, list[Diagnostic]]:
-    """Plan a loaded job and run the rules over it."""
+    """Plan a loaded job and run the rules over it (every finding, before any selection)."""
     plan = build_plan(job.spec)
     return plan, run_rules(Context(job.spec, plan, job.source, job.raw), rules)
 
 
-def validate_file(path: str | Path, rules: list[Rule] | None = None) -> Result:
-    """Validate one job file; never raises for bad input (unusable files come back flagged)."""
+def settings_for(path: str | Path) -> ProjectConfig:
+    """The project settings that apply to a job file (raises ConfigError for a settings file it cannot use)."""
+    return find_config(Path.cwd() if is_stdin(path) else Path(path).parent)
+
+
+def validate_file(path: str | Path, rules: list[Rule] | None = None, selection: Selection | None = None,
+                  config: ProjectConfig | None = None) -> Result:
+    """Validate one job file; never raises for bad input (unusable files come back flagged).
+
+    ``selection`` (command-line `--select`/`--ignore`) is merged over the project's settings, which are
+    looked up unless ``config`` is given.
+    """
     result = Result(str(path))
+    try:
+        settings = config if config is not None else settings_for(path)
+    except ConfigError as exc:
+        result.diagnostics = [Diagnostic("DSF027", Severity.ERROR, str(exc), Location(str(path)),
+                                         "fix or remove the settings file (README, CI section)")]
+        result.unusable = True
+        return result
+    result.strict = settings.strict
+    chosen = settings.selection if selection is None else selection.over(settings.selection)
+    result.selection = chosen
     try:
         job, diags = load_job(path)
     except InputError as exc:
@@ -40,5 +72,7 @@ def validate_file(path: str | Path, rules: list[Rule] | None = None) -> Result:
         result.diagnostics = diags
         return result
     result.job = job
-    result.plan, result.diagnostics = check(job, rules)
+    result.plan, found = check(job, rules)
+    outcome = apply(found, chosen, job.source.ignores)
+    result.diagnostics, result.silenced = outcome.diagnostics, outcome.silenced
     return result

@@ -10,16 +10,16 @@ Formatter = Callable[[list[Diagnostic]], str]
 
 
 def get(name: str) -> Formatter:
-    """The formatter for ``name`` (text, json, github or sarif); KeyError for another name."""
+    """The formatter for ``name`` (text, json, github, sarif or gcc); KeyError for another name."""
     import importlib
 
-    module = {"text": "text", "json": "json_format", "github": "github", "sarif": "sarif"}[name]
+    module = {"text": "text", "json": "json_format", "github": "github", "sarif": "sarif", "gcc": "gcc"}[name]
     # only the chosen module is imported: SARIF pulls in the rule registry's descriptions
     render: Formatter = importlib.import_module(f"dsforge.formatters.{module}").render
     return render
 
 
-NAMES = ("text", "json", "github", "sarif")
+NAMES = ("text", "json", "github", "sarif", "gcc")
 
 
 def write_report(text: str, output: str) -> str | None:

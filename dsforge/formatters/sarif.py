@@ -14,11 +14,9 @@ _LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "
 
 
 def _rules(diags: list[Diagnostic]) -> list[dict[str, object]]:
-    from dsforge.compiler.input_rules import INPUT_RULES
     from dsforge.compiler.rules.registry import all_rules
 
     known = {r.id: (r.summary, r.rationale) for r in all_rules()}
-    known.update({r.id: (r.summary, r.rationale) for r in INPUT_RULES})
     out = []
     for rule_id in sorted({d.rule for d in diags}):
         entry: dict[str, object] = {"id": rule_id}

@@ -68,6 +68,9 @@ def load_job(job: JobLike) -> TrainerJob:
         return job
     from dsforge.compiler.validate import validate_file
     from dsforge.formatters import get
+    from dsforge.runtime.versions import require_deepspeed
+
+    require_deepspeed(installed_only=True)  # the trainer hands our ds_config to this DeepSpeed
 
     result = validate_file(job)
     errors = [d for d in result.diagnostics if d.severity == Severity.ERROR]

@@ -9,7 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from dsforge.cli import cli
-from dsforge.plugins import registry
+from dsforge import extensions as registry
 from tests.plugins.conftest import install_fixture_plugin, run
 
 FIXTURE_ENTRIES = {
@@ -31,7 +31,7 @@ def test_scan_finds_every_entry_point_with_its_distribution(plugin_site: Path) -
 
 def test_scan_agrees_with_importlib_metadata(plugin_env: dict[str, str]) -> None:
     """The ~2 ms scan must see what the standard (~30 ms) API sees, including this venv's own packages."""
-    code = ("import importlib.metadata as m, json; from dsforge.plugins import registry as r\n"
+    code = ("import importlib.metadata as m, json; from dsforge import extensions as r\n"
             "std = sorted([g, e.name, e.value] for g in r.GROUPS.values() for e in m.entry_points(group=g))\n"
             "fast = sorted([r.GROUPS[e.kind], e.name, e.value] for e in r.discover())\n"
             "print(json.dumps([std, fast]))")
@@ -63,9 +63,9 @@ def test_validate_and_listing_stay_torch_free_and_load_lazily(plugin_env: dict[s
     job = tmp_path / "job.yaml"
     job.write_text("version: 1\nname: team-x\nmodel: {preset: fixture-tinynet}\nhardware: {preset: fixture-cpu-box}\n",
                    encoding="utf-8")
-    code = ("import sys; from dsforge.plugins import registry as r\n"
+    code = ("import sys; from dsforge import extensions as r\n"
             "import dsforge.compiler.validate as v; before = dict(r._records)\n"
-            f"res = v.validate_file({str(job)!r}); r.load_all()\n"
+            f"res = v.validate_file({str(job)!r}); import dsforge.plugin_report as p; p.plugin_report()\n"
             "heavy = [m for m in ('torch', 'deepspeed', 'transformers', 'accelerate', 'lightning') if m in sys.modules]\n"
             "print(before == {}, sorted({d.rule for d in res.diagnostics}), heavy)")
     proc = run([sys.executable, "-c", code], plugin_env)

@@ -7,20 +7,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsforge.compiler.emit.checks import EMIT_RULES
 from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.emit.job_dir import render_job
 from dsforge.compiler.emit.plan_doc import summarize_safely
-from dsforge.compiler.emit.rewrite_doc import (
-    NO_REWRITE,
-    RewriteContext,
-    rewrite_description,
-    with_exact_params,
-)
+from dsforge.compiler.emit.rewrite_doc import NO_REWRITE, rewrite_description, with_exact_params
 from dsforge.compiler.emit.writer import TargetError, check_target, write_job_dir
 from dsforge.compiler.parse import LoadedJob
 from dsforge.compiler.plan import Plan
-from dsforge.compiler.rules.registry import run_rules
+from dsforge.compiler.rules.registry import checks, run_rules
+from dsforge.compiler.rules.rewrite import RewriteContext
+from dsforge.compiler.suppress import Selection, apply
 from dsforge.compiler.validate import validate_file
 from dsforge.diagnostics import Diagnostic, Location, Severity, has_errors
 
@@ -51,7 +47,8 @@ def _rewrite_step(job: LoadedJob, plan: Plan, enabled: bool) -> tuple[dict[str, 
     return section, [], ([f"plan.json has no rewrite plan: {section['skipped']}"] if "skipped" in section else [])
 
 
-def compile_file(path: str | Path, out: str | Path, force: bool = False, rewrite: bool = True) -> CompileResult:
+def compile_file(path: str | Path, out: str | Path, force: bool = False, rewrite: bool = True,
+                 selection: Selection | None = None) -> CompileResult:
     """Compile one job file into the directory ``out``; nothing is written when any error is found.
 
     ``rewrite``: compute the rewrite plan (imports torch and transformers, seconds) for plan.json and
@@ -60,14 +57,16 @@ def compile_file(path: str | Path, out: str | Path, force: bool = False, rewrite
     """
     target = Path(os.path.abspath(out))
     check_target(target, force)
-    result = validate_file(path)
+    result = validate_file(path, selection=selection)
     if result.unusable or result.job is None or result.plan is None:
         return CompileResult(result.diagnostics, unusable=result.unusable)
     job, plan = result.job, result.plan
     # A job with validation errors gets no rewrite plan: it would only restate them, and costs seconds.
     section, diags, notes = _rewrite_step(job, plan, rewrite and not has_errors(result.diagnostics))
     ctx = RewriteContext(job.spec, plan, job.source, job.raw, rewrite=section)
-    diags = result.diagnostics + run_rules(ctx, EMIT_RULES) + diags
+    # the same selection as validate's; its problems (unknown ids, ...) were reported there already
+    compile_only = apply(run_rules(ctx, checks("compile")), result.selection, job.source.ignores, notes=False)
+    diags = result.diagnostics + compile_only.diagnostics + diags
     diags.sort(key=lambda d: (d.location.line, d.location.column, d.rule))
     if has_errors(diags):
         return CompileResult(diags, notes=notes)

@@ -7,15 +7,14 @@ from typing import Any
 
 from dsforge import __version__
 from dsforge.compiler.emit.ds_config import EmitError, build_ds_config
-from dsforge.compiler.emit.launchers import launch_context, launch_files
+from dsforge.compiler.emit.interpreter import with_interpreter
+from dsforge.compiler.emit.launchers import CORE_FILES, launch_context, launch_files
 from dsforge.compiler.emit.plan_doc import plan_document, plan_ready
 from dsforge.compiler.emit.render import render
 from dsforge.compiler.plan import Plan
 
 #: Kubernetes refuses ConfigMaps over 1 MiB (etcd's object limit).
 CONFIGMAP_LIMIT_BYTES = 1024 * 1024
-#: Files every job directory has, whatever the launcher.
-CORE_FILES = ("README.md", "ds_config.json", "plan.json", "train.py")
 
 
 @dataclass(frozen=True)
@@ -37,11 +36,13 @@ def _configmap(files: dict[str, JobFile]) -> list[tuple[str, str]]:
 
 
 def render_job(plan: Plan, summary: dict[str, Any] | None = None,
-               rewrite: dict[str, Any] | None = None) -> dict[str, JobFile]:
+               rewrite: dict[str, Any] | None = None, python: str | None = None) -> dict[str, JobFile]:
     """Every file of the job directory for a validated plan; ``summary`` and ``rewrite`` go into plan.json.
 
-    Raises EmitError if the plan cannot be emitted.
+    Raises EmitError if the plan cannot be emitted. ``python``: the interpreter that compiles (default:
+    this one), which the launcher runs unless `launch.python` names another.
     """
+    plan = with_interpreter(plan, python)
     plan_ready(plan)
     launch = plan.spec.launch
     if launch.launcher == "deepspeed" and plan.nodes > 1 and len(launch.hosts) != plan.nodes:

@@ -1,8 +1,10 @@
 """The launcher files of each `launch.launcher`, and the values their templates see.
 
-One table row per launcher: which files it writes, from which template, whether they are
+One table row per built-in launcher: which files it writes, from which template, whether they are
 executable and what each is for (the job's README lists them). The templates live in
-dsforge/templates/launch/.
+dsforge/templates/launch/. Any other launcher name is the launch target of an installed plugin
+(dsforge/compiler/launch_targets.py): its ``render`` is third-party code, so whatever it raises or
+returns wrongly becomes an EmitError naming the plugin (compile reports it as DSF699 and writes nothing).
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dsforge.compiler.emit.ds_config import on_cpu
+from dsforge import __version__, extensions
+from dsforge.compiler.emit.ds_config import EmitError, on_cpu
+from dsforge.compiler.launch_targets import LaunchedFile, check_file_name, launch_target
 from dsforge.compiler.plan import Plan
 
 
@@ -19,7 +23,7 @@ class LaunchFile:
     """One emitted launcher file: its name in the job directory, its template, its mode and purpose.
 
     ``content`` is set instead of a template for the files of a plugin's launch target, which
-    renders them itself (dsforge/plugins/api.py).
+    renders them itself (dsforge/compiler/launch_targets.py).
     """
 
     name: str
@@ -29,6 +33,8 @@ class LaunchFile:
     content: str | None = None
 
 
+#: Files every job directory has, whatever the launcher (a launch target may not write them).
+CORE_FILES = ("README.md", "ds_config.json", "plan.json", "train.py")
 _SCRIPT = "the launcher: run it to start every rank"
 LAUNCHERS: dict[str, tuple[LaunchFile, ...]] = {
     "local": (LaunchFile("launch.sh", "launch/local.sh.j2", True, _SCRIPT),),
@@ -58,8 +64,6 @@ def launch_files(plan: Plan) -> tuple[LaunchFile, ...]:
     """The launcher files of this plan's launcher (.deepspeed_env only when multi-node needs it)."""
     launch = plan.spec.launch
     if launch.launcher not in LAUNCHERS:
-        from dsforge.plugins.launch import plugin_launch_files
-
         return plugin_launch_files(plan, launch_context(plan))
     files = LAUNCHERS[launch.launcher]
     if launch.launcher == "deepspeed" and plan.nodes > 1 and rank_env(plan):
@@ -97,10 +101,42 @@ def launch_context(plan: Plan) -> dict[str, Any]:
 
 
 def _plugin_context(plan: Plan) -> dict[str, Any]:
-    """What the accelerate launcher and plugin launch targets add to the context (nothing for the others)."""
+    """What the accelerate launcher (its config text) and plugin launch targets (their run command) add to the
+    context (nothing for the others)."""
     name = plan.spec.launch.launcher
-    if name == "accelerate" or name not in LAUNCHERS:
-        from dsforge.plugins.launch import launcher_context
+    if name == "accelerate":
+        from dsforge.compiler.emit.accelerate_config import accelerate_config_yaml
 
-        return launcher_context(plan)
-    return {}
+        return {"accelerate_yaml": accelerate_config_yaml(plan).rstrip("\n")}
+    if name in LAUNCHERS:
+        return {}
+    try:
+        target, _ = launch_target(name)
+    except KeyError:
+        return {"plugin_run": ""}
+    return {"plugin_run": target.run}
+
+
+def plugin_launch_files(plan: Plan, context: dict[str, Any]) -> tuple[LaunchFile, ...]:
+    """Render the files of the plan's plugin launch target (EmitError when it is missing or misbehaves)."""
+    name = plan.spec.launch.launcher
+    try:
+        target, entry = launch_target(name)
+    except KeyError:
+        raise EmitError(f"no installed plugin offers the launcher {name!r} (`dsforge plugins` lists them)") from None
+    try:
+        produced = list(target.render(plan, {**context, "version": __version__}))
+    except Exception as exc:  # third-party code: any failure becomes a report naming the plugin
+        raise EmitError(f"launcher {name!r} of {entry.label} failed: {type(exc).__name__}: {exc}") from exc
+    out: list[LaunchFile] = []
+    for f in produced:
+        if not isinstance(f, LaunchedFile) or not isinstance(f.content, str):
+            raise EmitError(f"launcher {name!r} of {entry.label} returned {type(f).__name__}, not LaunchedFile")
+        try:
+            check_file_name(name, f.name, (*CORE_FILES, *(o.name for o in out)))
+        except extensions.PluginLoadError as exc:
+            raise EmitError(f"{exc} ({entry.label})") from None
+        out.append(LaunchFile(f.name, "", f.executable, f.purpose or f"written by launcher {name!r}", f.content))
+    if not out:
+        raise EmitError(f"launcher {name!r} of {entry.label} wrote no files")
+    return tuple(out)

@@ -19,7 +19,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from dsforge.compiler.emit.checks import SBATCH_VALUE
+from dsforge.compiler.launch_targets import SBATCH_VALUE
 from dsforge.compiler.emit.ds_config import EmitError
 
 

@@ -10,21 +10,14 @@ device. The compiler never imports torch at import time, so this module imports 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from dsforge.compiler.plan import Plan
-from dsforge.compiler.rules.registry import Context, Finding, Rule
 from dsforge.compiler.schema import JobSpec
-from dsforge.diagnostics import Severity
 
 #: The section of a compile that was asked not to compute it.
 NO_REWRITE = {"skipped": "compile ran with --no-rewrite"}
 INSTALL = "pip install 'dsforge[runtime]'"
-LEFTOVER_FIX = ("give each module named a `rewrite:` rule (as: column, row, vocab, norm, replicate or expert), or "
-                "set model.arch to the family the model belongs to")
-OTHER_FIX = "change the job as the message says; `dsforge explain --rewrite` prints the rewrite plan"
 
 
 def _missing(spec: JobSpec) -> str | None:
@@ -82,36 +75,3 @@ def with_exact_params(summary: dict[str, Any], desc: dict[str, Any]) -> dict[str
     params["per_gpu_by_stage"] = [{**row, "exact": n}
                                   for row, n in zip(params.get("per_gpu_by_stage", []), exact["per_rank_by_stage"])]
     return {**summary, "params": params}
-
-
-@dataclass(frozen=True)
-class RewriteContext(Context):
-    """A rule context that also carries the job's rewrite description (plan.json's `rewrite` section)."""
-
-    rewrite: dict[str, Any] | None = None
-
-
-def _path(ctx: Context) -> tuple[str, ...]:
-    """Where the finding points: the job's `rewrite:` rules, else model.arch (or the model preset)."""
-    return ("rewrite",) if ctx.written(("rewrite",)) else ("model", "arch")
-
-
-def _placed(ctx: Context) -> Iterator[Finding]:
-    """dsforge.runtime rewrites the model by the rewrite policy of its family (`model.arch`) and the job's
-    `rewrite:` rules; a module with parameters that no rule claims, a shard that does not divide, or a model
-    that cannot be built would stop every rank at start-up, so compile refuses the job. The check reads the
-    rewrite plan compile computes on the meta device when torch is installed (plan.json's `rewrite`); without
-    torch, or with `--no-rewrite`, that plan is recorded as skipped and there is nothing to check."""
-    desc = getattr(ctx, "rewrite", None)
-    if not isinstance(desc, dict) or desc.get("ok", True):
-        return
-    leftover = list(desc.get("leftover") or [])
-    for problem in desc.get("errors") or ["the model cannot be placed (no reason given)"]:
-        names_leftover = bool(leftover) and problem.startswith("no rule places")
-        yield Finding(f"the `{desc.get('arch')}` rewrite policy cannot place the model: {problem}",
-                      LEFTOVER_FIX if names_leftover else OTHER_FIX, _path(ctx),
-                      details={"arch": desc.get("arch"), "leftover": leftover} if names_leftover else {})
-
-
-REWRITE_RULE = Rule("DSF607", Severity.ERROR, "the rewrite policies place every module of the model",
-                    "dsforge.runtime.rewrite (describe, plan_rewrite); dsforge/compiler/rewrite_policies.py", _placed)

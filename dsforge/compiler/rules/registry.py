@@ -1,16 +1,14 @@
-"""The rule registry: each check is a small registered function with a stable id.
+"""The rule registry: every diagnostic id dsforge can report, of every stage, in one table.
 
-Rule-id ranges, one per stage (the single place they are written down):
+Two kinds of entries share it. *Checks* are small functions registered with `@rule` that the
+runner calls over a planned job (``phase="validate"``: validate, explain and compile run them;
+``phase="compile"``: only compile, because they need what compile computes, such as the rewrite
+plan). *Reported* ids are raised by code that is not a check (the loader, the schema, the emitter,
+the runner itself); they are registered with `report_id` so that docs/rules.md, SARIF rule
+descriptors and `--select`/`--ignore` know them too. tests/test_rule_registry.py scans the package
+for every `DSFnnn` literal and fails on one that is not registered here.
 
-* DSF0xx  input: reading, YAML, `extends`, schema, presets (load errors exit 2)
-* DSF1xx  model and layout: degrees, divisibility of heads/FFN/vocab/layers, order, CP, EP
-* DSF2xx  batch and pipeline schedule
-* DSF3xx  memory (cost model)
-* DSF4xx  communication and topology
-* DSF5xx  DeepSpeed and hardware compatibility (what DeepSpeed would reject only after launch)
-* DSF6xx  compile and emit
-* DSF7xx  plugins
-* DSF9xx  internal errors (a rule crashed)
+Rule-id ranges, one per stage (`STAGES`, the single place they are written down).
 
 A rule never raises: the runner wraps every call, and an unexpected exception becomes a DSF900
 diagnostic naming the rule (as cfn-lint does), so one broken check cannot hide the others.
@@ -18,11 +16,14 @@ diagnostic naming the rule (as cfn-lint does), so one broken check cannot hide t
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsforge import extensions
 from dsforge.compiler.plan import Plan
 from dsforge.compiler.schema import JobSpec
 from dsforge.compiler.source import SourceMap
@@ -68,44 +69,176 @@ Check = Callable[[Context], Iterable[Finding]]
 
 
 @dataclass(frozen=True)
+class Stage:
+    """One stage of the compiler and the id range its diagnostics take."""
+
+    name: str
+    first: int
+    last: int
+    title: str
+
+    def holds(self, rule_id: str) -> bool:
+        """True when ``rule_id`` (``DSFnnn``) lies in this stage's range."""
+        number = _number(rule_id)
+        return number is not None and self.first <= number <= self.last
+
+
+#: The id range of every stage, in pipeline order (DESIGN.md). Ids are a public contract (job files and
+#: CI configs ignore them by id), so a rule keeps its id when its code moves between modules.
+STAGES: tuple[Stage, ...] = (
+    Stage("input", 1, 19, "Input: reading the file, YAML, `extends`"),
+    Stage("schema", 20, 99, "Schema: keys, types, values, presets, suppressions"),
+    Stage("layout", 100, 199, "Model and layout: degrees, divisibility, order, CP, EP"),
+    Stage("batch", 200, 299, "Batch and pipeline schedule"),
+    Stage("memory", 300, 399, "Memory (cost model)"),
+    Stage("communication", 400, 499, "Communication and topology"),
+    Stage("deepspeed", 500, 599, "DeepSpeed and hardware compatibility"),
+    Stage("emit", 600, 689, "Launch and emit: what the job directory and its launcher need"),
+    Stage("emit-internal", 690, 699, "Emit failures: the cost model, the rewrite planner or a launcher failed"),
+    Stage("plugins", 700, 799, "Plugins"),
+    Stage("internal", 900, 999, "Internal errors"),
+)
+#: dsforge's own ids are DSFnnn; a plugin's take a prefix of its own (FIX001, ACME204).
+ID_PATTERN = re.compile(r"^[A-Z]{2,8}\d{3}$")
+PHASES = ("validate", "compile", "reported")
+
+
+def _number(rule_id: str) -> int | None:
+    return int(rule_id[3:]) if rule_id.startswith("DSF") and ID_PATTERN.match(rule_id) else None
+
+
+def stage_of(rule_id: str) -> Stage | None:
+    """The stage whose range holds ``rule_id``, or None for an id outside every range."""
+    return next((s for s in STAGES if s.holds(rule_id)), None)
+
+
+@dataclass(frozen=True)
 class Rule:
-    """A registered check: id, default severity, one-line summary, its source, and the function."""
+    """A registered id: default severity, one-line summary, its source, and the check function (None for an id
+    that code reports directly); ``exit_code`` 2 marks input that is unusable; an error can be silenced by
+    ``--ignore`` or an inline comment only when ``suppressible`` (its finding is an estimate the user may know
+    better than, not a job that cannot start)."""
 
     id: str
     severity: Severity
     summary: str
     source: str
-    check: Check
+    check: Check | None = None
     origin: str = "dsforge"
+    phase: str = "validate"
+    why: str = ""
+    exit_code: int = 1
+    suppressible: bool = False
 
     @property
     def rationale(self) -> str:
-        """Why the rule exists: the check function's docstring."""
-        return inspect.cleandoc(self.check.__doc__ or "")
+        """Why the rule exists: its stated reason, else the check function's docstring."""
+        return inspect.cleandoc(self.why or (self.check.__doc__ if self.check else "") or "")
+
+    @property
+    def stage(self) -> Stage | None:
+        """The stage whose id range holds this rule."""
+        return stage_of(self.id)
+
+    def may_suppress(self, severity: Severity) -> bool:
+        """True when a finding of this rule at ``severity`` may be silenced (warnings and notes always)."""
+        return severity is not Severity.ERROR or self.suppressible
 
 
 _RULES: dict[str, Rule] = {}
 
 
+def register(entry: Rule) -> Rule:
+    """Add one rule to the table; an id is registered once (a plugin cannot replace a built-in rule)."""
+    if not ID_PATTERN.match(entry.id):
+        raise ValueError(f"rule id {entry.id!r} is not upper-case letters and three digits (DSF204, ACME001)")
+    if entry.phase not in PHASES:
+        raise ValueError(f"rule {entry.id}: phase {entry.phase!r} is not one of {', '.join(PHASES)}")
+    old = _RULES.get(entry.id)
+    if old is not None and (old.check is not entry.check or old.check is None):
+        raise ValueError(f"rule id {entry.id} registered twice")
+    _RULES[entry.id] = entry
+    return entry
+
+
 def rule(rule_id: str, summary: str, *, severity: Severity = Severity.ERROR, source: str = "",
-         origin: str = "dsforge") -> Callable[[Check], Check]:
+         origin: str = "dsforge", phase: str = "validate", suppressible: bool = False) -> Callable[[Check], Check]:
     """Register a check function under a stable id."""
 
     def wrap(fn: Check) -> Check:
-        if rule_id in _RULES and _RULES[rule_id].check is not fn:
-            raise ValueError(f"rule id {rule_id} registered twice")
-        _RULES[rule_id] = Rule(rule_id, severity, summary, source, fn, origin)
+        if _RULES.get(rule_id, None) is not None and _RULES[rule_id].check is fn:
+            return fn
+        register(Rule(rule_id, severity, summary, source, fn, origin, phase, suppressible=suppressible))
         return fn
 
     return wrap
 
 
+def report_id(rule_id: str, summary: str, why: str, source: str, *, severity: Severity = Severity.ERROR,
+              exit_code: int = 1) -> Rule:
+    """Register an id that code reports directly (not a check the runner calls), with why it exists."""
+    return register(Rule(rule_id, severity, summary, source, None, "dsforge", "reported", why, exit_code))
+
+
 def all_rules() -> list[Rule]:
-    """Every registered rule, sorted by id."""
+    """Every registered id, checks and reported ones, sorted by id."""
     from dsforge.compiler.rules import load_builtin
 
     load_builtin()
     return [_RULES[k] for k in sorted(_RULES)]
+
+
+def checks(phase: str = "validate") -> list[Rule]:
+    """The check functions one phase runs (validate: every job; compile: also what needs compile's results)."""
+    return [r for r in all_rules() if r.check is not None and r.phase == phase]
+
+
+def get_rule(rule_id: str) -> Rule | None:
+    """The registered rule with this id, or None."""
+    all_rules()
+    return _RULES.get(rule_id)
+
+
+def snapshot() -> frozenset[str]:
+    """The ids registered now (a plugin loader compares against it to attribute or roll back)."""
+    return frozenset(_RULES)
+
+
+def added_since(before: frozenset[str]) -> list[str]:
+    """Ids registered after ``before`` was taken, sorted."""
+    return sorted(set(_RULES) - before)
+
+
+def retract(rule_ids: Iterable[str]) -> None:
+    """Remove rules (what a failed plugin import registered before it failed)."""
+    for rid in rule_ids:
+        _RULES.pop(rid, None)
+
+
+def attribute(rule_ids: Iterable[str], origin: str) -> None:
+    """Record which plugin registered these rules."""
+    for rid in rule_ids:
+        _RULES[rid] = dataclasses.replace(_RULES[rid], origin=origin)
+
+
+def _load_plugin_rules(entry: extensions.PluginEntry, load: Callable[[], Any]) -> list[str]:
+    """The `dsforge.rules` loader: the plugin registers on import (or when called); a failure registers nothing."""
+    before = snapshot()
+    try:
+        obj = load()  # a module registers its rules on import
+        if callable(obj):
+            obj()  # a `register()` function registers them when called
+    except Exception:
+        retract(added_since(before))
+        raise
+    added = added_since(before)
+    if not added:
+        raise extensions.PluginLoadError("registered no rules (decorate check functions with dsforge's @rule)")
+    attribute(added, extensions.origin_label(entry))
+    return [f"rule {rid}" for rid in added]
+
+
+extensions.register_loader("rules", _load_plugin_rules)
 
 
 def locate(ctx: Context, path: Path, at_key: bool = False) -> Location:
@@ -119,9 +252,12 @@ def locate(ctx: Context, path: Path, at_key: bool = False) -> Location:
 
 
 def run_rules(ctx: Context, rules: list[Rule] | None = None) -> list[Diagnostic]:
-    """Run every rule over one job; a crashing rule becomes a DSF900 diagnostic, never an exception."""
+    """Run checks over one job (default: validate's); a crashing rule becomes a DSF900 diagnostic, never an
+    exception. Reported ids in ``rules`` (no check function) are skipped."""
     out: list[Diagnostic] = []
-    for r in rules if rules is not None else all_rules():
+    for r in rules if rules is not None else checks("validate"):
+        if r.check is None:
+            continue
         try:
             for f in _iterate(r.check(ctx)):
                 out.append(Diagnostic(r.id, f.severity or r.severity, f.message, locate(ctx, f.path, f.at_key), f.fix,

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsforge.plugins.registry import GROUPS, LoadRecord
+from dsforge.extensions import GROUPS, LoadRecord
+
+#: The modules that own the four extension tables; importing them registers their loaders.
+OWNERS = ("dsforge.compiler.presets", "dsforge.compiler.rules.registry", "dsforge.compiler.rewrite_policies",
+          "dsforge.compiler.launch_targets")
 
 
 def plugin_report() -> dict[str, Any]:
     """Load every extension point and describe each entry point (JSON-ready)."""
-    from dsforge.plugins.registry import load_all
+    import importlib
 
+    from dsforge.extensions import load_all
+
+    for owner in OWNERS:
+        importlib.import_module(owner)
     records = load_all()
     return {
         "groups": GROUPS,

@@ -1,42 +1,22 @@
-"""DSF6xx: what a job needs before it can be emitted, beyond being valid.
+"""DSF60x: what the launcher and the emitted job need, beyond a valid layout (launch.*, deepspeed overrides).
 
-These rules run in `dsforge compile` after validation (they are not registered with `validate`,
-whose rules do not depend on the launcher). They use the rule runner of the validator, so each
-finding points at the offending key of the job file and a crashing check cannot hide the others.
+These depend on the launcher and the job's `deepspeed:` overrides, not on the cost model; validate runs
+them so that a CI gate built on `dsforge validate` refuses every job `dsforge compile` would refuse.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 from dsforge.compiler.emit.ds_config import pipeline_partitioning
-from dsforge.compiler.emit.rewrite_doc import REWRITE_RULE
-from dsforge.compiler.rules.registry import Context, Finding, Rule
-from dsforge.diagnostics import Severity
+from dsforge.compiler.launch_targets import DNS_LABEL, ENV_KEY, PDSH_UNSAFE, SBATCH_VALUE, SINGLE_MACHINE_LAUNCHERS
+from dsforge.compiler.rules.registry import Context, Finding, rule
 
-ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-#: Values an `#SBATCH` directive can carry: sbatch reads directives up to the first non-comment line and
-#: splits them on whitespace itself, so they are never shell-quoted (a newline would end the comment).
-SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.:,@+=/-]+$")
-#: Kubernetes namespaces are DNS-1123 labels.
-DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-#: DeepSpeed's pdsh runner wraps an exported value in double quotes without escaping it
-#: (launcher/multinode_runner.py MultiNodeRunner.add_export): these characters would be interpreted
-#: by the remote shell; .deepspeed_env is read line by line and each value is stripped.
-PDSH_UNSAFE = re.compile(r'["$`\\\n\r]|^\s|\s$')
 LOOPBACK = ("127.", "localhost", "::1")
 
 
-def _unresolved(ctx: Context) -> Iterator[Finding]:
-    """A job directory runs one concrete layout; `auto` degrees are chosen by `dsforge search`."""
-    par = ctx.spec.parallel
-    for key in ("tp", "pp", "cp", "ep", "zero"):
-        if getattr(par, key) == "auto":
-            yield Finding(f"parallel.{key} is `auto`; compile needs a concrete value",
-                          f"run `dsforge search` and set parallel.{key} to the chosen value", ("parallel", key))
-
-
+@rule("DSF601", "NVMe offload needs an NVMe path",
+      source="deepspeed 0.19.8 runtime/zero/offload_config.py nvme_path; runtime/zero/stage3.py")
 def _nvme_path(ctx: Context) -> Iterator[Finding]:
     """ZeRO-Infinity swaps optimizer states to files under ``offload_optimizer.nvme_path``
     (runtime/zero/stage3.py joins it unchecked); the path is site-specific, so the job file gives it."""
@@ -50,6 +30,8 @@ def _nvme_path(ctx: Context) -> Iterator[Finding]:
                       ("training", "optimizer", "offload"))
 
 
+@rule("DSF602", "the hostfile lists every node",
+      source="deepspeed 0.19.8 launcher/runner.py fetch_hostfile")
 def _hosts(ctx: Context) -> Iterator[Finding]:
     """The deepspeed launcher's hostfile lists every node (launcher/runner.py fetch_hostfile)."""
     launch, nodes = ctx.spec.launch, ctx.plan.nodes
@@ -62,6 +44,8 @@ def _hosts(ctx: Context) -> Iterator[Finding]:
                       ("launch", "launcher"))
 
 
+@rule("DSF603", "multi-node torchrun needs a reachable rendezvous host",
+      source="torch.distributed.run --rdzv_endpoint")
 def _rendezvous(ctx: Context) -> Iterator[Finding]:
     """torchrun on several nodes meets at master_addr:master_port; a loopback address never leaves a node."""
     launch = ctx.spec.launch
@@ -72,6 +56,8 @@ def _rendezvous(ctx: Context) -> Iterator[Finding]:
                       ("launch", "master_addr"))
 
 
+@rule("DSF604", "launch values fit the emitted scripts and manifests",
+      source="deepspeed 0.19.8 launcher/multinode_runner.py add_export; sbatch(1) directives")
 def _launch_values(ctx: Context) -> Iterator[Finding]:
     """Values must fit the files they are written into: NUL ends a C string (bash, argv), env keys are
     shell identifiers, sbatch directives are unquoted, namespaces are DNS labels."""
@@ -84,7 +70,7 @@ def _launch_values(ctx: Context) -> Iterator[Finding]:
             path = ("name",) if key == "name" else ("launch", key)
             yield Finding(f"{key} contains a NUL character, which no script or argument can carry", "remove it",
                           path)
-    if not launch.python.strip():
+    if launch.python is not None and not launch.python.strip():
         yield Finding("launch.python is empty", "name the Python interpreter, e.g. python3", ("launch", "python"))
     for key, value in launch.env.items():
         if not ENV_KEY.match(key):
@@ -107,6 +93,8 @@ def _launch_values(ctx: Context) -> Iterator[Finding]:
                       "use lower-case letters, digits and -, at most 63 characters", ("launch", "namespace"))
 
 
+@rule("DSF605", "the kubernetes launcher needs an image",
+      source="Kubeflow PyTorchJob")
 def _image(ctx: Context) -> Iterator[Finding]:
     """A PyTorchJob's pods run a container image; dsforge cannot guess the site's one."""
     launch = ctx.spec.launch
@@ -115,6 +103,9 @@ def _image(ctx: Context) -> Iterator[Finding]:
                       "set launch.image to an image with dsforge[runtime] installed", ("launch", "launcher"))
 
 
+@rule("DSF606", "DeepSpeed does not re-shard what dsforge.runtime shards",
+      source=("deepspeed 0.19.8 runtime/engine.py _apply_autotp_partitioning, _configure_expert_parallel; "
+        "deepspeed/__init__.py initialize (mesh_device)"))
 def _runtime_owned(ctx: Context) -> Iterator[Finding]:
     """dsforge.runtime shards tensor-parallel layers and experts itself and hands DeepSpeed an mpu with the
     plan's groups. AutoTP (runtime/engine.py _apply_autotp_partitioning) or AutoEP
@@ -136,6 +127,8 @@ def _runtime_owned(ctx: Context) -> Iterator[Finding]:
                       ("deepspeed", *path))
 
 
+@rule("DSF608", "pipeline transfers are not partitioned under sequence parallelism",
+      source="deepspeed 0.19.8 runtime/pipe/engine.py is_pipe_partitioned, is_grad_partitioned")
 def _pipe_partitioning(ctx: Context) -> Iterator[Finding]:
     """With sequence parallelism each TP rank's stage activation is its own sequence slice, so compile turns
     DeepSpeed's partitioned pipeline transfers off (they assume the activation is replicated over the TP
@@ -151,21 +144,16 @@ def _pipe_partitioning(ctx: Context) -> Iterator[Finding]:
                           "remove it (compile sets it to false)", ("deepspeed", "pipeline", key))
 
 
-EMIT_RULES: list[Rule] = [
-    Rule("DSF600", Severity.ERROR, "compile needs concrete degrees and ZeRO stage", "dsforge emit", _unresolved),
-    Rule("DSF601", Severity.ERROR, "NVMe offload needs an NVMe path",
-         "deepspeed 0.19.8 runtime/zero/offload_config.py nvme_path; runtime/zero/stage3.py", _nvme_path),
-    Rule("DSF602", Severity.ERROR, "the hostfile lists every node",
-         "deepspeed 0.19.8 launcher/runner.py fetch_hostfile", _hosts),
-    Rule("DSF603", Severity.ERROR, "multi-node torchrun needs a reachable rendezvous host",
-         "torch.distributed.run --rdzv_endpoint", _rendezvous),
-    Rule("DSF604", Severity.ERROR, "launch values fit the emitted scripts and manifests",
-         "deepspeed 0.19.8 launcher/multinode_runner.py add_export; sbatch(1) directives", _launch_values),
-    Rule("DSF605", Severity.ERROR, "the kubernetes launcher needs an image", "Kubeflow PyTorchJob", _image),
-    Rule("DSF606", Severity.ERROR, "DeepSpeed does not re-shard what dsforge.runtime shards",
-         "deepspeed 0.19.8 runtime/engine.py _apply_autotp_partitioning, _configure_expert_parallel; "
-         "deepspeed/__init__.py initialize (mesh_device)", _runtime_owned),
-    REWRITE_RULE,
-    Rule("DSF608", Severity.ERROR, "pipeline transfers are not partitioned under sequence parallelism",
-         "deepspeed 0.19.8 runtime/pipe/engine.py is_pipe_partitioned, is_grad_partitioned", _pipe_partitioning),
-]
+@rule("DSF609", "a single-machine launcher runs a single-node job",
+      source="dsforge/templates/launch/local.sh.j2 (torch.distributed.run --standalone)")
+def _single_machine(ctx: Context) -> Iterator[Finding]:
+    """The `local` launcher starts every rank on the machine it runs on (torchrun --standalone); a job with
+    several nodes would put all of their ranks on one machine, oversubscribing it and measuring nothing the
+    job file describes."""
+    launch, nodes = ctx.spec.launch, ctx.plan.nodes
+    if launch.launcher in SINGLE_MACHINE_LAUNCHERS and nodes > 1:
+        yield Finding(f"launch.launcher={launch.launcher} starts every rank on one machine, but the job has "
+                      f"nodes={nodes} ({ctx.plan.world_size} ranks)",
+                      "choose a multi-node launcher (slurm, torchrun, deepspeed, kubernetes or accelerate), or "
+                      "set hardware.nodes: 1",
+                      ("launch", "launcher") if ctx.written(("launch", "launcher")) else ("hardware", "nodes"))

@@ -1,11 +1,17 @@
 """Third-party extensions through Python entry points: discovery, loading, and what each plugin added.
 
-Four entry-point groups, one per extension point (DESIGN.md, "plugins"):
+The bottom layer of dsforge: it imports nothing else of the package. Four entry-point groups, one per
+extension point; the module that owns each table registers the loader that fills it
+(`register_loader`), so this module never reaches up into the tables:
 
-* ``dsforge.presets``   an iterable of ``dsforge.compiler.presets.Preset`` (or a callable returning one)
-* ``dsforge.rules``     a module or callable whose import/call registers rules with ``@rule``
-* ``dsforge.rewrite_policies``  a ``Policy`` or an iterable of them (or a callable returning one)
-* ``dsforge.launchers`` a ``dsforge.plugins.api.LaunchTarget`` or an iterable of them
+* ``dsforge.presets``   an iterable of ``dsforge.compiler.presets.Preset`` (or a callable returning one);
+  loader in dsforge/compiler/presets.py
+* ``dsforge.rules``     a module or callable whose import/call registers rules with ``@rule``;
+  loader in dsforge/compiler/rules/registry.py
+* ``dsforge.rewrite_policies``  a ``Policy`` or an iterable of them (or a callable returning one);
+  loader in dsforge/compiler/rewrite_policies.py
+* ``dsforge.launchers`` a ``dsforge.compiler.launch_targets.LaunchTarget`` or an iterable of them;
+  loader in dsforge/compiler/launch_targets.py
 
 Discovery is a plain scan of the ``*.dist-info``/``*.egg-info`` folders on ``sys.path`` for an
 ``entry_points.txt`` that mentions ``[dsforge.``: ~2 ms, where ``importlib.metadata.entry_points()``
@@ -177,21 +183,40 @@ def _load_one(entry: PluginEntry) -> LoadRecord:
 
 
 def ensure_loaded(kind: str) -> list[LoadRecord]:
-    """Load every plugin of one extension point once; later calls return the same records."""
+    """Load every plugin of one extension point once (its owner must have registered the loader);
+    later calls return the same records."""
     if kind not in _records:
+        if kind not in _loaders:
+            raise KeyError(f"no loader registered for the extension point {kind!r}: import its owner first")
         _records[kind] = []  # set first: a plugin whose import triggers a lookup must not recurse
-        entries = [e for e in discover() if e.kind == kind]
-        if entries:  # the loaders (and what they import) only when there is something to load
-            from dsforge.plugins import extensions
-
-            extensions.install_loaders()
-            _records[kind] = [_load_one(e) for e in entries]
+        _records[kind] = [_load_one(e) for e in discover() if e.kind == kind]
     return _records[kind]
 
 
 def load_all() -> list[LoadRecord]:
-    """Load every extension point's plugins and return all records, in group order."""
+    """Load every extension point's plugins and return all records, in group order (the owners of all
+    four tables must be imported: dsforge.plugin_report does that)."""
     return [r for kind in GROUPS for r in ensure_loaded(kind)]
+
+
+def items_of(obj: Any, kind: type) -> list[Any]:
+    """The items an entry point offers: one instance, an iterable of them, or a callable returning either."""
+    if callable(obj) and not isinstance(obj, kind):
+        obj = obj()
+    if isinstance(obj, kind):
+        return [obj]
+    if isinstance(obj, (str, bytes, dict)) or not isinstance(obj, Iterable):
+        raise PluginLoadError(f"expected {kind.__name__} objects (or an iterable of them), got {type(obj).__name__}")
+    items = list(obj)
+    wrong = [type(i).__name__ for i in items if not isinstance(i, kind)]
+    if wrong:
+        raise PluginLoadError(f"expected {kind.__name__} objects, got {', '.join(sorted(set(wrong)))}")
+    return items
+
+
+def origin_label(entry: PluginEntry) -> str:
+    """How a registered item records the plugin it came from (``plugin <dist> <version>``)."""
+    return f"plugin {entry.dist} {entry.version}"
 
 
 def failures() -> list[LoadRecord]:
