@@ -2,8 +2,10 @@
 """Regenerate tests/golden/<example>/: the job directories `dsforge compile` emits for the pinned examples.
 
 The files are rendered without the cost model's summary and without the rewrite plan (plan.json's
-"summary" and "rewrite" keys), so they change only when the emitter, the templates, the plan or the
-schema change, and need neither torch nor transformers (tests/test_compile_rewrite.py covers "rewrite"). Review `git diff tests/golden`
+"summary" and "rewrite" keys), and as if compiled by the interpreter GOLDEN_PYTHON (the launchers run the
+compiling interpreter unless `launch.python` says otherwise, so the examples go through that default
+with a path that is the same on every machine), so they change only when the emitter, the templates,
+the plan or the schema change, and need neither torch nor transformers (tests/test_compile_rewrite.py covers "rewrite"). Review `git diff tests/golden`
 after running this: every change there is a change of the emitted jobs.
 """
 
@@ -23,6 +25,8 @@ from dsforge.compiler.plan import build_plan
 GOLDEN_DIR = ROOT / "tests" / "golden"
 #: One example per launcher family worth pinning: local CPU, SLURM through `extends:`, Kubernetes.
 GOLDEN_EXAMPLES = ("tiny-3d", "llama3-70b-multinode", "mixtral-8x7b-ep")
+#: The compiling interpreter the goldens are rendered as (sys.executable differs between machines).
+GOLDEN_PYTHON = "/opt/venv/bin/python"
 
 
 def rendered(example: str) -> dict[str, str]:
@@ -30,7 +34,7 @@ def rendered(example: str) -> dict[str, str]:
     job, diags = load_job(ROOT / "examples" / f"{example}.yaml")
     if job is None:
         raise SystemExit(f"{example}: cannot load: {[d.message for d in diags]}")
-    return {name: f.content for name, f in render_job(build_plan(job.spec)).items()}
+    return {name: f.content for name, f in render_job(build_plan(job.spec), python=GOLDEN_PYTHON).items()}
 
 
 def main() -> int:

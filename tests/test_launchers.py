@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dsforge.compiler.emit.interpreter import launch_python
 from dsforge.compiler.emit.job_dir import render_job
 from dsforge.compiler.plan import Plan
 from tests.conftest import EXAMPLES
@@ -109,7 +110,8 @@ def test_launcher_carries_the_planned_counts(job_dir: tuple[Plan, Path]) -> None
         assert argv[0] == "srun" and flag(argv, "nodes") == str(nodes)
         assert (flag(argv, "nnodes"), flag(argv, "nproc_per_node")) == (str(nodes), str(per_node))
         assert int(flag(argv, "nnodes")) * int(flag(argv, "nproc_per_node")) == plan.world_size
-    assert argv[argv.index(plan.spec.launch.python) + 1: argv.index(plan.spec.launch.python) + 2] == ["-m"]
+    python = launch_python(plan.spec)  # the compiling interpreter unless the job names one
+    assert argv[argv.index(python) + 1: argv.index(python) + 2] == ["-m"]
     assert argv[-1] == "train.py"
 
 
@@ -125,7 +127,8 @@ def check_pytorchjob(plan: Plan, directory: Path) -> None:
         container = spec["template"]["spec"]["containers"][0]
         assert container["name"] == "pytorch" and container["image"] == plan.spec.launch.image
         assert container["resources"]["limits"][plan.spec.launch.gpu_resource] == plan.gpus_per_node
-        script = container["command"][2]
+        script, python = container["command"][2:4]
+        assert python == (plan.spec.launch.python or "python")  # the image's interpreter, never this machine's
         assert f"--nnodes={plan.nodes}" in script and f"--nproc_per_node={plan.gpus_per_node}" in script
         env = {e["name"]: e["value"].replace("$$", "$") for e in container.get("env", [])}
         assert env == dict(plan.spec.launch.env)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dsforge.compiler.extends import deep_merge, load_document
+from dsforge.compiler.job_paths import resolve_job_paths
 from dsforge.compiler.presets import presets
 from dsforge.compiler.schema import JobSpec, ModelSpec
 from dsforge.compiler.schema_errors import schema_diagnostics, suggest
@@ -74,12 +75,13 @@ def parse_job(raw: dict[str, Any], smap: SourceMap) -> tuple[JobSpec | None, lis
 
 
 def load_job(path: str | Path) -> tuple[LoadedJob | None, list[Diagnostic]]:
-    """Load, merge and validate a job file; raises InputError when the file is unusable."""
+    """Load, merge and validate a job file, its relative paths made absolute against the job file's directory;
+    raises InputError when the file is unusable."""
     raw, smap = load_document(path)
     spec, diags = parse_job(raw, smap)
     if spec is None:
         return None, diags
-    return LoadedJob(spec, smap, raw), []
+    return LoadedJob(resolve_job_paths(spec, raw, smap), smap, raw), []
 
 
 __all__ = ["InputError", "LoadedJob", "load_job", "parse_job", "suggest"]

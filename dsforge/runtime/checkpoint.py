@@ -31,7 +31,8 @@ class CheckpointPolicy:
 
     @classmethod
     def from_spec(cls, spec: CheckpointSpec, job_dir: str | Path) -> CheckpointPolicy:
-        """The policy of `training.checkpoint`, its directory taken relative to the job directory."""
+        """The policy of `training.checkpoint`; a relative directory (the default, `checkpoints`) lies in the job
+        directory (a relative one the job file wrote is already absolute in plan.json)."""
         directory = Path(spec.dir).expanduser()
         if not directory.is_absolute():
             directory = Path(job_dir) / directory

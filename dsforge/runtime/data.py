@@ -68,7 +68,8 @@ class TokenFile:
     def __init__(self, path: str | os.PathLike[str], dtype: str, vocab: int, seq_len: int) -> None:
         self.path, self.vocab, self.seq_len = Path(path), vocab, seq_len
         if not self.path.is_file():
-            raise DataError(f"training.data.path {str(path)!r} is not a file")
+            raise DataError(f"training.data.path {str(path)!r} is not a file (`dsforge validate` reports this as "
+                            "DSF610; a relative path in a job file is taken from the job file's directory)")
         try:
             self.tokens = np.memmap(self.path, dtype=np.dtype(dtype), mode="r")
         except (ValueError, OSError) as exc:
@@ -90,11 +91,10 @@ class TokenFile:
 
 
 def resolve_data_path(path: str, job_dir: str | os.PathLike[str]) -> Path:
-    """A relative token-file path, found from the working directory first, then from the job directory."""
+    """The token file's path: as plan.json has it (compile made a job file's relative paths absolute against
+    the job file's directory); a relative one, from a spec built in code, is taken from the job directory."""
     p = Path(path).expanduser()
-    if p.is_absolute() or p.exists():
-        return p
-    return Path(job_dir) / p
+    return p if p.is_absolute() else Path(job_dir) / p
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 
 from tests.plugins.conftest import DSFORGE, no_traceback, run
@@ -76,7 +77,9 @@ def test_launch_target_and_rewrite_policy_work_in_compile(plugin_env: dict[str, 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     submit = out / "submit.sh"
     assert os.access(submit, os.X_OK)
-    assert "exec fixture-submit --name team-demo --ranks 4 -- python -m torch.distributed.run" in submit.read_text()
+    # the target sees launch.python filled in: the interpreter that ran `dsforge compile` (DSFORGE's)
+    python = shlex.quote(os.path.abspath(DSFORGE[0]))
+    assert f"exec fixture-submit --name team-demo --ranks 4 -- {python} -m torch.distributed.run" in submit.read_text()
     readme = (out / "README.md").read_text()
     assert "./submit.sh" in readme and "`submit.sh`: submits the job to fixture-submit" in readme
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "ds_config.json", "plan.json", "submit.sh",

@@ -30,8 +30,7 @@ TIMEOUT_S = 420
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    # The launcher runs `python`: this interpreter (the venv with torch); the repository on the path.
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    # No venv on PATH needed: the launcher runs the interpreter that compiled it. The repository on the path.
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", DSFORGE_TIMEOUT_S="120")
     return env

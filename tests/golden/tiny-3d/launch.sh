@@ -4,7 +4,8 @@
 set -euo pipefail
 
 JOB_NAME=tiny-3d
-PYTHON=python
+# launch.python, else the interpreter that ran `dsforge compile` (a python found on PATH may lack torch and dsforge)
+PYTHON=/opt/venv/bin/python
 export DS_ACCELERATOR=cpu
 export OMP_NUM_THREADS=1
 cd "$(dirname "${BASH_SOURCE[0]}")"
