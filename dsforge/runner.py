@@ -1,9 +1,12 @@
 """`dsforge run`: compile a job into its job directory and start the directory's local launcher (no torch here).
 
 The job directory defaults to ``runs/<job name>``. A directory an earlier `dsforge run` wrote is
-reused when the new compile is byte-for-byte the same (so `resume: auto` picks up its checkpoints);
-a different compile is refused unless ``fresh`` discards the old run. The launcher runs with this
-interpreter's directory first on PATH, so the job's `python` is the one dsforge runs in.
+reused when the new compile means the same training (so `resume: auto` picks up its checkpoints):
+byte-for-byte the same, or different only in keys that do not change what a checkpoint holds (how
+many steps, how often to save, logging, how the job is launched), in which case the job's files are
+re-written and its checkpoints kept: raising `training.steps` and running again continues the run.
+Any other difference is refused unless ``fresh`` discards the old run. The launcher needs nothing
+from PATH: it runs the interpreter that compiled it (`launch.python` unless the job file sets one).
 """
 
 from __future__ import annotations
@@ -14,10 +17,10 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 RUNTIME_MODULES = ("torch", "deepspeed", "transformers")
 INSTALL_HINT = ("pip install torch==2.13.0 (the CPU build: pip install torch==2.13.0 --index-url "
@@ -32,14 +35,35 @@ class RunError(Exception):
         self.code, self.report = code, report
 
 
+#: Keys of plan.json's ``job`` that do not change what a checkpoint holds or how it is read back: the
+#: length of the run (the data stream is a pure function of the step, so more steps just read on),
+#: the save interval, and how the job is started (interpreter, launcher settings).
+CONTINUABLE_JOB_KEYS: tuple[tuple[str, ...], ...] = (("training", "steps"), ("training", "checkpoint", "every"),
+                                                     ("launch",))
+#: DeepSpeed config keys that only log or monitor (in ds_config.json and in the job's `deepspeed:` overrides).
+LOGGING_DS_KEYS = ("steps_per_print", "wall_clock_breakdown", "dump_state", "tensorboard", "wandb", "csv_monitor",
+                   "comet", "flops_profiler")
+#: plan.json keys derived from the rest (estimates, the rewrite plan, the file list).
+DERIVED_PLAN_KEYS = ("summary", "rewrite", "files")
+#: Rules whose warnings (a file that may exist only on other machines) are errors when the job runs here.
+LOCAL_FILE_RULES = ("DSF610",)
+#: DeepSpeed schedulers whose rate depends on the run's length (total_num_steps).
+DECAYING_SCHEDULERS = ("WarmupCosineLR", "WarmupDecayLR")
+
+
 @dataclass
 class Prepared:
-    """The compiled job directory to launch, and the compile's diagnostics as text."""
+    """The compiled job directory to launch, and the compile's diagnostics as text.
+
+    ``reused``: an earlier run's directory, whose checkpoints the job resumes from; ``continued``: the keys
+    (``key old -> new``) in which the new compile differs from it, its files re-written (empty when identical).
+    """
 
     job_dir: Path
     report: str = ""
     reused: bool = False
     notes: list[str] = field(default_factory=list)
+    continued: list[str] = field(default_factory=list)
 
 
 def missing_runtime() -> list[str]:
@@ -47,14 +71,111 @@ def missing_runtime() -> list[str]:
     return [m for m in RUNTIME_MODULES if importlib.util.find_spec(m) is None]
 
 
+def unsupported_deepspeed() -> str | None:
+    """Why the installed DeepSpeed cannot run the job (a version outside the supported range), or None.
+
+    Read from package metadata before any rank starts, so the answer comes in one line, not once per rank.
+    """
+    from dsforge.runtime.versions import deepspeed_problem, deepspeed_version
+
+    return deepspeed_problem(deepspeed_version())
+
+
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "job"
 
 
-def _same_compile(old: Path, new: Path) -> bool:
+def _identical(old: Path, new: Path) -> bool:
     """True when every file of the new compile exists in ``old`` with the same bytes."""
     names = json.loads((new / "plan.json").read_text(encoding="utf-8"))["files"]
     return all((old / n).is_file() and (old / n).read_bytes() == (new / n).read_bytes() for n in names)
+
+
+def _drop(doc: Any, key: tuple[str, ...]) -> None:
+    """Remove ``key`` (a path of mapping keys) from ``doc`` where it is there."""
+    *parents, last = key
+    for part in parents:
+        doc = doc.get(part) if isinstance(doc, dict) else None
+    if isinstance(doc, dict):
+        doc.pop(last, None)
+
+
+def _meaning(job_dir: Path) -> dict[str, Any] | None:
+    """plan.json and ds_config.json without the keys a continued run may change; None if they are unreadable."""
+    try:
+        plan = json.loads((job_dir / "plan.json").read_text(encoding="utf-8"))
+        ds = json.loads((job_dir / "ds_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(plan, dict) or not isinstance(ds, dict) or not isinstance(plan.get("job"), dict):
+        return None
+    for key in DERIVED_PLAN_KEYS:
+        plan.pop(key, None)
+    for key in CONTINUABLE_JOB_KEYS:
+        _drop(plan["job"], key)
+    for name in LOGGING_DS_KEYS:
+        _drop(plan["job"], ("deepspeed", name))
+        ds.pop(name, None)
+    _drop(ds, ("scheduler", "params", "total_num_steps"))  # follows training.steps
+    return {"plan.json": plan, "ds_config.json": ds}
+
+
+def _same_compile(old: Path, new: Path) -> bool:
+    """True when two compiles mean the same training: plan.json and ds_config.json agree once the keys a
+    continued run may change (CONTINUABLE_JOB_KEYS, logging, what is derived from them) are masked."""
+    meaning = _meaning(old)
+    return meaning is not None and meaning == _meaning(new)
+
+
+def _flat(doc: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b.c": leaf}`` for every leaf of nested mappings (lists are leaves)."""
+    if not isinstance(doc, dict) or not doc:
+        return {prefix: doc}
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key old -> new`` for every leaf that differs (keys of plan.json's job without their ``job.`` prefix)."""
+    a, b = _flat(old), _flat(new)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            name = key.removeprefix("plan.json.job.")
+            out.append(f"{name} {json.dumps(a.get(key))} -> {json.dumps(b.get(key))}")
+    return out
+
+
+def _changed_keys(old: Path, new: Path) -> list[str]:
+    """What a continuable compile changed in the job file's terms (training.steps, checkpoint.every, launch)."""
+    a = json.loads((old / "plan.json").read_text(encoding="utf-8"))["job"]
+    b = json.loads((new / "plan.json").read_text(encoding="utf-8"))["job"]
+    return _differences({"plan.json": {"job": a}}, {"plan.json": {"job": b}})
+
+
+def _schedule_note(new: Path) -> list[str]:
+    """A note when the continued run's learning rate depends on its new length (cosine or linear decay)."""
+    ds = json.loads((new / "ds_config.json").read_text(encoding="utf-8"))
+    sched = ds.get("scheduler") or {}
+    if sched.get("type") not in DECAYING_SCHEDULERS:
+        return []
+    total = (sched.get("params") or {}).get("total_num_steps")
+    return [(f"the learning rate ({sched['type']}) now decays over {total} steps; the steps already trained "
+             "followed the old length, so the result differs slightly from a run that had this length from the start")]
+
+
+def _rewrite_files(target: Path, new: Path) -> None:
+    """Replace the compiled files of ``target`` by those of ``new``; checkpoints, logs and reports stay."""
+    old_names = json.loads((target / "plan.json").read_text(encoding="utf-8")).get("files", [])
+    names = json.loads((new / "plan.json").read_text(encoding="utf-8"))["files"]
+    for name in old_names:
+        if name not in names and (target / name).is_file():
+            (target / name).unlink()
+    # plan.json last: until it is replaced the directory still reads as the old compile, and is re-written again.
+    for name in sorted(names, key=lambda n: n == "plan.json"):
+        os.replace(new / name, target / name)
 
 
 def _is_job_dir(path: Path) -> bool:
@@ -80,6 +201,10 @@ def _compile(file: str, scratch: Path) -> tuple[Path, str]:
     if result.written is None:
         shutil.rmtree(tmp, ignore_errors=True)
         raise RunError("nothing to run: fix the errors above", 2 if result.unusable else 1, report)
+    if any(d.rule in LOCAL_FILE_RULES for d in result.diagnostics):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RunError("nothing to run: this machine runs the job, and a file it reads is not here (see above)", 1,
+                       report)
     return tmp, report
 
 
@@ -93,11 +218,9 @@ def prepare(file: str, out: str | None, fresh: bool) -> Prepared:
         if target.exists() and any(target.iterdir()):
             if not _is_job_dir(target):
                 raise RunError(f"{target} exists and is not a dsforge job directory; choose another -o")
-            if _same_compile(target, tmp) and not fresh:
-                return Prepared(target, report, reused=True)
             if not fresh:
-                raise RunError(f"{target} holds a run of a different compile of this job; pass --fresh to discard "
-                               "it (checkpoints and reports included) or -o to run elsewhere")
+                return _continue(target, tmp, report)
+            _check_fresh_checkpoints(target, tmp)
             shutil.rmtree(target)
         elif target.exists():
             target.rmdir()
@@ -107,6 +230,37 @@ def prepare(file: str, out: str | None, fresh: bool) -> Prepared:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _continue(target: Path, tmp: Path, report: str) -> Prepared:
+    """The earlier run in ``target``, its files re-written when the new compile changed only continuable keys."""
+    if _identical(target, tmp):
+        return Prepared(target, report, reused=True)
+    if not _same_compile(target, tmp):
+        old, new = _meaning(target), _meaning(tmp)
+        diff = _differences(old, new) if old is not None and new is not None else []
+        diff = [d for d in diff if not d.startswith(("plan.json.", "ds_config.json."))] or diff  # job keys first
+        shown = f" ({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''})" if diff else ""
+        raise RunError(f"{target} holds a run of a different compile of this job{shown}, whose checkpoints "
+                       "this one cannot continue; pass --fresh to discard it (checkpoints and reports included) "
+                       "or -o to run elsewhere")
+    changed = _changed_keys(target, tmp) or ["the launcher files"]
+    notes = _schedule_note(tmp) if any(c.startswith("training.steps ") for c in changed) else []
+    _rewrite_files(target, tmp)
+    return Prepared(target, report, reused=True, notes=notes, continued=changed)
+
+
+def _check_fresh_checkpoints(target: Path, tmp: Path) -> None:
+    """Refuse --fresh when the new run would still resume: its checkpoints lie outside the job directory."""
+    job = json.loads((tmp / "plan.json").read_text(encoding="utf-8"))["job"]
+    ckpt = job["training"]["checkpoint"]
+    directory = Path(ckpt["dir"]).expanduser()
+    if ckpt.get("resume") != "auto" or not directory.is_absolute():
+        return  # inside the job directory, which --fresh discards
+    if (directory / "latest").is_file() and not directory.resolve().is_relative_to(target.resolve()):
+        raise RunError(f"--fresh discards {target}, but this job resumes from the checkpoints in {directory} "
+                       "(training.checkpoint.dir, outside the job directory); move them away, or set "
+                       "training.checkpoint.resume: never, to start over")
+
+
 def launch(job_dir: Path) -> int:
     """Run the job directory's local launcher; its exit code."""
     doc = json.loads((job_dir / "plan.json").read_text(encoding="utf-8"))
@@ -114,7 +268,6 @@ def launch(job_dir: Path) -> int:
     if launcher not in ("local", "torchrun") or nodes != 1:
         raise RunError(f"this job is started by its `{launcher}` launcher on {nodes} node(s); `dsforge run` starts "
                        f"single-node local jobs only. Run the launcher in {job_dir} as its README says")
-    env = dict(os.environ)
-    # The launcher calls `python` (launch.python); make it this interpreter, which has dsforge and torch.
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    return subprocess.call(["bash", str(job_dir / "launch.sh")], env=env)
+    # No PATH changes: launch.sh names its interpreter (the one that compiled it, or launch.python), so
+    # `dsforge run` starts exactly what `./launch.sh` starts.
+    return subprocess.call(["bash", str(job_dir / "launch.sh")])

@@ -156,9 +156,10 @@ def known_errors() -> tuple[type[Exception], ...]:
     from dsforge.runtime.models import ModelBuildError
     from dsforge.runtime.rewrite import RewriteError
     from dsforge.runtime.train_loop import TrainingError
+    from dsforge.runtime.versions import UnsupportedVersionError
 
     return (JobDirError, LayoutError, DataError, CheckpointError, EngineError, ContextParallelError,
-            ModelBuildError, RewriteError, TrainingError)
+            ModelBuildError, RewriteError, TrainingError, UnsupportedVersionError)
 
 
 def say(text: str) -> None:
@@ -180,6 +181,9 @@ def describe_job(job: JobDir) -> str:
 
 def start_engine(job: JobDir) -> tuple[Any, Any]:
     """This rank's groups and DeepSpeed engine, DeepSpeed's start-up chatter kept quiet."""
+    from dsforge.runtime.versions import require_deepspeed
+
+    require_deepspeed()  # before deepspeed.comm is imported: an unsupported version fails in one sentence
     from dsforge.runtime.engine import build_engine
     from dsforge.runtime.groups import create_groups, ensure_deepspeed_comm
 
@@ -201,8 +205,9 @@ def resume_point(engine: Any, policy: Any, steps: int) -> int | None:
     if start:
         say(f"dsforge: resumed from {policy.directory / ckpt.tag_of(start)} after step {start}")
     if start >= steps:
-        say(f"dsforge: the checkpoint has all {steps} steps; nothing to train (raise training.steps, or start "
-            f"over: `dsforge run --fresh`, or move {policy.directory} away)")
+        say(f"dsforge: the checkpoint has all {steps} steps; nothing to train. To train longer, raise training.steps "
+            f"in the job file and run `dsforge run <job file>` again (it continues from this checkpoint); to start "
+            f"over: `dsforge run --fresh <job file>`, or move {policy.directory} away")
         return None
     return start
 
