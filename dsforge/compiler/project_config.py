@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsforge.compiler.suppress import Selection, parse_ids
+from dsforge.compiler.suppress import Selection, check_known, parse_ids
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -78,6 +78,7 @@ def _parse(path: Path, table: dict[str, Any]) -> ProjectConfig:
             raise ConfigError(f"{path}: {prefix} {key} must be a list of rule ids, e.g. [\"DSF204\"]")
         try:
             lists[key] = parse_ids(value)
+            check_known(lists[key])
         except ValueError as exc:
             raise ConfigError(f"{path}: {prefix} {key}: {exc}") from None
     strict = table.get("strict", False)

@@ -88,8 +88,10 @@ class Selection:
 
     @classmethod
     def of(cls, select: Iterable[str] = (), ignore: Iterable[str] = (), origin: str = "") -> Selection:
-        """A selection from id lists (see `parse_ids`), each id remembered as coming from ``origin``."""
+        """A selection from id lists (see `parse_ids`), each id remembered as coming from ``origin``; ValueError
+        for an id that is malformed or matches no rule."""
         sel, ign = tuple(parse_ids(select)), tuple(parse_ids(ignore))
+        check_known((*sel, *ign))
         return cls(sel, ign, {p: origin for p in (*sel, *ign)})
 
     def wants(self, rule_id: str) -> bool:
@@ -116,6 +118,16 @@ def parse_ids(values: Iterable[str]) -> list[str]:
 
 def _known(prefix: str, ids: set[str]) -> bool:
     return any(i.startswith(prefix) for i in ids)
+
+
+def check_known(prefixes: Iterable[str]) -> None:
+    """Raise ValueError naming the first id or prefix that matches no registered rule (a typo silences nothing)."""
+    from dsforge.compiler.rules.registry import all_rules
+
+    ids = {r.id for r in all_rules()}
+    for prefix in prefixes:
+        if not _known(prefix, ids):
+            raise ValueError(f"{prefix} matches no rule (docs/rules.md lists them)")
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,16 @@ from collections.abc import Iterator
 from typing import Any
 
 from dsforge.compiler.estimate.memory import MemoryEstimate, StageMemory, estimate_memory
-from dsforge.compiler.estimate.memory_fixes import MemoryFix, combined_fix, ranked_fixes
+from dsforge.compiler.estimate.memory_fixes import (
+    ErrorCheck,
+    ErrorKey,
+    FixSearch,
+    MemoryFix,
+    combined_fix,
+    ranked_fixes,
+)
 from dsforge.compiler.plan import Plan
-from dsforge.compiler.rules.registry import Context, Finding, rule
+from dsforge.compiler.rules.registry import Context, Finding, all_rules, rule, run_rules
 from dsforge.compiler.schema import JobSpec
 from dsforge.diagnostics import Severity
 
@@ -39,17 +46,17 @@ def _estimable(ctx: Context) -> bool:
             and ctx.spec.parallel.zero != "auto")
 
 
-def _legal(ctx: Context) -> Any:
-    """A check that a modified job raises no error in any non-memory rule (so fixes stay legal)."""
-    from dsforge.compiler.rules.registry import all_rules, run_rules
+def _error_check(ctx: Context) -> ErrorCheck:
+    """The errors (rule id, key) a changed job has in every validate check but the memory rules'."""
+    # what validate runs: no compile-time checks, no ids that code reports without a check function
+    others = [r for r in all_rules() if r.check is not None and getattr(r, "phase", "validate") == "validate"
+              and not r.id.startswith(("DSF3", "DSF9"))]
 
-    others = [r for r in all_rules() if not r.id.startswith(("DSF3", "DSF9"))]
-
-    def legal(spec: JobSpec, plan: Plan) -> bool:
+    def errors(spec: JobSpec, plan: Plan) -> frozenset[ErrorKey]:
         diags = run_rules(Context(spec, plan, ctx.source, ctx.raw), others)
-        return not any(d.severity is Severity.ERROR for d in diags)
+        return frozenset((d.rule, tuple(d.path)) for d in diags if d.severity is Severity.ERROR)
 
-    return legal
+    return errors
 
 
 def _describe(f: MemoryFix) -> str:
@@ -78,14 +85,15 @@ def _details(est: MemoryEstimate, fixes: list[MemoryFix]) -> dict[str, Any]:
                        "fits": f.fits} for f in fixes]}
 
 
-@rule("DSF301", "the busiest rank's memory fits the accelerator", source=SOURCE)
+@rule("DSF301", "the busiest rank's memory fits the accelerator", source=SOURCE, suppressible=True)
 def memory_fits(ctx: Context) -> Iterator[Finding]:
     """Every rank must hold its share of weights, gradients and optimizer state (by ZeRO stage and
     precision, with DeepSpeed's real buffers), the activations of the micro-batches its pipeline
     stage keeps in flight, the logits on the last stage and a framework reserve. The busiest stage
     decides: over the accelerator's memory is an out-of-memory crash after the job has queued and
     started; above 90 % leaves no room for fragmentation spikes. Fixes are priced by re-estimating the
-    changed job and offered only if the changed job passes every other check."""
+    changed job and offered only if the change itself brings no error in the other checks; an error the
+    job already had (its own diagnostic) disqualifies no fix."""
     if not _estimable(ctx):
         return
     est = estimate_memory(ctx.plan)
@@ -93,11 +101,11 @@ def memory_fits(ctx: Context) -> Iterator[Finding]:
         return
     peak = est.peak
     over = est.utilization > 1.0
-    legal = _legal(ctx)
-    fixes = ranked_fixes(ctx.spec, ctx.plan, legal, limit=5 if over else 3)
+    search = FixSearch.of(ctx.spec, ctx.plan, est, _error_check(ctx))
+    fixes = ranked_fixes(search, limit=5 if over else 3)
     combined = None
     if over and not any(f.fits for f in fixes):
-        combined = combined_fix(ctx.spec, ctx.plan, legal)
+        combined = combined_fix(search, first=fixes)
     where = f"pipeline stage {peak.stage} (rank {peak.rank})" if len(est.stages) > 1 else f"rank {peak.rank}"
     verdict = "does not fit" if over else f"uses {est.utilization:.0%} of"
     moment = "during backward" if peak.phase == "backward" else "in the optimizer update"
