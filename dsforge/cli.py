@@ -216,14 +216,16 @@ def explain(file: str, fmt: str, plot_dir: str | None, html_path: str | None, to
     model the rewrite policies cannot place), 2 unusable input (or --rewrite without torch).
     Warnings go to stderr and do not stop the estimate.
     """
-    from dsforge.compiler.validate import validate_file
-    from dsforge.diagnostics import Severity, has_errors
+    from dsforge.compiler.validate import InvalidJob, require_valid
+    from dsforge.diagnostics import Severity
     from dsforge.formatters import get
 
-    result = validate_file(file, selection=_selection(select, ignore))
-    if result.unusable or has_errors(result.diagnostics, False) or result.plan is None:
-        click.echo(get(fmt)(result.diagnostics), nl=False)
-        sys.exit(EXIT_UNUSABLE if result.unusable else EXIT_FINDINGS)
+    try:
+        result = require_valid(file, selection=_selection(select, ignore))
+    except InvalidJob as exc:
+        click.echo(get(fmt)(exc.result.diagnostics), nl=False)
+        sys.exit(EXIT_UNUSABLE if exc.result.unusable else EXIT_FINDINGS)
+    assert result.plan is not None  # require_valid returns planned jobs only
     warnings = [d for d in result.diagnostics if d.severity == Severity.WARNING]
     if warnings:
         click.echo(get("text")(warnings), nl=False, err=True)

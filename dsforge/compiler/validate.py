@@ -17,7 +17,7 @@ from dsforge.compiler.project_config import ConfigError, ProjectConfig, find_con
 from dsforge.compiler.rules.registry import Context, Rule, run_rules
 from dsforge.compiler.source import is_stdin
 from dsforge.compiler.suppress import Selection, apply
-from dsforge.diagnostics import Diagnostic, InputError, Location, Severity
+from dsforge.diagnostics import Diagnostic, InputError, Location, Severity, has_errors
 
 
 @dataclass
@@ -75,4 +75,21 @@ def validate_file(path: str | Path, rules: list[Rule] | None = None, selection: 
     result.plan, found = check(job, rules)
     outcome = apply(found, chosen, job.source.ignores)
     result.diagnostics, result.silenced = outcome.diagnostics, outcome.silenced
+    return result
+
+
+class InvalidJob(Exception):
+    """A job that cannot be used (unusable input, or errors); ``result`` holds every diagnostic to show."""
+
+    def __init__(self, result: Result) -> None:
+        super().__init__(f"{result.file}: the job has errors")
+        self.result = result
+
+
+def require_valid(path: str | Path, selection: Selection | None = None) -> Result:
+    """Validate a job file that is about to be used (explain, the runtime, the trainer plugins); InvalidJob when
+    it is unusable or has errors, so that every caller refuses exactly the same jobs."""
+    result = validate_file(path, selection=selection)
+    if result.unusable or result.job is None or result.plan is None or has_errors(result.diagnostics):
+        raise InvalidJob(result)
     return result

@@ -66,16 +66,18 @@ def load_job(job: JobLike) -> TrainerJob:
     """Validate a job file and plan it; PluginError with every error when it does not validate."""
     if isinstance(job, TrainerJob):
         return job
-    from dsforge.compiler.validate import validate_file
+    from dsforge.compiler.validate import InvalidJob, require_valid
     from dsforge.formatters import get
     from dsforge.runtime.versions import require_deepspeed
 
     require_deepspeed(installed_only=True)  # the trainer hands our ds_config to this DeepSpeed
 
-    result = validate_file(job)
-    errors = [d for d in result.diagnostics if d.severity == Severity.ERROR]
-    if result.unusable or errors or result.job is None or result.plan is None:
-        raise PluginError(f"the job file {job} cannot be used:\n{get('text')(result.diagnostics)}".rstrip())
+    try:
+        result = require_valid(job)
+    except InvalidJob as exc:
+        text = get("text")(exc.result.diagnostics)
+        raise PluginError(f"the job file {job} cannot be used:\n{text}".rstrip()) from None
+    assert result.job is not None and result.plan is not None  # require_valid returns planned jobs only
     warnings = [d for d in result.diagnostics if d.severity == Severity.WARNING]
     return TrainerJob(str(job), result.plan, result.job.source, result.job.raw, warnings)
 

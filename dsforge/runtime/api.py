@@ -46,13 +46,14 @@ def load_plan(job: str | os.PathLike[str] | JobSpec | Plan) -> Plan:
         from dsforge.runtime.main import JobDir
 
         return JobDir.load(path).plan
-    from dsforge.compiler.validate import validate_file
-    from dsforge.diagnostics import has_errors
+    from dsforge.compiler.validate import InvalidJob, require_valid
     from dsforge.formatters import get
 
-    result = validate_file(path)
-    if result.unusable or result.plan is None or has_errors(result.diagnostics, False):
-        raise JobError(f"{path} has errors:\n{get('text')(result.diagnostics)}")
+    try:
+        result = require_valid(path)
+    except InvalidJob as exc:
+        raise JobError(f"{path} has errors:\n{get('text')(exc.result.diagnostics)}") from None
+    assert result.plan is not None  # require_valid returns planned jobs only
     return result.plan
 
 
