@@ -44,13 +44,19 @@ def _hosts(ctx: Context) -> Iterator[Finding]:
                       ("launch", "launcher"))
 
 
-@rule("DSF603", "multi-node torchrun needs a reachable rendezvous host",
-      source="torch.distributed.run --rdzv_endpoint")
+#: Launchers whose nodes meet at launch.master_addr (torchrun's static or c10d endpoint, accelerate's
+#: main_process_ip); slurm and the deepspeed launcher find the first node themselves.
+RENDEZVOUS_LAUNCHERS = ("torchrun", "accelerate")
+
+
+@rule("DSF603", "multi-node torchrun and accelerate need a reachable rendezvous host",
+      source="torch.distributed.run --rdzv_endpoint; accelerate launch --main_process_ip")
 def _rendezvous(ctx: Context) -> Iterator[Finding]:
-    """torchrun on several nodes meets at master_addr:master_port; a loopback address never leaves a node."""
+    """torchrun (and `accelerate launch`, which runs it) on several nodes meets at master_addr:master_port; a
+    loopback address never leaves a node, so every other node would wait at start-up until it times out."""
     launch = ctx.spec.launch
-    if launch.launcher == "torchrun" and ctx.plan.nodes > 1 and launch.master_addr.startswith(LOOPBACK):
-        yield Finding(f"torchrun across {ctx.plan.nodes} nodes rendezvouses at {launch.master_addr}, "
+    if launch.launcher in RENDEZVOUS_LAUNCHERS and ctx.plan.nodes > 1 and launch.master_addr.startswith(LOOPBACK):
+        yield Finding(f"{launch.launcher} across {ctx.plan.nodes} nodes rendezvouses at {launch.master_addr}, "
                       "which only the local node can reach",
                       "set launch.master_addr to a host name or address every node can reach",
                       ("launch", "master_addr"))
