@@ -2,9 +2,10 @@
 
 Candidates: a higher ZeRO stage, selective or full recomputation, sequence parallelism, a larger tp
 or pp (dp shrinks to keep the world size), a smaller micro-batch (more accumulation steps, same
-global batch) and ZeRO-Offload of the optimizer state. A candidate is kept only if the modified
-job passes every other check without an error (the caller supplies that check), so the fixes never
-include what DeepSpeed would refuse, such as ZeRO-2 with pipeline parallelism.
+global batch) and ZeRO-Offload of the optimizer state. A candidate is kept only if it lowers the
+peak and the change itself brings no new error in the other checks (the caller supplies them), so
+the fixes never include what DeepSpeed would refuse, such as ZeRO-2 with pipeline parallelism, while
+an error the job already had does not hide a fix that works.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class MemoryFix:
 
     change: str  # e.g. "parallel.zero: 3"
     spec: JobSpec
+    plan: Plan
     estimate: MemoryEstimate
     saving_bytes: float
 
@@ -52,7 +54,7 @@ def _relayout(spec: JobSpec, plan: Plan, **degrees: int) -> tuple[str, JobSpec] 
 
 
 def candidates(spec: JobSpec, plan: Plan) -> Iterator[tuple[str, JobSpec]]:
-    """Every single change that could lower the peak (legality is checked by the caller)."""
+    """Every single change that could lower the peak (`ranked_fixes` prices each and checks what it breaks)."""
     d, t, par = plan.degrees, spec.training, spec.parallel
     assert d is not None
     for stage in range(plan.zero + 1, 4):
@@ -73,48 +75,85 @@ def candidates(spec: JobSpec, plan: Plan) -> Iterator[tuple[str, JobSpec]]:
         yield "training.optimizer.offload: cpu", _with(spec, "training", optimizer=opt)
 
 
-Legal = Callable[[JobSpec, Plan], bool]
+#: One error of a job: its rule id and the key it points at. The same rule on the same key is the same
+#: problem even when a change moves its numbers (a batch that does not split over dp=2 does not over dp=1).
+ErrorKey = tuple[str, tuple[str | int, ...]]
+#: The errors a job has in every check but the memory rules' (the caller runs its rules).
+ErrorCheck = Callable[[JobSpec, Plan], frozenset[ErrorKey]]
 
 
-def ranked_fixes(spec: JobSpec, plan: Plan, legal: Legal, limit: int = 5) -> list[MemoryFix]:
-    """The legal single changes that lower the peak, largest saving first (at most ``limit``)."""
-    before = estimate_memory(plan).peak.device_bytes
+@dataclass(frozen=True)
+class FixSearch:
+    """A job whose peak memory the fixes lower: its spec and plan, its estimate (computed once, by the
+    caller) and the errors it already has, which no candidate is blamed for."""
+
+    spec: JobSpec
+    plan: Plan
+    estimate: MemoryEstimate
+    check: ErrorCheck
+    present: frozenset[ErrorKey]
+
+    @classmethod
+    def of(cls, spec: JobSpec, plan: Plan, estimate: MemoryEstimate, check: ErrorCheck) -> FixSearch:
+        """Start a search from a job as written: its errors are checked once, here."""
+        return cls(spec, plan, estimate, check, check(spec, plan))
+
+    def after(self, fix: MemoryFix) -> FixSearch:
+        """The search from the job with ``fix`` applied; errors still count against the job as written."""
+        return FixSearch(fix.spec, fix.plan, fix.estimate, self.check, self.present)
+
+
+def _estimable(plan: Plan) -> bool:
+    return plan.layout_ok and plan.placement is not None and bool(plan.stage_layers)
+
+
+def ranked_fixes(search: FixSearch, limit: int = 5) -> list[MemoryFix]:
+    """The single changes that lower the peak and bring no error the job did not already have, largest
+    saving first (at most ``limit``).
+
+    A candidate is judged on what it changes: errors the job had before (a batch that does not split,
+    say) are their own diagnostics and disqualify no candidate, so the fixes are those of the job with
+    those errors corrected. Memory is priced first because it is cheaper than running the rules.
+    """
+    before = search.estimate.peak.device_bytes
     fixes = []
-    for change, new_spec in candidates(spec, plan):
+    for change, new_spec in candidates(search.spec, search.plan):
         new_plan = build_plan(new_spec)
-        if not new_plan.layout_ok or not new_plan.stage_layers or not legal(new_spec, new_plan):
+        if not _estimable(new_plan):
             continue
         est = estimate_memory(new_plan)
         saving = before - est.peak.device_bytes
-        if saving > 0:
-            fixes.append(MemoryFix(change, new_spec, est, saving))
+        if saving > 0 and search.check(new_spec, new_plan) <= search.present:
+            fixes.append(MemoryFix(change, new_spec, new_plan, est, saving))
     fixes.sort(key=lambda f: -f.saving_bytes)
     return fixes[:limit]
 
 
-def combined_fix(spec: JobSpec, plan: Plan, legal: Legal, target: float = 0.9,
-                 max_changes: int = 5) -> MemoryFix | None:
-    """Greedily stack the best legal change until the peak is at most ``target`` of the memory (or,
-    failing that, fits at all); None if no stack of changes fits.
+def combined_fix(search: FixSearch, target: float = 0.9, max_changes: int = 5,
+                 first: list[MemoryFix] | None = None) -> MemoryFix | None:
+    """Greedily stack the best change until the peak is at most ``target`` of the memory (or, failing
+    that, fits at all); None if no stack of changes fits. ``first`` is `ranked_fixes(search)` when the
+    caller has it already (the first step is its best entry).
 
     Used when no single change is enough (e.g. a 70B model whose Adam state alone exceeds the
     node's total HBM needs ZeRO, offload and recomputation together).
     """
-    before = estimate_memory(plan).peak.device_bytes
+    before = search.estimate.peak.device_bytes
     changes: dict[str, str] = {}  # key -> "key: value"; a later change of the same key replaces it
     fitting: MemoryFix | None = None
+    best = first[:1] if first is not None else ranked_fixes(search, limit=1)
     for _ in range(max_changes):
-        best = ranked_fixes(spec, plan, legal, limit=1)
         if not best:
             break
         fix = best[0]
         key = fix.change.split(":")[0]
         changes.pop(key, None)
         changes[key] = fix.change
-        spec, plan = fix.spec, build_plan(fix.spec)
+        search = search.after(fix)
         if fix.fits:
-            fitting = MemoryFix(" + ".join(changes.values()), spec, fix.estimate,
+            fitting = MemoryFix(" + ".join(changes.values()), fix.spec, fix.plan, fix.estimate,
                                 before - fix.estimate.peak.device_bytes)
             if fix.estimate.utilization <= target:
                 break
+        best = ranked_fixes(search, limit=1)
     return fitting

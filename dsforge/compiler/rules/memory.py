@@ -15,7 +15,7 @@ from dsforge.compiler.estimate.memory_fixes import (
     ranked_fixes,
 )
 from dsforge.compiler.plan import Plan
-from dsforge.compiler.rules.registry import Context, Finding, all_rules, rule, run_rules
+from dsforge.compiler.rules.registry import Context, Finding, checks, rule, run_rules
 from dsforge.compiler.schema import JobSpec
 from dsforge.diagnostics import Severity
 
@@ -48,9 +48,7 @@ def _estimable(ctx: Context) -> bool:
 
 def _error_check(ctx: Context) -> ErrorCheck:
     """The errors (rule id, key) a changed job has in every validate check but the memory rules'."""
-    # what validate runs: no compile-time checks, no ids that code reports without a check function
-    others = [r for r in all_rules() if r.check is not None and getattr(r, "phase", "validate") == "validate"
-              and not r.id.startswith(("DSF3", "DSF9"))]
+    others = [r for r in checks("validate") if not r.id.startswith(("DSF3", "DSF9"))]
 
     def errors(spec: JobSpec, plan: Plan) -> frozenset[ErrorKey]:
         diags = run_rules(Context(spec, plan, ctx.source, ctx.raw), others)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from math import isqrt
+
 
 def divisors(n: int, limit: int | None = None) -> list[int]:
     """The divisors of ``n`` in increasing order (at most ``limit`` as a value, if given)."""
-    out = [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, isqrt(n) + 1) if n % d == 0] if n > 0 else []
+    # each divisor d <= sqrt(n) pairs with n // d >= sqrt(n); a square's root is listed once
+    out = small + [n // d for d in reversed(small) if d * d != n]
     return [d for d in out if limit is None or d <= limit]
 
 
