@@ -22,7 +22,8 @@ figure { margin: 1em 0; } figure svg { max-width: 100%; height: auto; }
 """
 
 _FIGURE_CAPTIONS = {
-    "timeline": "Pipeline timeline of one step: forward and backward passes per stage; grey is idle time (bubble).",
+    "timeline": ("Pipeline timeline of one step, simulated: forward and backward passes per stage; grey is idle "
+                 "time (bubble), with uneven stages and transfers included."),
     "memory": "Device memory of one rank per pipeline stage, stacked by component, against the capacity line.",
     "placement": "Rank placement: nodes x GPUs, each rank coloured by its group (pipeline ranks by stage).",
 }

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from dsforge.compiler.estimate.memory import MemoryEstimate
 from dsforge.compiler.estimate.schedule import Timeline
 from dsforge.compiler.placement import Placement
-from dsforge.explain.units import plural
+from dsforge.explain.text import IDEAL_LABEL, SIMULATED_LABEL
+from dsforge.explain.units import plural, time_axis
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -34,11 +35,14 @@ def _pyplot() -> Any:
     return plt
 
 
-def timeline_figure(timeline: Timeline, title: str) -> Figure:
-    """Gantt chart of one step: a row per pipeline rank, forward/backward passes, idle time (bubble) shaded."""
+def timeline_figure(timeline: Timeline, title: str, ideal: float | None = None) -> Figure:
+    """Gantt chart of one step: a row per pipeline rank, forward/backward passes, idle time (bubble) shaded.
+
+    The title gives the simulated idle share and, when ``ideal`` is given, the closed form's beside it.
+    """
     plt = _pyplot()
     p, span = len(timeline.stages), timeline.makespan
-    scale, unit = (1e3, "ms") if span < 1 else (1.0, "s")
+    scale, unit = time_axis(span)
     height = 1.6 + 0.45 * p
     fig, ax = plt.subplots(figsize=(12, height))
     label_passes = sum(len(s) for s in timeline.stages) <= 160
@@ -60,7 +64,10 @@ def timeline_figure(timeline: Timeline, title: str) -> Figure:
     ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
     ax.set_xlabel(f"time within one step ({unit}); passes labelled by micro-batch" if label_passes
                   else f"time within one step ({unit})")
-    ax.set_title(f"{title}\nidle (bubble) {100 * timeline.bubble_fraction:.1f} % of rank-time")
+    idle = f"idle (bubble) {100 * timeline.bubble_fraction:.1f} % of rank-time ({SIMULATED_LABEL})"
+    if ideal is not None:
+        idle += f"\n{100 * ideal:.1f} % {IDEAL_LABEL}"
+    ax.set_title(f"{title}\n{idle}")
     names = ["forward", "backward (incl. recompute)", "idle (bubble)"]
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (_FORWARD[0], _BACKWARD[0], _IDLE)]
     if max((x.chunk for row in timeline.stages for x in row), default=0) > 0:

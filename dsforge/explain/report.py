@@ -58,7 +58,8 @@ def figures(ex: Explanation) -> Iterator[dict[str, Any]]:
     figs = {
         "timeline": plots.timeline_figure(
             ex.step.timeline, f"{name}: {s['schedule']} schedule, {plural(s['stages'], 'stage')}, "
-                              f"{plural(s['micro_batches'], 'micro-batch', 'micro-batches')}"),
+                              f"{plural(s['micro_batches'], 'micro-batch', 'micro-batches')}",
+            ideal=s["bubble_fraction_closed_form"] if s["stages"] > 1 else None),
         "memory": plots.memory_figure(ex.memory, f"{name}: memory per stage"),
         "placement": plots.placement_figure(ex.plan.placement, placement_kinds(ex.plan),
                                             f"{name}: rank placement (order {ex.plan.spec.parallel.order})"),

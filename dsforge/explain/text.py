@@ -120,21 +120,37 @@ def comm_section(s: dict[str, Any]) -> Section:
                    (3, 5, 6, 7, 8), [f"exposed on the critical path: {exposed}"])
 
 
+#: What each of the three bubble figures measures; the table, its notes, the picture and the HTML use these.
+BUBBLE_ROW = "pipeline bubble (this rank idle)"
+SIMULATED_LABEL = "simulated over all ranks with uneven stages and transfers"
+IDEAL_LABEL = "ideal, (p-1)/(v*m+p-1): equal stages, no communication"
+
+
+def bubble_notes(s: dict[str, Any]) -> list[str]:
+    """The three bubble figures of one job, one line each, each saying what it measures."""
+    t, p = s["time"], s["pipeline"]
+    if p["stages"] <= 1:
+        return ["pipeline bubble: none (one pipeline stage)"]
+    share = t["bubble_s"] / t["step_s"] if t["step_s"] else 0.0
+    return ["pipeline bubble, three ways:",
+            f"  {pct(share)} of this rank's step (the row above; waiting for transfers counts as pp communication)",
+            f"  {pct(p['bubble_fraction'])} of the pipeline's rank-time, {SIMULATED_LABEL} (the timeline picture)",
+            f"  {pct(p['bubble_fraction_closed_form'])} {IDEAL_LABEL}"]
+
+
 def timing_section(s: dict[str, Any]) -> Section:
-    """Where the critical rank's step time goes, and the simulated versus closed-form bubble."""
+    """Where the critical rank's step time goes, and the bubble as this rank, the simulation and the formula see it."""
     t, p = s["time"], s["pipeline"]
     step = t["step_s"]
-    parts = [("compute", t["compute_s"]), ("pipeline bubble", t["bubble_s"])]
+    parts = [("compute", t["compute_s"]), (BUBBLE_ROW, t["bubble_s"])]
     parts += [(f"{k} communication (exposed)", v) for k, v in t["exposed_comm_s"].items()]
     parts += [("optimizer step", t["optimizer_s"])]
     rows = [[name, seconds(v), pct(v / step if step else 0.0)] for name, v in parts]
     rows.append(["step", seconds(step), pct(1.0)])
     note = (f"pipeline: {p['schedule']}, {plural(p['stages'], 'stage')} x {plural(p['virtual_stages'], 'chunk')}, "
-            f"{plural(p['micro_batches'], 'micro-batch', 'micro-batches')}, layers per chunk {p['stage_layers']}; "
-            f"idle {pct(p['bubble_fraction'])} simulated, {pct(p['bubble_fraction_closed_form'])} by "
-            "(p-1)/(v*m+p-1)")
+            f"{plural(p['micro_batches'], 'micro-batch', 'micro-batches')}, layers per chunk {p['stage_layers']}")
     return Section(f"Timing (critical rank: stage {t['critical_stage']})", ["part", "time", "share"], rows, (1, 2),
-                   [note])
+                   [note, *bubble_notes(s)])
 
 
 def sections(s: dict[str, Any]) -> list[Section]:

@@ -1,4 +1,4 @@
-"""Human-readable numbers for the tables: bytes in GB (1e9, as memory_gb), seconds, counts, percentages."""
+"""Human-readable numbers for the tables: bytes in GB (1e9, as memory_gb), durations, counts, percentages."""
 
 from __future__ import annotations
 
@@ -16,17 +16,35 @@ def gb(n_bytes: float) -> str:
     return f"{n_bytes / 1e9:.2f} GB"
 
 
+MINUTE, HOUR, DAY, YEAR = 60.0, 3600.0, 86400.0, 365.0 * 86400.0
+
+
+#: (seconds per unit, name, decimals, where the next unit takes over, in this unit).
+_DURATIONS = ((1e-6, "us", 1, 1000.0), (1e-3, "ms", 1, 1000.0), (1.0, "s", 2, MINUTE), (MINUTE, "min", 1, 60.0),
+              (HOUR, "h", 1, 48.0), (DAY, "days", 1, 730.0), (YEAR, "years", 1, float("inf")))
+
+
 def seconds(s: float) -> str:
-    """A duration in us, ms, s, h or days, whichever reads best."""
-    if s < 1e-3:
-        return f"{s * 1e6:.1f} us"
-    if s < 1:
-        return f"{s * 1e3:.1f} ms"
-    if s < 3600:
-        return f"{s:.2f} s"
-    if s < 2 * 86400:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} days"
+    """A duration in us, ms, s, min, h, days or years, whichever reads best (28.6 min, not 1713.64 s).
+
+    Each unit holds until its rounded value would reach the next one's (59.99 s, then 1.0 min).
+    """
+    for size, unit, digits, limit in _DURATIONS:
+        value = round(s / size, digits)
+        if value < limit:
+            return f"{value:.{digits}f} {unit}"
+    raise AssertionError("unreachable: the last unit has no limit")
+
+
+def time_axis(span: float) -> tuple[float, str]:
+    """The factor and unit for a time axis from 0 to ``span`` seconds (ms, s, min or h), for the pictures."""
+    if span < 1:
+        return 1e3, "ms"
+    if span < 2 * MINUTE:
+        return 1.0, "s"
+    if span < 2 * HOUR:
+        return 1 / MINUTE, "min"
+    return 1 / HOUR, "h"
 
 
 def count(n: float) -> str:
