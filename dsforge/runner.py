@@ -109,8 +109,8 @@ def _meaning(job_dir: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(plan, dict) or not isinstance(ds, dict) or not isinstance(plan.get("job"), dict):
         return None
-    for key in DERIVED_PLAN_KEYS:
-        plan.pop(key, None)
+    for derived in DERIVED_PLAN_KEYS:
+        plan.pop(derived, None)
     for key in CONTINUABLE_JOB_KEYS:
         _drop(plan["job"], key)
     for name in LOGGING_DS_KEYS:

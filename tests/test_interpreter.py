@@ -98,7 +98,7 @@ def test_an_empty_interpreter_name_falls_back_to_python(tmp_path: Path) -> None:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(path=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1,
+@given(path=st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), min_size=1,
                     max_size=40))
 def test_any_interpreter_path_arrives_literally(tmp_path: Path, path: str) -> None:
     compiling = "/" + path  # absolute, so abspath leaves it alone unless it has .. or // segments
