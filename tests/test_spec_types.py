@@ -271,3 +271,19 @@ def test_json_schema_refuses_what_the_corpus_pins_as_schema_errors() -> None:
     for name in names:
         raw, _ = load_document(bad / name)
         assert not VALIDATOR.is_valid(raw), name
+
+
+def test_the_editor_doc_example_satisfies_the_schema_and_validates() -> None:
+    from dsforge.compiler.parse import parse_job
+    from dsforge.compiler.source import load_yaml
+
+    doc = (ROOT / "docs" / "editor.md").read_text(encoding="utf-8")
+    blocks = doc.split("```yaml\n")[1:]
+    assert len(blocks) == 1
+    example = blocks[0].split("```")[0]
+    assert example.startswith("# yaml-language-server: $schema=./dsforge.schema.json\n")  # a YAML comment
+    raw, smap = load_yaml(example, "editor.md")
+    assert VALIDATOR.is_valid(raw)
+    spec, diags = parse_job(raw, smap)
+    assert spec is not None and diags == []
+    assert "dsforge schema > dsforge.schema.json" in doc
