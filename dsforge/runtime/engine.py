@@ -24,6 +24,7 @@ from dsforge.runtime.layers import VocabParallelLMHead, vocab_parallel_cross_ent
 from dsforge.runtime.models import build_model
 from dsforge.runtime.rewrite import plan_rewrite
 from dsforge.runtime.rewrite.apply import apply_rewrite
+from dsforge.runtime.versions import require_deepspeed
 
 
 class EngineError(RuntimeError):
@@ -172,6 +173,7 @@ def _release_expert_groups(module: nn.Module) -> None:
 
 def initialize_engine(module: nn.Module, ds_config: dict[str, Any], groups: ParallelGroups | None) -> Any:
     """deepspeed.initialize over ``module`` with the plan's mpu (None for a PipelineModule)."""
+    require_deepspeed()  # a clear sentence instead of a failure deep inside initialize on every rank
     import deepspeed
 
     ensure_deepspeed_comm()

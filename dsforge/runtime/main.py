@@ -156,9 +156,10 @@ def known_errors() -> tuple[type[Exception], ...]:
     from dsforge.runtime.models import ModelBuildError
     from dsforge.runtime.rewrite import RewriteError
     from dsforge.runtime.train_loop import TrainingError
+    from dsforge.runtime.versions import UnsupportedVersionError
 
     return (JobDirError, LayoutError, DataError, CheckpointError, EngineError, ContextParallelError,
-            ModelBuildError, RewriteError, TrainingError)
+            ModelBuildError, RewriteError, TrainingError, UnsupportedVersionError)
 
 
 def say(text: str) -> None:
@@ -180,6 +181,9 @@ def describe_job(job: JobDir) -> str:
 
 def start_engine(job: JobDir) -> tuple[Any, Any]:
     """This rank's groups and DeepSpeed engine, DeepSpeed's start-up chatter kept quiet."""
+    from dsforge.runtime.versions import require_deepspeed
+
+    require_deepspeed()  # before deepspeed.comm is imported: an unsupported version fails in one sentence
     from dsforge.runtime.engine import build_engine
     from dsforge.runtime.groups import create_groups, ensure_deepspeed_comm
 
