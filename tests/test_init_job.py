@@ -131,7 +131,7 @@ def test_default_job_trains_here_small_and_in_fp32() -> None:
 
 @pytest.mark.parametrize(("launcher", "rule", "key"), [
     ("deepspeed", "DSF602", "hosts"), ("torchrun", "DSF603", "master_addr"), ("kubernetes", "DSF605", "image"),
-    ("slurm", None, None), ("accelerate", None, None)])
+    ("accelerate", "DSF603", "master_addr"), ("slurm", None, None)])
 def test_launchers_leave_only_the_site_settings_to_fill_in(launcher: str, rule: str | None, key: str | None,
                                                            tmp_path) -> None:
     job = _starter("llama3-8b", "dgx-h100", 2, launcher)
@@ -141,8 +141,8 @@ def test_launchers_leave_only_the_site_settings_to_fill_in(launcher: str, rule: 
         assert problems == [] and job.notes == []
         return
     assert problems == [(rule, "error")]
-    assert [n.split(":")[0] for n in job.notes] == [f"set launch.{key} before the job validates"]
-    assert f"  # {key}: ...   <- TODO:" in job.text  # commented out: the data stays as validated
+    assert [n.split(":")[0] for n in job.notes] == [rule]
+    assert f"  # {key}: ...   <- TODO: set launch.{key}" in job.text  # commented out: the data stays as validated
 
 
 def test_unusable_choices_are_refused_with_code_2() -> None:

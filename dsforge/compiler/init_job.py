@@ -39,6 +39,8 @@ NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128)
 #: Where the layout search stops: the busiest rank may use this much of its memory (DSF301 warns above).
 MEMORY_TARGET = WARN_ABOVE
 DISPLAY = "<dsforge init>"
+#: Launch settings only the site knows (rule id -> launch key): init leaves them for the user to fill in.
+SITE_KEYS = {"DSF602": "hosts", "DSF603": "master_addr", "DSF605": "image"}
 
 # What each change costs a training step, roughly (the ordering is what matters): ZeRO-3 gathers every
 # weight twice per step, full recomputation repeats the forward pass (~+33 %), offload moves optimizer
@@ -183,9 +185,8 @@ class _Judge:
     def __init__(self) -> None:
         # Memory is judged by the estimate directly (DSF301's fix search would only slow the search down);
         # the site's launch settings are the user's to fill in, whatever the layout.
-        site = {rid for rid, _, _ in SITE_KEYS}
         self.rules: list[Rule] = [r for r in checks("validate")
-                                  if not r.id.startswith(("DSF3", "DSF9")) and r.id not in site]
+                                  if not r.id.startswith(("DSF3", "DSF9")) and r.id not in SITE_KEYS]
         self.smap = SourceMap(DISPLAY)
 
     def spec(self, data: dict[str, Any]) -> JobSpec | None:
@@ -323,31 +324,23 @@ def starter(choices: Choices) -> Starter:
                     f"and passes every check{hint}", code=1)
 
 
-#: Launch settings only the site knows (rule id, key, why): init leaves them for the user to fill in.
-SITE_KEYS = (("DSF602", "hosts", "the deepspeed launcher needs the host names of the {nodes} nodes"),
-             ("DSF603", "master_addr", "torchrun across {nodes} nodes needs a host every node reaches"),
-             ("DSF605", "image", "the kubernetes launcher runs a container image: name yours"))
-
-
-def site_todo(launcher: str, nodes: int) -> dict[str, str]:
-    """The launch keys this launcher needs that init cannot choose (key -> why), by their rules' conditions."""
-    needed = {"DSF602": launcher == "deepspeed" and nodes > 1, "DSF603": launcher == "torchrun" and nodes > 1,
-              "DSF605": launcher == "kubernetes"}
-    return {key: why.format(nodes=nodes) for rid, key, why in SITE_KEYS if needed[rid]}
+def _validated(text: str) -> list[Diagnostic]:
+    raw, smap = load_yaml(text, DISPLAY)
+    spec, diags = parse_job(raw, smap)
+    return check(LoadedJob(spec, smap, raw))[1] if spec is not None else diags
 
 
 def _finish(choices: Choices, nodes: int, layout: Layout, hardware: dict[str, Any]) -> Starter:
     data = job_data(choices, nodes, layout, hardware)
-    todo = site_todo(data["launch"]["launcher"], nodes)
-    model_note = presets("models")[choices.model].description
-    text = render(data, hardware_note=presets("hardware")[choices.hardware].description, model_note=model_note,
-                  todo=todo)
-    raw, smap = load_yaml(text, DISPLAY)
-    spec, diags = parse_job(raw, smap)
-    if spec is not None:
-        _, diags = check(LoadedJob(spec, smap, raw))
-    notes = [f"set launch.{key} before the job validates: {why}" for key, why in todo.items()]
-    return Starter(text, data, layout, nodes, diags, notes)
+    notes = {"hardware_note": presets("hardware")[choices.hardware].description,
+             "model_note": presets("models")[choices.model].description}
+    text = render(data, **notes)
+    diags = _validated(text)
+    # What only the site knows comes back from the rules themselves, so init never restates their conditions.
+    site = [d for d in diags if d.rule in SITE_KEYS]
+    if site:
+        text = render(data, todo={SITE_KEYS[d.rule]: f"{d.fix} ({d.rule})" for d in site}, **notes)
+    return Starter(text, data, layout, nodes, diags, [f"{d.rule}: {d.message}; {d.fix}" for d in site])
 
 
 # ---- rendering: block YAML with the schema's description above every key ----
@@ -394,7 +387,7 @@ def _todo_lines(section: type[Section], todo: dict[str, str], indent: int) -> It
         f = _field(section, key)
         if f is not None and f.description:
             yield f"{pad}# {' '.join(f.description.split())}"
-        yield f"{pad}# {key}: ...   <- TODO: {why} (then uncomment)"
+        yield f"{pad}# {key}: ...   <- TODO: {why}, then uncomment"
 
 
 def render(data: dict[str, Any], hardware_note: str = "", model_note: str = "",
