@@ -31,6 +31,23 @@ CONTRACTS = (
     Contract("dsforge.compiler.emit", "dsforge.compiler.estimate", False),
     Contract("dsforge.compiler.ds_settings", "dsforge.compiler.estimate", False),
     Contract("dsforge.compiler.ds_settings", "dsforge.compiler.emit", False),
+    # the extension registry is the bottom layer: each table's owner registers its loader with it
+    Contract("dsforge.extensions", "dsforge.compiler", False),
+    Contract("dsforge.extensions", "dsforge.runtime", False),
+    Contract("dsforge.extensions", "dsforge.plugins", False),
+    # the compiler is torch-free at import: the runtime and the trainer integrations are above it
+    Contract("dsforge.compiler", "dsforge.plugins", False),
+    Contract("dsforge.compiler", "dsforge.runtime", True),
+    Contract("dsforge.compiler", "dsforge.explain", False),
+    Contract("dsforge.compiler", "dsforge.formatters", False),
+    Contract("dsforge.compiler", "dsforge.cli", False),
+    Contract("dsforge.compiler", "torch", True),
+    Contract("dsforge.compiler", "deepspeed", True),
+    # rules judge the plan; what the emitter writes they read from ds_settings, not from emit
+    Contract("dsforge.compiler.rules", "dsforge.compiler.emit", False),
+    Contract("dsforge.formatters", "dsforge.runtime", False),
+    Contract("dsforge.explain", "dsforge.runtime", True),
+    Contract("dsforge.runtime", "dsforge.plugins", False),
 )
 
 

@@ -86,3 +86,17 @@ def emitted_checkpointing_block(plan: Plan) -> dict[str, Any]:
     merged = deep_merge(checkpointing_section(plan), {k: v for k, v in ds.items() if k == "activation_checkpointing"})
     block = merged.get("activation_checkpointing", {})
     return block if isinstance(block, dict) else {}
+
+
+def pipeline_partitioning(sequence_parallel: bool, tp: int) -> dict[str, bool]:
+    """``pipe_partitioned`` / ``grad_partitioned`` for a pipeline's stages (dsforge.runtime uses this too).
+
+    DeepSpeed's PipelineEngine assumes the activations and gradients sent between stages are the same on
+    every TP rank, so by default each rank sends 1/tp of them and the receiver all-gathers
+    (runtime/pipe/engine.py ``_exec_forward_pass``, ``_exec_backward_pass``: PartitionedTensor over the
+    slice-parallel group). Under sequence parallelism with tp > 1 each TP rank holds its own sequence
+    slice instead: partitioning would glue together slices of different ranks and the loss comes out
+    wrong, so both are off.
+    """
+    replicated = not (sequence_parallel and tp > 1)
+    return {"pipe_partitioned": replicated, "grad_partitioned": replicated}

@@ -61,7 +61,7 @@ def _join(plan: Plan) -> None:
     """Join the launcher's process group (gloo on CPU jobs, nccl on GPU) unless one is already up."""
     import torch.distributed as dist
 
-    from dsforge.compiler.emit.ds_config import on_cpu
+    from dsforge.compiler.ds_settings import on_cpu
     from dsforge.runtime.main import launched_world_size
 
     if dist.is_initialized():

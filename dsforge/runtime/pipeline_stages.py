@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dsforge.compiler.emit.ds_config import pipeline_partitioning
+from dsforge.compiler.ds_settings import pipeline_partitioning
 from dsforge.compiler.plan import Plan
 from dsforge.runtime.groups import ParallelGroups
 from dsforge.runtime.layers import VocabParallelEmbedding, VocabParallelLMHead

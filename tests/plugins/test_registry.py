@@ -8,8 +8,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from dsforge.cli import cli
 from dsforge import extensions as registry
+from dsforge.cli import cli
 from tests.plugins.conftest import install_fixture_plugin, run
 
 FIXTURE_ENTRIES = {

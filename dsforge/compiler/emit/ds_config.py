@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 # on_cpu stays importable from here: launchers, plan_doc, the runtime and the plugins read it from this module.
-from dsforge.compiler.ds_settings import checkpointing_section, on_cpu, zero_section
+from dsforge.compiler.ds_settings import checkpointing_section, on_cpu, pipeline_partitioning, zero_section
 from dsforge.compiler.emit.optim import optimizer_section, scheduler_section
 from dsforge.compiler.extends import deep_merge
 from dsforge.compiler.plan import Plan
@@ -46,20 +46,6 @@ def precision_section(plan: Plan) -> dict[str, Any]:
         return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                          "hysteresis": 2, "min_loss_scale": 1}}
     return {}
-
-
-def pipeline_partitioning(sequence_parallel: bool, tp: int) -> dict[str, bool]:
-    """``pipe_partitioned`` / ``grad_partitioned`` for a pipeline's stages (dsforge.runtime uses this too).
-
-    DeepSpeed's PipelineEngine assumes the activations and gradients sent between stages are the same on
-    every TP rank, so by default each rank sends 1/tp of them and the receiver all-gathers
-    (runtime/pipe/engine.py ``_exec_forward_pass``, ``_exec_backward_pass``: PartitionedTensor over the
-    slice-parallel group). Under sequence parallelism with tp > 1 each TP rank holds its own sequence
-    slice instead: partitioning would glue together slices of different ranks and the loss comes out
-    wrong, so both are off.
-    """
-    replicated = not (sequence_parallel and tp > 1)
-    return {"pipe_partitioned": replicated, "grad_partitioned": replicated}
 
 
 def pipeline_section(plan: Plan) -> dict[str, Any]:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsforge import __version__, extensions
-from dsforge.compiler.emit.ds_config import EmitError, on_cpu
+from dsforge.compiler.ds_settings import on_cpu
+from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.launch_targets import LaunchedFile, check_file_name, launch_target
 from dsforge.compiler.plan import Plan
 

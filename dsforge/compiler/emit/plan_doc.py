@@ -14,7 +14,8 @@ from dataclasses import asdict
 from typing import Any
 
 from dsforge import __version__
-from dsforge.compiler.emit.ds_config import EmitError, on_cpu
+from dsforge.compiler.ds_settings import on_cpu
+from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.placement import Placement
 from dsforge.compiler.plan import Degrees, Plan
 

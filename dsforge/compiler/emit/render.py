@@ -19,8 +19,8 @@ from typing import Any
 import jinja2
 import yaml
 
-from dsforge.compiler.launch_targets import SBATCH_VALUE
 from dsforge.compiler.emit.ds_config import EmitError
+from dsforge.compiler.launch_targets import SBATCH_VALUE
 
 
 def shquote(value: Any) -> str:

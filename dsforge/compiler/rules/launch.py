@@ -8,8 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsforge.compiler.emit.ds_config import pipeline_partitioning
-from dsforge.compiler.launch_targets import DNS_LABEL, ENV_KEY, PDSH_UNSAFE, SBATCH_VALUE, SINGLE_MACHINE_LAUNCHERS
+from dsforge.compiler.ds_settings import pipeline_partitioning
+from dsforge.compiler.launch_targets import (
+    DNS_LABEL,
+    ENV_KEY,
+    PDSH_UNSAFE,
+    SBATCH_VALUE,
+    SINGLE_MACHINE_LAUNCHERS,
+)
 from dsforge.compiler.rules.registry import Context, Finding, rule
 
 LOOPBACK = ("127.", "localhost", "::1")
