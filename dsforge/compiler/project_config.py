@@ -19,11 +19,6 @@ from typing import Any
 
 from dsforge.compiler.suppress import Selection, check_known, parse_ids
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 KEYS = ("select", "ignore", "strict")
 #: The settings files are small; anything larger is not one (and is not read whole).
 MAX_BYTES = 1024 * 1024
@@ -44,6 +39,11 @@ class ProjectConfig:
 
 def _table(path: Path) -> dict[str, Any] | None:
     """The dsforge settings in ``path``, or None when the file holds none."""
+    if sys.version_info >= (3, 11):  # imported here: most validate runs find no settings file to parse
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+
     try:
         with path.open("rb") as fh:
             raw = fh.read(MAX_BYTES + 1)
