@@ -12,6 +12,8 @@ the same directory, as ruff and pytest look theirs up. Keys (the same in both fi
 
 from __future__ import annotations
 
+import functools
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,8 @@ def _table(path: Path) -> dict[str, Any] | None:
         raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     if len(raw) > MAX_BYTES:
         raise ConfigError(f"{path}: larger than {MAX_BYTES // 1024} KiB; not a settings file")
+    if path.name == "pyproject.toml" and b"dsforge" not in raw:
+        return None  # most projects' pyproject has no dsforge table: not worth parsing
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -88,14 +92,25 @@ def _parse(path: Path, table: dict[str, Any]) -> ProjectConfig:
     return ProjectConfig(Selection(tuple(lists["select"]), tuple(lists["ignore"]), origin), strict, path)
 
 
+@functools.lru_cache(maxsize=256)
+def _settings_in(path: Path, mtime_ns: int, size: int) -> ProjectConfig | None:
+    """The settings of one file, parsed once per version of it (a run over 1,000 job files reads it once)."""
+    table = _table(path)
+    return None if table is None else _parse(path, table)
+
+
 def find_config(start: Path) -> ProjectConfig:
     """The settings that apply to a job file in directory ``start`` (nearest file upwards), or the defaults."""
     folder = start.resolve()
     for candidate in (folder, *folder.parents):
         for name in ("dsforge.toml", "pyproject.toml"):
             path = candidate / name
-            if path.is_file():
-                table = _table(path)
-                if table is not None:
-                    return _parse(path, table)
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                found = _settings_in(path, st.st_mtime_ns, st.st_size)
+                if found is not None:
+                    return found
     return ProjectConfig()
