@@ -30,6 +30,7 @@ from dsforge.compiler.params import is_moe_layer
 from dsforge.compiler.parse import load_job
 from dsforge.compiler.plan import Plan, build_plan
 from dsforge.compiler.presets import presets
+from dsforge.compiler.resolved import resolve_model
 from dsforge.compiler.schema import ModelSpec
 
 pytestmark = pytest.mark.slow
@@ -108,7 +109,7 @@ def test_activations_within_10_percent(measured: dict[str, Any], tmp_path: Path,
     from dsforge.compiler.estimate.memory import activation_shape
 
     shape = dataclasses.replace(activation_shape(plan), kernels=act.EAGER)  # the test GPT's explicit ops
-    model = plan.spec.model
+    model = plan.model
     got = measured["activations"][key]
     blocks = model.layers * act.layer_bytes(model, shape, False, recompute)
     assert blocks == pytest.approx(got["blocks"], rel=0.10), (blocks, got)
@@ -123,7 +124,7 @@ def test_runtime_model_activations_within_10_percent(measured: dict[str, Any], k
     # the HF models dsforge's runtime builds (SDPA attention, HF norms and activations): the estimate's
     # default kernel profile, the one `estimate_memory` uses for every job
     preset, precision = key.rsplit("-", 1)
-    model = ModelSpec(**presets("models")[preset].spec)
+    model = resolve_model(ModelSpec(**presets("models")[preset].spec))
     shape = act.ActivationShape(2, model.seq_len, 1, 1, False, 4 if precision == "fp32" else 2, kernels=act.HF_SDPA)
     got = measured["hf"][key]
     blocks = sum(act.layer_bytes(model, shape, is_moe_layer(model, i), "none") for i in range(model.layers))

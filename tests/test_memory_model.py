@@ -15,10 +15,11 @@ from dsforge.compiler.params import total_params
 from dsforge.compiler.parse import load_job
 from dsforge.compiler.plan import Plan, build_plan
 from dsforge.compiler.presets import presets
+from dsforge.compiler.resolved import resolve_model
 from dsforge.compiler.schema import ModelSpec
 
-GPT3 = ModelSpec(arch="gpt2", layers=96, hidden=12288, heads=96, ffn_hidden=4 * 12288, vocab=50257, seq_len=2048,
-                 activation="gelu", position="learned", tied_embeddings=True)
+GPT3 = resolve_model(ModelSpec(arch="gpt2", layers=96, hidden=12288, heads=96, ffn_hidden=4 * 12288, vocab=50257,
+                               seq_len=2048, activation="gelu", position="learned", tied_embeddings=True))
 
 
 def shape(tp: int = 1, sp: bool = False, cp: int = 1, b: int = 1) -> act.ActivationShape:
@@ -71,7 +72,7 @@ def test_in_flight_micro_batches_by_schedule() -> None:
 
 @pytest.mark.parametrize("name", ["gpt2-small", "llama3-8b", "mixtral-8x7b", "tiny-llama"])
 def test_stage_shares_add_up_to_the_model(tmp_path: Path, name: str) -> None:
-    model = ModelSpec(**presets("models")[name].spec)
+    model = resolve_model(ModelSpec(**presets("models")[name].spec))
     for pp in (1, 2, 4):
         plan = job(tmp_path, f"model: {{preset: {name}}}\nhardware: {{preset: dgx-h100}}\n"
                              f"parallel: {{pp: {pp}, pipeline: {{partition: uniform}}}}\n")
@@ -109,7 +110,7 @@ def states_peak(tmp_path: Path, zero: int, precision: str = "bf16") -> float:
 def test_zero_stages_shrink_model_states(tmp_path: Path) -> None:
     peaks = [states_peak(tmp_path, z) for z in range(4)]
     assert peaks == sorted(peaks, reverse=True)
-    p = total_params(ModelSpec(**presets("models")["llama3-8b"].spec))
+    p = total_params(resolve_model(ModelSpec(**presets("models")["llama3-8b"].spec)))
     # Rajbhandari et al. count 16 bytes/param; DeepSpeed's step also holds fp32 gradients next to the
     # 16-bit ones (20 bytes), without ZeRO over the whole model, with ZeRO-3 over the 1/N partition,
     # plus one bf16 reduce bucket of hidden^2 elements (the emitted reduce_bucket_size)

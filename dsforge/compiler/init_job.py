@@ -24,6 +24,7 @@ from dsforge.compiler.params import total_params
 from dsforge.compiler.parse import LoadedJob, parse_job
 from dsforge.compiler.plan import Plan, build_plan
 from dsforge.compiler.presets import presets
+from dsforge.compiler.resolved import resolve_model
 from dsforge.compiler.rules.memory import WARN_ABOVE
 from dsforge.compiler.rules.registry import Context, Rule, checks, run_rules
 from dsforge.compiler.schema import JobSpec, ModelSpec
@@ -234,7 +235,7 @@ def _states_floor(spec: JobSpec, world: int) -> float:
     """Bytes per rank no layout goes below without offload: Adam's fp32 master weights, momentum and
     variance (12 bytes a parameter), sharded over every rank as ZeRO-3 at best does (Rajbhandari et al.
     2020 sec. 5); weights, gradients and activations only add to it."""
-    return 12 * total_params(spec.model) / world
+    return 12 * total_params(resolve_model(spec.model)) / world
 
 
 def _search(choices: Choices, nodes: int, hardware: dict[str, Any], judge: _Judge, offload: bool) -> Layout | None:

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsforge.compiler.schema import ModelSpec
+from dsforge.compiler.resolved import ResolvedModel
 
 
-def has_bias(model: ModelSpec) -> bool:
+def has_bias(model: ResolvedModel) -> bool:
     """GPT-2-style models carry biases on every linear layer and norm; Llama-style ones carry none."""
     return model.arch == "gpt2" or (model.arch in {"custom", "auto"} and model.activation == "gelu")
 
 
-def padded_vocab(model: ModelSpec, tp: int) -> int:
+def padded_vocab(model: ResolvedModel, tp: int) -> int:
     """The vocabulary after padding to a multiple of vocab_multiple_of x tp (no padding if unset)."""
     if not model.vocab_multiple_of:
         return model.vocab
@@ -41,7 +41,7 @@ class LayerParams:
         return self.attention + self.mlp + self.norms + self.router
 
 
-def mlp_params(model: ModelSpec, ffn: int) -> int:
+def mlp_params(model: ResolvedModel, ffn: int) -> int:
     """One MLP (or one expert): 2 matrices for GELU, 3 for SwiGLU, plus biases where the arch has them."""
     h = model.hidden
     mats = 3 if model.activation == "swiglu" else 2
@@ -49,38 +49,38 @@ def mlp_params(model: ModelSpec, ffn: int) -> int:
     return mats * h * ffn + bias
 
 
-def is_moe_layer(model: ModelSpec, index: int) -> bool:
+def is_moe_layer(model: ResolvedModel, index: int) -> bool:
     """True if layer ``index`` (0-based) is a mixture-of-experts layer."""
     return model.moe is not None and (index + 1) % model.moe.every == 0
 
 
-def layer_params(model: ModelSpec, moe: bool = False) -> LayerParams:
+def layer_params(model: ResolvedModel, moe: bool = False) -> LayerParams:
     """Parameters of one layer (dense, or MoE with all of its experts)."""
-    h, kv = model.hidden, model.kv_heads or model.heads
+    h, kv = model.hidden, model.kv_heads
     head_dim = h // model.heads
     kv_dim = kv * head_dim
     bias = has_bias(model)
     attention = 2 * h * h + 2 * h * kv_dim + ((h + 2 * kv_dim + h) if bias else 0)
     norms = 2 * (2 * h if bias else h)
     if moe and model.moe is not None:
-        ffn = model.moe.ffn_hidden or model.ffn_hidden or 4 * h
-        return LayerParams(attention, model.moe.experts * mlp_params(model, ffn), norms, h * model.moe.experts)
-    return LayerParams(attention, mlp_params(model, model.ffn_hidden or 4 * h), norms)
+        return LayerParams(attention, model.moe.experts * mlp_params(model, model.moe.ffn_hidden), norms,
+                           h * model.moe.experts)
+    return LayerParams(attention, mlp_params(model, model.ffn_hidden), norms)
 
 
-def embedding_params(model: ModelSpec, tp: int = 1) -> int:
+def embedding_params(model: ResolvedModel, tp: int = 1) -> int:
     """Input embedding (padded vocabulary) plus a learned position table where the arch has one."""
     pos = model.seq_len * model.hidden if model.position == "learned" else 0
     return padded_vocab(model, tp) * model.hidden + pos
 
 
-def head_params(model: ModelSpec, tp: int = 1) -> int:
+def head_params(model: ResolvedModel, tp: int = 1) -> int:
     """Final norm plus the LM head (zero extra weights when tied to the embedding)."""
     norm = 2 * model.hidden if has_bias(model) else model.hidden
     return norm + (0 if model.tied_embeddings else padded_vocab(model, tp) * model.hidden)
 
 
-def total_params(model: ModelSpec, tp: int = 1) -> int:
+def total_params(model: ResolvedModel, tp: int = 1) -> int:
     """All parameters of the model (every expert counted)."""
     layers = sum(layer_params(model, is_moe_layer(model, i)).total for i in range(model.layers))
     return embedding_params(model, tp) + layers + head_params(model, tp)

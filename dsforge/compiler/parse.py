@@ -9,6 +9,7 @@ from typing import Any
 from dsforge.compiler.extends import deep_merge, load_document
 from dsforge.compiler.job_paths import resolve_job_paths
 from dsforge.compiler.presets import presets
+from dsforge.compiler.resolved import resolve_model
 from dsforge.compiler.schema import JobSpec, ModelSpec
 from dsforge.compiler.schema_errors import schema_diagnostics, suggest
 from dsforge.compiler.source import SourceMap
@@ -48,18 +49,15 @@ def _expand_presets(raw: dict[str, Any], smap: SourceMap) -> tuple[dict[str, Any
 
 
 def _fill_defaults(spec: JobSpec) -> JobSpec:
-    """Fill model values that follow from others (kv_heads = heads, ffn = 4h, MLP type by arch)."""
+    """Write the model values that follow from others (``resolve_model``) into the spec, so plan.json states them."""
     m: ModelSpec = spec.model
-    gated = m.arch in {"llama", "mixtral"}
-    update: dict[str, Any] = {
-        "kv_heads": m.kv_heads or m.heads,
-        "ffn_hidden": m.ffn_hidden or 4 * m.hidden,
-        "activation": m.activation or ("swiglu" if gated else "gelu"),
-        "position": m.position or ("rope" if gated else "learned"),
-    }
-    if m.moe is not None and m.moe.ffn_hidden is None:
-        update["moe"] = m.moe.model_copy(update={"ffn_hidden": update["ffn_hidden"]})
-    return spec.model_copy(update={"model": m.model_copy(update=update)})
+    r = resolve_model(m)
+    update: dict[str, Any] = {"kv_heads": r.kv_heads, "ffn_hidden": r.ffn_hidden, "activation": r.activation,
+                              "position": r.position}
+    if m.moe is not None and r.moe is not None and m.moe.ffn_hidden is None:
+        update["moe"] = m.moe.model_copy(update={"ffn_hidden": r.moe.ffn_hidden})
+    filled: JobSpec = spec.model_copy(update={"model": m.model_copy(update=update)})
+    return filled
 
 
 def parse_job(raw: dict[str, Any], smap: SourceMap) -> tuple[JobSpec | None, list[Diagnostic]]:

@@ -7,12 +7,14 @@ the rules explain why, so one run reports every problem at once.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from itertools import accumulate
 
 from dsforge.compiler.params import embedding_params, head_params, is_moe_layer, layer_params
 from dsforge.compiler.placement import OrderError, Placement, place
+from dsforge.compiler.resolved import ResolvedModel, resolve_model
 from dsforge.compiler.schema import JobSpec
 
 
@@ -41,7 +43,7 @@ def _int_or_none(value: int | str) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def balanced_partition(weights: list[int], parts: int) -> list[int]:
+def balanced_partition(weights: Sequence[int], parts: int) -> list[int]:
     """Split a sequence of item weights into ``parts`` contiguous runs minimising the heaviest run.
 
     Same goal as DeepSpeed's ``partition_balanced`` (deepspeed/runtime/utils.py) used by
@@ -77,6 +79,20 @@ def balanced_partition(weights: list[int], parts: int) -> list[int]:
     return best if best is not None else []
 
 
+@lru_cache(maxsize=256)
+def layer_weights(model: ResolvedModel, tp: int) -> tuple[int, ...]:
+    """Parameters of every layer as DeepSpeed's ``partition_method="parameters"`` weighs them: the embedding
+    counted with the first layer and the head with the last.
+
+    Cached per (model, tp): DSF301's fix search and `dsforge init` build many plans of one model, and
+    re-counting every layer for each took ~40 % of the fix search.
+    """
+    weights = [layer_params(model, is_moe_layer(model, i)).total for i in range(model.layers)]
+    weights[0] += embedding_params(model, tp)
+    weights[-1] += head_params(model, tp)
+    return tuple(weights)
+
+
 def uniform_partition(items: int, parts: int) -> list[int]:
     """Split ``items`` into ``parts`` runs whose sizes differ by at most one (later runs larger)."""
     base, extra = divmod(items, parts)
@@ -88,6 +104,11 @@ class Plan:
     """A job with everything derived: degrees, world size, batch split, stage partition, placement."""
 
     spec: JobSpec
+
+    @cached_property
+    def model(self) -> ResolvedModel:
+        """The job's model with every default filled (kv_heads, ffn_hidden, activation, position, moe.ffn_hidden)."""
+        return resolve_model(self.spec.model)
 
     @property
     def nodes(self) -> int:
@@ -147,7 +168,7 @@ class Plan:
         """Transformer layers per model chunk, in pipeline order (pp x virtual_stages chunks); [] if unsplittable."""
         if self.degrees is None:
             return []
-        m, part = self.spec.model, self.spec.parallel.pipeline.partition
+        m, part = self.model, self.spec.parallel.pipeline.partition
         chunks = self.degrees.pp * self.virtual_stages
         if isinstance(part, list):
             return list(part) if len(part) == chunks and sum(part) == m.layers else []
@@ -156,10 +177,7 @@ class Plan:
         if part == "uniform" or chunks == 1:
             return uniform_partition(m.layers, chunks)
         # "parameters": DeepSpeed weighs every layer spec, embeddings and head included.
-        weights = [layer_params(m, is_moe_layer(m, i)).total for i in range(m.layers)]
-        weights[0] += embedding_params(m, self.degrees.tp)
-        weights[-1] += head_params(m, self.degrees.tp)
-        return balanced_partition(weights, chunks)
+        return balanced_partition(layer_weights(m, self.degrees.tp), chunks)
 
     @cached_property
     def _placed(self) -> tuple[Placement | None, str | None]:

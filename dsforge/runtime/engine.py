@@ -112,7 +112,7 @@ def build_parallel_model(plan: Plan, groups: ParallelGroups, seed: int | None = 
     """The job's dense model built from the seed on the CPU, rewritten for this rank."""
     d = plan.degrees
     seed = plan.spec.training.seed if seed is None else seed
-    dense = build_model(plan.spec.model, "cpu", d.tp if d else 1, seed=seed)
+    dense = build_model(plan.model, "cpu", d.tp if d else 1, seed=seed)
     return parallelize(dense, plan, groups)
 
 
@@ -137,7 +137,7 @@ def build_pipeline_module(plan: Plan, groups: ParallelGroups, ds_config: dict[st
         raise EngineError("context parallelism inside a pipeline (cp > 1 with pp > 1) is not supported yet: the "
                           "pipeline stages number positions from 0; use pp 1 with cp, or cp 1 with pp")
     seed = plan.spec.training.seed if seed is None else seed
-    dense = build_model(plan.spec.model, "cpu", d.tp, seed=seed)
+    dense = build_model(plan.model, "cpu", d.tp, seed=seed)
     rp = plan_rewrite(dense, plan)
     interval = ds_config.get("pipeline", {}).get("activation_checkpoint_interval", 0)
     module = build_pipeline(dense, rp, plan, groups, loss_fn=pipeline_loss, activation_checkpoint_interval=interval)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from dsforge.compiler.params import padded_vocab
+from dsforge.compiler.resolved import ResolvedModel, resolve_model
 from dsforge.compiler.schema import ModelSpec
 
 
@@ -24,7 +25,7 @@ class ModelBuildError(ValueError):
     """The model spec cannot be turned into a module (unsupported combination, or a failing factory)."""
 
 
-def family(model: ModelSpec) -> str:
+def family(model: ResolvedModel) -> str:
     """The HF family that builds this spec: its arch, or for `auto` the one its fields describe."""
     if model.arch in ("gpt2", "llama", "mixtral"):
         return model.arch
@@ -32,7 +33,7 @@ def family(model: ModelSpec) -> str:
         raise ModelBuildError("arch: custom needs model.factory (\"package.module:callable\") to build the model")
     if model.moe is not None:
         return "mixtral"
-    return "gpt2" if (model.activation or "gelu") == "gelu" and model.position != "rope" else "llama"
+    return "gpt2" if model.activation == "gelu" and model.position == "learned" else "llama"
 
 
 def _require(ok: bool, arch: str, what: str) -> None:
@@ -40,27 +41,28 @@ def _require(ok: bool, arch: str, what: str) -> None:
         raise ModelBuildError(f"the HF {arch} model cannot express this spec: {what}")
 
 
-def _common(model: ModelSpec, tp: int) -> dict[str, Any]:
+def _common(model: ResolvedModel, tp: int) -> dict[str, Any]:
     return {"vocab_size": padded_vocab(model, tp), "tie_word_embeddings": model.tied_embeddings,
             "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "use_cache": False}
 
 
-def hf_config(model: ModelSpec, tp: int = 1) -> Any:
+def hf_config(model: ModelSpec | ResolvedModel, tp: int = 1) -> Any:
     """The transformers config of the spec (vocabulary padded for ``tp`` as the compiler counts it)."""
+    model = resolve_model(model)
     arch = family(model)
-    kv, ffn = model.kv_heads or model.heads, model.ffn_hidden or 4 * model.hidden
+    kv, ffn = model.kv_heads, model.ffn_hidden
     cfg: Any
     if arch == "gpt2":
         from transformers import GPT2Config
         _require(kv == model.heads, arch, f"GPT-2 has no grouped-query attention (kv_heads={kv}, heads={model.heads})")
-        _require(model.activation in (None, "gelu") and model.position in (None, "learned"), arch,
+        _require(model.activation == "gelu" and model.position == "learned", arch,
                  "GPT-2 uses a GELU MLP and learned positions")
         _require(model.moe is None, arch, "GPT-2 has no MoE layers (use a factory)")
         cfg = GPT2Config(n_positions=model.seq_len, n_embd=model.hidden, n_layer=model.layers, n_head=model.heads,
                          n_inner=ffn, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
                          attn_pdrop=0.0, **_common(model, tp))
     else:
-        _require(model.activation in (None, "swiglu") and model.position in (None, "rope"), arch,
+        _require(model.activation == "swiglu" and model.position == "rope", arch,
                  "Llama-style models use a SwiGLU MLP and RoPE")
         common = dict(hidden_size=model.hidden, num_hidden_layers=model.layers, num_attention_heads=model.heads,
                       num_key_value_heads=kv, max_position_embeddings=model.seq_len, attention_dropout=0.0,
@@ -75,13 +77,14 @@ def hf_config(model: ModelSpec, tp: int = 1) -> Any:
             if moe is None or moe.every != 1:
                 raise ModelBuildError("the HF mixtral model cannot express this spec: it needs `moe:` with "
                                       "every: 1 (every layer is a sparse MoE block)")
-            cfg = MixtralConfig(intermediate_size=moe.ffn_hidden or ffn, num_local_experts=moe.experts,
+            cfg = MixtralConfig(intermediate_size=moe.ffn_hidden, num_local_experts=moe.experts,
                                 num_experts_per_tok=moe.top_k, output_router_logits=False, **common)
     cfg._attn_implementation = "sdpa"
     return cfg
 
 
-def build_hf(model: ModelSpec, device: str = "meta", tp: int = 1, seed: int | None = None) -> nn.Module:
+def build_hf(model: ModelSpec | ResolvedModel, device: str = "meta", tp: int = 1,
+             seed: int | None = None) -> nn.Module:
     """The HF causal-LM of the spec on ``device`` with random weights (seeded when ``seed`` is given)."""
     from transformers import AutoModelForCausalLM
 
@@ -110,8 +113,9 @@ def load_factory(path: str) -> Callable[..., Any]:
     return fn
 
 
-def call_factory(path: str, model: ModelSpec, device: str = "meta", seed: int | None = None) -> nn.Module:
-    """Build the module with the factory (given the ModelSpec when it takes an argument) on ``device``."""
+def call_factory(path: str, model: ResolvedModel, device: str = "meta", seed: int | None = None) -> nn.Module:
+    """Build the module with the factory on ``device``; a factory that takes an argument is given the model
+    (a ResolvedModel: the job's model keys with every default filled)."""
     fn = load_factory(path)
     try:
         takes_spec = bool(inspect.signature(fn).parameters)
@@ -129,8 +133,10 @@ def call_factory(path: str, model: ModelSpec, device: str = "meta", seed: int | 
     return module
 
 
-def build_model(model: ModelSpec, device: str = "meta", tp: int = 1, seed: int | None = None) -> nn.Module:
+def build_model(model: ModelSpec | ResolvedModel, device: str = "meta", tp: int = 1,
+                seed: int | None = None) -> nn.Module:
     """The job's model: the factory's module when `model.factory` is set, else the HF model of the spec."""
+    model = resolve_model(model)
     if model.factory:
         return call_factory(model.factory, model, device, seed)
     return build_hf(model, device, tp, seed)

@@ -89,7 +89,7 @@ def test_pipeline_stages_follow_the_plan_partition(job):
     assert {m.layer: m.stage for m in rp.modules if m.layer is not None} == {0: 0, 1: 1, 2: 1, 3: 1}
     assert rp.module("model.embed_tokens").stage == 0
     assert rp.module("model.norm").stage == rp.module("lm_head").stage == 1
-    m = spec.model
+    m = plan.model
     assert rp.stage_params() == [embedding_params(m) + layer_params(m).total,
                                  3 * layer_params(m).total + head_params(m)]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dsforge.compiler.schema import ModelSpec
+from dsforge.compiler.resolved import ResolvedModel
 
 
 class Expert(nn.Module):
@@ -35,18 +35,18 @@ class Block(nn.Module):
 class Toy(nn.Module):
     """Embedding, a list of blocks, a final norm and an untied head."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ResolvedModel) -> None:
         super().__init__()
         experts = spec.moe.experts if spec.moe else 0
         self.tok = nn.Embedding(spec.vocab, spec.hidden)
-        self.blocks = nn.ModuleList(Block(spec.hidden, spec.ffn_hidden or 4 * spec.hidden, experts)
+        self.blocks = nn.ModuleList(Block(spec.hidden, spec.ffn_hidden, experts)
                                     for _ in range(spec.layers))
         self.final = nn.LayerNorm(spec.hidden)
         self.head = nn.Linear(spec.hidden, spec.vocab, bias=False)
 
 
-def build(spec: ModelSpec) -> nn.Module:
-    """Factory taking the job's model spec."""
+def build(spec: ResolvedModel) -> nn.Module:
+    """Factory taking the job's model (defaults filled)."""
     return Toy(spec)
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from dsforge.compiler.estimate.shares import kv_heads_per_rank
 from dsforge.compiler.params import has_bias
-from dsforge.compiler.schema import ModelSpec
+from dsforge.compiler.resolved import ResolvedModel
 
 FP32 = 4
 MASK = 1  # a fused dropout kernel keeps one byte per element
@@ -89,7 +89,7 @@ class ActivationShape:
         return self.tp if self.sequence_parallel else 1
 
 
-def norm_bytes(model: ModelSpec, a: ActivationShape) -> float:
+def norm_bytes(model: ResolvedModel, a: ActivationShape) -> float:
     """Bytes per token one norm saves: LayerNorm its input and fp32 mean/rstd; RMSNorm its input and an
     fp32 rstd, or with HF's implementation an fp32 copy of the input, the rstd and the normalised output."""
     e, h = a.element_bytes, model.hidden
@@ -100,7 +100,7 @@ def norm_bytes(model: ModelSpec, a: ActivationShape) -> float:
     return h * e + FP32
 
 
-def attention_terms(model: ModelSpec, a: ActivationShape) -> dict[str, float]:
+def attention_terms(model: ResolvedModel, a: ActivationShape) -> dict[str, float]:
     """Bytes one layer's attention block saves for backward (one micro-batch), by tensor group."""
     h, t, e, n, k = model.hidden, a.tp, a.element_bytes, a.tokens, a.kernels
     kv_dim = kv_heads_per_rank(model, t) * (h // model.heads)
@@ -125,38 +125,37 @@ def attention_terms(model: ModelSpec, a: ActivationShape) -> dict[str, float]:
     return terms
 
 
-def _mlp_inner(model: ModelSpec, a: ActivationShape, ffn: int, tp: int | None = None) -> float:
+def _mlp_inner(model: ResolvedModel, a: ActivationShape, ffn: int, tp: int | None = None) -> float:
     """Bytes per token an MLP saves inside its tp-split region (the f-wide tensors)."""
     per = a.kernels.swiglu_tensors if model.activation == "swiglu" else a.kernels.gelu_tensors
     return per * ffn / (a.tp if tp is None else tp) * a.element_bytes
 
 
-def mlp_terms(model: ModelSpec, a: ActivationShape, moe: bool) -> dict[str, float]:
+def mlp_terms(model: ResolvedModel, a: ActivationShape, moe: bool) -> dict[str, float]:
     """Bytes one layer's MLP block (dense or MoE) saves for backward (one micro-batch)."""
     h, e, n = model.hidden, a.element_bytes, a.tokens
     terms = {"norm": n * norm_bytes(model, a) / a.sp_div, "mlp_input": n * h * e / a.sp_div}
     if moe and model.moe is not None:
         m = model.moe
         routed = n * m.top_k * m.capacity_factor  # token copies processed by the experts on this rank
-        ffn = m.ffn_hidden or model.ffn_hidden or 4 * h
         terms["router"] = n * m.experts * e + n * m.top_k * (e + 8)  # probabilities, top-k weights, indices
         # Experts run whole on every TP rank, on all the micro-batch's tokens (the runtime gathers the
         # sequence into the MoE block under SP): neither the ffn width nor the tokens split by tp.
-        terms["experts"] = routed * (2 * h * e + _mlp_inner(model, a, ffn, tp=1))  # input, inner, output
+        terms["experts"] = routed * (2 * h * e + _mlp_inner(model, a, m.ffn_hidden, tp=1))  # input, inner, output
     else:
-        terms["mlp_inner"] = n * _mlp_inner(model, a, model.ffn_hidden or 4 * h)
+        terms["mlp_inner"] = n * _mlp_inner(model, a, model.ffn_hidden)
     if a.kernels.dropout:
         terms["dropout_masks"] = n * h * a.mask_bytes / a.sp_div
     return terms
 
 
-def layer_terms(model: ModelSpec, a: ActivationShape, moe: bool) -> dict[str, float]:
+def layer_terms(model: ResolvedModel, a: ActivationShape, moe: bool) -> dict[str, float]:
     """All bytes one layer saves for backward with no recomputation, by tensor group."""
     attn = {"attn." + k: v for k, v in attention_terms(model, a).items()}
     return {**attn, **{"mlp." + k: v for k, v in mlp_terms(model, a, moe).items()}}
 
 
-def layer_bytes(model: ModelSpec, a: ActivationShape, moe: bool, recompute: str) -> float:
+def layer_bytes(model: ResolvedModel, a: ActivationShape, moe: bool, recompute: str) -> float:
     """Bytes one layer keeps for backward under a recompute policy (Korthikanti et al. 2022, sec. 4-5).
 
     none: every saved tensor; selective: all but the attention scores (eq. 4); full: only the layer
@@ -173,7 +172,7 @@ def layer_bytes(model: ModelSpec, a: ActivationShape, moe: bool, recompute: str)
     return sum(terms.values())
 
 
-def recompute_working_set(model: ModelSpec, a: ActivationShape, moe: bool, recompute: str) -> float:
+def recompute_working_set(model: ResolvedModel, a: ActivationShape, moe: bool, recompute: str) -> float:
     """Bytes rematerialised for one layer during backward: the dropped tensors of one layer."""
     if recompute == "none":
         return 0.0
@@ -181,7 +180,7 @@ def recompute_working_set(model: ModelSpec, a: ActivationShape, moe: bool, recom
     return full - layer_bytes(model, a, moe, recompute)
 
 
-def embedding_bytes(model: ModelSpec, a: ActivationShape) -> float:
+def embedding_bytes(model: ResolvedModel, a: ActivationShape) -> float:
     """Bytes the input embedding saves: int64 token (and position) ids, and a dropout mask if any."""
     saved = a.tokens * 8
     if model.position == "learned":
@@ -191,12 +190,12 @@ def embedding_bytes(model: ModelSpec, a: ActivationShape) -> float:
     return saved
 
 
-def head_bytes(model: ModelSpec, a: ActivationShape) -> float:
+def head_bytes(model: ResolvedModel, a: ActivationShape) -> float:
     """Bytes the final norm and LM head save: the norm's tensors and the head's input."""
     return a.tokens * norm_bytes(model, a) / a.sp_div + a.tokens * model.hidden * a.element_bytes
 
 
-def logits_bytes(model: ModelSpec, a: ActivationShape, vocab: int) -> tuple[float, float]:
+def logits_bytes(model: ResolvedModel, a: ActivationShape, vocab: int) -> tuple[float, float]:
     """(saved, transient) bytes of the loss: fp32 log-probabilities and int64 targets kept for
     backward; the logits in the compute dtype (and their fp32 copy when the loss upcasts 16-bit
     logits) alive while the loss is formed. The vocabulary is split over tp (vocabulary-parallel

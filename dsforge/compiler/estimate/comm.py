@@ -99,7 +99,7 @@ class Collective:
 def _activation_bytes(plan: Plan) -> float:
     """One layer-boundary activation of a micro-batch on one cp rank: b·(s/cp)·h elements."""
     assert plan.degrees is not None
-    m, t = plan.spec.model, plan.spec.training
+    m, t = plan.model, plan.spec.training
     return t.micro_batch * m.seq_len / plan.degrees.cp * m.hidden * DTYPE_BYTES[t.precision]
 
 
@@ -145,12 +145,12 @@ def context_parallel(plan: Plan) -> list[Collective]:
     of the output after it, the same four again backward, on the critical path.
     """
     assert plan.degrees is not None
-    d, m = plan.degrees, plan.spec.model
+    d, m = plan.degrees, plan.model
     if d.cp <= 1:
         return []
     link = link_of(plan, "cp")
     act = _activation_bytes(plan) / d.tp  # the heads this tp rank owns
-    kv = act * (m.kv_heads or m.heads) / m.heads
+    kv = act * m.kv_heads / m.heads
     if plan.spec.parallel.context_parallel.kind == "ring":
         return [Collective("cp", "p2p", "K/V chunk around the ring", "forward", "layer", 2 * kv, d.cp, link,
                            "attention", d.cp - 1),
@@ -171,7 +171,7 @@ def expert_parallel(plan: Plan) -> list[Collective]:
     token's top_k copies, padded to capacity_factor, to the ranks owning their experts and back.
     """
     assert plan.degrees is not None
-    d, m = plan.degrees, plan.spec.model
+    d, m = plan.degrees, plan.model
     if d.ep <= 1 or m.moe is None:
         return []
     tokens = _activation_bytes(plan) / (d.tp if plan.spec.parallel.sequence_parallel else 1)
@@ -191,7 +191,7 @@ def pipeline_parallel(plan: Plan) -> list[Collective]:
     tied embedding's gradient is all-reduced between the first and last stage once per step.
     """
     assert plan.degrees is not None
-    d, m = plan.degrees, plan.spec.model
+    d, m = plan.degrees, plan.model
     if d.pp <= 1:
         return []
     link = link_of(plan, "pp")

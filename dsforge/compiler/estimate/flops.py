@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from dsforge.compiler.params import is_moe_layer, padded_vocab
 from dsforge.compiler.plan import Plan
-from dsforge.compiler.schema import AcceleratorSpec, ModelSpec
+from dsforge.compiler.resolved import ResolvedModel
+from dsforge.compiler.schema import AcceleratorSpec
 
 
 @dataclass(frozen=True)
@@ -38,34 +39,34 @@ class LayerFlops:
         return self.attention_proj + self.attention_core + self.mlp + self.router
 
 
-def _mlp_flops(model: ModelSpec, ffn: int) -> float:
+def _mlp_flops(model: ResolvedModel, ffn: int) -> float:
     """One MLP per token: 2 FLOPs per weight, with 2 (GELU) or 3 (SwiGLU gate, up, down) h x ffn matrices."""
     mats = 3 if model.activation == "swiglu" else 2
     return 2.0 * mats * model.hidden * ffn
 
 
-def layer_forward_flops(model: ModelSpec, moe: bool = False) -> LayerFlops:
+def layer_forward_flops(model: ResolvedModel, moe: bool = False) -> LayerFlops:
     """Forward FLOPs per token of one layer (Narayanan et al. 2021 eq. 3 terms, extended to GQA and MoE).
 
     Attention: Q and O are h x h, K and V are h x (kv_heads·head_dim); scores and the weighted sum
     each cost 2·s·h per token. MoE: top_k experts per token and an h x experts router.
     """
     h, s = model.hidden, model.seq_len
-    kv_dim = (model.kv_heads or model.heads) * (h // model.heads)
+    kv_dim = model.kv_heads * (h // model.heads)
     proj = 2.0 * (2 * h * h + 2 * h * kv_dim)
     core = 4.0 * s * h
     if moe and model.moe is not None:
-        ffn = model.moe.ffn_hidden or model.ffn_hidden or 4 * h
-        return LayerFlops(proj, core, model.moe.top_k * _mlp_flops(model, ffn), 2.0 * h * model.moe.experts)
-    return LayerFlops(proj, core, _mlp_flops(model, model.ffn_hidden or 4 * h))
+        return LayerFlops(proj, core, model.moe.top_k * _mlp_flops(model, model.moe.ffn_hidden),
+                          2.0 * h * model.moe.experts)
+    return LayerFlops(proj, core, _mlp_flops(model, model.ffn_hidden))
 
 
-def logits_forward_flops(model: ModelSpec, tp: int = 1) -> float:
+def logits_forward_flops(model: ResolvedModel, tp: int = 1) -> float:
     """Forward FLOPs per token of the LM head: an h x V matmul over the (padded) vocabulary."""
     return 2.0 * model.hidden * padded_vocab(model, tp)
 
 
-def model_flops_per_token(model: ModelSpec, tp: int = 1) -> float:
+def model_flops_per_token(model: ResolvedModel, tp: int = 1) -> float:
     """Model FLOPs per trained token, forward plus backward (3x forward; Narayanan et al. 2021 eq. 3)."""
     layers = sum(layer_forward_flops(model, is_moe_layer(model, i)).total for i in range(model.layers))
     return 3.0 * (layers + logits_forward_flops(model, tp))
@@ -73,7 +74,7 @@ def model_flops_per_token(model: ModelSpec, tp: int = 1) -> float:
 
 def model_flops_per_step(plan: Plan) -> float:
     """Model FLOPs of one optimizer step: per-token FLOPs x global_batch x seq_len."""
-    t, m = plan.spec.training, plan.spec.model
+    t, m = plan.spec.training, plan.model
     tp = plan.degrees.tp if plan.degrees else 1
     return model_flops_per_token(m, tp) * t.global_batch * m.seq_len
 
@@ -87,7 +88,7 @@ def _recompute_flops(f: LayerFlops, recompute: str) -> float:
     return 0.0
 
 
-def _hardware_layer(model: ModelSpec, moe: bool) -> LayerFlops:
+def _hardware_layer(model: ResolvedModel, moe: bool) -> LayerFlops:
     """Forward FLOPs per token the GPU executes: expert work padded to capacity (DeepSpeed top-k gating)."""
     f = layer_forward_flops(model, moe)
     if moe and model.moe is not None:
@@ -122,7 +123,7 @@ def chunk_flops(plan: Plan, first_layer: int, layers: int, first: bool, last: bo
     rank runs whole (``_unsplit_by_tp``); the last chunk adds the logits.
     """
     assert plan.degrees is not None
-    model, t = plan.spec.model, plan.spec.training
+    model, t = plan.model, plan.spec.training
     tokens = t.micro_batch * model.seq_len / plan.degrees.cp
     split = tokens / plan.degrees.tp
     fwd = core = extra = 0.0
@@ -142,7 +143,7 @@ def chunk_flops(plan: Plan, first_layer: int, layers: int, first: bool, last: bo
 
 def hardware_flops_per_step(plan: Plan) -> float:
     """All FLOPs the GPUs execute in one step: model FLOPs plus recomputation and MoE capacity padding."""
-    model, t = plan.spec.model, plan.spec.training
+    model, t = plan.model, plan.spec.training
     tp = plan.degrees.tp if plan.degrees else 1
     per_token = 3.0 * logits_forward_flops(model, tp)
     for i in range(model.layers):

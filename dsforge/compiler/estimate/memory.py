@@ -90,7 +90,7 @@ def activation_shape(plan: Plan) -> act.ActivationShape:
     assert plan.degrees is not None
     t, p = plan.spec.training, plan.spec.parallel
     return act.ActivationShape(
-        micro_batch=t.micro_batch, seq_len=plan.spec.model.seq_len, tp=plan.degrees.tp, cp=plan.degrees.cp,
+        micro_batch=t.micro_batch, seq_len=plan.model.seq_len, tp=plan.degrees.tp, cp=plan.degrees.cp,
         sequence_parallel=p.sequence_parallel and plan.degrees.tp > 1,
         element_bytes=4 if t.precision == "fp32" else 2, kernels=act.HF_SDPA,
         partition_checkpoints=partitions_checkpoints(plan))
@@ -120,7 +120,7 @@ class _PerLayer:
 
     @classmethod
     def of(cls, plan: Plan, shape: act.ActivationShape) -> _PerLayer:
-        model, recompute = plan.spec.model, plan.spec.training.recompute
+        model, recompute = plan.model, plan.spec.training.recompute
         return cls({moe: act.layer_bytes(model, shape, moe, recompute) for moe in (False, True)},
                    {moe: act.recompute_working_set(model, shape, moe, recompute) for moe in (False, True)})
 
@@ -129,7 +129,7 @@ def _activations(plan: Plan, stage: int, shape: act.ActivationShape, m: int, per
                  layers: dict[bool, int]) -> tuple[float, float]:
     """(activations, logits) bytes one rank of ``stage`` holds at its peak under the schedule."""
     assert plan.degrees is not None
-    model, d = plan.spec.model, plan.degrees
+    model, d = plan.model, plan.degrees
     chunks = len(stage_chunks(plan, stage))
     kinds = {moe: count for moe, count in layers.items() if count}
     per_mb = sum(count * per.kept[moe] for moe, count in kinds.items())

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from dsforge.compiler.params import has_bias, is_moe_layer, padded_vocab
 from dsforge.compiler.plan import Plan
-from dsforge.compiler.schema import ModelSpec
+from dsforge.compiler.resolved import ResolvedModel
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,13 @@ class RankParams:
         return self.dense + self.expert
 
 
-def kv_heads_per_rank(model: ModelSpec, tp: int) -> float:
+def kv_heads_per_rank(model: ResolvedModel, tp: int) -> float:
     """KV heads a tp rank holds: kv_heads / tp, or one replicated head when tp exceeds kv_heads."""
-    kv = model.kv_heads or model.heads
+    kv = model.kv_heads
     return kv / tp if kv >= tp else 1.0
 
 
-def _tensor_sizes(model: ModelSpec, moe: bool, tp: int, ep: int) -> tuple[list[float], list[float]]:
+def _tensor_sizes(model: ResolvedModel, moe: bool, tp: int, ep: int) -> tuple[list[float], list[float]]:
     """Rank-local element counts of every parameter tensor of one layer: (dense tensors, expert tensors).
 
     GPT-2-style layers (biases) fuse Q, K and V into one matrix, as HF GPT-2 and Megatron do;
@@ -55,15 +55,14 @@ def _tensor_sizes(model: ModelSpec, moe: bool, tp: int, ep: int) -> tuple[list[f
         dense = [h * h / tp, h * kv_dim, h * kv_dim, h * h / tp, h, h]  # q, k, v, o, two RMSNorms
     expert: list[float] = []
     if moe and model.moe is not None:
-        ffn = model.moe.ffn_hidden or model.ffn_hidden or 4 * h
         dense.append(h * model.moe.experts)  # router, replicated
-        expert = _mlp_sizes(model, ffn, 1) * (model.moe.experts // max(ep, 1))  # whole experts on every TP rank
+        expert = _mlp_sizes(model, model.moe.ffn_hidden, 1) * (model.moe.experts // max(ep, 1))  # whole experts on every TP rank
     else:
-        dense += _mlp_sizes(model, model.ffn_hidden or 4 * h, tp)
+        dense += _mlp_sizes(model, model.ffn_hidden, tp)
     return dense, expert
 
 
-def _mlp_sizes(model: ModelSpec, ffn: int, tp: int) -> list[float]:
+def _mlp_sizes(model: ResolvedModel, ffn: int, tp: int) -> list[float]:
     """Rank-local tensors of one MLP: each weight matrix split by tp, plus biases where present."""
     h = model.hidden
     mats = 3 if model.activation == "swiglu" else 2
@@ -73,12 +72,7 @@ def _mlp_sizes(model: ModelSpec, ffn: int, tp: int) -> list[float]:
     return sizes
 
 
-def layer_share(model: ModelSpec, index: int, tp: int, ep: int, threshold: float) -> RankParams:
-    """Rank-local parameters of layer ``index`` (0-based), and how many sit in small (persistent) tensors."""
-    return kind_share(model, is_moe_layer(model, index), tp, ep, threshold)
-
-
-def kind_share(model: ModelSpec, moe: bool, tp: int, ep: int, threshold: float) -> RankParams:
+def kind_share(model: ResolvedModel, moe: bool, tp: int, ep: int, threshold: float) -> RankParams:
     """Rank-local parameters of a dense or an MoE layer (every layer of one kind is the same)."""
     dense, expert = _tensor_sizes(model, moe, tp, ep)
     small = sum(n for n in dense + expert if n <= threshold)
@@ -87,7 +81,7 @@ def kind_share(model: ModelSpec, moe: bool, tp: int, ep: int, threshold: float) 
 
 def layer_kinds(plan: Plan, stage: int) -> dict[bool, int]:
     """How many dense (False) and MoE (True) layers one rank of ``stage`` holds."""
-    model = plan.spec.model
+    model = plan.model
     counts = {False: 0, True: 0}
     for first, count in stage_chunks(plan, stage):
         for i in range(first, first + count):
@@ -95,13 +89,13 @@ def layer_kinds(plan: Plan, stage: int) -> dict[bool, int]:
     return counts
 
 
-def embedding_share(model: ModelSpec, tp: int) -> float:
+def embedding_share(model: ResolvedModel, tp: int) -> float:
     """Rank-local input embedding: the vocabulary-parallel table plus a replicated position table."""
     pos = model.seq_len * model.hidden if model.position == "learned" else 0
     return padded_vocab(model, tp) * model.hidden / tp + pos
 
 
-def head_share(model: ModelSpec, tp: int, pp: int) -> float:
+def head_share(model: ResolvedModel, tp: int, pp: int) -> float:
     """Rank-local final norm and LM head; a tied head on a pipeline's last stage keeps its own copy.
 
     With pp > 1 the tied embedding lives on both the first and the last stage (DeepSpeed
@@ -134,7 +128,7 @@ def stage_share(plan: Plan, stage: int, threshold: float, kinds: dict[bool, int]
     ``kinds`` may pass `layer_kinds(plan, stage)` when the caller already has it.
     """
     assert plan.degrees is not None
-    d, model = plan.degrees, plan.spec.model
+    d, model = plan.degrees, plan.model
     dense = expert = small = largest = 0.0
     for moe, count in (kinds or layer_kinds(plan, stage)).items():
         if count:

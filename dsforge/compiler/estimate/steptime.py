@@ -89,7 +89,7 @@ def _pass(ops: list[Collective], phase: str, compute_s: float, attention_s: floa
 def stage_passes(plan: Plan, stage: int, speed: float) -> tuple[list[Pass], list[Pass]]:
     """Forward and backward passes of each chunk rank ``stage`` holds; ``speed`` is achieved FLOP/s."""
     assert plan.degrees is not None
-    d, model = plan.degrees, plan.spec.model
+    d, model = plan.degrees, plan.model
     ops = comm.model_parallel(plan) + [o for o in comm.data_parallel(plan, stage) if o.scope == "micro-batch"]
     recompute_ops = [o for o in ops if o.phase == "forward" and o.scope != "micro-batch"]
     if plan.spec.training.recompute == "full":  # the recomputed forward repeats its collectives
@@ -227,4 +227,4 @@ def estimate_step(plan: Plan) -> StepTime:
     compute = m * sum(x.compute_s for x in fwd[r] + bwd[r])
     return StepTime(timeline, fwd, bwd, r, ends[r], compute, idle - pp_wait, comm_s, tails[r]["optimizer"],
                     flops.model_flops_per_step(plan), flops.hardware_flops_per_step(plan),
-                    spec.training.global_batch * spec.model.seq_len, plan.world_size, peak, frac, source)
+                    spec.training.global_batch * plan.model.seq_len, plan.world_size, peak, frac, source)

@@ -23,20 +23,19 @@ _REPEATED_BY_RECOMPUTE = ("layer", "moe-layer")
 
 def active_params(plan: Plan) -> int:
     """Parameters one token passes through: every dense weight plus top_k of each MoE layer's experts."""
-    model = plan.spec.model
+    model = plan.model
     tp = plan.degrees.tp if plan.degrees else 1
     total = total_params(model, tp)
     if model.moe is None:
         return total
-    ffn = model.moe.ffn_hidden or model.ffn_hidden or 4 * model.hidden
-    idle = (model.moe.experts - model.moe.top_k) * mlp_params(model, ffn)
+    idle = (model.moe.experts - model.moe.top_k) * mlp_params(model, model.moe.ffn_hidden)
     return total - idle * sum(is_moe_layer(model, i) for i in range(model.layers))
 
 
 def _units(plan: Plan, stage: int, op: Collective, m: int) -> float:
     """Scope units of ``op`` per step on one rank of ``stage`` (layers x micro-batches and so on)."""
     assert plan.degrees is not None
-    model, last = plan.spec.model, len(plan.stage_layers) - 1
+    model, last = plan.model, len(plan.stage_layers) - 1
     chunks = [(j * plan.degrees.pp + stage, first, n) for j, (first, n) in enumerate(stage_chunks(plan, stage))]
     full = plan.spec.training.recompute == "full" and op.phase == "forward" and op.scope in _REPEATED_BY_RECOMPUTE
     if op.scope == "layer":
@@ -103,7 +102,7 @@ def _pipeline(plan: Plan, step: StepTime) -> dict[str, Any]:
 
 def _params(plan: Plan) -> dict[str, Any]:
     assert plan.degrees is not None
-    model, d = plan.spec.model, plan.degrees
+    model, d = plan.model, plan.degrees
     shares = [stage_share(plan, s, 0.0) for s in range(d.pp)]
     return {"total": total_params(model, d.tp), "active_per_token": active_params(plan),
             "per_layer": layer_params(model, is_moe_layer(model, 0)).total,
@@ -124,11 +123,11 @@ def summarize(plan: Plan, tokens: float | None = None, step: StepTime | None = N
                    "tp": d.tp, "pp": d.pp, "dp": d.dp, "cp": d.cp, "ep": d.ep, "expert_dp": d.expert_dp,
                    "zero": plan.zero, "sequence_parallel": spec.parallel.sequence_parallel,
                    "global_batch": spec.training.global_batch, "micro_batch": spec.training.micro_batch,
-                   "micro_batches": m, "seq_len": spec.model.seq_len, "precision": spec.training.precision,
+                   "micro_batches": m, "seq_len": plan.model.seq_len, "precision": spec.training.precision,
                    "recompute": spec.training.recompute, "accelerator": spec.hardware.accelerator.name},
         "params": _params(plan),
         "flops": {"model_per_step": step.model_flops, "hardware_per_step": step.hardware_flops,
-                  "model_per_token": flops.model_flops_per_token(spec.model, d.tp)},
+                  "model_per_token": flops.model_flops_per_token(plan.model, d.tp)},
         "memory": _memory(memory),
         "communication": {"stage": step.critical_stage, "collectives": rows, "exposed_s": dict(step.comm_s)},
         "pipeline": _pipeline(plan, step),

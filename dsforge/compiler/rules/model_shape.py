@@ -15,7 +15,7 @@ SHOEYBI = "Shoeybi et al. 2019 (Megatron-LM) sec. 3"
 @rule("DSF121", "hidden is a multiple of heads", source="Vaswani et al. 2017 (head_dim = hidden / heads)")
 def hidden_by_heads(ctx: Context) -> Iterator[Finding]:
     """Each attention head has hidden/heads channels; a remainder leaves channels no head owns."""
-    m = ctx.spec.model
+    m = ctx.plan.model
     if m.hidden % m.heads:
         yield Finding(f"hidden={m.hidden} is not a multiple of heads={m.heads}",
                       f"use heads in {choices(divisors(m.hidden, 256))}", ("model", "heads"))
@@ -24,8 +24,8 @@ def hidden_by_heads(ctx: Context) -> Iterator[Finding]:
 @rule("DSF122", "heads is a multiple of kv_heads", source="Ainslie et al. 2023 (GQA)")
 def heads_by_kv(ctx: Context) -> Iterator[Finding]:
     """Grouped-query attention shares each KV head among heads/kv_heads query heads."""
-    m = ctx.spec.model
-    kv = m.kv_heads or m.heads
+    m = ctx.plan.model
+    kv = m.kv_heads
     if m.heads % kv:
         yield Finding(f"heads={m.heads} is not a multiple of kv_heads={kv}",
                       f"use kv_heads in {choices(divisors(m.heads))}", ("model", "kv_heads"))
@@ -34,7 +34,7 @@ def heads_by_kv(ctx: Context) -> Iterator[Finding]:
 @rule("DSF103", "tp divides heads", source=SHOEYBI)
 def tp_divides_heads(ctx: Context) -> Iterator[Finding]:
     """Tensor parallelism splits attention by heads; each rank must own whole query heads."""
-    d, m = ctx.plan.degrees, ctx.spec.model
+    d, m = ctx.plan.degrees, ctx.plan.model
     if d is not None and m.heads % d.tp:
         yield Finding(f"tp={d.tp} does not divide heads={m.heads}: each tensor-parallel rank must own whole heads",
                       f"use tp in {choices(divisors(m.heads, 64))}", ("parallel", "tp"))
@@ -45,8 +45,8 @@ def tp_divides_kv_heads(ctx: Context) -> Iterator[Finding]:
     """Each tensor-parallel rank must own whole KV heads. With tp > kv_heads the KV heads can instead be
     replicated (tp a multiple of kv_heads), which `parallel.replicate_kv_heads: true` states explicitly;
     DeepSpeed's AutoTP would otherwise split them unevenly with only a log warning."""
-    d, m, par = ctx.plan.degrees, ctx.spec.model, ctx.spec.parallel
-    kv = m.kv_heads or m.heads
+    d, m, par = ctx.plan.degrees, ctx.plan.model, ctx.spec.parallel
+    kv = m.kv_heads
     if d is None or kv % d.tp == 0:
         return
     if par.replicate_kv_heads and d.tp % kv == 0:
@@ -61,12 +61,11 @@ def tp_divides_kv_heads(ctx: Context) -> Iterator[Finding]:
 @rule("DSF105", "tp divides ffn_hidden (and the expert FFN)", source=SHOEYBI)
 def tp_divides_ffn(ctx: Context) -> Iterator[Finding]:
     """The MLP's first matrix is split by columns and the second by rows over tp ranks."""
-    d, m = ctx.plan.degrees, ctx.spec.model
+    d, m = ctx.plan.degrees, ctx.plan.model
     if d is None:
         return
-    sizes: list[tuple[str, int, tuple[str, ...]]] = [("ffn_hidden", m.ffn_hidden or 4 * m.hidden,
-                                                       ("model", "ffn_hidden"))]
-    if m.moe is not None and m.moe.ffn_hidden:
+    sizes: list[tuple[str, int, tuple[str, ...]]] = [("ffn_hidden", m.ffn_hidden, ("model", "ffn_hidden"))]
+    if m.moe is not None:
         sizes.append(("moe.ffn_hidden", m.moe.ffn_hidden, ("model", "moe", "ffn_hidden")))
     for name, size, path in sizes:
         if size % d.tp:
@@ -79,7 +78,7 @@ def tp_divides_ffn(ctx: Context) -> Iterator[Finding]:
 def tp_divides_vocab(ctx: Context) -> Iterator[Finding]:
     """The embedding and LM head are split by vocabulary rows over tp ranks; with a vocabulary that tp
     does not divide, pad it (`model.vocab_multiple_of`) as Megatron does."""
-    d, m = ctx.plan.degrees, ctx.spec.model
+    d, m = ctx.plan.degrees, ctx.plan.model
     if d is None or padded_vocab(m, d.tp) % d.tp == 0:
         return
     yield Finding(f"tp={d.tp} does not divide vocab={m.vocab}: the vocabulary-parallel embedding needs equal shards",
@@ -92,7 +91,7 @@ def tp_divides_vocab(ctx: Context) -> Iterator[Finding]:
 def vocab_multiple_of_8(ctx: Context) -> Iterator[Finding]:
     """Tensor cores run the embedding and LM-head matmuls fastest with dimensions in multiples of 8;
     DeepSpeed logs the same warning."""
-    d, m = ctx.plan.degrees, ctx.spec.model
+    d, m = ctx.plan.degrees, ctx.plan.model
     if d is not None and padded_vocab(m, d.tp) % 8:
         yield Finding(f"vocab={padded_vocab(m, d.tp)} is not a multiple of 8: LM-head matmuls run slower",
                       "set model.vocab_multiple_of: 8 (or 128)", ("model", "vocab"))
@@ -104,7 +103,7 @@ def cp_divides_sequence(ctx: Context) -> Iterator[Finding]:
     """Ring context parallelism under a causal mask cuts the sequence into 2 x cp chunks and gives rank i
     chunks i and 2cp-1-i so every rank does equal work; seq_len must divide into those chunks (and by tp
     again when sequence parallelism splits each chunk)."""
-    d, m, par = ctx.plan.degrees, ctx.spec.model, ctx.spec.parallel
+    d, m, par = ctx.plan.degrees, ctx.plan.model, ctx.spec.parallel
     if d is None or d.cp == 1 or par.context_parallel.kind != "ring":
         return
     step = 2 * d.cp * (d.tp if par.sequence_parallel else 1)
@@ -124,14 +123,14 @@ def ulysses_heads(ctx: Context) -> Iterator[Finding]:
     instead be replicated when cp is a multiple of the local KV-head count, as DeepSpeed's HF adapter
     allows; and the sequence must split evenly over cp (DeepSpeed does not assert this in
     DistributedAttention and silently computes wrong attention otherwise, issue #7384)."""
-    d, m, par = ctx.plan.degrees, ctx.spec.model, ctx.spec.parallel
+    d, m, par = ctx.plan.degrees, ctx.plan.model, ctx.spec.parallel
     if d is None or d.cp == 1 or par.context_parallel.kind != "ulysses":
         return
     if m.heads % (d.tp * d.cp):
         local = m.heads // d.tp if m.heads % d.tp == 0 else 1
         yield Finding(f"Ulysses needs heads={m.heads} divisible by tp*cp = {d.tp}*{d.cp} = {d.tp * d.cp}",
                       f"use cp in {choices(divisors(local))}, or context_parallel.kind: ring", ("parallel", "cp"))
-    kv = m.kv_heads or m.heads
+    kv = m.kv_heads
     if kv % d.tp == 0:
         local_kv = kv // d.tp
         if local_kv % d.cp and d.cp % local_kv:
@@ -147,7 +146,7 @@ def ulysses_heads(ctx: Context) -> Iterator[Finding]:
 @rule("DSF123", "sequence parallelism needs seq_len divisible by tp", source="Korthikanti et al. 2022 sec. 4.2.2")
 def sp_divides_sequence(ctx: Context) -> Iterator[Finding]:
     """Sequence parallelism scatters each sequence over the tensor-parallel ranks in the norm regions."""
-    d, m, par = ctx.plan.degrees, ctx.spec.model, ctx.spec.parallel
+    d, m, par = ctx.plan.degrees, ctx.plan.model, ctx.spec.parallel
     if d is None or not par.sequence_parallel or d.tp == 1:
         return
     local = m.seq_len // d.cp if d.cp > 0 else m.seq_len

@@ -13,6 +13,7 @@ from torch import nn
 
 from dsforge.compiler.params import total_params
 from dsforge.compiler.plan import Plan
+from dsforge.compiler.resolved import ResolvedModel
 from dsforge.compiler.schema import JobSpec, ModelSpec
 from dsforge.runtime.models import ModelBuildError, build_model
 from dsforge.runtime.rewrite.detect import detect_arch
@@ -37,7 +38,7 @@ def resolve_arch(model: nn.Module, spec: JobSpec) -> str:
     return found
 
 
-def plan_rewrite(source: ModelSpec | nn.Module, plan: Plan) -> RewritePlan:
+def plan_rewrite(source: ModelSpec | ResolvedModel | nn.Module, plan: Plan) -> RewritePlan:
     """The rewrite plan of a module (or of the spec's model, built on the meta device) under ``plan``."""
     d = plan.degrees
     model = source if isinstance(source, nn.Module) else build_model(source, "meta", d.tp if d else 1)
@@ -51,7 +52,7 @@ def describe(spec: JobSpec, plan: Plan) -> dict[str, Any]:
     ``leftover`` names the modules no rule placed. ``plan`` must be ``build_plan(spec)``.
     """
     try:
-        rp = plan_rewrite(spec.model, plan)
+        rp = plan_rewrite(plan.model, plan)
     except RewriteError as exc:
         return {"ok": False, "arch": exc.arch, "errors": exc.problems, "leftover": exc.leftover}
     except ModelBuildError as exc:
@@ -59,7 +60,7 @@ def describe(spec: JobSpec, plan: Plan) -> dict[str, Any]:
     out: dict[str, Any] = {"ok": True, **rp.to_dict()}
     if not spec.model.factory:
         tp = plan.degrees.tp if plan.degrees else 1
-        out["params"]["formula_total"] = total_params(spec.model, tp)
+        out["params"]["formula_total"] = total_params(plan.model, tp)
     return out
 
 

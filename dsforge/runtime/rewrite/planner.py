@@ -16,7 +16,6 @@ from torch import nn
 
 from dsforge.compiler.plan import Plan
 from dsforge.compiler.rewrite_policies import POLICIES, rows_for
-from dsforge.compiler.schema import JobSpec
 from dsforge.runtime.rewrite.shard import (
     Heads,
     ParamShard,
@@ -145,27 +144,28 @@ class RewritePlan:
                 "warnings": self.warnings}
 
 
-def _heads(spec: JobSpec) -> Heads:
-    m = spec.model
-    return Heads(m.heads, m.kv_heads or m.heads, m.hidden // m.heads, spec.parallel.replicate_kv_heads)
+def _heads(plan: Plan) -> Heads:
+    m = plan.model
+    return Heads(m.heads, m.kv_heads, m.hidden // m.heads, plan.spec.parallel.replicate_kv_heads)
 
 
-def _shard(claim: Claim, tp: int, ep: int, spec: JobSpec) -> ShardResult:
+def _shard(claim: Claim, tp: int, ep: int, plan: Plan) -> ShardResult:
     """Shards of one claimed module under its row's variant."""
     variant, module = claim.row.variant, claim.module
     if variant in ("column", "row", "vocab"):
         return shard_tensor_parallel(variant, module_kind(module), direct_shapes(module), tp,
-                                     claim.row.fused, claim.row.heads, _heads(spec), type(module).__name__)
+                                     claim.row.fused, claim.row.heads, _heads(plan), type(module).__name__)
     if variant == "expert":
         shapes, problem = expert_shapes(module)
         if problem:
             return ShardResult(problems=[problem])
-        result = shard_experts(shapes, ep, spec.model.moe.experts if spec.model.moe else None)
+        moe = plan.model.moe
+        result = shard_experts(shapes, ep, moe.experts if moe else None)
         if tp > 1:
             result.notes.append(f"experts kept whole on each of the tp={tp} ranks")
         return result
     result = replicated(subtree_shapes(module))
-    if variant == "norm" and spec.parallel.sequence_parallel and tp > 1:
+    if variant == "norm" and plan.spec.parallel.sequence_parallel and tp > 1:
         result.notes.append("sequence-parallel: gradients summed over the tensor-parallel group")
     return result
 
@@ -202,7 +202,7 @@ def _stage_of_layers(plan: Plan, layers: int) -> list[int]:
 
 def _assign_stages(entries: list[ModulePlan], model: nn.Module, plan: Plan, problems: list[str]) -> None:
     """Set each module's pipeline stage: its layer's, else first (before the layers) or last."""
-    layers = plan.spec.model.layers
+    layers = plan.model.layers
     stages = _stage_of_layers(plan, layers)
     pp = plan.degrees.pp if plan.degrees else 1
     if len(stages) != layers:
@@ -227,19 +227,19 @@ def plan_module(model: nn.Module, plan: Plan, arch: str) -> RewritePlan:
     if walk.leftover:
         problems.append("no rule places these modules with parameters: " + ", ".join(group_names(walk.leftover))
                         + " (add `rewrite:` rules for them, e.g. {match: '<regex>', as: replicate})")
-    layer_rx, layer_list = _layer_regex(arch, model, spec.model.layers)
+    layer_rx, layer_list = _layer_regex(arch, model, plan.model.layers)
     seen: dict[int, str] = {}
     entries: list[ModulePlan] = []
     for claim in walk.claims:
-        result = _shard(claim, d.tp, d.ep, spec)
+        result = _shard(claim, d.tp, d.ep, plan)
         problems += [f"{claim.name} ({claim.source}, {claim.row.variant}): {p}" for p in result.problems]
         hit = layer_rx.match(claim.name) if layer_rx else None
         entries.append(ModulePlan(claim.name, type(claim.module).__name__, claim.row.variant, claim.source,
                                   module_kind(claim.module), int(hit.group(1)) if hit else None, result.params,
                                   _owners(claim, seen), result.notes, claim.row.fused, claim.row.heads))
     found = {m.layer for m in entries if m.layer is not None}
-    if found and len(found) != spec.model.layers:
-        problems.append(f"the model has {len(found)} decoder layers but the job says layers={spec.model.layers}")
+    if found and len(found) != plan.model.layers:
+        problems.append(f"the model has {len(found)} decoder layers but the job says layers={plan.model.layers}")
     if not problems:
         _assign_stages(entries, model, plan, problems)
     if problems:
@@ -249,4 +249,4 @@ def plan_module(model: nn.Module, plan: Plan, arch: str) -> RewritePlan:
               if re.fullmatch(a.match, n)] if d.tp > 1 else []
     warnings = [f"{s} matched no module" for s in walk.unused if s.startswith("rewrite[")]
     return RewritePlan(arch, d.tp, d.ep, d.pp, spec.parallel.sequence_parallel and d.tp > 1, entries,
-                       layer_list, _heads(spec).head_dim, scales, warnings)
+                       layer_list, _heads(plan).head_dim, scales, warnings)
