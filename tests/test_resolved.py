@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsforge.compiler.parse import parse_job
-from dsforge.compiler.plan import build_plan, layer_weights
 from dsforge.compiler.params import embedding_params, head_params, is_moe_layer, layer_params
+from dsforge.compiler.parse import parse_job
+from dsforge.compiler.plan import balanced_partition, build_plan, layer_weights, parameter_partition
 from dsforge.compiler.resolved import ResolvedModel, resolve_model
 from dsforge.compiler.schema import ModelSpec
 from dsforge.compiler.source import SourceMap
@@ -87,6 +87,8 @@ def test_cached_layer_weights_are_the_layer_counts(model: dict[str, Any], tp: in
     expected[-1] += head_params(m, tp)
     assert layer_weights(m, tp) == tuple(expected)
     assert layer_weights(m, tp) is layer_weights(resolve_model(ModelSpec.model_validate(model)), tp)
+    for chunks in (1, 2, 3):
+        assert list(parameter_partition(m, tp, chunks)) == balanced_partition(expected, chunks)
 
 
 def test_plan_model_is_resolved_from_an_unfilled_spec() -> None:

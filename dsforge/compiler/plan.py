@@ -85,12 +85,19 @@ def layer_weights(model: ResolvedModel, tp: int) -> tuple[int, ...]:
     counted with the first layer and the head with the last.
 
     Cached per (model, tp): DSF301's fix search and `dsforge init` build many plans of one model, and
-    re-counting every layer for each took ~40 % of the fix search.
+    re-counting every layer (and re-balancing them) for each took ~30 % of a validate that prices fixes.
     """
     weights = [layer_params(model, is_moe_layer(model, i)).total for i in range(model.layers)]
     weights[0] += embedding_params(model, tp)
     weights[-1] += head_params(model, tp)
     return tuple(weights)
+
+
+@lru_cache(maxsize=1024)
+def parameter_partition(model: ResolvedModel, tp: int, chunks: int) -> tuple[int, ...]:
+    """Layers per chunk of DeepSpeed's ``partition_method="parameters"`` split (``balanced_partition`` of
+    ``layer_weights``), cached per (model, tp, chunks) for the same reason; () if it cannot split."""
+    return tuple(balanced_partition(layer_weights(model, tp), chunks))
 
 
 def uniform_partition(items: int, parts: int) -> list[int]:
@@ -177,7 +184,7 @@ class Plan:
         if part == "uniform" or chunks == 1:
             return uniform_partition(m.layers, chunks)
         # "parameters": DeepSpeed weighs every layer spec, embeddings and head included.
-        return balanced_partition(layer_weights(m, self.degrees.tp), chunks)
+        return list(parameter_partition(m, self.degrees.tp, chunks))
 
     @cached_property
     def _placed(self) -> tuple[Placement | None, str | None]:
