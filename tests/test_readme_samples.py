@@ -11,6 +11,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,20 @@ from hypothesis import strategies as st
 
 from tests.conftest import ROOT
 
+
+def _load(name: str, path: Path) -> types.ModuleType:
+    """A script of scripts/ as a module (they are run as files, not imported as a package)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
 SCRIPT = ROOT / "scripts" / "readme_samples.py"
-_spec = importlib.util.spec_from_file_location("readme_samples", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-samples = importlib.util.module_from_spec(_spec)
-sys.modules["readme_samples"] = samples  # dataclasses look their module up by name
-_spec.loader.exec_module(samples)
+samples = _load("readme_samples", SCRIPT)
+checker = _load("check_readme_commands", ROOT / "scripts" / "check_readme_commands.py")
 
 README = ROOT / "README.md"
 DSF104 = "tests/fixtures/bad/dsf104-tp-kv-heads.yaml"
@@ -165,3 +174,31 @@ def test_links_between_the_pages_resolve() -> None:
             if not dest.exists() or (anchor and dest in anchors and anchor not in anchors[dest]):
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, broken
+
+
+def test_the_command_checker_reads_the_readme_as_a_newcomer_would() -> None:
+    steps = checker.readme_steps(README.read_text(encoding="utf-8"))
+    assert steps[0].command.endswith("dsforge run examples/tiny-3d.yaml") and not steps[0].skip
+    assert [s.skip for s in steps if s.command.endswith("python -m pytest -q")] == [
+        "the test command (.ci/run runs it)"]
+    assert all(s.skip == "needs gpu" for s in steps if "lightning" in s.command)
+    ran = [s for s in steps if not s.skip]
+    assert not any(s.command.startswith("echo ") for s in steps)
+    assert {s.rc for s in ran if "dsf104" in s.command} == {1}
+    assert all(s.rc == 0 for s in ran if s.command.startswith(("python3 ", ".venv/bin/")))
+    with_tests = checker.readme_steps(README.read_text(encoding="utf-8"), with_tests=True)
+    assert len([s for s in with_tests if not s.skip]) == len(ran) + 1
+
+
+def test_the_checker_parses_bash_and_console_blocks() -> None:
+    rows = [
+        "<!-- main-command -->", "```bash", "make all", "```", "",
+        "```bash", "# a comment", "first --flag \\", "  continued", "", "second", "```",
+        "<!-- needs: cluster -->", "```bash", "sbatch job.sbatch", "```",
+        "<!-- sample[rc=2]: dsforge validate missing.yaml -->", "```console", "$ dsforge validate missing.yaml",
+        "error", "$ echo $?", "2", "```", "````markdown", "```bash", "quoted", "```", "````"]
+    steps = checker.readme_steps("\n".join(rows))
+    assert [(s.command, s.rc, s.skip) for s in steps] == [
+        ("make all", 0, ""), ("first --flag    continued", 0, ""), ("second", 0, ""),
+        ("sbatch job.sbatch", 0, "needs cluster"), ("dsforge validate missing.yaml", 2, "")]
+    assert [s.block for s in steps] == [0, 2, 2, 3, 4]
