@@ -333,14 +333,15 @@ def _validated(text: str) -> list[Diagnostic]:
 
 def _finish(choices: Choices, nodes: int, layout: Layout, hardware: dict[str, Any]) -> Starter:
     data = job_data(choices, nodes, layout, hardware)
-    notes = {"hardware_note": presets("hardware")[choices.hardware].description,
-             "model_note": presets("models")[choices.model].description}
-    text = render(data, **notes)
+    hardware_note = presets("hardware")[choices.hardware].description
+    model_note = presets("models")[choices.model].description
+    text = render(data, hardware_note, model_note)
     diags = _validated(text)
     # What only the site knows comes back from the rules themselves, so init never restates their conditions.
     site = [d for d in diags if d.rule in SITE_KEYS]
     if site:
-        text = render(data, todo={SITE_KEYS[d.rule]: f"{d.fix} ({d.rule})" for d in site}, **notes)
+        todo = {SITE_KEYS[d.rule]: f"{d.fix} ({d.rule})" for d in site}
+        text = render(data, hardware_note, model_note, todo)
     return Starter(text, data, layout, nodes, diags, [f"{d.rule}: {d.message}; {d.fix}" for d in site])
 
 

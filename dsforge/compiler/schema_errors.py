@@ -57,10 +57,10 @@ def _one(issue: Issue, smap: SourceMap) -> Diagnostic:
         return Diagnostic("DSF020", Severity.ERROR, f"unknown key `{key}` in {section}{suggest(key, options)}",
                           smap.locate(path), f"remove it, or use one of: {', '.join(options)}", path)
     if issue.kind == "choice":
-        options = ", ".join(issue.options)
-        return Diagnostic("DSF023", Severity.ERROR, f"`{where}` is {shown}: must be one of {options}{issue.expected}"
+        listed = ", ".join(issue.options)
+        return Diagnostic("DSF023", Severity.ERROR, f"`{where}` is {shown}: must be one of {listed}{issue.expected}"
                           f"{suggest(str(issue.value), issue.options)}", loc,
-                          f"use one of: {options}{issue.expected}", path)
+                          f"use one of: {listed}{issue.expected}", path)
     if issue.kind == "too_few":
         return Diagnostic("DSF022", Severity.ERROR,
                           f"`{where}` has too few items: item {len(issue.value)} is missing", loc,

@@ -15,11 +15,14 @@ from __future__ import annotations
 import gc
 import resource
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from dsforge.compiler.plan import Plan
 
 MiB = 1024 * 1024
 
@@ -153,9 +156,15 @@ class StateProbe:
         self._handle = None
 
 
+def _on_gpu() -> bool:
+    """True when this process has started CUDA (so its allocator's peaks mean something)."""
+    # torch leaves torch.cuda.is_initialized unannotated (torch 2.13).
+    return torch.cuda.is_available() and bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+
+
 def peak_bytes() -> int:
     """Peak device memory of this process: max allocated on a GPU, peak resident set size on the CPU."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _on_gpu():
         return int(torch.cuda.max_memory_allocated())
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
@@ -191,7 +200,7 @@ def render_table(rows: Iterable[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def predicted(plan: Any, stage: int) -> dict[str, float]:
+def predicted(plan: Plan, stage: int) -> dict[str, Any]:
     """The cost model's bytes for one rank of ``stage`` (dsforge.compiler.estimate.memory), in the table's terms.
 
     Model states are the model's "step" moment, the one the probe measures (inside the optimizer step,
@@ -204,6 +213,7 @@ def predicted(plan: Any, stage: int) -> dict[str, float]:
     from dsforge.compiler.estimate.memory import estimate_memory
     from dsforge.compiler.estimate.shares import stage_chunks
 
+    assert plan.degrees is not None  # a plan the runtime trains has resolved degrees
     est = estimate_memory(plan)
     row = est.stages[stage]
     c = row.components
@@ -217,13 +227,14 @@ def predicted(plan: Any, stage: int) -> dict[str, float]:
             "peak": row.device_bytes}
 
 
-def rank_row(plan: Any, rank: int, states: dict[str, int] | None, activations: int | None) -> dict[str, Any]:
+def rank_row(plan: Plan, rank: int, states: dict[str, int] | None, activations: int | None) -> dict[str, Any]:
     """This rank's report row: coordinates, prediction and measurement."""
+    assert plan.placement is not None  # a plan the runtime trains is placed
     coords = plan.placement.coordinates(rank)
     measured: dict[str, Any] = dict(states or {})
     measured["activations_per_micro_batch"] = activations
     measured["peak"] = peak_bytes()
-    on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+    on_gpu = _on_gpu()
     measured["peak_kind"] = "max_allocated" if on_gpu else "peak_rss"
     if on_gpu:  # what the caching allocator held: closer to what nvidia-smi shows, context excluded
         measured["max_reserved"] = int(torch.cuda.max_memory_reserved())

@@ -37,7 +37,8 @@ class MemoryFix:
 
 def _with(spec: JobSpec, section: str, **values: Any) -> JobSpec:
     """A copy of the spec with some keys of one section replaced."""
-    return spec.model_copy(update={section: getattr(spec, section).model_copy(update=values)})
+    changed: JobSpec = spec.model_copy(update={section: getattr(spec, section).model_copy(update=values)})
+    return changed
 
 
 def _relayout(spec: JobSpec, plan: Plan, **degrees: int) -> tuple[str, JobSpec] | None:

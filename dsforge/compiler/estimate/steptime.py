@@ -72,7 +72,11 @@ def _units(op: Collective, layers: int, moe_layers: int, first: bool, last: bool
             "last": 1.0 if last else 0.0, "micro-batch": share}.get(op.scope, 0.0)
 
 
-def _pass(ops: list[Collective], phase: str, compute_s: float, attention_s: float, counts: tuple) -> Pass:
+#: What `_units` needs of a chunk: layers, MoE layers, first chunk, last chunk, its share of the rank's chunks.
+_ChunkCounts = tuple[int, int, bool, bool, float]
+
+
+def _pass(ops: list[Collective], phase: str, compute_s: float, attention_s: float, counts: _ChunkCounts) -> Pass:
     """Build one pass: its compute plus the exposed time of the ops of this phase."""
     exposed: dict[str, float] = {}
     for op in ops:
@@ -102,7 +106,7 @@ def stage_passes(plan: Plan, stage: int, speed: float) -> tuple[list[Pass], list
         k = j * d.pp + stage
         f = flops.chunk_flops(plan, first_layer, count, k == 0, k == last_chunk)
         moe = sum(is_moe_layer(model, i) for i in range(first_layer, first_layer + count))
-        counts = (count, moe, k == 0, k == last_chunk, 1.0 / len(chunks))
+        counts: _ChunkCounts = (count, moe, k == 0, k == last_chunk, 1.0 / len(chunks))
         attn = f.attention_forward / speed
         fwd.append(_pass(ops, "forward", f.forward / speed, attn, counts))
         bwd.append(_pass(ops, "backward", f.backward / speed, 2 * attn, counts))
