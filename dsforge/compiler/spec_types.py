@@ -612,7 +612,7 @@ class Section:
         return {**body, "definitions": dict(sorted(defs.items()))}
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self._field_values() == other._field_values()  # type: ignore[attr-defined]
+        return type(other) is type(self) and self._field_values() == other._field_values()
 
     def __hash__(self) -> int:
         return hash((type(self), _hashable(self._field_values())))

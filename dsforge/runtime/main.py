@@ -18,7 +18,11 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dsforge.compiler.placement import Placement
+    from dsforge.compiler.plan import Degrees, Plan
 
 EXIT_OK, EXIT_FAILED = 0, 1
 DEFAULT_TIMEOUT_S = 600
@@ -33,7 +37,7 @@ class JobDir:
     """A compiled job directory: the plan rebuilt from plan.json, the DeepSpeed config, and the raw plan document."""
 
     path: Path
-    plan: Any
+    plan: Plan
     ds_config: dict[str, Any]
     doc: dict[str, Any]
 
@@ -65,6 +69,18 @@ class JobDir:
             raise JobDirError(f"{path / 'plan.json'} was written by another dsforge version (its degrees "
                               f"{doc.get('degrees')} differ from {asdict(plan.degrees)} now); recompile the job")
         return cls(path, plan, docs["ds_config.json"], doc)
+
+    @property
+    def degrees(self) -> Degrees:
+        """The plan's parallel degrees (``load`` refuses a plan without them)."""
+        assert self.plan.degrees is not None
+        return self.plan.degrees
+
+    @property
+    def placement(self) -> Placement:
+        """The plan's rank placement (``load`` refuses a plan without one)."""
+        assert self.plan.placement is not None
+        return self.plan.placement
 
 
 def launched_world_size() -> int:
@@ -122,7 +138,7 @@ def run_job(job_dir: str | os.PathLike[str]) -> int:
         job = JobDir.load(job_dir)
         from dsforge.runtime.groups import check_world_size
 
-        check_world_size(job.plan.placement, launched_world_size())
+        check_world_size(job.placement, launched_world_size())
         prepare_environment(job)
         init_distributed(job)
         run_session(job)
@@ -172,7 +188,7 @@ def say(text: str) -> None:
 
 def describe_job(job: JobDir) -> str:
     """One header line: name, layout, batch split."""
-    d, b = job.plan.degrees, job.doc["batch"]
+    d, b = job.degrees, job.doc["batch"]
     layout = " x ".join(f"{k}={getattr(d, k)}" for k in ("tp", "pp", "dp", "cp", "ep") if getattr(d, k) > 1) or "1 rank"
     return (f"dsforge: {job.plan.spec.name}: {layout}, ZeRO-{job.plan.zero}, {job.plan.world_size} ranks; "
             f"global batch {b['global_batch']} = micro {b['micro_batch']} x {b['grad_accum']} accumulation x dp "
@@ -242,7 +258,7 @@ def run_session(job: JobDir) -> None:
 
     progress = Progress(steps, start, job.ds_config.get("steps_per_print", 10), rank == 0)
     results = train(engine, batches_for(plan, groups, job.path), groups, steps=steps, start=start,
-                    pipeline=plan.degrees.pp > 1, progress=progress, before_step=before,
+                    pipeline=job.degrees.pp > 1, progress=progress, before_step=before,
                     on_step=save, after_step=lambda result: log_step(job, result))
     rows = gather_rows(rank_row(plan, rank, states.states, acts.bytes if acts.done else None))
     if rank == 0:
