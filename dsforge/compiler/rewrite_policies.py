@@ -19,15 +19,16 @@ Variants (Shoeybi et al. 2019, Megatron-LM sec. 3; Korthikanti et al. 2022 for s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from dsforge import extensions
 
+if TYPE_CHECKING:
+    from dsforge.compiler.schema import RewriteRule
+
 Variant = Literal["column", "row", "vocab", "norm", "replicate", "expert"]
-VARIANTS: tuple[str, ...] = ("column", "row", "vocab", "norm", "replicate", "expert")
-ARCHS: tuple[str, ...] = ("gpt2", "llama", "mixtral")
 
 # Optional prefix so a table fits both the causal-LM wrapper (`model.layers.0...`) and the bare
 # decoder a factory may return (`layers.0...`).
@@ -44,7 +45,7 @@ class PolicyRow:
     """
 
     match: str
-    variant: str
+    variant: Variant
     fused: int = 1
     heads: Literal["q", "kv"] | None = None
     why: str = ""
@@ -163,13 +164,12 @@ def _load_plugin_policies(entry: extensions.PluginEntry, load: Callable[[], Any]
 extensions.register_loader("policies", _load_plugin_policies)
 
 
-def user_rows(rules: list[object]) -> tuple[PolicyRow, ...]:
-    """The job file's `rewrite:` rules as policy rows (duck-typed on match / as_ / fused)."""
-    return tuple(PolicyRow(r.match, r.as_, fused=r.fused, why="job file `rewrite:`")  # type: ignore[attr-defined]
-                 for r in rules)
+def user_rows(rules: Sequence[RewriteRule]) -> tuple[PolicyRow, ...]:
+    """The job file's `rewrite:` rules as policy rows."""
+    return tuple(PolicyRow(r.match, r.as_, fused=r.fused, why="job file `rewrite:`") for r in rules)
 
 
-def rows_for(arch: str, rules: list[object]) -> list[tuple[str, PolicyRow]]:
+def rows_for(arch: str, rules: Sequence[RewriteRule]) -> list[tuple[str, PolicyRow]]:
     """The rows that apply to a job, each with its source label; user rules first, built-ins after."""
     load_plugins()
     out = [(f"rewrite[{i}]", row) for i, row in enumerate(user_rows(rules))]
@@ -177,15 +177,6 @@ def rows_for(arch: str, rules: list[object]) -> list[tuple[str, PolicyRow]]:
     if policy is not None:
         out += [(f"{arch}[{i}]", row) for i, row in enumerate(policy.rows)]
     return out
-
-
-def format_rows(arch: str, rules: list[object]) -> list[str]:
-    """Human-readable lines of the rows that apply to a job (for `dsforge explain`)."""
-    lines = []
-    for source, row in rows_for(arch, rules):
-        opts = "".join([f" fused={row.fused}" if row.fused > 1 else "", f" heads={row.heads}" if row.heads else ""])
-        lines.append(f"{source:<12} {row.variant:<9} {row.match}{opts}")
-    return lines
 
 
 def format_description(desc: dict[str, Any]) -> list[str]:

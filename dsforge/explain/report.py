@@ -89,8 +89,3 @@ def write_outputs(ex: Explanation, plot_dir: str | Path | None, html_path: str |
         Path(html_path).write_text(render_html(ex, svgs), encoding="utf-8")
         written.append(Path(html_path))
     return written
-
-
-def write_plots(ex: Explanation, directory: str | Path) -> list[Path]:
-    """Write timeline, memory and placement pictures as PNG and SVG into ``directory``."""
-    return write_outputs(ex, directory, None)

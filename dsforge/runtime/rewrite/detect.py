@@ -8,14 +8,19 @@ most specific first (Mixtral before Llama: a Mixtral also has Llama's attention)
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from dsforge.compiler.rewrite_policies import DETECT_ORDER, POLICIES, load_plugins, rows_for
 from dsforge.runtime.rewrite.walk import group_names, match_rows
 
+if TYPE_CHECKING:
+    from dsforge.compiler.schema import RewriteRule
 
-def why_not(model: nn.Module, arch: str, rules: list[object]) -> str | None:
+
+def why_not(model: nn.Module, arch: str, rules: Sequence[RewriteRule]) -> str | None:
     """Why ``arch``'s policy does not recognise the model, or None when it does."""
     policy = POLICIES[arch]
     names = [n for n, _ in model.named_modules()]
@@ -28,7 +33,7 @@ def why_not(model: nn.Module, arch: str, rules: list[object]) -> str | None:
     return None
 
 
-def detect_arch(model: nn.Module, rules: list[object] | None = None) -> tuple[str | None, dict[str, str]]:
+def detect_arch(model: nn.Module, rules: Sequence[RewriteRule] | None = None) -> tuple[str | None, dict[str, str]]:
     """The recognised family (or None) and, for every family tried and rejected, the reason."""
     reasons: dict[str, str] = {}
     load_plugins()  # plugin families join DETECT_ORDER when first needed
