@@ -343,7 +343,13 @@ def run_job(file: str, out: str | None, fresh: bool) -> None:
 
 
 def main() -> NoReturn:
-    """Console entry point: run the CLI; an unexpected exception is reported without a traceback."""
+    """Console entry point: run the CLI; an unexpected exception is reported without a traceback.
+
+    Ctrl-C exits 130 and SIGTERM 143 (dsforge.interrupts), after the command's own cleanup ran.
+    """
+    from dsforge.interrupts import Terminated, catch_sigterm, exit_code
+
+    restore = catch_sigterm()
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -351,17 +357,20 @@ def main() -> NoReturn:
     except click.ClickException as exc:
         exc.show()
         sys.exit(EXIT_UNUSABLE)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
+    except click.exceptions.Abort as exc:  # click's form of KeyboardInterrupt (and of EOF at a prompt)
+        terminated = isinstance(exc.__cause__, Terminated)
+        click.echo("dsforge: terminated" if terminated else "aborted", err=True)
+        sys.exit(143 if terminated else 130)
     except SystemExit:
         raise
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        sys.exit(exit_code(exc))
     except Exception as exc:  # the user gets a message, not a traceback
         click.echo(f"dsforge: internal error: {type(exc).__name__}: {exc} (set DSFORGE_DEBUG=1 for the traceback)",
                    err=True)
         if os.environ.get("DSFORGE_DEBUG"):
             raise
         sys.exit(EXIT_UNUSABLE)
+    finally:
+        restore()
     sys.exit(EXIT_CLEAN)

@@ -210,6 +210,13 @@ def _compile(file: str, scratch: Path) -> tuple[Path, str]:
 
 def prepare(file: str, out: str | None, fresh: bool) -> Prepared:
     """The job directory to launch: a new compile, or the earlier run of the same compile."""
+    if out:
+        from dsforge.compiler.emit.writer import TargetError, refuse_working_directory
+
+        try:
+            refuse_working_directory(Path(out))  # --fresh would delete it, a rewrite would mix a job into it
+        except TargetError as exc:
+            raise RunError(str(exc)) from None
     scratch = Path(out).resolve().parent if out else Path("runs").resolve()
     tmp, report = _compile(file, scratch)
     name = json.loads((tmp / "plan.json").read_text(encoding="utf-8"))["name"]

@@ -111,7 +111,7 @@ def test_pre_commit_hook_runs_dsforge_validate_on_job_files() -> None:
     (hook,) = [h for h in hooks if h["id"] == "dsforge-validate"]
     assert hook["language"] == "python" and hook["entry"].split() == ["dsforge", "validate"]
     scripts = re.search(r"\[project\.scripts\]\s*\n(.*?)\n", (ROOT / "pyproject.toml").read_text()).group(1)
-    assert scripts.replace(" ", "") == 'dsforge="dsforge.cli:main"'  # the entry point the hook calls exists
+    assert scripts.replace(" ", "") == 'dsforge="dsforge.__main__:main"'  # the entry point the hook calls exists
     files = re.compile(hook["files"])
     for name in ("train.dsforge.yaml", "a/b/llama.dsforge.yml", "jobs/llama.yaml", "infra/job/x.yml"):
         assert files.search(name), name

@@ -11,7 +11,7 @@ from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.emit.job_dir import render_job
 from dsforge.compiler.emit.plan_doc import summarize_safely
 from dsforge.compiler.emit.rewrite_doc import NO_REWRITE, rewrite_description, with_exact_params
-from dsforge.compiler.emit.writer import TargetError, check_target, write_job_dir
+from dsforge.compiler.emit.writer import TargetError, check_target, recover, write_job_dir
 from dsforge.compiler.parse import LoadedJob
 from dsforge.compiler.plan import Plan
 from dsforge.compiler.rules.registry import checks, run_rules
@@ -53,16 +53,25 @@ def compile_file(path: str | Path, out: str | Path, force: bool = False, rewrite
 
     ``rewrite``: compute the rewrite plan (imports torch and transformers, seconds) for plan.json and
     check that it places every module (DSF607); False records it as skipped. Raises TargetError when
-    ``out`` may not be written (checked before and again while writing).
+    ``out`` may not be written (checked before and again while writing): it is the working directory
+    or above it, its parent does not exist, or it holds what an earlier compile did not write. What a
+    compile of ``out`` that was killed left beside it is repaired first (a note says so).
     """
     target = Path(os.path.abspath(out))
-    check_target(target, force)
+    repairs = recover(target)  # what a compile killed while replacing this target left behind
+    try:
+        check_target(target, force)
+    except TargetError as exc:
+        if not repairs:
+            raise
+        raise TargetError(f"{exc} (first {'; '.join(repairs)})") from None
     result = validate_file(path, selection=selection)
     if result.unusable or result.job is None or result.plan is None:
-        return CompileResult(result.diagnostics, unusable=result.unusable)
+        return CompileResult(result.diagnostics, unusable=result.unusable, notes=repairs)
     job, plan = result.job, result.plan
     # A job with validation errors gets no rewrite plan: it would only restate them, and costs seconds.
     section, diags, notes = _rewrite_step(job, plan, rewrite and not has_errors(result.diagnostics))
+    notes = repairs + notes
     ctx = RewriteContext(job.spec, plan, job.source, job.raw, rewrite=section)
     # the same selection as validate's; its problems (unknown ids, ...) were reported there already
     compile_only = apply(run_rules(ctx, checks("compile")), result.selection, job.source.ignores, notes=False)
