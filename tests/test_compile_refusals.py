@@ -21,7 +21,7 @@ training: {global_batch: 4, micro_batch: 1, precision: fp32}
 def test_an_auto_degree_is_dsf600_at_its_key(write_job, tmp_path: Path) -> None:
     result = compile_file(write_job(JOB.replace("TP", "auto")), tmp_path / "out", rewrite=False)
     (dsf600,) = [d for d in result.diagnostics if d.rule == "DSF600"]
-    assert (dsf600.location.line, dsf600.path) == (5, ("parallel", "tp")) and "dsforge search" in dsf600.fix
+    assert (dsf600.location.line, dsf600.path) == (5, ("parallel", "tp")) and "set parallel.tp to a number" in dsf600.fix
     assert result.written is None and not (tmp_path / "out").exists()
 
 

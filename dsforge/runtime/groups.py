@@ -66,7 +66,7 @@ def _placement_of(plan: Plan | Placement) -> Placement:
         return plan.placement
     reason = plan.order_error() or (
         f"degrees {plan.degrees} do not fill the job's {plan.world_size} ranks" if plan.degrees
-        else "some degree is still `auto`; resolve it (dsforge search) before launching")
+        else "some degree is still `auto`; set it to a number before launching")
     raise LayoutError(f"the plan has no rank placement: {reason}")
 
 

@@ -10,12 +10,13 @@ from dsforge.diagnostics import Severity
 
 @rule("DSF600", "compile needs concrete degrees and ZeRO stage", source="dsforge emit", phase="compile")
 def _unresolved(ctx: Context) -> Iterator[Finding]:
-    """A job directory runs one concrete layout; `auto` degrees are chosen by `dsforge search`."""
+    """A job directory runs one concrete layout; only `parallel.dp: auto` is resolved today (from the world size
+    over tp x pp x cp), so every other degree and the ZeRO stage must be written as a number."""
     par = ctx.spec.parallel
     for key in ("tp", "pp", "cp", "ep", "zero"):
         if getattr(par, key) == "auto":
             yield Finding(f"parallel.{key} is `auto`; compile needs a concrete value",
-                          f"run `dsforge search` and set parallel.{key} to the chosen value", ("parallel", key))
+                          f"set parallel.{key} to a number (`dsforge explain` with a few values compares them)", ("parallel", key))
 
 
 report_id("DSF690", "the explain summary of plan.json could be computed",
