@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -50,7 +51,7 @@ def test_ids_in_the_docs_are_registered() -> None:
 
 def test_every_id_lies_in_exactly_one_stage_range() -> None:
     spans = sorted((s.first, s.last) for s in STAGES)
-    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:])), "stage ranges overlap"
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(spans)), "stage ranges overlap"
     for r in all_rules():
         holders = [s.name for s in STAGES if s.holds(r.id)]
         assert len(holders) == 1, (r.id, holders)

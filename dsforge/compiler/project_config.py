@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import stat
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ class ConfigError(ValueError):
 class ProjectConfig:
     """The settings that apply to one job file, and the file they came from (None: no settings file)."""
 
-    selection: Selection = Selection()
+    selection: Selection = field(default_factory=Selection)
     strict: bool = False
     path: Path | None = None
 
