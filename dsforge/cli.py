@@ -308,6 +308,7 @@ def run_job(file: str, out: str | None, fresh: bool) -> None:
     checkpoint.every, logging and launch settings; any other change needs --fresh or -o). Exit codes:
     0 trained, 1 errors in the job or a failed run, 2 unusable input or no runtime installed.
     """
+    from dsforge import runner
     from dsforge.runner import INSTALL_HINT, RunError, launch, missing_runtime, prepare, unsupported_deepspeed
 
     missing = missing_runtime()
@@ -336,6 +337,8 @@ def run_job(file: str, out: str | None, fresh: bool) -> None:
         click.echo(f"dsforge run: {exc}", err=True)
         sys.exit(exc.code)
     if code != 0:
+        for line in runner.failure_report(prepared.job_dir):
+            click.echo(f"dsforge run: {line}", err=True)
         click.echo(f"dsforge run: the job failed (exit code {code}); see {prepared.job_dir}", err=True)
         sys.exit(EXIT_FINDINGS)
     click.echo(f"dsforge run: done ({prepared.job_dir}); to train longer, raise training.steps in {file} and run "

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -268,13 +269,71 @@ def _check_fresh_checkpoints(target: Path, tmp: Path) -> None:
                        "training.checkpoint.resume: never, to start over")
 
 
+#: Seconds the launcher gets to stop its ranks after Ctrl-C (it saw it too) before it is sent SIGTERM, and after
+#: SIGTERM before SIGKILL (torchrun itself gives its ranks 30 s).
+CTRL_C_GRACE_S, STOP_GRACE_S = 10.0, 60.0
+
+
 def launch(job_dir: Path) -> int:
-    """Run the job directory's local launcher; its exit code."""
+    """Run the job directory's local launcher; its exit code.
+
+    Ctrl-C or SIGTERM (raised as KeyboardInterrupt, dsforge.interrupts) stops the launcher and its
+    ranks before it is re-raised: none is left training without the command that started it.
+    """
+    from dsforge.interrupts import Terminated
+    from dsforge.runtime.rank_status import clear
+
     doc = json.loads((job_dir / "plan.json").read_text(encoding="utf-8"))
     launcher, nodes = doc.get("launcher"), doc.get("nodes", 1)
     if launcher not in ("local", "torchrun") or nodes != 1:
         raise RunError(f"this job is started by its `{launcher}` launcher on {nodes} node(s); `dsforge run` starts "
                        f"single-node local jobs only. Run the launcher in {job_dir} as its README says")
+    clear(job_dir)  # the ranks' status files describe this launch only
     # No PATH changes: launch.sh names its interpreter (the one that compiled it, or launch.python), so
     # `dsforge run` starts exactly what `./launch.sh` starts.
-    return subprocess.call(["bash", str(job_dir / "launch.sh")])
+    proc = subprocess.Popen(["bash", str(job_dir / "launch.sh")])
+    try:
+        return proc.wait()
+    except KeyboardInterrupt as exc:
+        _stop(proc, terminated=isinstance(exc, Terminated))
+        raise
+
+
+def _stop(proc: subprocess.Popen[bytes], terminated: bool) -> None:
+    """Stop the launcher: wait (Ctrl-C reached its process group too), then SIGTERM, then SIGKILL."""
+    waits = ([] if terminated else [(CTRL_C_GRACE_S, signal.SIGTERM)]) + [(STOP_GRACE_S, signal.SIGKILL)]
+    if terminated and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # torchrun passes it on to every rank
+    for grace, then in waits:
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            proc.send_signal(then)
+    proc.wait()
+
+
+def failure_report(job_dir: Path) -> list[str]:
+    """After a failed launch: which ranks died, failed or were stopped, where, and the checkpoint a rerun resumes from."""
+    from dsforge.runtime.rank_status import describe_failure
+
+    try:
+        doc = json.loads((job_dir / "plan.json").read_text(encoding="utf-8"))
+        world = int(doc["world_size"])
+        ckpt = doc["job"]["training"]["checkpoint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    lines = describe_failure(job_dir, world)
+    directory = Path(str(ckpt.get("dir", "checkpoints"))).expanduser()
+    directory = directory if directory.is_absolute() else job_dir / directory
+    try:
+        tag = (directory / "latest").read_text(encoding="utf-8").strip()
+    except OSError:
+        tag = ""
+    if ckpt.get("resume") != "auto":
+        lines.append("rerunning starts over (training.checkpoint.resume: never)")
+    elif tag:
+        lines.append(f"the last complete checkpoint is {directory / tag}: run the same command again to resume from it")
+    else:
+        lines.append("no checkpoint was completed: run the same command again to start over")
+    return lines

@@ -2,12 +2,22 @@
 
 Everything a resumed run needs besides the engine's state is the optimizer-step count: the data
 stream is a pure function of the step (dsforge.runtime.data), so step ``s`` reads the same samples
-whether or not the run was interrupted before it. Tags are ``step<N>``; DeepSpeed's ``latest`` file
-names the newest one, and it is written only after every rank has finished writing its shard.
+whether or not the run was interrupted before it. Tags are ``step<N>``; the ``latest`` file names
+the newest complete one.
+
+A save is a commit, so that a kill at any moment (of any rank, during any write) leaves the previous
+complete checkpoint as ``latest``: every rank writes into the temporary tag ``step<N>.partial``
+(DeepSpeed's own ``latest`` is not written: it would name the tag before the other ranks finish),
+then leaves a marker there; after a barrier rank 0 checks that every rank's marker is present,
+renames the directory to ``step<N>`` and replaces ``latest`` atomically (a temporary file renamed
+over it). A ``.partial`` directory is an incomplete checkpoint; the next save removes it.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +25,10 @@ from typing import Any
 from dsforge.compiler.schema import CheckpointSpec
 
 CLIENT_KEY = "dsforge"
+PARTIAL = ".partial"  # suffix of a tag being written
+REPLACED = ".replaced"  # suffix of a complete tag being replaced by a new save of the same step
+LATEST = "latest"
+COMMIT = "dsforge-checkpoint.json"  # written by the commit: step, world size
 
 
 class CheckpointError(RuntimeError):
@@ -43,8 +57,8 @@ class CheckpointPolicy:
         return step == last or (self.every > 0 and step % self.every == 0)
 
     def latest_tag(self) -> str | None:
-        """The tag DeepSpeed's ``latest`` file names, or None when there is no complete checkpoint."""
-        latest = self.directory / "latest"
+        """The tag the ``latest`` file names, or None when there is no complete checkpoint."""
+        latest = self.directory / LATEST
         if not latest.is_file():
             return None
         tag = latest.read_text(encoding="utf-8").strip()
@@ -57,11 +71,98 @@ def tag_of(step: int) -> str:
 
 
 def save(engine: Any, policy: CheckpointPolicy, step: int, extra: dict[str, Any] | None = None) -> Path:
-    """Save the engine after ``step`` optimizer steps (collective: every rank calls it); returns the tag's path."""
-    policy.directory.mkdir(parents=True, exist_ok=True)
+    """Save the engine after ``step`` optimizer steps and commit it (collective: every rank calls it).
+
+    Returns the committed tag's path. See the module docstring for the protocol.
+    """
+    from dsforge.runtime.faults import fault
+
+    rank, world = _rank_and_world()
+    directory, tag = policy.directory, tag_of(step)
+    partial = directory / f"{tag}{PARTIAL}"
+    if rank == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+        _remove_incomplete(directory)  # no rank writes a checkpoint now: all wait at the barrier below
+    _barrier()
     state = {CLIENT_KEY: {"step": step, **(extra or {})}}
-    engine.save_checkpoint(str(policy.directory), tag=tag_of(step), client_state=state)
-    return policy.directory / tag_of(step)
+    engine.save_checkpoint(str(directory), tag=partial.name, client_state=state, save_latest=False)
+    fault("save", step)
+    (partial / _marker(rank)).write_text(json.dumps({"rank": rank, "step": step}), encoding="utf-8")
+    _barrier()
+    if rank == 0:
+        commit(directory, tag, step, world)
+    _barrier()  # nobody goes on (and may die) before the commit: every rank resumes from the same tag
+    return directory / tag
+
+
+def _marker(rank: int) -> str:
+    return f".rank{rank}.done"
+
+
+def commit(directory: Path, tag: str, step: int, world: int) -> None:
+    """Make ``<tag>.partial`` the checkpoint ``tag`` and point ``latest`` at it, once every rank's marker is there."""
+    partial = directory / f"{tag}{PARTIAL}"
+    missing = [r for r in range(world) if not (partial / _marker(r)).is_file()]
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        raise CheckpointError(f"the checkpoint of step {step} in {partial} is incomplete: rank(s) {shown} left no "
+                              "marker (every rank must write into the same directory: on several nodes, a shared "
+                              f"file system); {LATEST} still names the previous checkpoint")
+    (partial / COMMIT).write_text(json.dumps({"step": step, "world_size": world}), encoding="utf-8")
+    final, replaced = directory / tag, directory / f"{tag}{REPLACED}"
+    if final.exists():  # a complete save of this step whose commit a kill interrupted, or an older run's
+        os.replace(final, replaced)
+    os.replace(partial, final)
+    _replace_text(directory / LATEST, tag)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically and durably: a synced temporary file renamed over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)  # the rename itself survives a crash
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_incomplete(directory: Path) -> None:
+    """Delete what interrupted saves left: ``*.partial`` tags, and ``*.replaced`` ones whose new tag is complete."""
+    for p in directory.iterdir():
+        if p.is_dir() and p.name.endswith(PARTIAL):
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.is_dir() and p.name.endswith(REPLACED):
+            done = directory / p.name[: -len(REPLACED)]
+            if done.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:  # the kill came between the two renames: the replaced tag is the complete one
+                os.replace(p, done)
+
+
+def _rank_and_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 def resume(engine: Any, policy: CheckpointPolicy) -> int:
@@ -74,6 +175,9 @@ def resume(engine: Any, policy: CheckpointPolicy) -> int:
     tag = policy.latest_tag()
     if tag is None:
         return 0
+    if not (policy.directory / tag).is_dir():
+        raise CheckpointError(f"{policy.directory / LATEST} names {tag}, which is not there; move the checkpoint "
+                              "directory away or set training.checkpoint.resume: never to start over")
     try:
         path, client = engine.load_checkpoint(str(policy.directory), tag=tag)
     except Exception as exc:  # DeepSpeed raises bare assertions and runtime errors of many kinds

@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -128,38 +129,109 @@ def init_distributed(job: JobDir) -> None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29500"),
                           RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     timeout = datetime.timedelta(seconds=float(os.environ.get("DSFORGE_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
+    from dsforge.runtime.teardown import before_init
+
+    before_init()  # else the world group (and its threads) outlives destroy_process_group: see teardown
     dist.init_process_group(backend, timeout=timeout)
 
 
 def run_job(job_dir: str | os.PathLike[str]) -> int:
-    """Run the compiled job in ``job_dir`` on this rank; 0 on success, 1 with a message on stderr otherwise."""
+    """Run the compiled job in ``job_dir`` on this rank; 0 on success, 1 with a message on stderr otherwise.
+
+    A rank that stops because of others says so in one line naming the step: SIGTERM (a launcher
+    ending the job after a rank failed) exits 143, Ctrl-C 130, a collective that failed because a
+    peer is gone 1. The status file (dsforge.runtime.rank_status) records how this rank ended, for
+    `dsforge run`'s report of which rank died. Errors of the job are one line; anything else is a
+    bug in dsforge and keeps its traceback.
+    """
+    from dsforge.interrupts import catch_sigterm
+    from dsforge.runtime.rank_status import RankStatus
+
     rank = int(os.environ.get("RANK", "0"))
+    catch_sigterm()  # torchrun stops the other ranks with SIGTERM when one fails
+    status = RankStatus(Path(job_dir).resolve(), rank)
     try:
+        status.update("starting")
         job = JobDir.load(job_dir)
         from dsforge.runtime.groups import check_world_size
 
         check_world_size(job.placement, launched_world_size())
         prepare_environment(job)
         init_distributed(job)
-        run_session(job)
-        return EXIT_OK
-    except Exception as exc:  # every rank reports its own failure; the launcher collects the exit codes
-        if not isinstance(exc, known_errors()):
-            raise
-        print(f"dsforge: rank {rank}: {exc}", file=sys.stderr, flush=True)
+        run_session(job, status)
+    except BaseException as exc:  # noqa: BLE001 -- each kind is reported, bugs re-raised with their traceback
+        try:
+            return _stopped(exc, rank, status)
+        finally:
+            _shutdown(False)
+    return _finish(rank, status)
+
+
+def _stopped(exc: BaseException, rank: int, status: Any) -> int:
+    """Report why this rank stopped (one line, and its status file); the exit code. Bugs are re-raised."""
+    from dsforge.interrupts import Terminated, exit_code
+
+    if isinstance(exc, KeyboardInterrupt):
+        why = ("by SIGTERM (a launcher ends every rank when one fails)" if isinstance(exc, Terminated)
+               else "by Ctrl-C")
+        print(f"dsforge: rank {rank}: stopped {status.where()} {why}", file=sys.stderr, flush=True)
+        status.update("stopped", message=why)
+        return exit_code(exc)
+    if isinstance(exc, Exception) and lost_peer(exc):
+        why = f"after losing contact with another rank ({_first_line(exc)}): it died or stopped"
+        print(f"dsforge: rank {rank}: stopped {status.where()} {why}", file=sys.stderr, flush=True)
+        status.update("stopped", message=why)
         return EXIT_FAILED
-    finally:
-        _shutdown()
+    if isinstance(exc, Exception) and isinstance(exc, known_errors()):
+        print(f"dsforge: rank {rank}: {exc}", file=sys.stderr, flush=True)
+        status.update("failed", message=str(exc))
+        return EXIT_FAILED
+    status.update("failed", message=f"{type(exc).__name__}: {_first_line(exc)} (traceback above)")
+    raise exc
 
 
-def _shutdown() -> None:
-    """Leave the process group if this process joined one."""
+def _finish(rank: int, status: Any) -> int:
+    """Leave the process group after a barrier with the other ranks; 0, or 1 when one of them is gone."""
     try:
-        import torch.distributed as dist
-    except ImportError:
-        return
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        _shutdown(True)
+    except Exception as exc:  # the barrier: a rank that trained but did not reach the end
+        if not lost_peer(exc):
+            raise
+        why = f"after training, when another rank did not reach the end of the run ({_first_line(exc)})"
+        print(f"dsforge: rank {rank}: stopped {why}", file=sys.stderr, flush=True)
+        status.update("stopped", message=why)
+        return EXIT_FAILED
+    status.update("done")
+    return EXIT_OK
+
+
+def _first_line(exc: BaseException) -> str:
+    """The message's first line, without gloo's source location and its boilerplate advice."""
+    lines = str(exc).strip().splitlines()
+    text = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", lines[0]) if lines else type(exc).__name__
+    return text.split(" This is typically caused by")[0][:300]
+
+
+#: What gloo, NCCL and the TCP store say when a peer process is gone or stopped answering.
+LOST_PEER_MARKS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out",
+                   "timed out", "timeout", "Socket Timeout", "NCCL communicator was aborted", "ECONNRESET")
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective failing because another rank died or hangs (not a bug of this rank)."""
+    import torch.distributed as dist
+
+    dist_error = getattr(dist, "DistError", None)
+    if dist_error is not None and isinstance(exc, dist_error):
+        return True
+    return isinstance(exc, RuntimeError) and any(mark in str(exc) for mark in LOST_PEER_MARKS)
+
+
+def _shutdown(finished: bool) -> None:
+    """Leave the process group (after a barrier when this rank finished), its threads joined before exit."""
+    from dsforge.runtime.teardown import leave
+
+    leave(synchronize=finished)
 
 
 def known_errors() -> tuple[type[Exception], ...]:
@@ -228,43 +300,92 @@ def resume_point(engine: Any, policy: Any, steps: int) -> int | None:
     return start
 
 
-def run_session(job: JobDir) -> None:
-    """Groups, engine, data, resume, training with checkpoints, then the memory report (every rank)."""
+def run_session(job: JobDir, status: Any = None) -> None:
+    """Groups, engine, data, resume, training with checkpoints, then the memory report (every rank).
+
+    ``status``: this rank's RankStatus, told each step and each checkpoint save.
+    """
+    from dsforge.runtime.rank_status import RankStatus
+    from dsforge.runtime.teardown import release_engine
+
+    status = status or RankStatus(job.path, int(os.environ.get("RANK", "0")))
+    say(describe_job(job))
+    groups, engine = start_engine(job)
+    try:
+        train_session(job, groups, engine, status)
+    finally:
+        release_engine(engine)  # else ZeRO's hooks keep the engine and its groups' threads alive until exit
+
+
+def train_session(job: JobDir, groups: Any, engine: Any, status: Any) -> None:
+    """Resume, train with checkpoints, then the memory report, on this rank's engine."""
     import torch.distributed as dist
 
     from dsforge.runtime import checkpoint as ckpt
     from dsforge.runtime.data import batches_for
+    from dsforge.runtime.faults import fault
     from dsforge.runtime.measure import ActivationProbe, StateProbe, gather_rows, rank_row
     from dsforge.runtime.train_loop import Progress, train
 
     plan, rank, steps = job.plan, dist.get_rank(), job.plan.spec.training.steps
-    say(describe_job(job))
-    groups, engine = start_engine(job)
     policy = ckpt.CheckpointPolicy.from_spec(plan.spec.training.checkpoint, job.path)
+    status.update("resuming")
     start = resume_point(engine, policy, steps)
     if start is None:
         return
+    if rank == 0:
+        trim_log(job.path, start)
     acts, states = ActivationProbe(engine.module), StateProbe(engine)
     measure_at = start + 1 if steps - start >= 2 else start  # optimizer state exists from the second step on
 
     def before(step: int) -> None:
+        status.update("training", step + 1)
+        fault("step", step + 1)
         if step == measure_at:
             acts.arm()
             states.arm()
 
     def save(step: int) -> None:
         if policy.due(step, steps):
+            status.update("saving", step)
             ckpt.save(engine, policy, step)
+            status.update("training")
 
     progress = Progress(steps, start, job.ds_config.get("steps_per_print", 10), rank == 0)
     results = train(engine, batches_for(plan, groups, job.path), groups, steps=steps, start=start,
                     pipeline=job.degrees.pp > 1, progress=progress, before_step=before,
-                    on_step=save, after_step=lambda result: log_step(job, result))
+                    on_step=save, after_step=lambda result: log_step(job, result),
+                    sync_at=lambda step: policy.due(step, steps))
     rows = gather_rows(rank_row(plan, rank, states.states, acts.bytes if acts.done else None))
     if rank == 0:
         # The first step pays for warm-up (lazy buffers, first collectives), the measured one for the probes.
         timed = [r for r in results if r.step not in (start + 1, measure_at + 1)] or results
         write_report(job, rows, results, timed)
+
+
+def trim_log(job_dir: Path, start: int) -> None:
+    """Drop train_log.jsonl's lines after step ``start``: a run that resumes there trains those steps again.
+
+    They were logged by a run that died before its next checkpoint; without them the log reads as
+    one uninterrupted run.
+    """
+    path = job_dir / "train_log.jsonl"
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return
+    keep = []
+    for line in lines:
+        try:
+            step = json.loads(line).get("step", 0)
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int) and step <= start:
+            keep.append(line)
+    if len(keep) != len(lines):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+        os.replace(tmp, path)
 
 
 def log_step(job: JobDir, result: Any) -> None:

@@ -8,6 +8,7 @@ single process training on the whole global batch would print.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -49,6 +50,17 @@ class PendingLoss:
             self.work.wait()
             self.work = None
         return float(self.total) / self.divisor
+
+    def settle(self) -> None:
+        """Wait for a reduction still in flight, ignoring its failure: a step abandoned by an error.
+
+        No collective may outlive the loop: a rank leaving the group while another still reduces
+        with it turns one rank's error into a broken connection on the other.
+        """
+        if self.work is not None:
+            with contextlib.suppress(Exception):
+                self.work.wait()
+            self.work = None
 
 
 def plain_step(engine: Any, batches: Batches, step: int, groups: ParallelGroups) -> PendingLoss:
@@ -110,12 +122,16 @@ class Progress:
 def train(engine: Any, batches: Batches, groups: ParallelGroups, *, steps: int, start: int = 0,
           pipeline: bool = False, progress: Progress | None = None,
           before_step: Callable[[int], None] | None = None, on_step: Callable[[int], None] | None = None,
-          after_step: Callable[[StepResult], None] | None = None) -> list[StepResult]:
+          after_step: Callable[[StepResult], None] | None = None,
+          sync_at: Callable[[int], bool] | None = None) -> list[StepResult]:
     """Train from ``start`` optimizer steps done to ``steps``.
 
     Hooks: ``before_step(s)`` before 0-based step s; ``on_step(n)`` right after the n-th step (the engine
     holds its state: checkpoints go here); ``after_step(result)`` once its loss is known, which is
-    after the next step has run (the loss is reduced in the background meanwhile).
+    after the next step has run (the loss is reduced in the background meanwhile), except for the
+    steps n where ``sync_at(n)`` is true: their loss is waited for and reported before ``on_step(n)``
+    (a checkpoint's step is then logged before the checkpoint exists, so a run resumed from it
+    has the losses of every step it holds).
     """
     seq_tokens = batches.global_batch * batches.source.seq_len
     results: list[StepResult] = []
@@ -134,21 +150,31 @@ def train(engine: Any, batches: Batches, groups: ParallelGroups, *, steps: int, 
             after_step(result)
 
     pending: tuple[int, PendingLoss, float] | None = None
+    in_flight: list[PendingLoss] = []
     try:
         for step in range(start, steps):
             if before_step is not None:
                 before_step(step)
             t0 = time.perf_counter()
             loss = run_step(engine, batches, step, groups)
+            in_flight.append(loss)
             seconds = time.perf_counter() - t0
-            if on_step is not None:
-                on_step(step + 1)
             if pending is not None:
                 finish(*pending)
+                in_flight.remove(pending[1])
             pending = (step + 1, loss, seconds)
+            if sync_at is not None and sync_at(step + 1):
+                finish(*pending)
+                in_flight.remove(loss)
+                pending = None
+            if on_step is not None:
+                on_step(step + 1)
         if pending is not None:
             finish(*pending)
+            in_flight.remove(pending[1])
     finally:
+        for abandoned in in_flight:
+            abandoned.settle()
         if progress is not None and (not results or results[-1].step != steps):
             progress.close()
     return results

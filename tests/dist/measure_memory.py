@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from storage import SavedTensors, classify, live_tensors, storage_key
 from tiny_gpt import GPTConfig, TinyGPT
 
+from dsforge.runtime.teardown import before_init, leave, release_engine
+
 CFG = GPTConfig()
 MICRO = 2
 COLLECTIVES = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_fn",
@@ -221,6 +223,7 @@ def measure_states(zero: int, bf16: bool) -> dict[str, dict[str, int]]:
         for name, fn in real.items():
             setattr(ds_comm, name, fn)
         gc.unfreeze()
+        release_engine(engine)  # ZeRO's hooks would keep this engine and its groups' threads alive until exit
     return probe.snaps
 
 
@@ -230,6 +233,7 @@ def main() -> None:
     torch.set_num_threads(1)
     import deepspeed
 
+    before_init()  # see dsforge.runtime.teardown: no gloo thread may outlive the interpreter
     deepspeed.init_distributed(dist_backend="gloo")
     out: dict[str, Any] = {"config": CFG.__dict__, "micro_batch": MICRO, "activations": {}, "states": {}}
     for tp in (1, 2):
@@ -246,7 +250,7 @@ def main() -> None:
             print(f"zero{zero} bf16={bf16} done at {time.perf_counter() - start:.1f} s", flush=True)
     if dist.get_rank() == 0:
         Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
-    dist.barrier()
+    leave(synchronize=True)  # the same teardown as dsforge's runtime: barrier, groups destroyed, threads joined
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from dsforge.runtime.teardown import before_init, leave, release_all_engines
+
 
 def free_port() -> int:
     """An unused TCP port on localhost for the rendezvous."""
@@ -28,12 +30,15 @@ def _worker(rank: int, world: int, port: int, fn: Callable[..., None], args: tup
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
+    before_init()  # dsforge's runtime teardown (dsforge.runtime.teardown): no gloo thread outlives a worker
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    finished = False
     try:
         fn(rank, world, *args)
-        dist.barrier()
+        finished = True
     finally:
-        dist.destroy_process_group()
+        release_all_engines()  # the engines the test built: ZeRO's hooks keep them and their groups alive
+        leave(synchronize=finished)
 
 
 def run(fn: Callable[..., None], world: int, *args: Any) -> None:

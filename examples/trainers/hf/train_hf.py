@@ -20,6 +20,7 @@ from transformers import Trainer
 from dsforge.plugins.hf import DsforgeCallback, training_arguments
 from dsforge.plugins.job import PluginError, load_job
 from dsforge.runtime.models import build_model
+from dsforge.runtime.teardown import before_init, leave, release_engine
 
 
 class RandomTokens(torch.utils.data.Dataset):
@@ -42,6 +43,7 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, help="override per_device_train_batch_size (shows the check)")
     p.add_argument("--summary", help="write the losses and the memory report here (JSON, rank 0)")
     a = p.parse_args()
+    before_init()  # before TrainingArguments joins the process group (see dsforge.runtime.teardown)
     try:
         job = load_job(a.job)
         extra = {"per_device_train_batch_size": a.batch_size} if a.batch_size else {}
@@ -60,11 +62,10 @@ def main() -> int:
         losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
         with open(a.summary, "w", encoding="utf-8") as fh:
             json.dump({"losses": losses, "steps": trainer.state.global_step, "memory": callback.report}, fh)
-    if torch.distributed.is_initialized():
-        # The Trainer leaves the process group up; joining it here keeps a rank from aborting at interpreter
-        # exit ("terminate called without an active exception", seen once in CI after training finished).
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    # The Trainer leaves the engine (held by ZeRO's hooks) and the process group up: their gloo/NCCL threads
+    # would outlive the interpreter, and a rank could abort at exit. dsforge's runtime tears down the same way.
+    release_engine(trainer.model_wrapped)
+    leave(synchronize=True)
     return 0
 
 

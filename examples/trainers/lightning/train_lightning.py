@@ -20,6 +20,7 @@ import torch
 from dsforge.plugins.job import PluginError, load_job
 from dsforge.plugins.lightning import PlanCheck, check_trainer, trainer_kwargs
 from dsforge.runtime.models import build_model
+from dsforge.runtime.teardown import before_init, leave, release_engine
 
 
 class CausalLM(pl.LightningModule):
@@ -42,6 +43,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("job", help="the dsforge job file")
     a = p.parse_args()
+    before_init()  # before Lightning joins the process group (see dsforge.runtime.teardown)
     try:
         job = load_job(a.job)
         spec = job.plan.spec
@@ -62,6 +64,10 @@ def main() -> int:
             raise
         print(f"dsforge: Lightning cannot run DeepSpeed on this machine: {exc}", file=sys.stderr)
         return 3
+    # As dsforge's runtime: free the engine ZeRO's hooks keep alive, then leave the process group, so that no
+    # communication thread outlives the interpreter.
+    release_engine(getattr(trainer.strategy, "deepspeed_engine", None))
+    leave(synchronize=True)
     return 0
 
 
