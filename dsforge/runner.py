@@ -271,7 +271,7 @@ def _check_fresh_checkpoints(target: Path, tmp: Path) -> None:
 
 #: Seconds the launcher gets to stop its ranks after Ctrl-C (it saw it too) before it is sent SIGTERM, and after
 #: SIGTERM before SIGKILL (torchrun itself gives its ranks 30 s).
-CTRL_C_GRACE_S, STOP_GRACE_S = 10.0, 60.0
+CTRL_C_GRACE_S, STOP_GRACE_S = 30.0, 60.0
 
 
 def launch(job_dir: Path) -> int:

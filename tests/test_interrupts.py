@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -208,3 +209,27 @@ def test_ctrl_c_during_start_up_imports_exits_130_without_a_traceback(tmp_path: 
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+def test_sigterm_to_dsforge_run_stops_its_launcher_before_exiting(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsforge.runner import launch
+
+    (tmp_path / "plan.json").write_text('{"launcher": "local", "nodes": 1}', encoding="utf-8")
+    (tmp_path / "launch.sh").write_text("trap 'echo stopped > term; exit 143' TERM\necho > started\n"
+                                        "while true; do sleep 0.05; done\n", encoding="utf-8")
+    restore = catch_sigterm()
+
+    def kill_when_started() -> None:
+        while not (tmp_path / "started").exists():
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.chdir(tmp_path)  # the script writes its files where it runs
+    try:
+        threading.Thread(target=kill_when_started, daemon=True).start()
+        with pytest.raises(Terminated):
+            launch(tmp_path)
+    finally:
+        restore()
+    assert (tmp_path / "term").read_text().strip() == "stopped"  # the launcher got SIGTERM and was waited for

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -36,7 +37,7 @@ def write_job(path: Path) -> None:
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
 
 
-def status(job_dir: Path, rank: int) -> dict[str, object]:
+def status(job_dir: Path, rank: int) -> dict[str, Any]:
     return dict(json.loads((job_dir / "status" / f"rank-{rank}.json").read_text(encoding="utf-8")))
 
 
