@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from dsforge.compiler.source import STDIN_NAME, SourceMap, is_stdin, load_yaml, read_stream, read_text
-from dsforge.diagnostics import Diagnostic, InputError, Severity
+from dsforge.diagnostics import Diagnostic, InputError, Location, Severity
 
 MAX_CHAIN = 16
+#: Longest `extends:` name taken (PATH_MAX on Linux; a longer one cannot name a file anyway).
+MAX_NAME = 4096
 
 
 def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -50,6 +52,31 @@ def load_document(path: str | Path, stdin: BinaryIO | None = None) -> tuple[dict
     return _load(Path(path), [])
 
 
+def _target(folder: Path, name: str, loc: Location, trail: list[str]) -> Path:
+    """The absolute path ``name`` names; a name no file system can hold (a NUL byte, over the length limits) is DSF010."""
+    shown = name if len(name) <= 80 else name[:77] + "..."
+    problem = None
+    if "\x00" in name:
+        problem = "contains a NUL character"
+    elif len(name) > MAX_NAME:
+        problem = f"is {len(name)} characters long, over the {MAX_NAME}-character limit for a path"
+    else:
+        try:
+            return (folder / name).resolve()
+        except (OSError, ValueError, RuntimeError) as exc:  # a component too long, a symlink loop
+            problem = f"cannot be resolved ({getattr(exc, 'strerror', None) or exc})"
+    raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` name {shown!r} {problem}",
+                                 loc, "name an existing base file by a plain path", ("extends",))])
+
+
+def _exists(target: Path) -> bool:
+    """True when something is at ``target`` (read_text then refuses what is not a regular file, naming its kind)."""
+    try:
+        return target.exists()
+    except (OSError, ValueError):  # a name component over the file system's limit
+        return False
+
+
 def _load(path: Path, chain: list[Path]) -> tuple[dict[str, Any], SourceMap]:
     display = _display(path)
     data, smap = load_yaml(read_text(path, display), display)
@@ -72,7 +99,7 @@ def _with_bases(data: dict[str, Any], smap: SourceMap, folder: Path, here: list[
     merged: dict[str, Any] = {}
     msmap = SourceMap(display)
     for name in names:
-        target = (folder / name).resolve()
+        target = _target(folder, name, loc, trail)
         shown = " -> ".join([*trail, _display(target)])
         if target in here:
             raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` forms a cycle: {shown}", loc,
@@ -80,9 +107,13 @@ def _with_bases(data: dict[str, Any], smap: SourceMap, folder: Path, here: list[
         if len(trail) >= MAX_CHAIN:
             raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` chain is deeper than {MAX_CHAIN}: {shown}", loc,
                                          "flatten the chain", ("extends",))])
-        if not target.is_file():
+        if not _exists(target):
             raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` names a file that does not exist: {shown}", loc,
                                          f"create {name} or fix the path (it is relative to {relative_to})",
+                                         ("extends",))])
+        if not target.is_file():  # a directory, a FIFO, a device: said here, at the `extends` line
+            raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` names something that is not a regular "
+                                         f"file: {shown}", loc, f"name a YAML base file (relative to {relative_to})",
                                          ("extends",))])
         base, bsmap = _load(target, here)
         merged = deep_merge(merged, base)

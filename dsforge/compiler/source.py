@@ -7,6 +7,8 @@ so each of those is an error here, pointing at the line where it happens.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -27,6 +29,9 @@ Path_ = tuple[str | int, ...]
 MAX_FILE_BYTES = 2 * 1024 * 1024
 MAX_NODES = 100_000
 MAX_DEPTH = 64
+#: Longest integer literal read: Python refuses more than 4,300 digits, and up to 300 digits a number still
+#: converts to a float (1e308 is the largest) wherever a check compares it; a size needs at most 20.
+MAX_NUMBER_DIGITS = 300
 
 #: The file argument that means standard input (CI pipes a generated job in), and how diagnostics name it.
 STDIN = "-"
@@ -74,19 +79,63 @@ def is_stdin(path: str | Path) -> bool:
 
 
 def read_text(path: Path, display: str) -> str:
-    """Read a job file as UTF-8 text, rejecting missing, huge, binary and empty files."""
+    """Read a job file as UTF-8 text, rejecting missing, huge, binary and empty files and anything not a regular file.
+
+    The file is opened without blocking (a FIFO with no writer would otherwise hang the open), its
+    kind and size come from fstat before a byte is read, and at most MAX_FILE_BYTES + 1 bytes are ever
+    read: a device such as /dev/zero, a pipe or a 3 GB sparse file costs one system call, not memory.
+    """
     try:
-        raw = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         raise _fail("DSF001", f"file {display} does not exist", Location(display),
                     "check the path (`-` reads the job from standard input)") from None
-    except OSError as exc:
-        raise _fail("DSF001", f"cannot read {display}: {exc.strerror}", Location(display),
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        raise _fail("DSF001", f"cannot open {display}: {_reason(exc)}", Location(display),
                     "check the path and its permissions") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise _fail("DSF007", f"file is {len(raw)} bytes, over the {MAX_FILE_BYTES}-byte limit for a job file",
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise _fail("DSF001", f"{display} is a directory, not a job file", Location(display),
+                        "name the YAML job file inside it")
+        if not stat.S_ISREG(info.st_mode):
+            raise _fail("DSF001", f"{display} is not a regular file (it is {_kind(info.st_mode)})", Location(display),
+                        "give the path of a job file; to read a pipe, pass `-` and redirect it to standard input")
+        if info.st_size > MAX_FILE_BYTES:
+            raise _fail("DSF007", f"file is {info.st_size} bytes, over the {MAX_FILE_BYTES}-byte limit for a job file",
+                        Location(display), "a job file describes one job; split data out of it")
+        raw = _read_at_most(fd, MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise _fail("DSF001", f"cannot read {display}: {_reason(exc)}", Location(display),
+                    "check the path and its permissions") from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_FILE_BYTES:  # it grew after fstat
+        raise _fail("DSF007", f"file is over the {MAX_FILE_BYTES}-byte limit for a job file",
                     Location(display), "a job file describes one job; split data out of it")
     return decode_text(raw, display)
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = os.read(fd, limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _reason(exc: BaseException) -> str:
+    return (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)) or type(exc).__name__
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO or pipe"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "another kind of file")
 
 
 def read_stream(stream: BinaryIO | None, display: str = STDIN_NAME) -> str:
@@ -217,7 +266,24 @@ class _Builder:
         self._check_tag(node, None)
         if node.tag == _CORE + "timestamp":
             return str(node.value)
-        return _scalars.construct_object(node)
+        return self._scalar(node)
+
+    def _scalar(self, node: yaml.Node) -> Any:
+        """The scalar's value; a tag its text does not fit (`!!int abc`) or a number too long to read is an error."""
+        text = str(node.value)
+        if node.tag == _CORE + "int" and len(text) > MAX_NUMBER_DIGITS:
+            # past 4,300 digits int() raises (CVE-2020-10735); past ~309 a number no longer fits a float
+            raise _fail("DSF007", f"a number of {len(text)} characters is over the {MAX_NUMBER_DIGITS}-character limit "
+                        "for a number in a job file", _loc(self.display, node.start_mark),
+                        "write the number with fewer digits (a size in a job file needs at most 20)")
+        try:
+            return _scalars.construct_object(node)
+        except (ValueError, KeyError, IndexError, TypeError, OverflowError, yaml.YAMLError):
+            tag = str(node.tag).removeprefix(_CORE)
+            shown = text if len(text) <= 40 else text[:37] + "..."
+            raise _fail("DSF006", f"{shown!r} is not a valid {tag}: the tag `!!{tag}` cannot read it",
+                        _loc(self.display, node.start_mark),
+                        f"remove the tag `!!{tag}` or write a value of that type") from None
 
     def _check_tag(self, node: yaml.Node, container: str | None) -> None:
         ok = node.tag == container if container else node.tag in _SCALAR_TAGS
