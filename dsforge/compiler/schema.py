@@ -34,19 +34,65 @@ from dsforge.compiler.spec_types import (
 POS_INT, NON_NEG_INT = Int(ge=1), Int(ge=0)
 POS_FLOAT, NON_NEG_FLOAT = Float(gt=0), Float(ge=0)
 
-#: A parallel degree: a whole number >= 1, or "auto" to let dsforge choose it.
-DEGREE = AnyOf(Int(ge=1), Choice("auto"), expected="a whole number >= 1 or `auto`",
-               schema={"anyOf": [{"type": "integer", "minimum": 1}, {"const": "auto"}]})
+# Upper bounds of every size. Each lies far above the largest published model or cluster, so no real job
+# meets one, while every check and estimate stays bounded in time and memory on any input (a divisor search,
+# a per-layer loop, a rank placement) and every product of sizes stays a finite float.
+#: Layers: the deepest published dense models have ~126 (Llama 3 405B); 10,000 is ~80x that.
+MAX_LAYERS = 10_000
+#: Model width: 16,384-18,432 in the widest models (Llama 3 405B, PaLM 540B); 2^20 is ~60x.
+MAX_HIDDEN = 2**20
+#: MLP width: 53,248-73,728 (Llama 3 405B, PaLM 540B); 2^22 (4 x MAX_HIDDEN) is ~60x.
+MAX_FFN = 2**22
+#: Attention heads (and KV heads): 128 in the largest models; 2^16.
+MAX_HEADS = 2**16
+#: Vocabulary: 256,000 tokens (Gemma); 2^24 is ~65x.
+MAX_VOCAB = 2**24
+#: Sequence: 10M tokens (Llama 4 Scout's context); 2^27 (134M) is ~13x.
+MAX_SEQ_LEN = 2**27
+#: Experts per MoE layer: 256-384 in production (DeepSeek-V3, Kimi K2), ~1M in PEER (He 2024); 2^22 is 4x that.
+MAX_EXPERTS = 2**22
+#: Experts per token: 8-16 in production, 128 (8 heads x 16) in PEER; 2^16.
+MAX_TOP_K = 2**16
+#: Ranks in one job (nodes x gpus_per_node, and any degree): ~200,000 GPUs in the largest clusters (xAI
+#: Colossus); 2^20 is ~5x. Placement, groups and plan.json grow with it.
+MAX_WORLD = 2**20
+#: Accelerators per node: 8 in a DGX, 72 in an NVL72 rack treated as one node; 2^16 is far above.
+MAX_GPUS_PER_NODE = 2**16
+#: Pipeline stages and model chunks per rank: 64 stages in the deepest published pipelines (Megatron's 1T run);
+#: 1,024 is 16x. The event simulation of the schedule grows with them.
+MAX_STAGES = 1024
+#: Sequences per step, and per micro-batch: ~1,000-16,000 in real runs; 2^40 leaves a factor of 2^26.
+MAX_BATCH = 2**40
+#: Optimizer steps (and warm-up, checkpoint interval): ~10^6 in real runs; 2^40.
+MAX_STEPS = 2**40
+#: Peak TFLOP/s per accelerator: ~2,250 dense bf16 (B200); 10^6 TFLOP/s (an exaFLOP/s) is ~400x. Below 10^-6
+#: (one MFLOP/s) a pass would take longer than any estimate can state.
+MAX_TFLOPS, MIN_TFLOPS = 1e6, 1e-6
+#: Bandwidths (GB/s): HBM ~8,000 (B200), links ~900 (NVLink 5); 10^7 GB/s is >1000x. At least 10^-6 GB/s (1 KB/s).
+MAX_GBS, MIN_GBS = 1e7, 1e-6
+#: Memory per accelerator (GB): 288 GB (B300); 10^6 GB (a petabyte) is >3000x; at least 10^-3 GB (1 MB).
+MAX_MEMORY_GB, MIN_MEMORY_GB = 1e6, 1e-3
+
+TFLOPS = Float(ge=0, le=MAX_TFLOPS, min_nonzero=MIN_TFLOPS)
+GBS = Float(ge=MIN_GBS, le=MAX_GBS)
+
+#: A parallel degree: a whole number >= 1 (at most MAX_WORLD), or "auto" to let dsforge choose it.
+DEGREE = AnyOf(Int(ge=1, le=MAX_WORLD), Choice("auto"), expected=f"a whole number from 1 to {MAX_WORLD} or `auto`",
+               schema={"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_WORLD}, {"const": "auto"}]})
+PP_DEGREE = AnyOf(Int(ge=1, le=MAX_STAGES), Choice("auto"), expected=f"a whole number from 1 to {MAX_STAGES} or `auto`",
+                  schema={"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_STAGES}, {"const": "auto"}]})
 
 
 class MoESpec(Section):
     """Mixture-of-experts layers (Shazeer et al. 2017): how many experts, how tokens are routed to them."""
 
-    experts: int = field(POS_INT, description="Number of experts in each MoE layer.")
-    top_k: int = field(POS_INT, 2, "Experts each token is routed to.")
-    ffn_hidden: int | None = field(Optional(POS_INT), None, "Hidden size of one expert's MLP; default: model.ffn_hidden.")
-    every: int = field(POS_INT, 1, "An MoE layer every this many layers (1: every layer).")
-    capacity_factor: float = field(POS_FLOAT, 1.0, "Expert capacity as a multiple of the even share of tokens.")
+    experts: int = field(Int(ge=1, le=MAX_EXPERTS), description="Number of experts in each MoE layer.")
+    top_k: int = field(Int(ge=1, le=MAX_TOP_K), 2, "Experts each token is routed to.")
+    ffn_hidden: int | None = field(Optional(Int(ge=1, le=MAX_FFN)), None,
+                                   "Hidden size of one expert's MLP; default: model.ffn_hidden.")
+    every: int = field(Int(ge=1, le=MAX_LAYERS), 1, "An MoE layer every this many layers (1: every layer).")
+    # 1.0-2.0 in practice; above experts / top_k every expert takes every token, so 10^4 is plenty
+    capacity_factor: float = field(Float(gt=0, le=1e4), 1.0, "Expert capacity as a multiple of the even share of tokens.")
 
 
 class ModelSpec(Section):
@@ -56,13 +102,13 @@ class ModelSpec(Section):
     arch: Literal["gpt2", "llama", "mixtral", "custom", "auto"] = field(
         Choice("gpt2", "llama", "mixtral", "custom", "auto"), "auto",
         "Rewrite policy: gpt2 | llama | mixtral | custom (uses `rewrite:`) | auto (detect).")
-    layers: int = field(POS_INT, description="Number of transformer layers.")
-    hidden: int = field(POS_INT, description="Model (embedding) width.")
-    heads: int = field(POS_INT, description="Attention (query) heads.")
-    kv_heads: int | None = field(Optional(POS_INT), None, "Key/value heads (GQA); default: heads.")
-    ffn_hidden: int | None = field(Optional(POS_INT), None, "MLP inner width; default: 4 x hidden.")
-    vocab: int = field(POS_INT, description="Vocabulary size (tokens).")
-    seq_len: int = field(POS_INT, description="Sequence length of a training sample (tokens).")
+    layers: int = field(Int(ge=1, le=MAX_LAYERS), description="Number of transformer layers.")
+    hidden: int = field(Int(ge=1, le=MAX_HIDDEN), description="Model (embedding) width.")
+    heads: int = field(Int(ge=1, le=MAX_HEADS), description="Attention (query) heads.")
+    kv_heads: int | None = field(Optional(Int(ge=1, le=MAX_HEADS)), None, "Key/value heads (GQA); default: heads.")
+    ffn_hidden: int | None = field(Optional(Int(ge=1, le=MAX_FFN)), None, "MLP inner width; default: 4 x hidden.")
+    vocab: int = field(Int(ge=1, le=MAX_VOCAB), description="Vocabulary size (tokens).")
+    seq_len: int = field(Int(ge=1, le=MAX_SEQ_LEN), description="Sequence length of a training sample (tokens).")
     tied_embeddings: bool = field(Bool(), False, "The LM head shares the input embedding's weight.")
     activation: Literal["gelu", "swiglu"] | None = field(
         Optional(Choice("gelu", "swiglu")), None,
@@ -71,7 +117,8 @@ class ModelSpec(Section):
         Optional(Choice("learned", "rope")), None,
         "Position encoding: learned table (seq_len x hidden) or rope; default by arch.")
     vocab_multiple_of: int | None = field(
-        Optional(POS_INT), None, "Pad the vocabulary to a multiple of this x tp (Megatron's make-vocab-size-divisible-by).")
+        Optional(Int(ge=1, le=MAX_VOCAB)), None,
+        "Pad the vocabulary to a multiple of this x tp (Megatron's make-vocab-size-divisible-by).")
     moe: MoESpec | None = field(Optional(Nested(MoESpec)), None, "Mixture-of-experts layers; absent for a dense model.")
     factory: str | None = field(
         Optional(Str(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")), None,
@@ -82,32 +129,43 @@ class AcceleratorSpec(Section):
     """One accelerator (GPU): its memory, peak throughput per precision and memory bandwidth."""
 
     name: str = field(Str(), description="Accelerator model, e.g. H100-SXM5-80GB.")
-    memory_gb: float = field(POS_FLOAT, description="Device memory per accelerator (GB, 1e9 bytes).")
-    bf16_tflops: float = field(NON_NEG_FLOAT, description="Dense bf16 peak (TFLOP/s); 0 means bf16 is not supported.")
-    fp16_tflops: float | None = field(Optional(NON_NEG_FLOAT), None, "Dense fp16 peak (TFLOP/s); default: bf16_tflops.")
-    fp32_tflops: float | None = field(Optional(NON_NEG_FLOAT), None, "fp32 (TF32 where it applies) peak (TFLOP/s).")
-    hbm_gbs: float = field(POS_FLOAT, description="Device memory bandwidth (GB/s).")
+    memory_gb: float = field(Float(ge=MIN_MEMORY_GB, le=MAX_MEMORY_GB),
+                             description="Device memory per accelerator (GB, 1e9 bytes).")
+    bf16_tflops: float = field(TFLOPS, description="Dense bf16 peak (TFLOP/s); 0 means bf16 is not supported (else at least 1e-6).")
+    fp16_tflops: float | None = field(Optional(TFLOPS), None, "Dense fp16 peak (TFLOP/s; 0, or at least 1e-6); default: bf16_tflops.")
+    fp32_tflops: float | None = field(Optional(TFLOPS), None, "fp32 (TF32 where it applies) peak (TFLOP/s; 0, or at least 1e-6).")
+    hbm_gbs: float = field(GBS, description="Device memory bandwidth (GB/s).")
+    # real kernels reach 0.3-0.7 of peak; below 10^-3 no estimate would mean anything
     achievable_fraction: float | None = field(
-        Optional(Float(gt=0, le=1)), None, "Fraction of peak a well-tuned transformer step reaches (step-time model).")
+        Optional(Float(ge=1e-3, le=1)), None, "Fraction of peak a well-tuned transformer step reaches (step-time model).")
 
 
 class LinkSpec(Section):
     """A communication link as seen by one GPU: bandwidth per direction and one-message latency."""
 
-    bandwidth_gbs: float = field(POS_FLOAT, description="Unidirectional bandwidth per GPU (GB/s).")
-    latency_us: float = field(NON_NEG_FLOAT, description="One-message latency (microseconds).")
+    bandwidth_gbs: float = field(GBS, description="Unidirectional bandwidth per GPU (GB/s).")
+    # ~1-100 us on real links; 10^9 us is a quarter of an hour per message
+    latency_us: float = field(Float(ge=0, le=1e9), description="One-message latency (microseconds).")
 
 
 class HardwareSpec(Section):
     """The machines: a preset and/or nodes, GPUs per node, the accelerator and the two link levels."""
 
     preset: str | None = field(Optional(Str()), None, "A hardware preset (`dsforge presets`); keys below override it.")
-    nodes: int = field(POS_INT, 1, "Number of nodes (hosts).")
-    gpus_per_node: int = field(POS_INT, description="Accelerators (ranks) per node; CPU processes for cpu-local.")
+    nodes: int = field(Int(ge=1, le=MAX_WORLD), 1, f"Number of nodes (hosts); nodes x gpus_per_node is at most {MAX_WORLD}.")
+    gpus_per_node: int = field(Int(ge=1, le=MAX_GPUS_PER_NODE),
+                               description="Accelerators (ranks) per node; CPU processes for cpu-local.")
     accelerator: AcceleratorSpec = field(Nested(AcceleratorSpec), description="The accelerator of every rank.")
     intra_node: LinkSpec = field(
         Nested(LinkSpec), description="Link between accelerators of one node (NVLink, PCIe, shared memory).")
     inter_node: LinkSpec = field(Nested(LinkSpec), description="Link between nodes (InfiniBand, RoCE, Ethernet), per GPU.")
+
+    @classmethod
+    def _relations(cls, values: dict[str, Any], path: Path, issues: list[Issue]) -> None:
+        nodes, per = values["nodes"], values["gpus_per_node"]
+        if nodes * per > MAX_WORLD:
+            issues.append(Issue((*path, "nodes"), "range", f"at most {max(1, MAX_WORLD // per)} with {per} GPUs per "
+                                f"node (nodes x gpus_per_node <= {MAX_WORLD} ranks)", nodes))
 
 
 class ContextParallelSpec(Section):
@@ -122,9 +180,9 @@ class PipelineSpec(Section):
 
     schedule: Literal["gpipe", "1f1b", "interleaved"] = field(
         Choice("gpipe", "1f1b", "interleaved"), "1f1b", "Pipeline schedule.")
-    virtual_stages: int = field(POS_INT, 1, "Model chunks per pipeline rank (interleaved schedule).")
+    virtual_stages: int = field(Int(ge=1, le=MAX_STAGES), 1, "Model chunks per pipeline rank (interleaved schedule).")
     partition: Literal["parameters", "uniform"] | list[int] = field(
-        AnyOf(Choice("parameters", "uniform"), ListOf(POS_INT)), "parameters",
+        AnyOf(Choice("parameters", "uniform"), ListOf(Int(ge=1, le=MAX_LAYERS))), "parameters",
         "Layer split: balance parameters, uniform, or layers per stage (a list).")
 
 
@@ -132,7 +190,7 @@ class ParallelSpec(Section):
     """The parallel layout: degrees, ZeRO stage, sequence/context parallelism, pipeline and rank order."""
 
     tp: int | str = field(DEGREE, 1, "Tensor-parallel degree (ranks sharing each layer's matrices).")
-    pp: int | str = field(DEGREE, 1, "Pipeline-parallel degree (stages).")
+    pp: int | str = field(PP_DEGREE, 1, "Pipeline-parallel degree (stages).")
     dp: int | str = field(DEGREE, "auto", "Data-parallel degree; auto: world size / (tp x pp x cp).")
     cp: int | str = field(DEGREE, 1, "Context-parallel degree (ranks sharing one sequence).")
     ep: int | str = field(DEGREE, 1, "Expert-parallel degree (carved out of dp x cp).")
@@ -164,7 +222,7 @@ class SchedulerSpec(Section):
 
     name: Literal["cosine", "linear", "constant"] = field(
         Choice("cosine", "linear", "constant"), "cosine", "Decay after warm-up.")
-    warmup_steps: int = field(NON_NEG_INT, 0, "Linear warm-up (optimizer steps).")
+    warmup_steps: int = field(Int(ge=0, le=MAX_STEPS), 0, "Linear warm-up (optimizer steps).")
     min_lr: float = field(NON_NEG_FLOAT, 0.0, "Learning rate at the end of the decay.")
 
 
@@ -182,23 +240,25 @@ class CheckpointSpec(Section):
 
     dir: str = field(Str(), "checkpoints", "Checkpoint directory; a relative path written in the job file is taken "
                                            "from the job file's directory, the default lies inside the job directory.")
-    every: int = field(NON_NEG_INT, 0, "Save every this many optimizer steps (0: only at the end).")
+    every: int = field(Int(ge=0, le=MAX_STEPS), 0, "Save every this many optimizer steps (0: only at the end).")
     resume: Literal["auto", "never"] = field(Choice("auto", "never"), "auto", "auto: resume from the latest checkpoint.")
 
 
 class TrainingSpec(Section):
     """Batch sizes, precision, recomputation, optimizer, schedule, data and checkpoints."""
 
-    global_batch: int = field(POS_INT, 8, "Sequences per optimizer step, over all data-parallel ranks.")
-    micro_batch: int = field(POS_INT, 1, "Sequences per rank per forward/backward pass.")
+    global_batch: int = field(Int(ge=1, le=MAX_BATCH), 8, "Sequences per optimizer step, over all data-parallel ranks.")
+    micro_batch: int = field(Int(ge=1, le=MAX_BATCH), 1, "Sequences per rank per forward/backward pass.")
     precision: Literal["bf16", "fp16", "fp32"] = field(Choice("bf16", "fp16", "fp32"), "bf16", "Compute precision.")
     recompute: Literal["none", "selective", "full"] = field(
         Choice("none", "selective", "full"), "none", "Activation recomputation (Korthikanti et al. 2022).")
     optimizer: OptimizerSpec = section(OptimizerSpec, "The optimizer and where ZeRO keeps its states.")
     scheduler: SchedulerSpec = section(SchedulerSpec, "The learning-rate schedule.")
-    grad_clip: float = field(NON_NEG_FLOAT, 1.0, "Gradient-norm clipping (0: off).")
-    steps: int = field(POS_INT, 1000, "Optimizer steps to train.")
-    seed: int = field(NON_NEG_INT, 1234, "Random seed.")
+    # 0.3-1.0 in practice; a threshold above 10^6 never clips (0 is the way to turn clipping off)
+    grad_clip: float = field(Float(ge=0, le=1e6), 1.0, "Gradient-norm clipping (0: off).")
+    steps: int = field(Int(ge=1, le=MAX_STEPS), 1000, "Optimizer steps to train.")
+    # 32 bits: what every generator the runtime seeds accepts (numpy's takes no more)
+    seed: int = field(Int(ge=0, le=2**32 - 1), 1234, "Random seed.")
     data: DataSpec = section(DataSpec, "Training data.")
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Checkpoint directory, interval and resume.")
 
@@ -238,7 +298,7 @@ class RewriteRule(Section):
     as_: Literal["column", "row", "vocab", "norm", "replicate", "expert"] = field(
         Choice("column", "row", "vocab", "norm", "replicate", "expert"), alias="as",
         description="Parallel variant of the matched modules.")
-    fused: int = field(POS_INT, 1, "The weight fuses this many equal blocks (3 for a fused QKV).")
+    fused: int = field(Int(ge=1, le=MAX_HEADS), 1, "The weight fuses this many equal blocks (3 for a fused QKV).")
 
 
 class LaunchSpec(Section):

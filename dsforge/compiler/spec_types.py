@@ -145,7 +145,23 @@ _DECIMAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 class Float(_Number):
-    """A finite real number, stored as float; ints and decimal strings such as `3e-4` are taken."""
+    """A finite real number, stored as float; ints and decimal strings such as `3e-4` are taken.
+
+    ``min_nonzero`` allows 0 but no positive value below it (a rate of 0 means "not supported"; one of
+    5e-324 would make every duration computed from it infinite).
+    """
+
+    def __init__(self, ge: float | None = None, gt: float | None = None, le: float | None = None,
+                 lt: float | None = None, min_nonzero: float | None = None) -> None:
+        super().__init__(ge, gt, le, lt)
+        self.min_nonzero = min_nonzero
+        if min_nonzero is not None:
+            self.expected = f"{self.expected}, 0 or at least {_num(min_nonzero)}"
+
+    def _violated(self, value: float) -> str:
+        if self.min_nonzero is not None and 0 < value < self.min_nonzero:
+            return f"0 or at least {_num(self.min_nonzero)}"
+        return super()._violated(value)
 
     def accepts(self, value: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -163,7 +179,10 @@ class Float(_Number):
         return self._checked(value, path, issues)
 
     def schema(self, defs: dict[str, Any]) -> dict[str, Any]:
-        return {"type": "number", **self._bounds_schema()}
+        node: dict[str, Any] = {"type": "number", **self._bounds_schema()}
+        if self.min_nonzero is not None:
+            node["not"] = {"exclusiveMinimum": 0, "exclusiveMaximum": self.min_nonzero}
+        return node
 
 
 class Str(Kind):
@@ -504,6 +523,8 @@ class Section:
     def __init__(self, **data: Any) -> None:
         issues: list[Issue] = []
         values = type(self)._values(data, (), issues)
+        if not issues:
+            type(self)._relations(values, (), issues)
         if issues:
             raise SpecError(issues)
         self._fill(values, self._given(data))
@@ -524,6 +545,8 @@ class Section:
             return BAD
         before = len(issues)
         values = cls._values(data, path, issues)
+        if len(issues) == before:
+            cls._relations(values, path, issues)
         if len(issues) != before:
             return BAD
         obj = cls.__new__(cls)
@@ -552,6 +575,10 @@ class Section:
             else:
                 values[name] = f.make_default()
         return values
+
+    @classmethod
+    def _relations(cls, values: dict[str, Any], path: Path, issues: list[Issue]) -> None:
+        """Checks between keys of this section (their values already checked one by one); appends issues."""
 
     def _fill(self, values: dict[str, Any], given: frozenset[str]) -> None:
         d = self.__dict__
