@@ -74,6 +74,29 @@ def plan_ready(plan: Plan) -> tuple[Degrees, Placement]:
     return d, p
 
 
+#: Largest world whose groups plan.json lists rank by rank (16,384 ranks: ~130,000 numbers, about a megabyte);
+#: above it each kind of group is summarised, so plan.json stays small and quick to write for any world.
+LISTED_RANKS = 16_384
+#: Members of a kind's first group shown in the summary (a data-parallel group can hold most of the world).
+SHOWN_MEMBERS = 64
+
+
+def placement_document(p: Placement) -> dict[str, Any]:
+    """The placement as plan.json states it: every group of every kind, or above LISTED_RANKS ranks how many
+    groups of what size each kind has, the first group's first SHOWN_MEMBERS ranks and the last group's first
+    rank (the runtime re-derives the groups from the degrees and the order)."""
+    if p.world_size <= LISTED_RANKS:
+        return {"order": list(p.order), "groups": dict(p.groups)}
+    shapes = {}
+    for kind in p.groups:
+        first = p.first_group(kind)
+        # the last group holds the last rank, with the first group's offsets
+        shapes[kind] = {"count": p.world_size // len(first), "size": len(first), "first": first[:SHOWN_MEMBERS],
+                        "last_base": p.world_size - 1 - first[-1]}
+    return {"order": list(p.order), "groups_summary": shapes,
+            "note": f"{p.world_size} ranks: groups are summarised above {LISTED_RANKS} ranks"}
+
+
 def plan_document(plan: Plan, files: list[str], summary: dict[str, Any] | None = None,
                   rewrite: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plan.json document: resolved job, degrees, batch, partition, placement, DeepSpeed's view, summary,
@@ -95,7 +118,7 @@ def plan_document(plan: Plan, files: list[str], summary: dict[str, Any] | None =
         "seed": t.seed,
         "stage_layers": list(plan.stage_layers),
         "virtual_stages": plan.virtual_stages,
-        "placement": {"order": list(p.order), "groups": dict(p.groups)},
+        "placement": placement_document(p),
         "deepspeed": deepspeed_view(plan, d),
         "dist_backend": "gloo" if on_cpu(plan) else "nccl",
         "launcher": plan.spec.launch.launcher,

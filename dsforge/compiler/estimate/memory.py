@@ -170,7 +170,7 @@ def stage_memory(plan: Plan, stage: int, z: ZeroSettings, m: int, per: _PerLayer
                for name, values in (("backward", {**states.backward, "activations": activ, "logits": logits}),
                                     ("update", states.update), ("step", states.step))}
     phase = max(("backward", "update"), key=lambda name: sum(moments[name].values()))
-    rank = plan.placement.groups["pp"][0][stage]
+    rank = plan.placement.first_group("pp")[stage]
     return StageMemory(stage, rank, dict(moments[phase]), dict(states.host), phase, moments)
 
 

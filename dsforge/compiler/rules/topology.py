@@ -19,7 +19,8 @@ def _crossing(ctx: Context, kind: str, key: str) -> Iterator[Finding]:
     if placement is None or d is None or getattr(d, kind) == 1 or not placement.crosses_nodes(kind):
         return  # a group of one rank never leaves its node (and its groups need not be built)
     hw = ctx.spec.hardware
-    group = next(g for g in placement.groups[kind] if len({placement.node_of(r) for r in g}) > 1)
+    group = placement.crossing_group(kind)
+    assert group is not None  # crosses_nodes said one does
     intra, inter = hw.intra_node.bandwidth_gbs, hw.inter_node.bandwidth_gbs
     size = len(group)
     fix = (f"keep {key} <= gpus_per_node={hw.gpus_per_node} and first in parallel.order"
