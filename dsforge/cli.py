@@ -46,6 +46,13 @@ def _selection(select: tuple[str, ...], ignore: tuple[str, ...]) -> Any:
 
 
 _FORMATS = ["text", "json", "github", "sarif", "gcc"]
+
+
+def _finite_tokens(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """--tokens as a finite count (FloatRange lets `nan` through: every comparison with it is false)."""
+    if value is not None and not 1 <= value <= 1e30:
+        raise click.BadParameter(f"{value} is not a token count from 1 to 1e30", ctx, param)
+    return value
 _FORMAT_HELP = "Output format of the diagnostics (gcc: `file:line:col: error: message [ID]` for editors)."
 
 
@@ -203,8 +210,8 @@ def compile_job(file: str, out: str, force: bool, fmt: str, no_rewrite: bool, se
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False),
               help="Write timeline, memory and placement pictures (PNG and SVG) into this directory.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write one self-contained HTML report.")
-@click.option("--tokens", type=click.FloatRange(min=1), help="Training horizon for time-to-train "
-              "(default: training.steps x tokens per step).")
+@click.option("--tokens", type=click.FloatRange(min=1), callback=_finite_tokens, help="Training horizon for "
+              "time-to-train (default: training.steps x tokens per step; at most 1e30).")
 @click.option("--rewrite", "with_rewrite", is_flag=True, help="Also show the rewrite plan (module -> parallel "
               "variant, shards per rank) and use its exact parameter counts; needs torch and transformers.")
 def explain(file: str, fmt: str, plot_dir: str | None, html_path: str | None, tokens: float | None,
@@ -262,8 +269,15 @@ def _explain_plan(plan: object, fmt: str, plot_dir: str | None, html_path: str |
     except (EstimateError, ScheduleError, ValueError) as exc:
         click.echo(f"dsforge explain: cannot estimate this job: {exc}", err=True)
         sys.exit(EXIT_FINDINGS)
+    from dsforge.compiler.strict_json import dumps, non_finite
+
+    found = non_finite(ex.summary)
+    if found is not None:  # strict JSON readers refuse NaN/Infinity, and no reader of the tables wants them
+        click.echo(f"dsforge explain: cannot estimate this job: the cost model computed {found[1]} for {found[0]}",
+                   err=True)
+        sys.exit(EXIT_FINDINGS)
     if fmt == "json":
-        click.echo(json.dumps(ex.summary, indent=2))
+        click.echo(dumps(ex.summary, indent=2))
     else:
         from dsforge.explain.text import render
 

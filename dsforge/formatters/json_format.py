@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
+from dsforge.compiler.strict_json import dumps, finite_or_text
 from dsforge.diagnostics import Diagnostic
 
 
 def render(diags: list[Diagnostic]) -> str:
-    """A JSON object with a `diagnostics` list, stable key order."""
-    return json.dumps({"version": 1, "diagnostics": [d.to_dict() for d in diags]}, indent=2) + "\n"
+    """A JSON object with a `diagnostics` list, stable key order (a NaN a finding quotes is written as text)."""
+    return dumps(finite_or_text({"version": 1, "diagnostics": [d.to_dict() for d in diags]}), indent=2) + "\n"

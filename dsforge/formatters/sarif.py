@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import PurePath
 from urllib.parse import quote
 
 from dsforge import __version__
+from dsforge.compiler.strict_json import dumps, finite_or_text
 from dsforge.diagnostics import Diagnostic, Severity
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -59,4 +59,4 @@ def render(diags: list[Diagnostic]) -> str:
             "results": [_result(d) for d in diags],
         }],
     }
-    return json.dumps(log, indent=2) + "\n"
+    return dumps(finite_or_text(log), indent=2) + "\n"

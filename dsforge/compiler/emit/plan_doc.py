@@ -18,6 +18,7 @@ from dsforge.compiler.ds_settings import on_cpu
 from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.placement import Placement
 from dsforge.compiler.plan import Degrees, Plan
+from dsforge.compiler.strict_json import non_finite
 
 FORMAT = 1
 GENERATOR = "dsforge"
@@ -59,6 +60,9 @@ def summarize_safely(plan: Plan) -> tuple[dict[str, Any] | None, str | None]:
         result: dict[str, Any] = importlib.import_module(SUMMARY_MODULE).summarize(plan)
     except Exception as exc:  # noqa: BLE001 - isolation is the point, as for rules
         return None, f"{type(exc).__name__}: {exc}"
+    found = non_finite(result)
+    if found is not None:  # plan.json must stay strict JSON: a summary that is not is no summary
+        return None, f"it computed {found[1]} for summary.{found[0]}"
     return result, None
 
 

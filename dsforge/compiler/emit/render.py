@@ -10,7 +10,6 @@ Kubernetes fields that expand ``$(VAR)`` references, ``slug`` for names with a r
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shlex
 from functools import lru_cache
@@ -21,6 +20,7 @@ import yaml
 
 from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.launch_targets import SBATCH_VALUE
+from dsforge.compiler.strict_json import NonFiniteError, dumps
 
 
 def shquote(value: Any) -> str:
@@ -64,8 +64,12 @@ def slug(value: Any, limit: int = 40) -> str:
 
 
 def canonical_json(value: Any) -> str:
-    """JSON with sorted keys and two-space indent: the same data gives the same bytes."""
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=True, allow_nan=False)
+    """JSON with sorted keys and two-space indent: the same data gives the same bytes; EmitError for a NaN or
+    an infinity (DSF516 refuses them in `deepspeed:` first; anywhere else it is a bug that must not ship)."""
+    try:
+        return dumps(value, indent=2, sort_keys=True, ensure_ascii=True)
+    except NonFiniteError as exc:
+        raise EmitError(f"a JSON file of the job would hold a non-finite number: {exc}") from None
 
 
 @lru_cache(maxsize=1)

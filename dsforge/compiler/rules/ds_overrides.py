@@ -7,6 +7,7 @@ an internal error here).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -132,3 +133,26 @@ def compile_passes(ctx: Context) -> Iterator[Finding]:
     if "autotp" in passes and ({"autosp", "z1", "z3"} & set(passes)):
         yield Finding("compile pass autotp cannot be combined with autosp or the ZeRO passes (NotImplementedError "
                       "at the first compile)", "run autotp on its own", path, Severity.ERROR)
+
+
+def _non_finite(node: Any, path: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], float]]:
+    if isinstance(node, float) and not math.isfinite(node):
+        yield path, node
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from _non_finite(value, (*path, str(key)))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _non_finite(value, (*path, i))
+
+
+@rule("DSF516", "overrides are finite numbers", source="RFC 8259 sec. 6 (JSON numbers); " + DS +
+      "runtime/config.py (ds_config.json is read with json.load)")
+def finite_overrides(ctx: Context) -> Iterator[Finding]:
+    """YAML reads `.nan`, `.inf` and numbers past 1.8e308 as NaN or infinity, which no JSON document can hold:
+    ds_config.json would need the non-standard `NaN`/`Infinity` that strict parsers (and other tools reading
+    the job directory) reject, and no DeepSpeed setting means anything with them."""
+    for path, value in _non_finite(ctx.spec.deepspeed, ("deepspeed",)):
+        where = ".".join(str(p) for p in path)
+        yield Finding(f"`{where}` is {value}: ds_config.json holds only finite numbers",
+                      f"give `{where}` a finite number, or remove it", path)
