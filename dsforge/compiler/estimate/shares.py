@@ -38,8 +38,9 @@ def kv_heads_per_rank(model: ResolvedModel, tp: int) -> float:
     return kv / tp if kv >= tp else 1.0
 
 
-def _tensor_sizes(model: ResolvedModel, moe: bool, tp: int, ep: int) -> tuple[list[float], list[float]]:
-    """Rank-local element counts of every parameter tensor of one layer: (dense tensors, expert tensors).
+def _tensor_sizes(model: ResolvedModel, moe: bool, tp: int, ep: int) -> tuple[list[float], list[float], int]:
+    """Rank-local element counts of every parameter tensor of one layer: (dense tensors, the tensors of one
+    expert, the number of experts on the rank); the experts are counted, not listed (a layer may hold millions).
 
     GPT-2-style layers (biases) fuse Q, K and V into one matrix, as HF GPT-2 and Megatron do;
     Llama-style layers keep q, k, v and o apart. Tensor boundaries matter for ZeRO-3's persistence
@@ -54,12 +55,14 @@ def _tensor_sizes(model: ResolvedModel, moe: bool, tp: int, ep: int) -> tuple[li
     else:
         dense = [h * h / tp, h * kv_dim, h * kv_dim, h * h / tp, h, h]  # q, k, v, o, two RMSNorms
     expert: list[float] = []
+    experts = 0
     if moe and model.moe is not None:
         dense.append(h * model.moe.experts)  # router, replicated
-        expert = _mlp_sizes(model, model.moe.ffn_hidden, 1) * (model.moe.experts // max(ep, 1))  # whole experts on every TP rank
+        expert = _mlp_sizes(model, model.moe.ffn_hidden, 1)  # whole experts on every TP rank
+        experts = model.moe.experts // max(ep, 1)
     else:
         dense += _mlp_sizes(model, model.ffn_hidden, tp)
-    return dense, expert
+    return dense, expert, experts
 
 
 def _mlp_sizes(model: ResolvedModel, ffn: int, tp: int) -> list[float]:
@@ -74,9 +77,10 @@ def _mlp_sizes(model: ResolvedModel, ffn: int, tp: int) -> list[float]:
 
 def kind_share(model: ResolvedModel, moe: bool, tp: int, ep: int, threshold: float) -> RankParams:
     """Rank-local parameters of a dense or an MoE layer (every layer of one kind is the same)."""
-    dense, expert = _tensor_sizes(model, moe, tp, ep)
-    small = sum(n for n in dense + expert if n <= threshold)
-    return RankParams(sum(dense), sum(expert), sum(dense) + sum(expert), small)
+    dense, one_expert, experts = _tensor_sizes(model, moe, tp, ep)
+    expert = experts * sum(one_expert)
+    small = sum(n for n in dense if n <= threshold) + experts * sum(n for n in one_expert if n <= threshold)
+    return RankParams(sum(dense), expert, sum(dense) + expert, small)
 
 
 def layer_kinds(plan: Plan, stage: int) -> dict[bool, int]:

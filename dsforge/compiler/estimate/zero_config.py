@@ -9,6 +9,7 @@ stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold 1e5, stage3_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,16 @@ def _get(block: dict[str, Any], *names: str, default: Any) -> Any:
     return default
 
 
+def _size(block: dict[str, Any], *names: str, default: float) -> float:
+    """A size override as a float; the default for one that is no finite number >= 0 (a string, NaN, 1e308):
+    the rules report such a value (DSF516, DeepSpeed's own config check), the estimate must not raise on it."""
+    value = _get(block, *names, default=default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    number = float(value) if abs(value) < 1e300 else math.inf
+    return number if math.isfinite(number) and number >= 0 else default
+
+
 def _offloaded(block: Any) -> bool:
     return isinstance(block, dict) and block.get("device", "none") in ("cpu", "nvme")
 
@@ -74,13 +85,13 @@ def zero_settings(plan: Plan) -> ZeroSettings:
         offload_optimizer=stage > 0 and (opt.offload != "none" or _offloaded(zo.get("offload_optimizer"))),
         offload_params=stage == 3 and _offloaded(zo.get("offload_param")),
         pipeline=plan.degrees is not None and plan.degrees.pp > 1,
-        reduce_bucket=float(_get(zo, "reduce_bucket_size", default=5e8)),
-        allgather_bucket=float(_get(zo, "allgather_bucket_size", default=5e8)),
+        reduce_bucket=_size(zo, "reduce_bucket_size", default=5e8),
+        allgather_bucket=_size(zo, "allgather_bucket_size", default=5e8),
         contiguous_gradients=bool(_get(zo, "contiguous_gradients", default=True)),
         overlap_comm=bool(_get(zo, "overlap_comm", default=stage == 3)),
-        prefetch_bucket=float(_get(zo, "prefetch_bucket_size", "stage3_prefetch_bucket_size", default=5e7)),
-        persistence_threshold=float(_get(zo, "param_persistence_threshold", "stage3_param_persistence_threshold",
-                                         default=1e5)),
-        max_live_parameters=float(_get(zo, "max_live_parameters", "stage3_max_live_parameters", default=1e9)),
+        prefetch_bucket=_size(zo, "prefetch_bucket_size", "stage3_prefetch_bucket_size", default=5e7),
+        persistence_threshold=_size(zo, "param_persistence_threshold", "stage3_param_persistence_threshold",
+                                    default=1e5),
+        max_live_parameters=_size(zo, "max_live_parameters", "stage3_max_live_parameters", default=1e9),
         fp32_grad_accum=fp32_accum and weight_bytes == 2,
     )
