@@ -254,8 +254,9 @@ class TrainingSpec(Section):
         Choice("none", "selective", "full"), "none", "Activation recomputation (Korthikanti et al. 2022).")
     optimizer: OptimizerSpec = section(OptimizerSpec, "The optimizer and where ZeRO keeps its states.")
     scheduler: SchedulerSpec = section(SchedulerSpec, "The learning-rate schedule.")
-    # 0.3-1.0 in practice; a threshold above 10^6 never clips (0 is the way to turn clipping off)
-    grad_clip: float = field(Float(ge=0, le=1e6), 1.0, "Gradient-norm clipping (0: off).")
+    # 0.3-1.0 in practice; a huge threshold never clips but still reports the norm (0 turns clipping off); the
+    # bound keeps the value finite through every product the estimates and DeepSpeed form with it
+    grad_clip: float = field(Float(ge=0, le=1e18), 1.0, "Gradient-norm clipping (0: off).")
     steps: int = field(Int(ge=1, le=MAX_STEPS), 1000, "Optimizer steps to train.")
     # 32 bits: what every generator the runtime seeds accepts (numpy's takes no more)
     seed: int = field(Int(ge=0, le=2**32 - 1), 1234, "Random seed.")
