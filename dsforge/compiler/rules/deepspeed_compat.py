@@ -49,13 +49,21 @@ def moe_with_zero3(ctx: Context) -> Iterator[Finding]:
 @rule("DSF503", "the accelerator supports the chosen precision",
       source=DS + "runtime/engine.py DeepSpeedEngine._do_sanity_check; accelerator is_bf16/fp16_supported")
 def precision_supported(ctx: Context) -> Iterator[Finding]:
-    """bf16 needs Ampere or newer (a V100 has none); DeepSpeed checks the accelerator only at start-up."""
+    """bf16 needs Ampere or newer (a V100 has none); DeepSpeed checks the accelerator only at start-up.
+    An fp32 job needs the accelerator's fp32 peak (`fp32_tflops`): without it no step time can be
+    estimated, and 0 says the accelerator has none."""
     prec, acc = ctx.spec.training.precision, ctx.spec.hardware.accelerator
     peak = {"bf16": acc.bf16_tflops, "fp16": acc.fp16_tflops if acc.fp16_tflops is not None else acc.bf16_tflops}
     if prec in peak and not peak[prec]:
         other = "fp16" if prec == "bf16" and peak["fp16"] else "bf16" if peak["bf16"] else "fp32"
         yield Finding(f"precision={prec} but {acc.name} has no {prec} support",
                       f"use precision: {other}", ("training", "precision"))
+    if prec == "fp32" and not acc.fp32_tflops:
+        given = "is 0" if acc.fp32_tflops == 0 else "is not given"
+        other = " (or precision: bf16)" if acc.bf16_tflops else ""
+        yield Finding(f"precision=fp32 but the fp32 peak of {acc.name} {given}: no step time can be estimated",
+                      f"set hardware.accelerator.fp32_tflops to its data sheet's dense FP32 figure{other}",
+                      ("training", "precision"))
 
 
 @rule("DSF504", "optimizer offload needs ZeRO (NVMe needs ZeRO-3)",
