@@ -408,10 +408,12 @@ def _paced(schedule: str, forward_s: list[list[float]], backward_s: list[list[fl
         ends = tuple(total - s * (backward_s[s][0] + transfer_s) for s in range(p))
         return Timeline([[] for _ in range(p)], ends, busy, 0, exact=False)
     sample = event_simulation(schedule, forward_s, backward_s, shown, transfer_s)
-    # where the sample reaches beyond its warm-up, rank 0's forwards show the pace of the chunks themselves
+    # where the sample reaches beyond its warm-up and first round trip, rank 0's forwards show the pace of the
+    # chunks themselves (measured over whole groups, since interleaving runs a group through each chunk in turn)
     firsts = [slot.end for slot in sample.stages[0] if slot.kind == "F" and slot.chunk == 0]
-    steady = firsts[len(firsts) // 2:]
-    if len(steady) > group:
-        pace = max(pace, (steady[-1] - steady[0]) / (len(steady) - 1))
+    begin = -(-(-(-(_warmup(p, v, 0, 10**9) + 1) // v) + group) // group) * group
+    end = (len(firsts) - 1) // group * group
+    if end > begin:
+        pace = max(pace, (firsts[end] - firsts[begin]) / (end - begin))
     ends = tuple(row[-1].end + (m - shown) * pace for row in sample.stages)
     return Timeline(sample.stages, ends, busy, shown, exact=False)
