@@ -295,3 +295,17 @@ def test_an_fp32_job_without_an_fp32_peak_is_dsf503_not_an_explain_failure(tmp_p
     path.write_text(JOB.replace("  gpus_per_node: 4", "  gpus_per_node: 4\n  accelerator: {fp32_tflops: 0}"),
                     encoding="utf-8")
     assert ("DSF503", 15) in _rules(path)
+
+
+@pytest.mark.parametrize("extra", ["", "  pipeline: {schedule: interleaved, virtual_stages: 9, partition: uniform}\n"],
+                         ids=["1f1b", "interleaved-9-chunks"])
+def test_the_deepest_pipeline_the_schema_allows_costs_bounded_time(tmp_path: Path, extra: str) -> None:
+    path = tmp_path / "job.yaml"
+    job = JOB.replace("  preset: tiny-llama", "  preset: tiny-llama\n  layers: 9216")
+    job = job.replace("  gpus_per_node: 4", "  gpus_per_node: 1024").replace("  pp: 2", f"  pp: {schema.MAX_STAGES}")
+    job = job.replace("  pipeline: {schedule: 1f1b, partition: uniform}\n", extra or "  pipeline: {partition: uniform}\n")
+    path.write_text(job.replace("global_batch: 8", f"global_batch: {2**20}"), encoding="utf-8")
+    for args in (("validate", str(path)), ("explain", str(path), "--format", "json"),
+                 ("compile", str(path), "-o", str(tmp_path / "out"), "--no-rewrite")):
+        code, _, spent = _timed(*args)
+        assert code == 0 and spent < 2.0, (args[0], spent)
