@@ -56,7 +56,17 @@ def summary_section(s: dict[str, Any]) -> Section:
             _params_row(s["params"])]
     note = (f"assumption: kernels reach {t['achievable_fraction']:.2f} of peak "
             f"({t['achievable_fraction_source']})")
-    return Section("Summary", ["quantity", "estimate"], rows, notes=[note])
+    return Section("Summary", ["quantity", "estimate"], rows, notes=[note, *pace_note(s["pipeline"])])
+
+
+def pace_note(p: dict[str, Any]) -> list[str]:
+    """Says when the step time is the slowest rank's pace rather than the simulated schedule (deep pipelines)."""
+    if p.get("timeline_exact", True):
+        return []
+    return [f"estimate: the {p['stages']}-stage pipeline has no steady state within the simulation budget, so the step "
+            f"time extrapolates the slowest rank's pace over {count(p['micro_batches'])} micro-batches (from a "
+            f"simulated {plural(p['timeline_shown_micro_batches'] or 0, 'micro-batch', 'micro-batches')}); it is "
+            f"not exact"]
 
 
 def _params_row(par: dict[str, Any]) -> list[str]:
@@ -71,7 +81,20 @@ def _params_row(par: dict[str, Any]) -> list[str]:
             return count(st["exact"] if exact else formula)
         return f"{count(st['exact'])} (formula {count(formula)})"
 
-    return [f"parameters per GPU by stage ({'exact' if exact else 'formula'})", ", ".join(one(st) for st in stages)]
+    return [f"parameters per GPU by stage ({'exact' if exact else 'formula'})", runs([one(st) for st in stages])]
+
+
+def runs(values: list[str]) -> str:
+    """Comma-separated values, a run of three or more equal neighbours written once with its stage range
+    (a 1,024-stage pipeline would otherwise print a thousand equal counts)."""
+    parts, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[i]:
+            j += 1
+        parts.extend([f"{values[i]} (stages {i}-{j})"] if j - i >= 2 else values[i:j + 1])
+        i = j + 1
+    return ", ".join(parts)
 
 
 def rewrite_section(desc: dict[str, Any]) -> Section:

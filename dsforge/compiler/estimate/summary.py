@@ -96,7 +96,8 @@ def _pipeline(plan: Plan, step: StepTime) -> dict[str, Any]:
     return {"schedule": plan.spec.parallel.pipeline.schedule, "stages": p, "virtual_stages": v,
             "micro_batches": m, "stage_layers": list(plan.stage_layers),
             "bubble_fraction": step.timeline.bubble_fraction, "bubble_fraction_closed_form": bubble_fraction(p, m, v),
-            "makespan_s": step.timeline.makespan,
+            "makespan_s": step.timeline.makespan, "timeline_exact": step.timeline.exact,
+            "timeline_shown_micro_batches": step.timeline.shown_micro_batches,
             "stage_busy_s": [step.timeline.busy(s) for s in range(p)]}
 
 
