@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dsforge.compiler.ds_schema import merge_zero
 from dsforge.compiler.extends import deep_merge
 from dsforge.compiler.plan import Plan
 
@@ -59,8 +60,9 @@ def zero_section(plan: Plan) -> dict[str, Any]:
 
 
 def emitted_zero_block(plan: Plan) -> dict[str, Any]:
-    """The `zero_optimization` block ds_config.json carries: `zero_section` with the job's overrides merged."""
-    return deep_merge(zero_section(plan), overrides(plan, "zero_optimization"))
+    """The `zero_optimization` block ds_config.json carries: `zero_section` with the job's overrides merged (an
+    override replaces every spelling of its setting: `prefetch_bucket_size` the `stage3_` one dsforge writes)."""
+    return merge_zero(zero_section(plan), overrides(plan, "zero_optimization"))
 
 
 def checkpointing_section(plan: Plan) -> dict[str, Any]:
@@ -100,3 +102,28 @@ def pipeline_partitioning(sequence_parallel: bool, tp: int) -> dict[str, bool]:
     """
     replicated = not (sequence_parallel and tp > 1)
     return {"pipe_partitioned": replicated, "grad_partitioned": replicated}
+
+
+def precision_section(plan: Plan) -> dict[str, Any]:
+    """``bf16`` or ``fp16`` (dynamic loss scaling, DeepSpeed's defaults spelled out); nothing for fp32."""
+    prec = plan.spec.training.precision
+    if prec == "bf16":
+        return {"bf16": {"enabled": True}}
+    if prec == "fp16":
+        # loss_scale 0 = dynamic (runtime/precision_config.py); start at 2^16, halve on overflow after
+        # `hysteresis` overflows, grow again after loss_scale_window clean steps.
+        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                         "hysteresis": 2, "min_loss_scale": 1}}
+    return {}
+
+
+#: DeepSpeed's optimizer type per job-file name. "SGD" is not a DeepSpeed optimizer: the engine falls
+#: back to ``getattr(torch.optim, type)`` for names outside DEEPSPEED_OPTIMIZERS.
+DS_OPTIMIZER = {"adamw": "AdamW", "adam": "Adam", "lion": "Lion", "lamb": "Lamb", "sgd": "SGD"}
+
+
+def scheduler_type(name: str, warmup_steps: int) -> str | None:
+    """The DeepSpeed scheduler dsforge emits for a job's schedule (None: a constant rate without warm-up)."""
+    if name == "constant":
+        return "WarmupLR" if warmup_steps else None
+    return "WarmupCosineLR" if name == "cosine" else "WarmupDecayLR"

@@ -2,7 +2,8 @@
 
 Every value follows from the plan (the ZeRO and activation-checkpointing blocks come from
 `dsforge/compiler/ds_settings.py`, which the estimates read too); the job file's `deepspeed:` section is
-merged last (rule DSF508 has already refused overrides that contradict the plan). DeepSpeed's batch identity
+merged last, each override replacing every spelling of its setting (`ds_schema.merge_overrides`; rules
+DSF508 and DSF520-DSF521 have already refused overrides that contradict the plan). DeepSpeed's batch identity
 ``train_batch_size == micro * gas * world_size`` (deepspeed/runtime/config.py
 ``DeepSpeedConfig._batch_assertion``) is checked against the world size DeepSpeed *sees*: the runtime
 passes an mpu built from the plan (a PipelineModule brings its own topology), whose
@@ -15,9 +16,15 @@ from __future__ import annotations
 from typing import Any
 
 # on_cpu stays importable from here: launchers, plan_doc, the runtime and the plugins read it from this module.
-from dsforge.compiler.ds_settings import checkpointing_section, on_cpu, pipeline_partitioning, zero_section
+from dsforge.compiler.ds_schema import merge_overrides
+from dsforge.compiler.ds_settings import (
+    checkpointing_section,
+    on_cpu,
+    pipeline_partitioning,
+    precision_section,
+    zero_section,
+)
 from dsforge.compiler.emit.optim import optimizer_section, scheduler_section
-from dsforge.compiler.extends import deep_merge
 from dsforge.compiler.plan import Plan
 
 
@@ -33,19 +40,6 @@ def batch_section(plan: Plan) -> dict[str, Any]:
         raise EmitError(f"global_batch={t.global_batch} does not split into micro_batch={t.micro_batch} x dp")
     return {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
             "gradient_accumulation_steps": gas}
-
-
-def precision_section(plan: Plan) -> dict[str, Any]:
-    """``bf16`` or ``fp16`` (dynamic loss scaling, DeepSpeed's defaults spelled out); nothing for fp32."""
-    prec = plan.spec.training.precision
-    if prec == "bf16":
-        return {"bf16": {"enabled": True}}
-    if prec == "fp16":
-        # loss_scale 0 = dynamic (runtime/precision_config.py); start at 2^16, halve on overflow after
-        # `hysteresis` overflows, grow again after loss_scale_window clean steps.
-        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-                         "hysteresis": 2, "min_loss_scale": 1}}
-    return {}
 
 
 def pipeline_section(plan: Plan) -> dict[str, Any]:
@@ -101,4 +95,4 @@ def build_ds_config(plan: Plan) -> dict[str, Any]:
     sched = scheduler_section(t.scheduler, t.optimizer.lr, t.steps)
     if sched is not None:
         cfg["scheduler"] = sched
-    return deep_merge(cfg, plan.spec.deepspeed)
+    return merge_overrides(cfg, plan.spec.deepspeed)

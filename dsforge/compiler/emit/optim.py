@@ -9,11 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dsforge.compiler.ds_settings import DS_OPTIMIZER, scheduler_type
 from dsforge.compiler.schema import OptimizerSpec, SchedulerSpec
-
-#: DeepSpeed's optimizer type per job-file name. "SGD" is not a DeepSpeed optimizer: the engine falls
-#: back to ``getattr(torch.optim, type)`` for names outside DEEPSPEED_OPTIMIZERS.
-DS_OPTIMIZER = {"adamw": "AdamW", "adam": "Adam", "lion": "Lion", "lamb": "Lamb", "sgd": "SGD"}
 
 
 def optimizer_section(opt: OptimizerSpec, torch_adam: bool = False) -> dict[str, Any]:
@@ -51,15 +48,15 @@ def scheduler_section(sched: SchedulerSpec, lr: float, steps: int) -> dict[str, 
             return None
         params: dict[str, Any] = {"warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warm,
                                   "warmup_type": "linear"}
-        return {"type": "WarmupLR", "params": params}
+        return {"type": scheduler_type(sched.name, warm), "params": params}
     if sched.name == "cosine":
         # WarmupCosineLR works in ratios of the optimizer's lr: the decay ends at cos_min_ratio * lr.
         params = {"total_num_steps": steps, "warmup_num_steps": max(1, warm), "warmup_min_ratio": 0.0 if warm else 1.0,
                   "cos_min_ratio": sched.min_lr / lr, "warmup_type": "linear"}
-        return {"type": "WarmupCosineLR", "params": params}
+        return {"type": scheduler_type(sched.name, warm), "params": params}
     # WarmupDecayLR uses one floor for both ends (WarmupLR.get_lr: min_lr + delta * gamma): warm-up starts
     # at warmup_min_lr and the linear decay ends there, so no ratio trick gives a flat start; without a
     # warm-up the job gets DeepSpeed's shortest one, 2 steps up from min_lr.
     params = {"total_num_steps": steps, "warmup_num_steps": max(1, warm),
               "warmup_min_lr": sched.min_lr, "warmup_max_lr": lr, "warmup_type": "linear"}
-    return {"type": "WarmupDecayLR", "params": params}
+    return {"type": scheduler_type(sched.name, warm), "params": params}

@@ -18,6 +18,7 @@ from dsforge.compiler.ds_keys import (
     TP_CONFIG_KEYS,
     ZERO_KEYS,
 )
+from dsforge.compiler.ds_schema import MODELS, Field, Invalid, coerce
 from dsforge.compiler.rules.registry import Context, Finding, rule
 from dsforge.compiler.schema_errors import suggest
 from dsforge.diagnostics import Severity
@@ -112,6 +113,8 @@ def _section(ctx: Context, key: str) -> dict[str, Any]:
 #: ds_config sections whose keys DeepSpeed checks: (path, known keys, True if DeepSpeed rejects unknown keys).
 _CHECKED_SECTIONS = (
     (("zero_optimization",), ZERO_KEYS, True),
+    (("zero_optimization", "offload_optimizer"), frozenset(MODELS["offload_optimizer"]), True),
+    (("zero_optimization", "offload_param"), frozenset(MODELS["offload_param"]), True),
     (("bf16",), BF16_KEYS, True),
     (("fp16",), FP16_KEYS, True),
     (("tensor_parallel",), TENSOR_PARALLEL_KEYS, True),
@@ -174,19 +177,34 @@ def override_agrees(ctx: Context) -> Iterator[Finding]:
                                "gradient_accumulation_steps": plan.grad_accum,
                                "train_batch_size": t.global_batch}
     for key, want in planned.items():
-        if key in ds and want is not None and ds[key] != want:
+        # exactly the plan's integer: 8.0 or true compare equal to 8 or 1 in Python, yet describe another job
+        if key in ds and want is not None and not (type(ds[key]) is int and ds[key] == want):
             yield Finding(f"deepspeed.{key}={ds[key]!r} contradicts the plan's {want}",
                           f"remove it and set {'.'.join(_PLANNED[key])} instead", ("deepspeed", key))
+    block = ds.get("zero_optimization")
+    if isinstance(block, bool):
+        yield Finding(f"deepspeed.zero_optimization={block!r} is DeepSpeed's deprecated form of ZeRO stage "
+                      f"{int(block)}, replacing the stage-{plan.zero} block of parallel.zero",
+                      "remove it and set parallel.zero", ("deepspeed", "zero_optimization"))
     stage = _section(ctx, "zero_optimization").get("stage")
-    if stage is not None and stage != plan.zero:
+    if stage is not None and _as(MODELS["zero"]["stage"], stage) != plan.zero:
         yield Finding(f"deepspeed.zero_optimization.stage={stage!r} contradicts parallel.zero={plan.zero}",
                       "remove it and set parallel.zero", ("deepspeed", "zero_optimization", "stage"))
     for prec in ("bf16", "fp16"):
         enabled = _section(ctx, prec).get("enabled")
-        if enabled is not None and bool(enabled) != (t.precision == prec):
+        # DeepSpeed reads "false" as false (pydantic): compare what it will run, not Python truthiness
+        if enabled is not None and _as(MODELS[prec]["enabled"], enabled) != (t.precision == prec):
             yield Finding(f"deepspeed.{prec}.enabled={enabled!r} contradicts training.precision={t.precision}",
                           "remove it and set training.precision", ("deepspeed", prec, "enabled"))
     yield from _degree_overrides(ctx)
+
+
+def _as(field: Field, value: Any) -> Any:
+    """The value DeepSpeed reads (pydantic's conversion), or ``value`` itself when it refuses it (DSF517)."""
+    try:
+        return coerce(field, value)
+    except Invalid:
+        return None
 
 
 def _degree_overrides(ctx: Context) -> Iterator[Finding]:
@@ -207,15 +225,21 @@ def _degree_overrides(ctx: Context) -> Iterator[Finding]:
 @rule("DSF509", "deepspeed override values DeepSpeed accepts",
       source=DS + "runtime/config.py _do_error_check, get_communication_data_type")
 def override_values(ctx: Context) -> Iterator[Finding]:
-    """DeepSpeed rejects fp16 together with bf16, communication dtypes other than fp16/bf16/fp32, and a
-    `sum` gradient all-reduce under ZeRO-3 (which averages inside its reduce-scatter)."""
+    """DeepSpeed rejects fp16 together with bf16, communication dtypes other than fp16/bf16/fp32 (in any case:
+    it lower-cases them), a gradient all-reduce op other than mean/sum (lower-cased too), and a `sum`
+    gradient all-reduce under ZeRO-3 (which averages inside its reduce-scatter)."""
     ds = ctx.spec.deepspeed
-    if _section(ctx, "bf16").get("enabled") and _section(ctx, "fp16").get("enabled"):
+    if _as(MODELS["bf16"]["enabled"], _section(ctx, "bf16").get("enabled", False)) is True and \
+            _as(MODELS["fp16"]["enabled"], _section(ctx, "fp16").get("enabled", False)) is True:
         yield Finding("deepspeed enables both bf16 and fp16", "enable one (training.precision)", ("deepspeed", "fp16"))
     for key in ("communication_data_type", "seq_parallel_communication_data_type"):
-        if key in ds and ds[key] is not None and (not isinstance(ds[key], str) or ds[key] not in COMM_DTYPES):
-            yield Finding(f"deepspeed.{key}={ds[key]!r} is not one of fp16, bf16, fp32",
+        if key in ds and ds[key] is not None and (not isinstance(ds[key], str) or ds[key].lower() not in COMM_DTYPES):
+            yield Finding(f"deepspeed.{key}={ds[key]!r} is not one of fp16, bf16, fp32 (DeepSpeed lower-cases it)",
                           "use fp16, bf16 or fp32", ("deepspeed", key))
-    if ds.get("gradient_allreduce_op") == "sum" and ctx.plan.zero == 3:
+    op = ds.get("gradient_allreduce_op", "mean")
+    if (op.lower() if isinstance(op, str) else op) not in ("mean", "sum"):
+        yield Finding(f"deepspeed.gradient_allreduce_op={op!r} is not mean or sum (DeepSpeed lower-cases it)",
+                      "use mean (the default) or sum", ("deepspeed", "gradient_allreduce_op"))
+    elif isinstance(op, str) and op.lower() == "sum" and ctx.plan.zero == 3:
         yield Finding("gradient_allreduce_op=sum is refused with ZeRO-3", "remove it, or use zero <= 2",
                       ("deepspeed", "gradient_allreduce_op"))

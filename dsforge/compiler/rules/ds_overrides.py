@@ -1,4 +1,5 @@
-"""DSF510-DSF519: `deepspeed:` overrides that DeepSpeed accepts at parse but refuses once every rank runs.
+"""DSF510-DSF524: `deepspeed:` overrides checked against DeepSpeed 0.19.8: its config parse (DSF517-DSF519, from
+`dsforge.compiler.ds_schema`), and what it accepts at parse but refuses once every rank runs.
 
 Each check reads the raw override values, which may hold anything a person typed, so every value is
 type-checked before any arithmetic (a string where a number belongs is DeepSpeed's parse error, not
@@ -11,6 +12,15 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from dsforge.compiler.ds_schema import MODELS, Invalid, Problem, coerce, merge_overrides, parse
+from dsforge.compiler.ds_settings import (
+    DS_OPTIMIZER,
+    emitted_zero_block,
+    on_cpu,
+    precision_section,
+    scheduler_type,
+    zero_section,
+)
 from dsforge.compiler.rules.registry import Context, Finding, rule
 from dsforge.compiler.rules.util import choices, divisors
 from dsforge.diagnostics import Severity
@@ -28,6 +38,14 @@ def _get(ctx: Context, *path: str) -> Any:
     return node
 
 
+def _read(field: Any, value: Any) -> Any:
+    """The value DeepSpeed reads for ``field`` (pydantic's conversion); None where it refuses it (DSF517)."""
+    try:
+        return coerce(field, value)
+    except Invalid:
+        return None
+
+
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -41,11 +59,10 @@ def master_weights_need_zero(ctx: Context) -> Iterator[Finding]:
     flags = [("fp16", "fp16_master_weights_and_grads"), ("bf16", "bf16_master_weights_and_grads"),
              ("bf16", "bf16_optimizer_states")]
     for section, key in flags:
-        if _get(ctx, section, key) is True and ctx.plan.zero == 0:
+        if _enabled(ctx, section, key) and ctx.plan.zero == 0:
             yield Finding(f"deepspeed.{section}.{key} needs ZeRO stage 1-3, but parallel.zero=0",
                           f"set parallel.zero: 1 (or 2, 3), or remove {key}", ("deepspeed", section, key))
-    if _get(ctx, "bf16", "bf16_optimizer_states") is True and _get(ctx, "bf16", "bf16_master_weights_and_grads") \
-            is not True:
+    if _enabled(ctx, "bf16", "bf16_optimizer_states") and not _enabled(ctx, "bf16", "bf16_master_weights_and_grads"):
         yield Finding("deepspeed.bf16.bf16_optimizer_states needs bf16_master_weights_and_grads: true",
                       "add bf16_master_weights_and_grads: true, or remove bf16_optimizer_states",
                       ("deepspeed", "bf16", "bf16_optimizer_states"))
@@ -67,14 +84,16 @@ def lamb_dynamic_loss_scale(ctx: Context) -> Iterator[Finding]:
 def unmanaged_accumulation(ctx: Context) -> Iterator[Finding]:
     """With `managed_gradient_accumulation: false` DeepSpeed refuses pipeline parallelism and supports
     ZeRO's overlap_comm only when gradients are partitioned (ZeRO-2 or 3); both are asserted at
-    initialize, after every rank has started."""
+    initialize, after every rank has started. overlap_comm is the merged value: dsforge itself writes
+    `overlap_comm: true` for ZeRO jobs on GPUs."""
     if _get(ctx, "managed_gradient_accumulation") is not False:
         return
     d, path = ctx.plan.degrees, ("deepspeed", "managed_gradient_accumulation")
     if d is not None and d.pp > 1:
         yield Finding(f"managed_gradient_accumulation=false is refused with pipeline parallelism (pp={d.pp})",
                       "remove managed_gradient_accumulation, or use pp: 1", path)
-    if _get(ctx, "zero_optimization", "overlap_comm") is True and ctx.plan.zero < 2:
+    if _read(MODELS["zero"]["overlap_comm"], emitted_zero_block(ctx.plan).get("overlap_comm")) is True and \
+            ctx.plan.zero < 2:
         yield Finding(f"managed_gradient_accumulation=false supports overlap_comm only with ZeRO-2/3, not "
                       f"zero={ctx.plan.zero}", "set overlap_comm: false, or parallel.zero: 2",
                       ("deepspeed", "zero_optimization", "overlap_comm"))
@@ -156,3 +175,242 @@ def finite_overrides(ctx: Context) -> Iterator[Finding]:
         where = ".".join(str(p) for p in path)
         yield Finding(f"`{where}` is {value}: ds_config.json holds only finite numbers",
                       f"give `{where}` a finite number, or remove it", path)
+
+
+# --- the overrides against DeepSpeed's own config parse (ds_schema) ------------------------------------------
+
+def seen_by_deepspeed(ctx: Context) -> dict[str, Any]:
+    """The parts of the emitted ds_config that DeepSpeed's parse looks at, with the job's overrides merged as
+    compile merges them (the emitter writes the same blocks from the same ds_settings functions)."""
+    plan, t = ctx.plan, ctx.spec.training
+    base: dict[str, Any] = {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
+                            "gradient_accumulation_steps": plan.grad_accum, "zero_optimization": zero_section(plan),
+                            **precision_section(plan), "gradient_clipping": t.grad_clip,
+                            "optimizer": {"type": DS_OPTIMIZER[t.optimizer.name], "params": {}},
+                            "wall_clock_breakdown": False}
+    sched = scheduler_type(t.scheduler.name, t.scheduler.warmup_steps)
+    if sched is not None:
+        base["scheduler"] = {"type": sched, "params": {}}
+    return merge_overrides(base, ctx.spec.deepspeed)
+
+
+def _problems(ctx: Context) -> list[Problem]:
+    d = ctx.plan.degrees
+    if d is None or ctx.plan.grad_accum is None:
+        return []  # the layout or batch rules report why there is no plan to emit
+    return parse(seen_by_deepspeed(ctx), d.dp)
+
+
+#: Problems other rules report: unknown keys (DSF507), the communication dtypes and allreduce op, fp16 with
+#: bf16 (DSF509), reduced-precision master weights (DSF510) and the batch keys (DSF508 refuses any batch override
+#: that is not the plan's own number).
+_ELSEWHERE = {("communication_data_type",), ("seq_parallel_communication_data_type",), ("gradient_allreduce_op",),
+              ("fp16", "enabled"), ("train_batch_size",), ("train_micro_batch_size_per_gpu",),
+              ("gradient_accumulation_steps",)}
+
+
+def _reported_here(p: Problem) -> bool:
+    return p.kind != "extra" and p.path not in _ELSEWHERE and not (
+        p.kind == "cross" and str(p.path[-1]) in ("fp16_master_weights_and_grads", "bf16_master_weights_and_grads",
+                                                  "bf16_optimizer_states"))
+
+
+@rule("DSF517", "override values have the types and ranges DeepSpeed's config takes",
+      source=DS + "runtime/zero/config.py, runtime/zero/offload_config.py, runtime/precision_config.py "
+      "(pydantic models, lax mode), runtime/config.py DeepSpeedConfig._initialize_params")
+def override_value_types(ctx: Context) -> Iterator[Finding]:
+    """DeepSpeed validates zero_optimization, its offload blocks, fp16, bf16 and hybrid_engine with pydantic
+    models: a bucket size must be a whole number above 0 (YAML reads `5e8` as text, which an int field refuses;
+    `5.0e+8` is a number), `stage: null` or an offload `device: gpu` fails the parse. Values such as "yes" for
+    a bool or "5" for an int are converted as pydantic converts them, exactly as DeepSpeed will. Top-level
+    values DeepSpeed computes with (`wall_clock_breakdown | flops_profiler.enabled`) must have a type that
+    computation takes. An HF-style "auto" at the top of a pydantic section is dropped by DeepSpeed (its
+    default applies) and is accepted here too."""
+    for p in _problems(ctx):
+        value = _get(ctx, *(str(k) for k in p.path))
+        if isinstance(value, float) and not math.isfinite(value):
+            continue  # DSF516's: no JSON document holds it
+        if p.kind == "value" and _reported_here(p):
+            yield Finding(p.message, p.fix, ("deepspeed", *p.path))
+
+
+@rule("DSF518", "override sections DeepSpeed reads as mappings are mappings",
+      source=DS + "runtime/config.py DeepSpeedConfig._initialize_params (param_dict[...].keys(), Model(**dict))")
+def override_sections(ctx: Context) -> Iterator[Finding]:
+    """`optimizer: null`, `fp16: null`, `pipeline: 1f1b` or `zero_optimization: 1` make DeepSpeed's parse
+    call `.keys()`, `.items()` or `**` on something that is not a mapping; it fails with an AttributeError
+    or TypeError on every rank. (`bf16: null` is the one DeepSpeed tolerates: it then reads `bfloat16`.)"""
+    for p in _problems(ctx):
+        if p.kind == "shape" and _reported_here(p):
+            yield Finding(p.message, p.fix, ("deepspeed", *p.path))
+
+
+@rule("DSF519", "override values DeepSpeed refuses together",
+      source=DS + "runtime/zero/config.py DeepSpeedZeroConfig validators (compute_grad_norm_valid, "
+      "offload_ratio_check, deprecated fields), runtime/precision_config.py _validate_dynamic_loss_scale_params")
+def override_cross_keys(ctx: Context) -> Iterator[Finding]:
+    """Conditions DeepSpeed's parse checks across keys: `compute_grad_norm: false` only at ZeRO 1-2, partial
+    optimizer offload (`ratio` < 1) only at ZeRO-3, a deprecated spelling (`cpu_offload`,
+    `stage3_gather_fp16_weights_on_model_save`) never beside the setting that replaced it, and dynamic fp16
+    loss scaling with a positive `loss_scale_window` and `min_loss_scale`."""
+    for p in _problems(ctx):
+        if p.kind == "cross" and _reported_here(p):
+            yield Finding(p.message, p.fix, ("deepspeed", *p.path))
+
+
+def _type_name(block: Any) -> str | None:
+    name = block.get("type") if isinstance(block, dict) else None
+    return name.lower() if isinstance(name, str) else None
+
+
+@rule("DSF520", "optimizer and scheduler overrides keep the job's types",
+      source="dsforge (training.optimizer and training.scheduler are authoritative); " + DS +
+      "runtime/engine.py _configure_basic_optimizer")
+def optimizer_type_override(ctx: Context) -> Iterator[Finding]:
+    """The `deepspeed:` overrides are merged into the optimizer and scheduler blocks dsforge writes, so another
+    `type` would keep the job's parameters (`optimizer: {type: SGD}` keeps AdamW's `betas` and fails at
+    initialize), and the estimate, the explain report and the runtime's optimizer would describe a different
+    job. The type is the job's: change training.optimizer / training.scheduler instead."""
+    t = ctx.spec.training
+    emitted = {"optimizer": DS_OPTIMIZER[t.optimizer.name],
+               "scheduler": scheduler_type(t.scheduler.name, t.scheduler.warmup_steps)}
+    for key, want in emitted.items():
+        block = ctx.spec.deepspeed.get(key)
+        if not isinstance(block, dict) or "type" not in block:
+            continue
+        given = _type_name(block)
+        if given != (want.lower() if want else None):
+            where = "training.optimizer.name" if key == "optimizer" else "training.scheduler"
+            yield Finding(f"deepspeed.{key}.type={block['type']!r} replaces the {want or 'absent'} {key} the job "
+                          f"describes, while keeping its parameters", f"remove it and set {where}",
+                          ("deepspeed", key, "type"))
+
+
+def _params(ctx: Context, key: str) -> dict[str, Any]:
+    block = ctx.spec.deepspeed.get(key)
+    params = block.get("params") if isinstance(block, dict) else None
+    return params if isinstance(params, dict) else {}
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@rule("DSF521", "optimizer and scheduler parameters the optimizer and scheduler accept",
+      source="torch 2.13 torch/optim/adamw.py, adam.py (argument checks); " + DS +
+      "runtime/lr_schedules.py WarmupLR, WarmupCosineLR (warmup_num_steps)")
+def optimizer_param_values(ctx: Context) -> Iterator[Finding]:
+    """DeepSpeed passes `optimizer.params` to the optimizer's constructor and `scheduler.params` to the
+    scheduler's at initialize, after every rank started: torch refuses a negative lr, eps or weight decay and
+    betas that are not two numbers in [0, 1); DeepSpeed's warm-up schedulers refuse a `warmup_num_steps` that is
+    not a whole number above 0."""
+    params, path = _params(ctx, "optimizer"), ("deepspeed", "optimizer", "params")
+    for key in ("lr", "eps", "weight_decay"):
+        if key in params and not (_real(params[key]) and params[key] >= 0):
+            yield Finding(f"optimizer.params.{key}={params[key]!r}: the optimizer takes a finite number >= 0",
+                          f"remove it and set training.optimizer.{key}", (*path, key))
+    if "betas" in params:
+        betas = params["betas"]
+        if not (isinstance(betas, list) and len(betas) == 2 and all(_real(b) and 0 <= b < 1 for b in betas)):
+            yield Finding(f"optimizer.params.betas={betas!r}: the optimizer takes two numbers in [0, 1)",
+                          "remove it and set training.optimizer.betas", (*path, "betas"))
+    sched = _params(ctx, "scheduler")
+    warm = sched.get("warmup_num_steps")
+    if "warmup_num_steps" in sched and not (isinstance(warm, int) and not isinstance(warm, bool) and warm > 0):
+        yield Finding(f"scheduler.params.warmup_num_steps={warm!r}: DeepSpeed's warm-up schedulers take a whole "
+                      "number > 0", "remove it and set training.scheduler.warmup_steps",
+                      ("deepspeed", "scheduler", "params", "warmup_num_steps"))
+
+
+@rule("DSF522", "the optimizer has a kernel on this accelerator",
+      source=DS + "runtime/engine.py _configure_basic_optimizer (FusedLamb, FusedLion); ops/op_builder/cpu "
+      "(cpu_adam, cpu_lion, cpu_adagrad, fused_adam only)")
+def optimizer_kernel(ctx: Context) -> Iterator[Finding]:
+    """On the CPU accelerator DeepSpeed builds Lamb as FusedLamb and Lion (without ZeRO-Offload) as FusedLion,
+    whose kernels exist only for CUDA/ROCm: the CPU op builders have none, and initialize fails on every
+    rank. Lion with optimizer offload runs DeepSpeedCPULion."""
+    opt = ctx.spec.training.optimizer
+    if not on_cpu(ctx.plan):
+        return
+    if opt.name == "lamb" or (opt.name == "lion" and opt.offload == "none"):
+        alternative = "adamw" if opt.name == "lamb" else "offload: cpu (DeepSpeedCPULion) or adamw"
+        yield Finding(f"optimizer {opt.name} has no kernel on the CPU accelerator: DeepSpeed builds "
+                      f"Fused{opt.name.capitalize()}, a CUDA op", f"use {alternative}",
+                      ("training", "optimizer", "name"))
+
+
+def _zero_value(ctx: Context, key: str) -> Any:
+    return emitted_zero_block(ctx.plan).get(key)
+
+
+def _offload_device(ctx: Context) -> str:
+    """The optimizer offload device of the merged zero_optimization block, as DeepSpeed reads it."""
+    zero = emitted_zero_block(ctx.plan)
+    off = zero.get("offload_optimizer")
+    if isinstance(off, dict):
+        device = off.get("device", "none")
+        return device if isinstance(device, str) else "none"
+    return "cpu" if zero.get("cpu_offload") is True else "none"
+
+
+@rule("DSF523", "optimizer offload follows training.optimizer.offload",
+      source="dsforge (training.optimizer.offload is authoritative); " + DS + "runtime/zero/offload_config.py")
+def offload_override(ctx: Context) -> Iterator[Finding]:
+    """`zero_optimization.offload_optimizer.device` (or the deprecated `cpu_offload`) in the overrides would move
+    the optimizer states where the memory estimate, the CPU-optimizer choice and the offload rules do not
+    expect them; the job's `training.optimizer.offload` decides."""
+    want, got = ctx.spec.training.optimizer.offload, _offload_device(ctx)
+    if got != want and ctx.plan.zero > 0:
+        zero = ctx.spec.deepspeed.get("zero_optimization")
+        key = "cpu_offload" if isinstance(zero, dict) and "cpu_offload" in zero else "offload_optimizer"
+        yield Finding(f"deepspeed.zero_optimization.{key} offloads the optimizer to {got}, but "
+                      f"training.optimizer.offload is {want}", "remove it and set training.optimizer.offload",
+                      ("deepspeed", "zero_optimization", key))
+
+
+def _enabled(ctx: Context, section: str, key: str) -> bool:
+    block = ctx.spec.deepspeed.get(section)
+    value = block.get(key) if isinstance(block, dict) else None
+    return value is not None and _read(MODELS[section][key], value) is True
+
+
+@rule("DSF524", "overrides fit the ZeRO optimizer DeepSpeed builds",
+      source=DS + "runtime/zero/stage_1_and_2.py DeepSpeedZeroOptimizer.__init__ (compute_grad_norm, "
+      "_enforce_cpu_offload, reduce-scatter asserts); runtime/zero/stage3.py; runtime/swap_tensor")
+def zero_optimizer_conditions(ctx: Context) -> Iterator[Finding]:
+    """Conditions the ZeRO optimizers assert at initialize, after every rank started: `compute_grad_norm:
+    false` needs `gradient_clipping: 0` and no optimizer offload; reduced-precision master weights
+    (`bf16/fp16_master_weights_and_grads`) need ZeRO-Offload with DeepSpeedCPUAdam (adam/adamw, offload cpu);
+    with reduce-scatter (which dsforge writes at ZeRO-2/3) `prescale_gradients` and a
+    `gradient_predivide_factor` other than 1.0 are refused; NVMe parameter offload needs `nvme_path`."""
+    zero, ds, t = ctx.plan.zero, ctx.spec.deepspeed, ctx.spec.training
+    zpath = ("deepspeed", "zero_optimization")
+    if zero in (1, 2) and _zero_value(ctx, "compute_grad_norm") is False:
+        clip = ds.get("gradient_clipping", t.grad_clip)
+        if _real(clip) and clip > 0:
+            yield Finding(f"compute_grad_norm=false with gradient clipping {clip:g}: the ZeRO optimizer needs the "
+                          "norm to clip", "set training.grad_clip: 0, or remove compute_grad_norm",
+                          (*zpath, "compute_grad_norm"))
+        if _offload_device(ctx) != "none":
+            yield Finding("compute_grad_norm=false is refused with optimizer offload", "remove compute_grad_norm",
+                          (*zpath, "compute_grad_norm"))
+    for section in ("bf16", "fp16"):
+        key = f"{section}_master_weights_and_grads"
+        if zero in (1, 2, 3) and _enabled(ctx, section, key) and not (
+                _offload_device(ctx) == "cpu" and t.optimizer.name in ("adam", "adamw")):
+            yield Finding(f"deepspeed.{section}.{key} needs ZeRO-Offload with DeepSpeedCPUAdam (optimizer adam or "
+                          f"adamw with offload: cpu); the job has {t.optimizer.name} with offload "
+                          f"{_offload_device(ctx)}", "set training.optimizer.offload: cpu with adamw, or remove it",
+                          ("deepspeed", section, key))
+    if zero >= 2 and _zero_value(ctx, "reduce_scatter") is not False:
+        if ds.get("prescale_gradients") not in (None, False, 0):
+            yield Finding(f"prescale_gradients with ZeRO-{zero} reduce-scatter is refused at initialize",
+                          "remove prescale_gradients", ("deepspeed", "prescale_gradients"))
+        factor = ds.get("gradient_predivide_factor")
+        if factor is not None and factor != 1.0:
+            yield Finding(f"gradient_predivide_factor={factor!r} with ZeRO-{zero} reduce-scatter is refused at "
+                          "initialize", "remove gradient_predivide_factor", ("deepspeed", "gradient_predivide_factor"))
+    off = _zero_value(ctx, "offload_param")
+    if isinstance(off, dict) and off.get("device") == "nvme" and not off.get("nvme_path"):
+        yield Finding("offload_param to nvme needs the NVMe directory (nvme_path)", "set offload_param.nvme_path "
+                      "to a local NVMe mount", (*zpath, "offload_param"))
