@@ -132,3 +132,57 @@ def test_runtime_model_activations_within_10_percent(measured: dict[str, Any], k
                + act.logits_bytes(model, shape, model.vocab)[0])
     assert blocks == pytest.approx(got["blocks"], rel=0.10), (blocks, got)
     assert outside == pytest.approx(got["outside"], rel=0.10), (outside, got)
+
+
+def runtime_plan(**kwargs: Any) -> Plan:
+    """The plan of one runtime-model measurement (tests/dist/measure_memory.py `runtime_job_yaml`)."""
+    plan: Plan = MEASURE._plan(MEASURE.runtime_job_yaml(**kwargs))
+    return plan
+
+
+def estimated_blocks(plan: Plan) -> float:
+    """Bytes the decoder layers keep for one micro-batch under the plan's recompute (the default HF_SDPA
+    kernels, with the emitted ds_config's checkpoint partitioning)."""
+    from dsforge.compiler.estimate.memory import activation_shape
+
+    shape, model = activation_shape(plan), plan.model
+    return sum(act.layer_bytes(model, shape, is_moe_layer(model, i), plan.spec.training.recompute)
+               for i in range(model.layers))
+
+
+RUNTIME_KEYS = [f"tp{tp}-{r}" for tp in (1, 2) for r in ("none", "selective", "full")]
+# Under sequence parallelism the runtime's sequence regions gather the sequence before the attention and
+# MLP blocks, and the q/k/v and up projections then save the gathered (whole-sequence) input, where the
+# estimate counts 1/tp of it (Megatron keeps the shard and gathers again in backward): measured 1,259,520
+# bytes against 1,120,256 estimated (+12 %). Left to the cost model's owner; strict, so a fix shows here.
+SP_GAP = pytest.mark.xfail(strict=True, reason="SP: the runtime saves the gathered block inputs (+12 %)")
+
+
+@pytest.mark.parametrize("key", [*RUNTIME_KEYS, "tp2-sp-full", pytest.param("tp2-sp-none", marks=SP_GAP),
+                                 pytest.param("tp2-sp-selective", marks=SP_GAP)])
+def test_runtime_recompute_activations_within_10_percent(measured: dict[str, Any], key: str) -> None:
+    # The model the runtime trains (build_parallel_model and the engine's recompute), per rank.
+    parts = key.split("-")
+    plan = runtime_plan(tp=int(parts[0][2:]), recompute=parts[-1], sp="sp" in parts)
+    got = measured["runtime"][key]["blocks"]
+    assert estimated_blocks(plan) == pytest.approx(got, rel=0.10), (estimated_blocks(plan), got)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_recompute_is_applied(measured: dict[str, Any], tp: int) -> None:
+    # full keeps one layer input per layer (1/tp of it under partition_activations); selective keeps what
+    # none keeps, because SDPA already drops the attention scores (dsforge/runtime/recompute.py)
+    got = {r: measured["runtime"][f"tp{tp}-{r}"]["blocks"] for r in ("none", "selective", "full")}
+    model = runtime_plan(tp=tp).model
+    assert got["full"] == model.layers * 2 * model.seq_len * model.hidden * 4 // tp, got
+    assert got["selective"] == got["none"] > 10 * got["full"], got
+
+
+def test_ring_attention_saved_bytes_within_10_percent_and_below_full_sequence_sdpa(measured: dict[str, Any]) -> None:
+    # S=1024, cp 2: ring attention keeps q, k, v, output and log-sum-exp of the local half (the old
+    # implementation kept every block's probabilities, O(S^2/cp)); SDPA on the whole sequence on one rank
+    ring, sdpa = measured["ring"]["cp2-ring"]["blocks"], measured["ring"]["cp1-sdpa"]["blocks"]
+    est = estimated_blocks(runtime_plan(cp=2, seq=1024))
+    assert est == pytest.approx(ring, rel=0.10), (est, ring)
+    assert ring < sdpa, (ring, sdpa)
+    assert estimated_blocks(runtime_plan(seq=1024)) == pytest.approx(sdpa, rel=0.10), sdpa

@@ -86,7 +86,13 @@ def initialize(model: nn.Module, job: str | os.PathLike[str] | JobSpec | Plan, *
     The engine carries ``dsforge_plan`` and ``dsforge_groups`` for the loop's data sharding.
     """
     from dsforge.compiler.emit.ds_config import build_ds_config
-    from dsforge.runtime.engine import EngineError, initialize_engine, parallelize
+    from dsforge.runtime.engine import (
+        EngineError,
+        apply_job_recompute,
+        initialize_engine,
+        parallelize,
+        pipeline_recompute,
+    )
     from dsforge.runtime.groups import create_groups, ensure_deepspeed_comm
     from dsforge.runtime.rewrite import plan_rewrite
 
@@ -102,11 +108,12 @@ def initialize(model: nn.Module, job: str | os.PathLike[str] | JobSpec | Plan, *
 
         if plan.degrees.cp > 1:
             raise EngineError("cp > 1 with pp > 1 is not supported yet")
-        interval = config.get("pipeline", {}).get("activation_checkpoint_interval", 0)
         module: nn.Module = build_pipeline(model, plan_rewrite(model, plan), plan, groups,
-                                           activation_checkpoint_interval=interval)
+                                           **pipeline_recompute(plan, groups, config))
         engine = initialize_engine(module, config, None)
     else:
-        engine = initialize_engine(parallelize(model, plan, groups, gather_logits=True), config, groups)
+        model = parallelize(model, plan, groups, gather_logits=True)
+        apply_job_recompute(model, plan, groups, config)
+        engine = initialize_engine(model, config, groups)
     engine.dsforge_plan, engine.dsforge_groups = plan, groups
     return engine

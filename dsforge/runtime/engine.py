@@ -139,11 +139,38 @@ def build_pipeline_module(plan: Plan, groups: ParallelGroups, ds_config: dict[st
     seed = plan.spec.training.seed if seed is None else seed
     dense = build_model(plan.model, "cpu", d.tp, seed=seed)
     rp = plan_rewrite(dense, plan)
-    interval = ds_config.get("pipeline", {}).get("activation_checkpoint_interval", 0)
-    module = build_pipeline(dense, rp, plan, groups, loss_fn=pipeline_loss, activation_checkpoint_interval=interval)
+    module = build_pipeline(dense, rp, plan, groups, loss_fn=pipeline_loss,
+                            **pipeline_recompute(plan, groups, ds_config))
     if rp.sequence_parallel:
         _finish_sequence_parallel(module, plan, groups)
     return module
+
+
+def _partition_group(plan: Plan, groups: ParallelGroups, ds_config: dict[str, Any]) -> Any:
+    from dsforge.runtime.recompute import partition_group
+
+    d = plan.degrees
+    assert d is not None
+    return partition_group(ds_config, groups.tp, d.tp, plan.spec.parallel.sequence_parallel and d.tp > 1)
+
+
+def apply_job_recompute(model: nn.Module, plan: Plan, groups: ParallelGroups, ds_config: dict[str, Any]) -> int:
+    """``training.recompute`` on this rank's rewritten model (pp = 1); the number of checkpointed layers."""
+    from dsforge.runtime.recompute import apply_recompute
+
+    return apply_recompute(model, plan.spec.training.recompute, _partition_group(plan, groups, ds_config))
+
+
+def pipeline_recompute(plan: Plan, groups: ParallelGroups, ds_config: dict[str, Any]) -> dict[str, Any]:
+    """PipelineModule keywords for ``training.recompute``: each decoder layer checkpointed (interval 1 under
+    full), by dsforge's checkpoint (which honours partition_activations); embeddings and head are not."""
+    from functools import partial
+
+    from dsforge.runtime.recompute import checkpoint
+
+    interval = ds_config.get("pipeline", {}).get("activation_checkpoint_interval", 0)
+    return {"activation_checkpoint_interval": interval, "checkpointable_layers": ["DecoderStage"],
+            "activation_checkpoint_func": partial(checkpoint, group=_partition_group(plan, groups, ds_config))}
 
 
 def optimizer_parameters(module: nn.Module) -> list[Any]:
@@ -192,5 +219,6 @@ def build_engine(plan: Plan, ds_config: dict[str, Any], groups: ParallelGroups, 
     ensure_deepspeed_comm()  # PipelineModule and DeepSpeed's MoE layers talk through deepspeed.comm
     if d.pp > 1:
         return initialize_engine(build_pipeline_module(plan, groups, ds_config, seed), ds_config, None)
-    task = CausalLMLoss(build_parallel_model(plan, groups, seed), d.cp)
-    return initialize_engine(task, ds_config, groups)
+    model = build_parallel_model(plan, groups, seed)
+    apply_job_recompute(model, plan, groups, ds_config)
+    return initialize_engine(CausalLMLoss(model, d.cp), ds_config, groups)

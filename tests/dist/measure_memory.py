@@ -7,6 +7,11 @@ dsforge's estimate:
 * "activations": bytes autograd saves for backward over one micro-batch (distinct storages, no
   parameters), by region (embed, blocks, head), for the test GPT at tp 1 and 2, recompute none/full;
 * "hf": the same for the HF models dsforge's runtime builds (tiny-llama, tiny-gpt2, tiny-mixtral; tp 1);
+* "runtime": the same for the model dsforge's runtime trains (build_parallel_model, then the job's
+  recompute as the engine applies it) for `runtime_job_yaml(tp, recompute)`: tiny-llama at tp 1 and 2
+  (tp 2 once without and once with sequence parallelism), recompute none/selective/full;
+* "ring": the decoder layers of tiny-llama at S=1024 with ring attention over cp=2 (per rank), and the
+  same model on the whole sequence with SDPA on one rank (cp=1);
 * "states": model-state bytes of a DeepSpeed engine (ZeRO 0-3, fp32 and bf16) started with the
   ds_config `dsforge compile` emits for `job_yaml(...)`, summed over the distinct storages of every
   live tensor and classified (parameters / gradients / optimizer / module_buffers / other), at the
@@ -127,6 +132,72 @@ def measure_hf(preset: str, dtype: torch.dtype) -> dict[str, int]:
     return saved.by_region()
 
 
+#: The jobs of the "runtime" and "ring" measurements: tiny-llama as dsforge's runtime trains it.
+RUNTIME_JOB = """\
+version: 1
+model: {{preset: tiny-llama, seq_len: {seq}}}
+hardware: {{preset: cpu-local, gpus_per_node: 2}}
+parallel: {{tp: {tp}, cp: {cp}, dp: auto, sequence_parallel: {sp}, context_parallel: {{kind: ring}}}}
+training: {{global_batch: 8, micro_batch: 2, precision: fp32, recompute: {recompute}}}
+"""
+
+
+def runtime_job_yaml(tp: int = 1, recompute: str = "none", sp: bool = False, cp: int = 1, seq: int = 64) -> str:
+    """The job file text of one runtime-model measurement."""
+    return RUNTIME_JOB.format(tp=tp, recompute=recompute, sp=str(sp).lower(), cp=cp, seq=seq)
+
+
+def _plan(text: str) -> Any:
+    from dsforge.compiler.parse import load_job
+    from dsforge.compiler.plan import build_plan
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "job.yaml"
+        path.write_text(text)
+        job, diags = load_job(path)
+    assert job is not None, diags
+    return build_plan(job.spec)
+
+
+def measure_runtime(text: str) -> dict[str, int]:
+    """Saved bytes of one forward and loss of the runtime's model for a job (this rank), split into the
+    decoder layers ("blocks") and the rest ("outside": embedding, final norm, head, loss)."""
+    from dsforge.compiler.emit.ds_config import build_ds_config
+    from dsforge.runtime.attention import positions, shard_sequence
+    from dsforge.runtime.engine import CausalLMLoss, apply_job_recompute, build_parallel_model
+    from dsforge.runtime.groups import create_groups
+
+    plan = _plan(text)
+    groups = create_groups(plan)
+    model = build_parallel_model(plan, groups, seed=0).train()
+    apply_job_recompute(model, plan, groups, build_ds_config(plan))
+    cp, me = groups.size("cp"), groups.index("cp")
+    task = CausalLMLoss(model, cp)
+    g = torch.Generator().manual_seed(3)
+    seq = plan.model.seq_len
+    idx = torch.randint(0, plan.model.vocab, (MICRO, seq), generator=g)
+    targets = torch.roll(idx, -1, dims=1)
+    pos = positions(seq, me, cp).unsqueeze(0).expand(MICRO, -1) if cp > 1 else torch.arange(seq).expand(MICRO, -1)
+    if cp > 1:
+        idx, targets = shard_sequence(idx, me, cp), shard_sequence(targets, me, cp)
+    layers = model.model.layers
+    saved = SavedTensors(model.parameters())
+    blocks = saved.record("blocks")
+
+    def enter(*_: Any) -> None:  # hooks must return None (a forward hook's value replaces the output)
+        blocks.__enter__()
+
+    def leave(*_: Any) -> None:
+        blocks.__exit__(None, None, None)
+
+    layers[0].register_forward_pre_hook(enter)
+    layers[-1].register_forward_hook(leave)
+    with saved.record("outside"):
+        loss = task(idx, targets, pos)
+    loss.backward()
+    return saved.by_region()
+
+
 class StateProbe:
     """Snapshots of an engine's live tensors, classified, at the moments named in the module doc."""
 
@@ -242,6 +313,11 @@ def main() -> None:
                 if tp == 2 and name == "bf16":
                     continue
                 out["activations"][f"tp{tp}-{recompute}-{name}"] = measure_activations(tp, recompute, dtype)
+    out["runtime"] = {f"tp{tp}{'-sp' if sp else ''}-{recompute}": measure_runtime(runtime_job_yaml(tp, recompute, sp))
+                      for tp, sp in ((1, False), (2, False), (2, True)) for recompute in ("none", "selective", "full")}
+    out["ring"] = {"cp2-ring": measure_runtime(runtime_job_yaml(cp=2, seq=1024)),
+                   "cp1-sdpa": measure_runtime(runtime_job_yaml(seq=1024))}
+    print(f"runtime and ring done at {time.perf_counter() - start:.1f} s", flush=True)
     out["hf"] = {f"{preset}-{name}": measure_hf(preset, dtype) for preset in ("tiny-llama", "tiny-gpt2", "tiny-mixtral")
                  for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     for bf16 in (False, True):

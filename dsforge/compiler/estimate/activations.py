@@ -112,6 +112,9 @@ def attention_terms(model: ResolvedModel, a: ActivationShape) -> dict[str, float
         "attn_output": n * h / t * e,  # input of the output projection (also the fused kernel's output)
     }
     if k.fused_attention:
+        # Also what dsforge's ring attention keeps under cp > 1 (dsforge/runtime/attention/ring.py): q, k, v
+        # and the output of the local tokens and this fp32 log-sum-exp; its backward recomputes each
+        # block's scores, so no s x s/cp term (measured at S=1024, cp 2: tests/test_memory_measured.py).
         terms["softmax_lse"] = n * heads * FP32
     else:
         scores = n * heads * a.seq_len  # each local query row against all s keys
