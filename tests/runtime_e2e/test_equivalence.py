@@ -93,6 +93,21 @@ def check_pipeline(engine: Any, groups: Any) -> None:
     assert any("embed" in n for n in names) == first and any("head" in n for n in names) == last, names
 
 
+def check_recompute(engine: Any, groups: Any) -> None:
+    """Every decoder layer is checkpointed (pp = 1: through HF's hook, its input split over TP under
+    partition_activations; pp > 1: the pipeline checkpoints decoder stages only)."""
+    from dsforge.runtime.recompute import checkpoint, decoder_layers
+
+    if groups.size("pp") > 1:
+        assert engine.module.activation_checkpoint_interval == 1
+        assert engine.module.checkpointable_layers == ["DecoderStage"]
+        return
+    layers = decoder_layers(engine.module)
+    assert len(layers) == 4 and all(layer.gradient_checkpointing for layer in layers), layers
+    func = layers[0]._gradient_checkpointing_func
+    assert func.func is checkpoint and (func.keywords["group"] is not None) == (groups.size("tp") > 1)
+
+
 def _check(name: str, engine: Any, groups: Any, spec: Any, check: str) -> None:
     """Dispatch the shard checks of one layout (``kind[:arg]``, several joined by ``+``)."""
     for part in check.split("+"):
@@ -112,6 +127,8 @@ def _check(name: str, engine: Any, groups: Any, spec: Any, check: str) -> None:
             check_experts(engine, groups)
         elif kind == "pp":
             check_pipeline(engine, groups)
+        elif kind == "recompute":
+            check_recompute(engine, groups)
 
 
 def hand_written_loop(spec: Any) -> tuple[Any, Any, list[float], list[float]]:
@@ -183,6 +200,13 @@ def test_two_rank_layouts_match_one_process(tmp_path: Path) -> None:
         ("cp2-ulysses", spec("cpuly", "tiny-llama", {"cp": 2, "zero": 1, "context_parallel": {"kind": "ulysses"}}),
          "llama+cp"),
         ("ep2", spec("ep2", "tiny-mixtral", {"ep": 2, "zero": 1}), "ep"),
+        # recompute: full (each decoder layer run again in backward) changes no loss and no gradient norm
+        ("tp2-recompute-full", spec("tp2full", "tiny-llama", {"tp": 2}, recompute="full", **CLIPPED),
+         "llama+recompute"),
+        ("pp2-recompute-full", spec("pp2full", "tiny-llama", {"pp": 2, "zero": 1}, recompute="full"),
+         "pp+recompute"),
+        ("cp2-ring-recompute-full", spec("cpfull", "tiny-llama", {"cp": 2, "zero": 1}, recompute="full"),
+         "llama+cp+recompute"),
         # Resuming restores weights, ZeRO-partitioned optimizer state (momentum) and the data position.
         ("dp2-zero2-resumed", spec("resume", "tiny-gpt2", {"zero": 2}), f"resume:{tmp_path / 'ckpt'}"),
     ]
