@@ -1,0 +1,84 @@
+"""DSF140-DSF143: layouts dsforge's own runtime refuses at start-up, refused at validate time instead.
+
+Each rule mirrors one refusal of `dsforge.runtime` (tests/test_runtime_refusals.py lists every
+`raise` of the runtime and checks that each start-up limitation names a rule here or elsewhere). They
+apply to `stack: dsforge` only: another stack runs the job with its own engine and its own limits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from dsforge.compiler.rules.registry import Context, Finding, rule
+
+DS = "deepspeed/"
+
+#: Families whose decoder dsforge.runtime.pipeline_stages can cut into DeepSpeed pipeline layers (its
+#: STRUCTURES table; tests/test_runtime_refusals.py keeps the two equal).
+PIPELINE_FAMILIES = ("gpt2", "llama", "mixtral")
+
+
+def _dsforge_runtime(ctx: Context) -> bool:
+    """True when dsforge's runtime runs the job (`stack: dsforge`, the default; read so that a schema
+    without the key means the same)."""
+    return getattr(ctx.spec, "stack", "dsforge") == "dsforge"
+
+
+@rule("DSF140", "dsforge's runtime does not combine context and pipeline parallelism",
+      source="dsforge.runtime.engine build_pipeline_module; dsforge/runtime/pipeline_stages.py DecoderStage")
+def cp_with_pp(ctx: Context) -> Iterator[Finding]:
+    """The pipeline stages pass only hidden states between them and number token positions from 0 in
+    each stage, while ring and Ulysses attention need every rank's global positions and a causal mask over
+    them; rather than train a wrong model, every rank stops at start-up, so validate refuses the layout."""
+    d = ctx.plan.degrees
+    if d is None or not _dsforge_runtime(ctx) or d.cp == 1 or d.pp == 1:
+        return
+    yield Finding(f"cp={d.cp} with pp={d.pp}: dsforge's runtime does not run context parallelism inside a "
+                  "pipeline (its stages number token positions from 0; ring/Ulysses attention needs the global "
+                  "ones), so every rank would stop at start-up",
+                  f"use cp: 1 with pp: {d.pp}, or pp: 1 with cp: {d.cp} (and dp for the other ranks)",
+                  ("parallel", "cp"))
+
+
+@rule("DSF141", "pipeline parallelism needs a family the runtime can cut into stages",
+      source="dsforge/runtime/pipeline_stages.py STRUCTURES, layer_list; " + DS + "runtime/pipe/module.py")
+def pipeline_family(ctx: Context) -> Iterator[Finding]:
+    """For pp > 1 the runtime hands DeepSpeed a flat layer list (embedding, one entry per decoder layer,
+    final norm and head), which it knows how to build for the families in its structure table only; for
+    any other `model.arch` every rank stops at start-up."""
+    d, arch = ctx.plan.degrees, ctx.plan.model.arch
+    if d is None or not _dsforge_runtime(ctx) or d.pp == 1 or arch == "auto" or arch in PIPELINE_FAMILIES:
+        return
+    yield Finding(f"pp={d.pp} with model.arch {arch}: dsforge's runtime cuts only {', '.join(PIPELINE_FAMILIES)} "
+                  "decoders into pipeline stages, so every rank would stop at start-up",
+                  "use pp: 1 (with tp, dp or ZeRO for the memory), or a model of those families",
+                  ("parallel", "pp"))
+
+
+@rule("DSF142", "dsforge's runtime runs one model chunk per pipeline stage",
+      source="dsforge/runtime/pipeline_stages.py boundaries; " + DS + "runtime/pipe/module.py PipelineModule")
+def one_chunk_per_stage(ctx: Context) -> Iterator[Finding]:
+    """DeepSpeed's PipelineModule gives each stage one contiguous run of layers; interleaved model chunks
+    (virtual_stages > 1, Narayanan et al. 2021 sec. 2.2) have no form there, so the runtime refuses them
+    at start-up. `dsforge explain` still estimates the interleaved schedule for comparison."""
+    d, pipe = ctx.plan.degrees, ctx.spec.parallel.pipeline
+    if d is None or not _dsforge_runtime(ctx) or d.pp == 1 or pipe.virtual_stages == 1:
+        return
+    yield Finding(f"virtual_stages={pipe.virtual_stages}: dsforge's runtime builds DeepSpeed's PipelineModule, "
+                  "which runs one model chunk per stage, so every rank would stop at start-up",
+                  "set virtual_stages: 1 and schedule: 1f1b", ("parallel", "pipeline", "virtual_stages"))
+
+
+@rule("DSF143", "dsforge's runtime shards whole KV heads (no KV-head replication)",
+      source="dsforge/runtime/rewrite/apply.py _even; Ainslie et al. 2023 (GQA)")
+def replicated_kv_heads(ctx: Context) -> Iterator[Finding]:
+    """`parallel.replicate_kv_heads: true` lets tp exceed kv_heads (each KV head copied onto tp/kv_heads
+    ranks), which the cost model and DeepSpeed's AutoTP know; dsforge's tensor-parallel layers cut every
+    projection into equal 1/tp blocks and refuse the replicated K/V projections when every rank starts."""
+    d, m = ctx.plan.degrees, ctx.plan.model
+    if d is None or not _dsforge_runtime(ctx) or m.kv_heads % d.tp == 0 or not ctx.spec.parallel.replicate_kv_heads:
+        return
+    yield Finding(f"tp={d.tp} with kv_heads={m.kv_heads} replicated: dsforge's runtime gives each tensor-parallel "
+                  "rank whole KV heads of its own and cannot build replicated K/V projections, so every rank "
+                  "would stop at start-up",
+                  f"use tp dividing kv_heads={m.kv_heads} (and dp or pp for the other ranks)", ("parallel", "tp"))
