@@ -23,7 +23,7 @@ Key = tuple[str, ...]
 
 #: Every job-file key that names a file or directory on disk. `model.factory` is a module path
 #: (`package.module:callable`, imported from sys.path), not a file, so it is not among them.
-PATH_KEYS: tuple[Key, ...] = (("training", "data", "path"), ("training", "checkpoint", "dir"))
+PATH_KEYS: tuple[Key, ...] = (("training", "data", "path"), ("training", "checkpoint", "dir"), ("model", "pretrained"))
 
 
 def is_absolute(value: str) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 from dsforge.compiler.extends import deep_merge, load_document
 from dsforge.compiler.job_paths import resolve_job_paths
 from dsforge.compiler.presets import presets
+from dsforge.compiler.pretrained import expand_pretrained
 from dsforge.compiler.resolved import resolve_model
 from dsforge.compiler.schema import JobSpec, ModelSpec
 from dsforge.compiler.schema_errors import schema_diagnostics, suggest
@@ -63,6 +64,9 @@ def _fill_defaults(spec: JobSpec) -> JobSpec:
 def parse_job(raw: dict[str, Any], smap: SourceMap) -> tuple[JobSpec | None, list[Diagnostic]]:
     """Validate merged job data against the schema; returns the spec or the schema findings."""
     data, diags = _expand_presets(raw, smap)
+    if diags:
+        return None, diags
+    data, diags = expand_pretrained(data, raw, smap)  # after presets: a preset value may contradict config.json
     if diags:
         return None, diags
     try:

@@ -55,6 +55,7 @@ class ResolvedModel:
     moe: ResolvedMoE | None  # None: a dense model
     factory: str | None  # None: the HF model of the arch is built
     preset: str | None  # the preset the keys came from, if any (informational)
+    pretrained: str | None = None  # an HF model directory: config.json builds the model, its weights fill it
 
 
 def _resolve_moe(moe: MoESpec, ffn_hidden: int) -> ResolvedMoE:
@@ -77,4 +78,4 @@ def resolve_model(model: ModelSpec | ResolvedModel) -> ResolvedModel:
         kv_heads=model.kv_heads if model.kv_heads is not None else model.heads, ffn_hidden=ffn, vocab=model.vocab,
         seq_len=model.seq_len, tied_embeddings=model.tied_embeddings, activation=activation, position=position,
         vocab_multiple_of=model.vocab_multiple_of, moe=_resolve_moe(model.moe, ffn) if model.moe is not None else None,
-        factory=model.factory, preset=model.preset)
+        factory=model.factory, preset=model.preset, pretrained=model.pretrained)

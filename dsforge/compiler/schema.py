@@ -99,6 +99,10 @@ class ModelSpec(Section):
     """The transformer: a preset and/or its shape; keys written here override the preset's."""
 
     preset: str | None = field(Optional(Str()), None, "A model preset (`dsforge presets`); keys below override it.")
+    pretrained: str | None = field(
+        Optional(Str(min_length=1)), None,
+        "An HF model directory (config.json + safetensors): fills the keys below from config.json and "
+        "loads each rank's slices of its weights.")
     arch: Literal["gpt2", "llama", "mixtral", "custom", "auto"] = field(
         Choice("gpt2", "llama", "mixtral", "custom", "auto"), "auto",
         "Rewrite policy: gpt2 | llama | mixtral | custom (uses `rewrite:`) | auto (detect).")

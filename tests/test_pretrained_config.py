@@ -1,0 +1,203 @@
+"""`model.pretrained`: the model keys come from config.json alone; contradictions, missing weights, a checkpoint
+directory inside the input and padding are refused with their rule ids; compile and explain read no weight."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dsforge.cli import cli
+from dsforge.compiler.parse import load_job
+from dsforge.compiler.pretrained import PretrainedError, model_keys
+from dsforge.compiler.validate import validate_file
+from tests.conftest import ROOT
+
+TINY = ROOT / "tests" / "fixtures" / "pretrained" / "tiny-llama"
+
+
+def llama_config(**over: Any) -> dict[str, Any]:
+    """A config.json of a small Llama as transformers writes it."""
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256,
+           "max_position_embeddings": 64, "tie_word_embeddings": False, "hidden_act": "silu", "dtype": "float32"}
+    cfg.update(over)
+    return cfg
+
+
+def checkpoint_dir(tmp: Path, cfg: dict[str, Any], weights: str | None = "model.safetensors") -> Path:
+    """An HF-shaped directory: config.json and a weights file the compiler must never open (its bytes are junk)."""
+    d = tmp / "ckpt"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    if weights:
+        (d / weights).write_bytes(b"not read by validate, explain or compile")
+    return d
+
+
+def job_file(tmp: Path, model: dict[str, Any], **training: Any) -> Path:
+    doc = {"version": 1, "name": "ft", "model": model, "hardware": {"preset": "cpu-local", "gpus_per_node": 2},
+           "parallel": {"tp": 2}, "training": {"global_batch": 4, "micro_batch": 1, "precision": "fp32", **training}}
+    path = tmp / "job.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def rules_of(path: Path) -> list[tuple[str, str]]:
+    return [(d.rule, d.message) for d in validate_file(path).diagnostics]
+
+
+def test_config_json_fills_the_model_section(tmp_path: Path) -> None:
+    d = checkpoint_dir(tmp_path, llama_config())
+    job, diags = load_job(job_file(tmp_path, {"pretrained": "ckpt", "seq_len": 32}))
+    assert job is not None, diags
+    m = job.spec.model
+    assert (m.arch, m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.vocab, m.seq_len) == \
+        ("llama", 4, 64, 4, 2, 128, 256, 32)
+    assert (m.activation, m.position, m.tied_embeddings) == ("swiglu", "rope", False)
+    assert m.pretrained == str(d)  # made absolute against the job file, as plan.json records it
+    assert rules_of(tmp_path / "job.yaml") == []
+
+
+def test_a_stated_value_that_contradicts_config_json_names_both(tmp_path: Path) -> None:
+    checkpoint_dir(tmp_path, llama_config())
+    path = job_file(tmp_path, {"pretrained": "ckpt", "heads": 8, "kv_heads": 2})
+    diags = validate_file(path).diagnostics
+    assert [d.rule for d in diags] == ["DSF013"]
+    assert "model.heads 8" in diags[0].message and "says 4" in diags[0].message
+    assert diags[0].location.line == 5  # the `heads:` line
+
+
+def test_a_preset_value_that_contradicts_points_at_the_preset(tmp_path: Path) -> None:
+    checkpoint_dir(tmp_path, llama_config(hidden_size=32, num_attention_heads=2, num_key_value_heads=1))
+    diags = validate_file(job_file(tmp_path, {"preset": "tiny-llama", "pretrained": "ckpt"})).diagnostics
+    assert {d.rule for d in diags} == {"DSF013"}
+    assert all("from model preset 'tiny-llama'" in d.message and d.location.line == 4 for d in diags)
+
+
+@pytest.mark.parametrize(("cfg", "weights", "rule", "words"), [
+    (None, None, "DSF011", "does not exist"),
+    (llama_config(model_type="bert"), "model.safetensors", "DSF012", "model_type 'bert'"),
+    (llama_config(head_dim=32), "model.safetensors", "DSF012", "head_dim 32"),
+    (llama_config(use_sliding_window=True, sliding_window=16), "model.safetensors", "DSF012", "sliding-window"),
+    (llama_config(hidden_act="gelu"), "model.safetensors", "DSF012", "SwiGLU"),
+    (llama_config(num_hidden_layers="4"), "model.safetensors", "DSF012", "num_hidden_layers"),
+    (llama_config(), None, "DSF014", "holds no weights"),
+])
+def test_unusable_directories(tmp_path: Path, cfg: dict[str, Any] | None, weights: str | None, rule: str,
+                              words: str) -> None:
+    if cfg is not None:
+        checkpoint_dir(tmp_path, cfg, weights)
+    assert [(r, words in m) for r, m in rules_of(job_file(tmp_path, {"pretrained": "ckpt"}))] == [(rule, True)]
+
+
+def test_config_json_that_is_not_json(tmp_path: Path) -> None:
+    d = checkpoint_dir(tmp_path, llama_config())
+    (d / "config.json").write_text("{not json", encoding="utf-8")
+    assert [r for r, _ in rules_of(job_file(tmp_path, {"pretrained": "ckpt"}))] == ["DSF011"]
+
+
+def test_an_index_naming_a_missing_shard(tmp_path: Path) -> None:
+    d = checkpoint_dir(tmp_path, llama_config(), weights="model-00001-of-00002.safetensors")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}), encoding="utf-8")
+    found = rules_of(job_file(tmp_path, {"pretrained": "ckpt"}))
+    assert [r for r, _ in found] == ["DSF014"] and "model-00002-of-00002" in found[0][1]
+
+
+@pytest.mark.parametrize("directory", ["ckpt", "ckpt/run1"])
+def test_checkpoints_never_go_into_the_pretrained_directory(tmp_path: Path, directory: str) -> None:
+    checkpoint_dir(tmp_path, llama_config())
+    found = rules_of(job_file(tmp_path, {"pretrained": "ckpt"}, checkpoint={"dir": directory}))
+    assert [r for r, _ in found] == ["DSF160"]
+    ok = rules_of(job_file(tmp_path, {"pretrained": "ckpt"}, checkpoint={"dir": "elsewhere"}))
+    assert ok == []
+
+
+def test_a_symlink_into_the_pretrained_directory_is_refused_too(tmp_path: Path) -> None:
+    d = checkpoint_dir(tmp_path, llama_config())
+    (tmp_path / "link").symlink_to(d)
+    found = rules_of(job_file(tmp_path, {"pretrained": "ckpt"}, checkpoint={"dir": "link/out"}))
+    assert [r for r, _ in found] == ["DSF160"]
+
+
+def test_dtype_conversion_is_said(tmp_path: Path) -> None:
+    checkpoint_dir(tmp_path, llama_config(dtype="bfloat16"))
+    found = rules_of(job_file(tmp_path, {"pretrained": "ckpt"}))
+    assert [r for r, _ in found] == ["DSF163"] and "bfloat16" in found[0][1] and "float32" in found[0][1]
+
+
+@pytest.mark.slow  # imports torch and transformers for the rewrite plan (~10 s on a loaded machine)
+def test_compile_and_explain_read_no_weights(tmp_path: Path) -> None:
+    """The weights file holds junk bytes: a planner that opened it would fail."""
+    checkpoint_dir(tmp_path, llama_config())
+    path = job_file(tmp_path, {"pretrained": "ckpt", "seq_len": 32}, steps=2)
+    runner = CliRunner()
+    out = tmp_path / "out"
+    result = runner.invoke(cli, ["compile", str(path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads((out / "plan.json").read_text(encoding="utf-8"))
+    assert plan["job"]["model"]["pretrained"] == str(tmp_path / "ckpt")
+    assert plan["job"]["model"]["hidden"] == 64
+    result = runner.invoke(cli, ["explain", str(path)])
+    assert result.exit_code == 0, result.output
+
+
+def test_the_fixture_checkpoint_validates() -> None:
+    doc = {"version": 1, "model": {"pretrained": str(TINY)}, "hardware": {"preset": "cpu-local", "gpus_per_node": 2},
+           "parallel": {"tp": 2}, "training": {"global_batch": 4, "micro_batch": 1, "precision": "bf16"}}
+    from dsforge.compiler.source import SourceMap
+    from dsforge.compiler.parse import parse_job
+
+    spec, diags = parse_job(doc, SourceMap("<test>"))
+    assert spec is not None and spec.model.hidden == 32, diags
+
+
+SIZES = st.integers(1, 64)
+
+
+@settings(max_examples=80, deadline=None)
+@given(layers=SIZES, kv=st.integers(1, 8), per_kv=st.integers(1, 4), head_dim=st.sampled_from([8, 16, 64]),
+       ffn=st.integers(1, 50_000), vocab=st.integers(1, 300_000), positions=st.integers(1, 1 << 17),
+       tied=st.booleans(), family=st.sampled_from(["llama", "mistral", "qwen2"]))
+def test_model_keys_describe_the_config(layers: int, kv: int, per_kv: int, head_dim: int, ffn: int, vocab: int,
+                                        positions: int, tied: bool, family: str) -> None:
+    heads = kv * per_kv
+    cfg = llama_config(model_type=family, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                       hidden_size=heads * head_dim, intermediate_size=ffn, vocab_size=vocab,
+                       max_position_embeddings=positions, tie_word_embeddings=tied, head_dim=head_dim)
+    keys = model_keys(cfg, Path("config.json"))
+    assert keys == {"arch": "llama", "layers": layers, "hidden": heads * head_dim, "heads": heads, "kv_heads": kv,
+                    "ffn_hidden": ffn, "vocab": vocab, "seq_len": positions, "tied_embeddings": tied,
+                    "activation": "swiglu", "position": "rope"}
+
+
+@settings(max_examples=100, deadline=None)
+@given(key=st.sampled_from(["layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab"]),
+       delta=st.integers(-3, 3))
+def test_any_stated_value_is_kept_when_equal_and_refused_when_not(key: str, delta: int) -> None:
+    from dsforge.compiler.pretrained import _contradictions
+
+    found = model_keys(llama_config(), Path("config.json"))
+    stated = {key: found[key] + delta}
+    problems = _contradictions(stated, found, "config.json")
+    assert (problems == []) == (delta == 0)
+    if delta:
+        assert problems[0][0] == (key,) and str(found[key]) in problems[0][1] and str(found[key] + delta) in problems[0][1]
+
+
+def test_gpt2_and_mixtral_configs() -> None:
+    gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, "vocab_size": 256}
+    keys = model_keys(gpt2, Path("c"))
+    assert keys["arch"] == "gpt2" and keys["ffn_hidden"] == 256 and keys["tied_embeddings"] is True
+    assert keys["position"] == "learned" and keys["seq_len"] == 64
+    mix = llama_config(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)
+    assert model_keys(mix, Path("c"))["moe"] == {"experts": 4, "top_k": 2, "ffn_hidden": 128, "every": 1}
+    with pytest.raises(PretrainedError):
+        model_keys({**gpt2, "activation_function": "relu"}, Path("c"))
