@@ -132,7 +132,7 @@ MODELS: dict[str, dict[str, Field]] = {
 
 _TRUE = {"1", "on", "t", "true", "y", "yes"}
 _FALSE = {"0", "off", "f", "false", "n", "no"}
-_INT_TEXT = re.compile(r"[+-]?\d+(_\d+)*(\.0*)?")
+_INT_TEXT = re.compile(r"[+-]?[0-9]+(_[0-9]+)*(\.0*)?")
 
 
 def _number(value: Any) -> bool:
@@ -151,15 +151,15 @@ def coerce(field: Field, value: Any) -> Any:
             return value
         if _number(value) and value in (0, 1):
             return bool(value)
-        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-            return value.strip().lower() in _TRUE
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
         raise Invalid("takes true or false")
     if kind == "int":
         return _bounded(field, _to_int(value))
     if kind == "float":
         if isinstance(value, (int, float)):
             return _bounded(field, float(value))
-        if isinstance(value, str):
+        if isinstance(value, str) and value.isascii():  # pydantic parses ASCII digits only
             try:
                 return _bounded(field, float(value.strip()))
             except ValueError:
@@ -232,18 +232,17 @@ def _where(path: Path) -> str:
     return ".".join(str(p) for p in path)
 
 
-def validate_model(name: str, data: Mapping[str, Any], path: Path, top: bool = True) -> tuple[dict[str, Any],
-                                                                                           list[Problem]]:
+def validate_model(name: str, data: Mapping[str, Any], path: Path) -> tuple[dict[str, Any], list[Problem]]:
     """Validate one pydantic section as DeepSpeed's model does: the values it ends up with, and its problems.
 
-    ``top``: the model is built with ``Model(**dict)`` (DeepSpeedConfigModel.__init__ drops "auto" values
-    there, as HF's integration relies on); nested models are validated by pydantic directly, which does not.
+    A value "auto" is dropped, the field's default applies (DeepSpeedConfigModel.__init__, which HF's
+    integration relies on; measured: nested offload blocks drop it too).
     """
     fields, out, problems = MODELS[name], {}, []
     by_alias = {f.alias: key for key, f in fields.items() if f.alias}
     given: set[str] = set()
     for key, value in data.items():
-        if top and isinstance(value, str) and value == "auto":
+        if isinstance(value, str) and value == "auto":
             continue
         field_name = by_alias.get(key, key)
         if field_name not in fields or (field_name == key and fields[key].alias and fields[key].alias in data):
@@ -260,7 +259,7 @@ def validate_model(name: str, data: Mapping[str, Any], path: Path, top: bool = T
             continue
         given.add(field_name)
         if field.kind == "model" and out[field_name] is not None:
-            out[field_name], nested = validate_model(field.model, out[field_name], (*path, key), top=False)
+            out[field_name], nested = validate_model(field.model, out[field_name], (*path, key))
             problems += nested
     for field_name, field in fields.items():
         if field.replaced_by and field_name in given:
@@ -418,7 +417,7 @@ def parse(cfg: Mapping[str, Any], world_size: int) -> list[Problem]:
     bf16, found = validate_model("bf16", bf16_block, (bf16_key,))
     problems += found
     if fp16["enabled"] is True and bf16["enabled"] is True:
-        problems.append(Problem(("fp16", "enabled"), "fp16 and bf16 are both enabled", "enable one "
+        problems.append(Problem(("fp16",), "fp16 and bf16 are both enabled", "enable one "
                                 "(training.precision)", "cross"))
     optimizer = _keys_of(cfg, "optimizer", problems)
     _keys_of(cfg, "scheduler", problems)
@@ -522,17 +521,18 @@ def merge_zero(emitted: dict[str, Any], override: Mapping[str, Any]) -> dict[str
 
 def merge_overrides(emitted: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """The ds_config: the job's `deepspeed:` overrides merged over what dsforge emits, replacing, never
-    duplicating (zero_optimization by `merge_zero`; `bfloat16` replaces `bf16`; other mappings recursively)."""
+    duplicating (zero_optimization by `merge_zero`; `bfloat16` into `bf16`; other mappings recursively)."""
     out = dict(emitted)
     for key, value in overrides.items():
+        if key == "bfloat16":
+            # the legacy spelling of `bf16`, which DeepSpeed reads only when `bf16` is absent: merged into it
+            key = "bf16"
         if key == "zero_optimization" and isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = merge_zero(out[key], value)
         elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _deep(out[key], value)
         else:
             out[key] = value
-        if key == "bfloat16":
-            out.pop("bf16", None)  # DeepSpeed reads `bf16` first; the legacy spelling would be ignored
     return out
 
 

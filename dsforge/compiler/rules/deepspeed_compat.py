@@ -93,14 +93,19 @@ def zero_optimizer(ctx: Context) -> Iterator[Finding]:
                       ("training", "optimizer", "name"))
 
 
-@rule("DSF506", "DeepSpeed's pipeline engine runs 1F1B only", severity=Severity.WARNING,
-      source=DS + "runtime/pipe/schedule.py TrainSchedule")
+@rule("DSF506", "DeepSpeed's pipeline engines run 1F1B (PipelineEngine) and DualPipeV, not GPipe or interleaved",
+      severity=Severity.WARNING,
+      source=DS + "runtime/pipe/schedule.py TrainSchedule, DualPipeVSchedule; runtime/pipe/dualpipev.py")
 def pipeline_schedule(ctx: Context) -> Iterator[Finding]:
-    """DeepSpeed's PipelineEngine executes its TrainSchedule, a 1F1B schedule with one chunk per rank;
-    GPipe and interleaved schedules are estimated by `dsforge explain` but run as 1F1B."""
+    """DeepSpeed 0.19.8's PipelineEngine executes its TrainSchedule, a 1F1B schedule with one chunk per
+    rank; it also ships DualPipeV (DualPipeVModule + DualPipeVEngine: two stages per rank, micro-batches
+    >= 2 x stages), a different module and engine that dsforge's pipeline stages do not build. No
+    DeepSpeed engine runs GPipe or Megatron's interleaved 1F1B: those are estimated by `dsforge explain`
+    but run as 1F1B."""
     d, sched = ctx.plan.degrees, ctx.spec.parallel.pipeline.schedule
-    if d is not None and d.pp > 1 and sched != "1f1b":
-        yield Finding(f"schedule={sched}: DeepSpeed runs pipelines with 1F1B, so the job will run 1F1B",
+    if d is not None and d.pp > 1 and sched not in ("1f1b", "auto"):
+        yield Finding(f"schedule={sched}: DeepSpeed runs its pipelines with 1F1B (or DualPipeV, which dsforge does "
+                      "not build), so the job will run 1F1B",
                       "set schedule: 1f1b (explain shows what the other schedule would gain)",
                       ("parallel", "pipeline", "schedule"))
 
@@ -190,12 +195,19 @@ def override_agrees(ctx: Context) -> Iterator[Finding]:
     if stage is not None and _as(MODELS["zero"]["stage"], stage) != plan.zero:
         yield Finding(f"deepspeed.zero_optimization.stage={stage!r} contradicts parallel.zero={plan.zero}",
                       "remove it and set parallel.zero", ("deepspeed", "zero_optimization", "stage"))
-    for prec in ("bf16", "fp16"):
-        enabled = _section(ctx, prec).get("enabled")
+    if "bf16" in ds and "bfloat16" in ds:
+        yield Finding("deepspeed gives both bf16 and its legacy spelling bfloat16 (DeepSpeed reads only one)",
+                      "remove bfloat16", ("deepspeed", "bfloat16"), at_key=True)
+    for section, prec in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16")):
+        if section in ds and not isinstance(ds[section], dict) and t.precision == prec:
+            yield Finding(f"deepspeed.{section}={ds[section]!r} replaces the {prec} block of "
+                          f"training.precision={t.precision}", "remove it and set training.precision",
+                          ("deepspeed", section))
+        enabled = _section(ctx, section).get("enabled")
         # DeepSpeed reads "false" as false (pydantic): compare what it will run, not Python truthiness
         if enabled is not None and _as(MODELS[prec]["enabled"], enabled) != (t.precision == prec):
-            yield Finding(f"deepspeed.{prec}.enabled={enabled!r} contradicts training.precision={t.precision}",
-                          "remove it and set training.precision", ("deepspeed", prec, "enabled"))
+            yield Finding(f"deepspeed.{section}.enabled={enabled!r} contradicts training.precision={t.precision}",
+                          "remove it and set training.precision", ("deepspeed", section, "enabled"))
     yield from _degree_overrides(ctx)
 
 

@@ -205,12 +205,11 @@ def _problems(ctx: Context) -> list[Problem]:
 #: bf16 (DSF509), reduced-precision master weights (DSF510) and the batch keys (DSF508 refuses any batch override
 #: that is not the plan's own number).
 _ELSEWHERE = {("communication_data_type",), ("seq_parallel_communication_data_type",), ("gradient_allreduce_op",),
-              ("fp16", "enabled"), ("train_batch_size",), ("train_micro_batch_size_per_gpu",),
-              ("gradient_accumulation_steps",)}
+              ("train_batch_size",), ("train_micro_batch_size_per_gpu",), ("gradient_accumulation_steps",)}
 
 
 def _reported_here(p: Problem) -> bool:
-    return p.kind != "extra" and p.path not in _ELSEWHERE and not (
+    return p.kind != "extra" and p.path not in _ELSEWHERE and (p.kind, p.path) != ("cross", ("fp16",)) and not (
         p.kind == "cross" and str(p.path[-1]) in ("fp16_master_weights_and_grads", "bf16_master_weights_and_grads",
                                                   "bf16_optimizer_states"))
 
@@ -350,7 +349,7 @@ def _offload_device(ctx: Context) -> str:
     if isinstance(off, dict):
         device = off.get("device", "none")
         return device if isinstance(device, str) else "none"
-    return "cpu" if zero.get("cpu_offload") is True else "none"
+    return "cpu" if _read(MODELS["zero"]["cpu_offload"], zero.get("cpu_offload")) is True else "none"
 
 
 @rule("DSF523", "optimizer offload follows training.optimizer.offload",
