@@ -294,6 +294,41 @@ def _explain_plan(plan: object, fmt: str, plot_dir: str | None, html_path: str |
 
 
 @cli.command()
+@_selection_options
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--top", type=click.IntRange(1, 1000), help="Candidates to show  [default: search.top, 5]")
+@click.option("--write", "write", type=click.Path(dir_okay=False), help="Write the job file with the winner's values "
+              "in place of `auto` (comments and key order kept).")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), help="Write memory against throughput of every "
+              "fitting candidate, the frontier marked (PNG and SVG; estimates every candidate).")
+@click.option("--compare", is_flag=True, help="Search every layout field and rank the file's own layout among them.")
+@click.option("--exhaustive", is_flag=True, help="Estimate every candidate (no bound pruning; same ranking, slower).")
+def search(file: str, fmt: str, top: int | None, write: str | None, plot_dir: str | None, compare: bool,
+           exhaustive: bool, select: tuple[str, ...], ignore: tuple[str, ...]) -> None:
+    """Rank the layouts for a job's `auto` fields (tp, pp, dp, cp, ep, zero, sequence_parallel, micro_batch,
+    recompute, ...) with validate's rules and the cost model; print the top, the funnel and the winner.
+
+    Exit codes: 0 a layout fits, 1 none fits or the job has errors, 2 unusable input.
+    """
+    from dsforge.formatters import get
+    from dsforge.search_command import run_search
+
+    out = run_search(file, fmt, top, write, plot_dir, compare, exhaustive, _selection(select, ignore))
+    if out.diagnostics:
+        click.echo(get("text")(out.diagnostics), nl=False, err=fmt == "json")
+    if fmt == "json" and out.data is not None:
+        from dsforge.compiler.strict_json import dumps
+
+        click.echo(dumps(out.data, indent=2))
+    elif out.text:
+        click.echo(out.text, nl=False)
+    for note in out.notes:
+        click.echo(f"dsforge search: {note}", err=True)
+    sys.exit(out.code)
+
+
+@cli.command()
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def plugins(fmt: str) -> None:
     """List installed plugins (presets, rules, rewrite policies, launchers), where each came from, what it added.

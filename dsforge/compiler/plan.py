@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from typing import Any
 from itertools import accumulate
 
 from dsforge.compiler.params import embedding_params, head_params, is_moe_layer, layer_params
@@ -108,9 +109,11 @@ def uniform_partition(items: int, parts: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Plan:
-    """A job with everything derived: degrees, world size, batch split, stage partition, placement."""
+    """A job with everything derived: degrees, world size, batch split, stage partition, placement; ``search``:
+    the layout search that chose its `auto` fields (dsforge/compiler/search/resolve.py record), for plan.json."""
 
     spec: JobSpec
+    search: dict[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
 
     @cached_property
     def model(self) -> ResolvedModel:

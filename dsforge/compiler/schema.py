@@ -156,7 +156,9 @@ class HardwareSpec(Section):
     """The machines: a preset and/or nodes, GPUs per node, the accelerator and the two link levels."""
 
     preset: str | None = field(Optional(Str()), None, "A hardware preset (`dsforge presets`); keys below override it.")
-    nodes: int = field(Int(ge=1, le=MAX_WORLD), 1, f"Number of nodes (hosts); nodes x gpus_per_node is at most {MAX_WORLD}.")
+    nodes: int | str = field(AnyOf(Int(ge=1, le=MAX_WORLD), Choice("auto")), 1,
+                             f"Number of nodes (hosts); nodes x gpus_per_node is at most {MAX_WORLD}; auto: the fewest "
+                             "that meet `search.deadline_hours` (objective min_gpus).")
     gpus_per_node: int = field(Int(ge=1, le=MAX_GPUS_PER_NODE),
                                description="Accelerators (ranks) per node; CPU processes for cpu-local.")
     accelerator: AcceleratorSpec = field(Nested(AcceleratorSpec), description="The accelerator of every rank.")
@@ -167,7 +169,7 @@ class HardwareSpec(Section):
     @classmethod
     def _relations(cls, values: dict[str, Any], path: Path, issues: list[Issue]) -> None:
         nodes, per = values["nodes"], values["gpus_per_node"]
-        if nodes * per > MAX_WORLD:
+        if isinstance(nodes, int) and nodes * per > MAX_WORLD:
             issues.append(Issue((*path, "nodes"), "range", f"at most {max(1, MAX_WORLD // per)} with {per} GPUs per "
                                 f"node (nodes x gpus_per_node <= {MAX_WORLD} ranks)", nodes))
 
@@ -175,16 +177,18 @@ class HardwareSpec(Section):
 class ContextParallelSpec(Section):
     """How context parallelism shares one sequence between ranks."""
 
-    kind: Literal["ring", "ulysses"] = field(
-        Choice("ring", "ulysses"), "ring", "ring: K/V exchanged in a ring; ulysses: all-to-all.")
+    kind: Literal["ring", "ulysses", "auto"] = field(
+        Choice("ring", "ulysses", "auto"), "ring", "ring: K/V exchanged in a ring; ulysses: all-to-all; auto: the search "
+                                                    "chooses.")
 
 
 class PipelineSpec(Section):
     """The pipeline schedule and how layers are split into stages."""
 
-    schedule: Literal["gpipe", "1f1b", "interleaved"] = field(
-        Choice("gpipe", "1f1b", "interleaved"), "1f1b", "Pipeline schedule.")
-    virtual_stages: int = field(Int(ge=1, le=MAX_STAGES), 1, "Model chunks per pipeline rank (interleaved schedule).")
+    schedule: Literal["gpipe", "1f1b", "interleaved", "auto"] = field(
+        Choice("gpipe", "1f1b", "interleaved", "auto"), "1f1b", "Pipeline schedule (auto: the search chooses).")
+    virtual_stages: int | str = field(AnyOf(Int(ge=1, le=MAX_STAGES), Choice("auto")), 1,
+                                      "Model chunks per pipeline rank (interleaved schedule); auto: the search chooses.")
     partition: Literal["parameters", "uniform"] | list[int] = field(
         AnyOf(Choice("parameters", "uniform"), ListOf(Int(ge=1, le=MAX_LAYERS))), "parameters",
         "Layer split: balance parameters, uniform, or layers per stage (a list).")
@@ -199,7 +203,8 @@ class ParallelSpec(Section):
     cp: int | str = field(DEGREE, 1, "Context-parallel degree (ranks sharing one sequence).")
     ep: int | str = field(DEGREE, 1, "Expert-parallel degree (carved out of dp x cp).")
     zero: int | str = field(AnyOf(Int(ge=0, le=3), Choice("auto")), 0, "ZeRO stage 0-3 (Rajbhandari et al. 2020).")
-    sequence_parallel: bool = field(Bool(), False, "Megatron sequence parallelism inside the TP group.")
+    sequence_parallel: bool | str = field(AnyOf(Bool(), Choice("auto")), False,
+                                          "Megatron sequence parallelism inside the TP group (auto: the search chooses).")
     replicate_kv_heads: bool = field(
         Bool(), False, "Allow tp > kv_heads by replicating KV heads (tp must be a multiple of kv_heads).")
     context_parallel: ContextParallelSpec = section(ContextParallelSpec, "How context parallelism shares a sequence.")
@@ -252,10 +257,12 @@ class TrainingSpec(Section):
     """Batch sizes, precision, recomputation, optimizer, schedule, data and checkpoints."""
 
     global_batch: int = field(Int(ge=1, le=MAX_BATCH), 8, "Sequences per optimizer step, over all data-parallel ranks.")
-    micro_batch: int = field(Int(ge=1, le=MAX_BATCH), 1, "Sequences per rank per forward/backward pass.")
+    micro_batch: int | str = field(AnyOf(Int(ge=1, le=MAX_BATCH), Choice("auto")), 1,
+                                   "Sequences per rank per forward/backward pass (auto: the search chooses).")
     precision: Literal["bf16", "fp16", "fp32"] = field(Choice("bf16", "fp16", "fp32"), "bf16", "Compute precision.")
-    recompute: Literal["none", "selective", "full"] = field(
-        Choice("none", "selective", "full"), "none", "Activation recomputation (Korthikanti et al. 2022).")
+    recompute: Literal["none", "selective", "full", "auto"] = field(
+        Choice("none", "selective", "full", "auto"), "none",
+        "Activation recomputation (Korthikanti et al. 2022); auto: the search chooses.")
     optimizer: OptimizerSpec = section(OptimizerSpec, "The optimizer and where ZeRO keeps its states.")
     scheduler: SchedulerSpec = section(SchedulerSpec, "The learning-rate schedule.")
     # 0.3-1.0 in practice; a huge threshold never clips but still reports the norm (0 turns clipping off); the
@@ -335,6 +342,32 @@ class LaunchSpec(Section):
         "Kubernetes extended-resource name of one accelerator, requested gpus_per_node times per pod.")
 
 
+class SearchSpec(Section):
+    """The layout search for the `auto` fields: what it optimises, the limits it keeps, how many it shows."""
+
+    objective: Literal["throughput", "time_to_train", "cost", "min_gpus"] = field(
+        Choice("throughput", "time_to_train", "cost", "min_gpus"), "throughput",
+        "throughput: most tokens/s; time_to_train: least time for `tokens`; cost: least money for `tokens` at "
+        "`price_per_gpu_hour`; min_gpus: the fewest GPUs that train `tokens` within `deadline_hours`.")
+    tokens: float | None = field(Optional(Float(ge=1, le=1e30)), None,
+                                 "Token budget of time_to_train, cost and min_gpus; default: training.steps x tokens "
+                                 "per step.")
+    # a GPU-hour costs ~1-10 US$ in 2024 clouds; the bound only keeps products finite
+    price_per_gpu_hour: float | None = field(Optional(Float(gt=0, le=1e9)), None,
+                                             "Price of one GPU for one hour (objective cost).")
+    deadline_hours: float | None = field(Optional(Float(gt=0, le=1e9)), None,
+                                         "Wall time the token budget must train within (objective min_gpus).")
+    max_tp: int | None = field(Optional(Int(ge=1, le=MAX_WORLD)), None,
+                               "Largest tensor-parallel degree to consider; default: gpus_per_node (TP inside a node).")
+    memory_fraction: float = field(Float(gt=0, le=1), 0.9,
+                                   "A candidate's busiest rank may use at most this share of the accelerator memory.")
+    global_batch: tuple[int, int] | None = field(
+        Optional(TupleOf(Int(ge=1, le=MAX_BATCH), Int(ge=1, le=MAX_BATCH))), None,
+        "[min, max] sequences per step to choose from (powers of two and both ends); default: training.global_batch.")
+    max_nodes: int = field(Int(ge=1, le=MAX_WORLD), 1024, "Most nodes `hardware.nodes: auto` may choose.")
+    top: int = field(Int(ge=1, le=1000), 5, "Candidates `dsforge search` shows.")
+
+
 class JobSpec(Section):
     """A whole job file (format version 1)."""
 
@@ -348,3 +381,5 @@ class JobSpec(Section):
         ListOf(Nested(RewriteRule)), description="Extra rewrite rules (custom models).", factory=list)
     deepspeed: dict[str, Any] = field(MappingOf(), description="Raw ds_config overrides, merged last.", factory=dict)
     launch: LaunchSpec = section(LaunchSpec, "How the compiled job is started.")
+    search: SearchSpec | None = field(Optional(Nested(SearchSpec)), None,
+                                      "The layout search for `auto` fields (`dsforge search`); absent: its defaults.")

@@ -8,8 +8,9 @@ decide on the same findings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dsforge.compiler.parse import LoadedJob, load_job
 from dsforge.compiler.plan import Plan, build_plan
@@ -18,6 +19,9 @@ from dsforge.compiler.rules.registry import Context, Rule, run_rules
 from dsforge.compiler.source import is_stdin
 from dsforge.compiler.suppress import Selection, apply
 from dsforge.diagnostics import Diagnostic, InputError, Location, Severity, has_errors
+
+if TYPE_CHECKING:
+    from dsforge.compiler.search.engine import SearchResult
 
 
 @dataclass
@@ -32,6 +36,7 @@ class Result:
     strict: bool = False  # the project's settings ask warnings to fail
     silenced: int = 0  # findings the selection or inline comments silenced
     selection: Selection = field(default_factory=Selection)  # what was chosen: the settings' and the caller's
+    search: SearchResult | None = None  # the layout search that resolved the job's `auto` fields
 
 
 def check(job: LoadedJob, rules: list[Rule] | None = None) -> tuple[Plan, list[Diagnostic]]:
@@ -72,8 +77,23 @@ def validate_file(path: str | Path, rules: list[Rule] | None = None, selection: 
         result.diagnostics = diags
         return result
     result.job = job
+    chose: list[Diagnostic] = []
+    from dsforge.compiler.search.space import auto_keys
+
+    if auto_keys(job.spec):  # the same search as `dsforge search` fills them, or says why it cannot
+        from dsforge.compiler.search.resolve import record, resolve
+
+        res = resolve(job, chosen)
+        result.search, chose = res.result, res.diagnostics
+        if res.job is None:
+            outcome = apply(chose, chosen, job.source.ignores)
+            result.diagnostics, result.silenced = outcome.diagnostics, outcome.silenced
+            return result
+        job = result.job = res.job
     result.plan, found = check(job, rules)
-    outcome = apply(found, chosen, job.source.ignores)
+    if result.search is not None and result.search.ranked:
+        result.plan = replace(result.plan, search=record(result.search))
+    outcome = apply(found + chose, chosen, job.source.ignores)
     result.diagnostics, result.silenced = outcome.diagnostics, outcome.silenced
     return result
 

@@ -101,6 +101,14 @@ def placement_document(p: Placement) -> dict[str, Any]:
             "note": f"{p.world_size} ranks: groups are summarised above {LISTED_RANKS} ranks"}
 
 
+def _job(plan: Plan) -> dict[str, Any]:
+    """The resolved job; a `search:` section only where the job has one (plan.json stays as it was without)."""
+    job: dict[str, Any] = plan.spec.model_dump(mode="json", by_alias=True)
+    if job.get("search") is None:
+        job.pop("search", None)
+    return job
+
+
 def plan_document(plan: Plan, files: list[str], summary: dict[str, Any] | None = None,
                   rewrite: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plan.json document: resolved job, degrees, batch, partition, placement, DeepSpeed's view, summary,
@@ -112,7 +120,7 @@ def plan_document(plan: Plan, files: list[str], summary: dict[str, Any] | None =
         "generator": GENERATOR,
         "dsforge_version": __version__,
         "name": plan.spec.name,
-        "job": plan.spec.model_dump(mode="json", by_alias=True),
+        "job": _job(plan),
         "degrees": asdict(d),
         "world_size": plan.world_size,
         "nodes": plan.nodes,
@@ -128,6 +136,8 @@ def plan_document(plan: Plan, files: list[str], summary: dict[str, Any] | None =
         "launcher": plan.spec.launch.launcher,
         "files": sorted(files),
     }
+    if plan.search is not None:
+        doc["search"] = plan.search
     if summary is not None:
         doc["summary"] = summary
     if rewrite is not None:

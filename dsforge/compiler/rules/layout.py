@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsforge.compiler.rules.registry import Context, Finding, rule
+from dsforge.compiler.placement import OrderError, place
+from dsforge.compiler.rules.registry import Context, Finding, report_id, rule
 from dsforge.compiler.rules.util import choices, divisors
 from dsforge.diagnostics import Severity
 
@@ -43,27 +44,84 @@ def auto_dp_divides(ctx: Context) -> Iterator[Finding]:
                       f"choose tp*pp*cp in {choices(opts)}, or change the node count", ("parallel", key))
 
 
-@rule("DSF120", "only dp may be `auto` in validate", source="dsforge")
+@rule("DSF120", "an `auto` field the layout search cannot resolve", source="dsforge/compiler/search")
 def other_auto(ctx: Context) -> Iterator[Finding]:
-    """`auto` for tp, pp, cp, ep or zero asks dsforge to choose the degree by searching the layouts that
-    fit; validation of one concrete layout needs those degrees fixed."""
+    """validate, explain and compile resolve `auto` with the layout search (dsforge/compiler/search) before the
+    rules run, so a check meets `auto` only where no search ran (a job checked directly, without validate's
+    resolution); `hardware.nodes: auto` with an objective other than min_gpus is reported under this id by the
+    search itself, since more GPUs always run faster."""
     par = ctx.spec.parallel
     for key in ("tp", "pp", "cp", "ep", "zero"):
         if getattr(par, key) == "auto":
-            yield Finding(f"parallel.{key} is `auto`; a single layout can only be checked with it fixed",
-                          f"set parallel.{key} to a number (the layout search will fill `auto` degrees)",
-                          ("parallel", key))
+            yield Finding(f"parallel.{key} is `auto` and no layout search resolved it",
+                          f"validate the file with `dsforge validate` (it runs the search), or set parallel.{key} "
+                          "to a number (`dsforge search` ranks the choices)", ("parallel", key))
 
 
-@rule("DSF117", "parallel.order places every axis, with ep next to dp", source=MEGATRON_PS)
+def _order_refusal(ctx: Context) -> OrderError | None:
+    """Why place() refuses the job's order (the plan keeps only the message; the rule id is on the error)."""
+    d = ctx.plan.degrees
+    if d is None or ctx.plan.order_error() is None:
+        return None
+    try:
+        place(d.tp, d.pp, d.dp, d.cp, d.ep, ctx.plan.gpus_per_node, ctx.spec.parallel.order)
+    except OrderError as exc:
+        return exc
+    return None
+
+
+def _order_findings(ctx: Context, rule_id: str, fix: str) -> Iterator[Finding]:
+    refusal = _order_refusal(ctx)
+    if refusal is not None and refusal.rule == rule_id:
+        yield Finding(str(refusal), fix, ("parallel", "order"))
+
+
+@rule("DSF117", "parallel.order names each axis once, every axis above 1 included", source=MEGATRON_PS)
 def order_valid(ctx: Context) -> Iterator[Finding]:
-    """The order string lists the axes fastest-varying first (Megatron's RankGenerator); it may omit
-    axes of size 1 only, and ep must sit next to dp because expert groups are carved out of dp."""
-    why = ctx.plan.order_error()
-    if why:
-        yield Finding(why, "use the default order tp-cp-ep-dp-pp, or list each axis once with ep beside dp "
-                      "(and cp, ep, dp together when both cp and ep are > 1)",
-                      ("parallel", "order"))
+    """The order string lists the axes fastest-varying first (Megatron's RankGenerator), each once; it may
+    omit axes of size 1 only (they are appended, as Megatron appends them), and dp counts as above 1 when
+    the expert layers' data-parallel size dp*cp/ep is. Megatron stops on an axis it does not know or an
+    axis of size > 1 it is not given; dsforge also refuses an axis named twice or an empty name."""
+    yield from _order_findings(ctx, "DSF117", "list each axis once, every axis above 1 included (the default "
+                               "order is tp-cp-ep-dp-pp)")
+
+
+@rule("DSF124", "pp is last in parallel.order unless the expert data-parallel size equals dp",
+      source="Megatron-LM megatron/core/parallel_state.py initialize_model_parallel (pp-last assertion)")
+def order_pp_last(ctx: Context) -> Iterator[Finding]:
+    """Megatron lays the expert layers out on a second grid over the same order (cp = 1, ep, dp*cp/ep) and
+    asserts that the order ends with pp, or pp = 1, or dp*cp/ep = dp: otherwise the two grids can put the
+    pipeline stages on different ranks, and the expert data-parallel groups can even be the pipeline groups
+    (tp1 pp2 cp2 with tp-cp-ep-pp-dp: expert gradients averaged across stages). dsforge refuses what Megatron
+    refuses, for dense models too, since Megatron refuses it for them."""
+    yield from _order_findings(ctx, "DSF124", "put pp last (e.g. tp-cp-ep-dp-pp), or make ep equal cp so that "
+                               "dp*cp/ep = dp")
+
+
+@rule("DSF125", "the expert and dense layers get the same pipeline groups",
+      source="Megatron-LM megatron/core/parallel_state.py initialize_model_parallel (pipeline-group assertion)")
+def order_same_pipeline(ctx: Context) -> Iterator[Finding]:
+    """With pp not last, the axes before pp have other sizes in the expert grid (cp = 1, ep, dp*cp/ep) than
+    in the dense grid (cp, ep = 1, dp), so a stage's ranks would differ between expert and dense layers;
+    Megatron asserts the pipeline groups are equal, and dsforge refuses the same orders."""
+    yield from _order_findings(ctx, "DSF125", "put pp after cp, ep and dp (pp last: tp-cp-ep-dp-pp)")
+
+
+@rule("DSF126", "MoE layers keep the dense tensor-parallel groups (no expert tensor parallelism)",
+      source="Megatron-LM parallel_state.py expert RankGenerator (expert_tensor_parallel_size, MoE parallel "
+             "folding); dsforge/runtime/moe.py")
+def order_expert_tp(ctx: Context) -> Iterator[Finding]:
+    """With cp, ep or dp before tp in the order, Megatron's expert grid (cp = 1) gives the expert layers
+    other tensor-parallel groups than the attention layers: expert tensor parallelism apart from tp, which
+    Megatron calls MoE parallel folding (its `expert_tensor_parallel_size`). dsforge has no such group: its
+    runtime runs DeepSpeed's MoE layer with every tp rank holding its experts whole, and there is no
+    `parallel.etp`. A MoE model with such an order is refused; a dense model keeps it (it needs no expert
+    grid, and its `edp` groups are the dp-cp groups)."""
+    fix = "put tp before cp, ep and dp (tp first, e.g. tp-cp-ep-dp-pp)"
+    yield from _order_findings(ctx, "DSF126", fix)
+    p = ctx.plan.placement
+    if p is not None and p.expert_note and ctx.spec.model.moe is not None:
+        yield Finding(f"{p.expert_note}; the model has `moe:` layers", fix, ("parallel", "order"))
 
 
 @rule("DSF113", "ep divides the number of experts", source="deepspeed/moe/layer.py MoE.__init__")
@@ -148,3 +206,20 @@ def sp_without_tp(ctx: Context) -> Iterator[Finding]:
     if d is not None and ctx.spec.parallel.sequence_parallel and d.tp == 1:
         yield Finding("sequence_parallel is on but tp=1: there is no tensor-parallel group to split over",
                       "set tp > 1, or sequence_parallel: false", ("parallel", "sequence_parallel"))
+
+
+# Reported by the layout search (dsforge/compiler/search/resolve.py) where validate resolves `auto`.
+report_id("DSF130", "the layout search finds a candidate that fits",
+          "Every combination of the `auto` fields that is legal by construction was checked with validate's rules "
+          "and the memory estimate; none passed. The message names the closest misses and what each lacks.",
+          "dsforge/compiler/search (Narayanan et al. 2021 sec. 3: the smallest model-parallel degree that fits)")
+report_id("DSF131", "the search objective has the inputs it needs",
+          "cost needs `search.price_per_gpu_hour`, min_gpus needs `search.deadline_hours`; without them the "
+          "objective cannot rank anything.", "dsforge/compiler/search/objective.py")
+report_id("DSF132", "the layout search space is small enough to search",
+          "A space of more than 500,000 candidates would take minutes; fixing a few fields (or search.max_tp) "
+          "keeps validate interactive.", "dsforge/compiler/search/engine.py MAX_CANDIDATES")
+report_id("DSF133", "which layout the search chose for the `auto` fields, and why",
+          "validate, explain and compile resolve `auto` with the same search as `dsforge search` and say which "
+          "layout they chose, its objective value and the runner-up, so the choice is never silent.",
+          "dsforge/compiler/search", severity=Severity.INFO)

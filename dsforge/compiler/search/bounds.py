@@ -1,0 +1,85 @@
+"""Lower bounds that let the search skip candidates without estimating them, each provably below the estimate.
+
+* Memory: a rank holds at least its model states, whatever its activations: its 16-bit (or fp32) weights, whole
+  under ZeRO 0-2 and partitioned under ZeRO-3, and its partition of the fp32 master weights and optimizer
+  moments unless they are offloaded (Rajbhandari et al. 2020, sec. 3.1: 2 + 12 bytes per parameter).
+* Step time, cheap: no pass runs faster than the dense peak, so a rank's busy time is at least its hardware FLOPs
+  over the peak; over a p-stage pipeline of m micro-batches stage k cannot start before micro-batch 1 crossed
+  stages 0..k-1, so the step lasts at least max_k (sum_{s<k} c_s + m c_k), which over all splits of the work is at
+  least C / (1 - (1 - 1/m)^p), C the work of one micro-batch over all stages: the analytic bubble for uneven stages
+  (for equal stages it is (m + p - 1) c, Narayanan et al. 2021).
+* Step time, tight: the same chain with the cost model's own pass durations (compute and exposed communication):
+  max_k (sum_{s<k} (F_s + B_s) of chunk 0 + m x the passes of stage k), which the simulated schedule can only
+  exceed (transfers and dependencies add waiting, never remove work).
+
+The engine checks every bound against the estimate it later computes and, should one ever exceed it, repeats the
+search without pruning (so a change of the cost model can make the search slower, never wrong).
+"""
+
+from __future__ import annotations
+
+from dsforge.compiler.estimate import flops
+from dsforge.compiler.estimate.shares import stage_share
+from dsforge.compiler.estimate.zero_config import OPTIMIZER_STATE_BYTES
+from dsforge.compiler.plan import Plan
+
+
+def model_state_bytes(plan: Plan, average: bool = False) -> float:
+    """A lower bound of the busiest rank's device bytes: its model states alone (0 when the plan does not split);
+    ``average``: the mean over the stages, which bounds the busiest stage of every split into chunks (the layers
+    and the embedding and head are the same whatever the split), so one bound serves every virtual_stages."""
+    d = plan.degrees
+    if d is None or not plan.stage_layers:
+        return 0.0
+    t = plan.spec.training
+    b = 4 if t.precision == "fp32" else 2
+    master = 0 if t.precision == "fp32" else 4  # fp32 training updates its weights in place
+    k = OPTIMIZER_STATE_BYTES.get(t.optimizer.name, 4)
+    zero = plan.zero
+    offload = t.optimizer.offload != "none"
+    each = []
+    for stage in range(d.pp):
+        share = stage_share(plan, stage, 0.0)
+        part = share.total if zero == 0 else share.dense / (d.dp * d.cp) + share.expert / max(1, d.expert_dp)
+        weights = b * (part if zero == 3 else share.total)
+        states = 0.0 if offload else (master + k) * part
+        each.append(weights + states)
+    return sum(each) / len(each) if average else max(each)
+
+
+def compute_floor_s(plan: Plan, hardware_flops: float | None = None) -> float:
+    """A lower bound of the step time from FLOPs at the dense peak and the analytic bubble of the pipeline
+    (``hardware_flops``: the step's, when the caller has it)."""
+    d, m = plan.degrees, plan.grad_accum
+    if d is None or m is None or m < 1:
+        return 0.0
+    peak = flops.dense_peak_flops(plan.spec.hardware.accelerator, plan.spec.training.precision)
+    if peak <= 0:
+        return 0.0
+    total = hardware_flops if hardware_flops is not None else flops.hardware_flops_per_step(plan)
+    busy = total / (plan.world_size * peak)  # mean busy time of a rank
+    if d.pp == 1 or plan.virtual_stages > 1:
+        return busy
+    per_micro_batch = busy * d.pp / m  # C: one micro-batch over every stage
+    return max(busy, per_micro_batch / (1.0 - (1.0 - 1.0 / m) ** d.pp))
+
+
+def pass_floor_s(plan: Plan) -> float:
+    """A lower bound of the step time from the cost model's pass durations (the critical chain of the schedule);
+    0 when the passes cannot be computed (the full estimate then decides alone)."""
+    try:
+        from dsforge.compiler.estimate.steptime import achievable_fraction, stage_passes
+
+        d, m = plan.degrees, plan.grad_accum
+        assert d is not None and m is not None
+        peak = flops.dense_peak_flops(plan.spec.hardware.accelerator, plan.spec.training.precision)
+        speed = peak * achievable_fraction(plan)[0]
+        passes = [stage_passes(plan, s, speed) for s in range(d.pp)]
+        best, lead = 0.0, 0.0
+        for fwd, bwd in passes:
+            busy = m * sum(x.seconds for x in fwd + bwd)
+            best = max(best, lead + busy)
+            lead += fwd[0].seconds + bwd[0].seconds
+        return best
+    except Exception:  # noqa: BLE001 - a bound is an optimisation: without it the search is slower, not wrong
+        return 0.0

@@ -1,0 +1,361 @@
+"""The layout search: every candidate of the space, filtered by validate's rules and the memory estimate, ranked
+by the objective with the cost model; best-first over exact lower bounds, so that only the candidates that could
+still rank are estimated (`exhaustive=True` estimates all of them; tests/test_search_exact.py shows both agree).
+
+A candidate moves through three levels, each behind a heap ordered by (bound of the objective, tiebreak):
+  0. legal by construction, bounded by its model states (memory) and FLOPs at peak with the analytic bubble;
+  1. its memory estimate fits `search.memory_fraction`, validate's rules find no error; bounded by the chain of
+     its pass durations;
+  2. estimated: its value is exact.
+The k-th candidate popped at level 2 is the k-th best, because every candidate still in the heap has a bound
+(and so a value) at least as large.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from dsforge.compiler.estimate import flops
+from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
+from dsforge.compiler.estimate.steptime import StepTime, estimate_step
+from dsforge.compiler.parse import LoadedJob
+from dsforge.compiler.plan import Plan
+from dsforge.compiler.resolved import ResolvedModel, resolve_model
+from dsforge.compiler.rules.registry import Context, Rule, checks, run_rules
+from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.search.bounds import compute_floor_s, model_state_bytes, pass_floor_s
+from dsforge.compiler.search.objective import Objective, objective_of
+from dsforge.compiler.search.space import Layout, apply_layout, auto_keys, layouts, options, skeletons, space_size
+from dsforge.diagnostics import Diagnostic, Severity
+
+#: The memory rule: the engine applies its test (peak over capacity) from the estimate it needs anyway, so that
+#: the rule's fix search (it prices changes of a job that does not fit) is not run for every candidate.
+MEMORY_RULE = "DSF301"
+#: More candidates than this are refused (DSF132) rather than searched for minutes.
+MAX_CANDIDATES = 500_000
+#: Relative slack in the bound check (floating-point sums in a different order).
+BOUND_SLACK = 1e-9
+
+Errors = Callable[[JobSpec, Plan], list[Diagnostic]]
+
+
+class SpaceTooLarge(ValueError):
+    """The space holds more than MAX_CANDIDATES candidates."""
+
+
+@dataclass
+class Evaluated:
+    """A candidate that fits: its job, plan, estimates and objective value."""
+
+    layout: Layout
+    spec: JobSpec
+    plan: Plan
+    memory: MemoryEstimate
+    step: StepTime
+    value: float
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """Its place in the ranking: the objective, then the tiebreak (less model parallelism first)."""
+        return (self.value, self.layout.tiebreak())
+
+
+@dataclass(frozen=True)
+class Miss:
+    """A candidate that was ruled out, and why (for the closest misses when none fits)."""
+
+    layout: Layout
+    reason: str  # a rule id, "memory" or "deadline"
+    detail: str
+    utilization: float | None = None
+
+
+@dataclass
+class Funnel:
+    """How many candidates each stage of the search considered and removed."""
+
+    considered: int = 0
+    removed: Counter[str] = field(default_factory=Counter)
+    pruned: int = 0  # never estimated: their bound showed they could not rank
+    estimated: int = 0
+    fitting: int = 0  # estimated and kept
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (JSON)."""
+        return {"considered": self.considered, "removed": dict(sorted(self.removed.items())), "pruned": self.pruned,
+                "estimated": self.estimated, "fitting": self.fitting}
+
+
+@dataclass
+class SearchResult:
+    """What a search found: the ranked candidates, the funnel, the closest misses, the written layout's rank."""
+
+    objective: Objective
+    keys: list[tuple[str, ...]]
+    ranked: list[Evaluated]
+    funnel: Funnel
+    misses: list[Miss]
+    nodes: int | None
+    nodes_tried: list[int]
+    exhaustive: bool
+    seconds: float = 0.0
+    fitting: list[Evaluated] = field(default_factory=list)  # every fitting candidate (exhaustive only)
+    written: Evaluated | None = None
+    written_rank: int | None = None
+    written_miss: Miss | None = None
+
+    @property
+    def winner(self) -> Evaluated | None:
+        """The best candidate, or None when none fits."""
+        return self.ranked[0] if self.ranked else None
+
+
+def _gb(n: float) -> str:
+    """Bytes as GB (1e9), or MB below 1 GB."""
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def _model_seeded(spec: JobSpec, model: ResolvedModel) -> Plan:
+    plan = Plan(spec)
+    plan.__dict__["model"] = model  # every candidate shares the model: resolve it once (Plan caches it there)
+    return plan
+
+
+def rule_errors(job: LoadedJob, rules: list[Rule] | None = None) -> Errors:
+    """validate's checks (all but the memory rule, which the engine applies itself) as an error filter."""
+    chosen = [r for r in (rules if rules is not None else checks("validate")) if r.id != MEMORY_RULE]
+
+    def errors(spec: JobSpec, plan: Plan) -> list[Diagnostic]:
+        found = run_rules(Context(spec, plan, job.source, job.raw), chosen)
+        return [d for d in found if d.severity is Severity.ERROR]
+
+    return errors
+
+
+class _Search:
+    """One node count's best-first search."""
+
+    def __init__(self, job: LoadedJob, spec: JobSpec, nodes: int, errors: Errors, objective: Objective,
+                 top: int, exhaustive: bool, funnel: Funnel, misses: list[Miss]) -> None:
+        self.job, self.spec, self.nodes, self.errors = job, spec, nodes, errors
+        self.objective, self.top, self.exhaustive = objective, top, exhaustive
+        self.funnel, self.misses = funnel, misses
+        self.model = resolve_model(spec.model)
+        self.limit = options(spec).memory_fraction
+        self.capacity = spec.hardware.accelerator.memory_gb * 1e9
+        self.violated = False
+        self._states: dict[tuple[int, ...], float] = {}
+        self._flops: dict[tuple[Any, ...], float] = {}
+        self._count = 0
+
+    def _candidates(self) -> Iterator[Layout]:
+        for skel in skeletons(self.spec, self.model, self.nodes):
+            children = layouts(self.spec, self.model, skel, self.nodes)
+            first = next(children, None)
+            if first is None:
+                continue
+            # one bound for the whole degree combination: its model states, averaged over the stages
+            states = model_state_bytes(_model_seeded(apply_layout(self.spec, first), self.model), average=True)
+            if states > self.limit * self.capacity:
+                n = 1 + sum(1 for _ in children)
+                self.funnel.considered += n
+                self.funnel.removed["memory"] += n
+                self.misses.append(Miss(first, "memory", f"model states alone need {_gb(states)} of "
+                                                         f"{_gb(self.capacity)}", states / self.capacity))
+                continue
+            yield first
+            yield from children
+
+    def _hardware_flops(self, plan: Plan, lay: Layout) -> float | None:
+        """The step's hardware FLOPs, shared by the candidates they cannot differ for (tp, recompute, batch)."""
+        key = (lay.tp, lay.recompute, lay.global_batch)
+        if key not in self._flops:
+            self._flops[key] = flops.hardware_flops_per_step(plan)
+        return self._flops[key]
+
+    def _bound_value(self, step_floor: float, lay: Layout) -> float:
+        return self.objective.value(step_floor, lay.global_batch * self.model.seq_len,
+                                    lay.nodes * self.spec.hardware.gpus_per_node)
+
+    def _miss(self, lay: Layout, reason: str, detail: str, utilization: float | None = None) -> None:
+        self.funnel.removed[reason] += 1
+        self.misses.append(Miss(lay, reason, detail, utilization))
+        if len(self.misses) > 4096:  # keep the closest: memory misses by utilization, then the first of each rule
+            self.misses.sort(key=lambda m: (m.utilization is None, m.utilization or 0.0))
+            del self.misses[2048:]
+
+    def _level0(self, lay: Layout) -> tuple[float, Plan] | None:
+        spec = apply_layout(self.spec, lay)
+        plan = _model_seeded(spec, self.model)
+        skel = (lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.zero, lay.virtual_stages)
+        states = self._states.get(skel)
+        if states is None:
+            states = self._states[skel] = model_state_bytes(plan)
+        if states > self.limit * self.capacity:
+            self._miss(lay, "memory", f"model states alone need {_gb(states)} of "
+                                      f"{_gb(self.capacity)}", states / self.capacity)
+            return None
+        floor = 0.0 if self.exhaustive else compute_floor_s(plan, self._hardware_flops(plan, lay))
+        tokens = lay.global_batch * self.model.seq_len
+        if floor > 0 and not self.objective.feasible(floor, tokens):
+            self._miss(lay, "deadline", "its FLOPs alone miss the deadline")
+            return None
+        return floor, plan
+
+    def _level1(self, lay: Layout, plan: Plan) -> tuple[float, MemoryEstimate] | None:
+        if not plan.layout_ok or plan.placement is None or plan.grad_accum is None or not plan.stage_layers:
+            found = self.errors(plan.spec, plan)
+            rid = found[0].rule if found else "DSF101"
+            self._miss(lay, rid, found[0].message if found else "the layout does not resolve")
+            return None
+        mem = estimate_memory(plan)
+        if mem.utilization > self.limit:
+            reason = MEMORY_RULE if mem.utilization > 1.0 else "memory"
+            self._miss(lay, reason, f"peak {_gb(mem.peak.device_bytes)} is {mem.utilization:.0%} of "
+                                    f"{_gb(mem.capacity_bytes)}", mem.utilization)
+            return None
+        found = self.errors(plan.spec, plan)
+        if found:
+            for rid in sorted({d.rule for d in found}):
+                self.funnel.removed[rid] += 1
+            self.misses.append(Miss(lay, found[0].rule, found[0].message))
+            return None
+        floor = 0.0 if self.exhaustive else pass_floor_s(plan)
+        return floor, mem
+
+    def run(self, until: tuple[Any, ...] | None = None) -> tuple[list[Evaluated], list[Evaluated]]:
+        """The ranked top (and, exhaustive, every fitting candidate); with ``until``, also every candidate whose
+        key is below it (to rank a written layout)."""
+        size = space_size(self.spec, self.model, self.nodes)
+        if size > MAX_CANDIDATES:
+            raise SpaceTooLarge(f"{size:,} candidates on {self.nodes} node(s), more than {MAX_CANDIDATES:,}")
+        heap: list[tuple[Any, ...]] = []
+        seq = 0
+        for lay in self._candidates():
+            self.funnel.considered += 1
+            got = self._level0(lay)
+            if got is None:
+                continue
+            floor, plan = got
+            seq += 1
+            heapq.heappush(heap, (self._bound_value(floor, lay), lay.tiebreak(), 0, seq, lay, plan, floor, None))
+        ranked: list[Evaluated] = []
+        fitting: list[Evaluated] = []
+        while heap:
+            value, tb, level, _, lay, plan, floor, extra = heapq.heappop(heap)
+            if not self.exhaustive and len(ranked) >= self.top and (until is None or (value, tb) >= until):
+                heapq.heappush(heap, (value, tb, level, 0, lay, plan, floor, extra))
+                break
+            if level == 0:
+                got1 = self._level1(lay, plan)
+                if got1 is None:
+                    continue
+                floor1, mem = got1
+                floor = max(floor, floor1)
+                if floor > 0 and not self.objective.feasible(floor, lay.global_batch * self.model.seq_len):
+                    self._miss(lay, "deadline", "its passes alone miss the deadline")
+                    continue
+                seq += 1
+                heapq.heappush(heap, (self._bound_value(floor, lay), tb, 1, seq, lay, plan, floor, mem))
+            elif level == 1:
+                step = estimate_step(plan)
+                self.funnel.estimated += 1
+                if step.step_s < floor * (1 - BOUND_SLACK):
+                    self.violated = True  # a bound above the estimate: the caller repeats without pruning
+                    return [], []
+                tokens = lay.global_batch * self.model.seq_len
+                if not self.objective.feasible(step.step_s, tokens):
+                    train_h = self.objective.tokens * step.step_s / tokens / 3600
+                    self._miss(lay, "deadline", f"trains in {train_h:,.1f} h")
+                    continue
+                self.funnel.fitting += 1
+                ev = Evaluated(lay, plan.spec, plan, extra, step,
+                               self.objective.value(step.step_s, tokens, plan.world_size))
+                seq += 1
+                heapq.heappush(heap, (ev.value, tb, 2, seq, lay, plan, floor, ev))
+            else:
+                ranked.append(extra)
+                if self.exhaustive:
+                    fitting.append(extra)
+        self.funnel.pruned += sum(1 for item in heap if item[2] < 2)
+        return ranked, fitting
+
+    def evaluate(self, lay: Layout) -> Evaluated | Miss:
+        """One layout through every level (the written layout of `--compare`)."""
+        funnel, misses = self.funnel, self.misses
+        self.funnel, self.misses = Funnel(), []
+        try:
+            got = self._level0(lay)
+            got1 = self._level1(lay, got[1]) if got is not None else None
+            if got is None or got1 is None:
+                return self.misses[-1]
+            plan = got[1]
+            step = estimate_step(plan)
+            tokens = lay.global_batch * self.model.seq_len
+            return Evaluated(lay, plan.spec, plan, got1[1], step,
+                             self.objective.value(step.step_s, tokens, plan.world_size))
+        finally:
+            self.funnel, self.misses = funnel, misses
+
+
+def _node_counts(spec: JobSpec) -> list[int]:
+    if spec.hardware.nodes != "auto":
+        return [int(spec.hardware.nodes)]
+    return list(range(1, options(spec).max_nodes + 1))
+
+
+def search(job: LoadedJob, errors: Errors | None = None, top: int | None = None, exhaustive: bool = False,
+           compare: Layout | None = None, spec: JobSpec | None = None) -> SearchResult:
+    """Rank the candidates of a job's `auto` fields (``spec`` overrides the job's spec, for `--compare`).
+
+    ``errors``: the rule filter (default: validate's checks); ``compare``: a layout to rank among them.
+    Raises SpaceTooLarge above MAX_CANDIDATES candidates.
+    """
+    start = time.perf_counter()
+    spec = spec if spec is not None else job.spec
+    errors = errors if errors is not None else rule_errors(job)
+    objective = objective_of(spec)
+    top = top if top is not None else options(spec).top
+    result = _search(job, spec, errors, objective, top, exhaustive, compare)
+    if result is None:  # a bound exceeded an estimate: the cost model changed under the bounds; search them all
+        result = _search(job, spec, errors, objective, top, True, compare)
+        assert result is not None
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _search(job: LoadedJob, spec: JobSpec, errors: Errors, objective: Objective, top: int, exhaustive: bool,
+            compare: Layout | None) -> SearchResult | None:
+    funnel, misses = Funnel(), []
+    tried: list[int] = []
+    ranked: list[Evaluated] = []
+    fitting: list[Evaluated] = []
+    written: Evaluated | None = None
+    written_miss: Miss | None = None
+    for nodes in _node_counts(spec):
+        tried.append(nodes)
+        s = _Search(job, spec, nodes, errors, objective, top, exhaustive, funnel, misses)
+        until = None
+        if compare is not None and compare.nodes == nodes:
+            got = s.evaluate(compare)
+            if isinstance(got, Evaluated):
+                written, until = got, got.key
+            else:
+                written_miss = got
+        ranked, fitting = s.run(until)
+        if s.violated:
+            return None
+        if ranked:
+            break
+    # every candidate ranked better than the written layout was popped before it (run's ``until``)
+    rank = None if written is None else 1 + sum(1 for e in ranked if e.key < written.key)
+    ranked = ranked[:top]
+    chosen = ranked[0].layout.nodes if ranked else None
+    misses.sort(key=lambda m: (m.utilization is None, m.utilization or 0.0))
+    return SearchResult(objective, auto_keys(spec), ranked, funnel, misses[:64], chosen, tried, exhaustive,
+                        fitting=fitting, written=written, written_rank=rank, written_miss=written_miss)
