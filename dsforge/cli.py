@@ -233,7 +233,8 @@ def explain(file: str, fmt: str, plot_dir: str | None, html_path: str | None, to
         click.echo(get(fmt)(exc.result.diagnostics), nl=False)
         sys.exit(EXIT_UNUSABLE if exc.result.unusable else EXIT_FINDINGS)
     assert result.plan is not None  # require_valid returns planned jobs only
-    warnings = [d for d in result.diagnostics if d.severity == Severity.WARNING]
+    # the layout search's choice for `auto` fields (DSF133) is said with the warnings: the estimate below is of it
+    warnings = [d for d in result.diagnostics if d.severity == Severity.WARNING or d.rule == "DSF133"]
     if warnings:
         click.echo(get("text")(warnings), nl=False, err=True)
     rewrite = _rewrite_plan(result.plan) if with_rewrite else None
@@ -302,7 +303,8 @@ def _explain_plan(plan: object, fmt: str, plot_dir: str | None, html_path: str |
               "in place of `auto` (comments and key order kept).")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), help="Write memory against throughput of every "
               "fitting candidate, the frontier marked (PNG and SVG; estimates every candidate).")
-@click.option("--compare", is_flag=True, help="Search every layout field and rank the file's own layout among them.")
+@click.option("--compare", is_flag=True, help="Search the degrees and ZeRO stage (tp, pp, dp, cp, ep, zero) and rank the "
+              "file's own layout among them.")
 @click.option("--exhaustive", is_flag=True, help="Estimate every candidate (no bound pruning; same ranking, slower).")
 def search(file: str, fmt: str, top: int | None, write: str | None, plot_dir: str | None, compare: bool,
            exhaustive: bool, select: tuple[str, ...], ignore: tuple[str, ...]) -> None:

@@ -7,11 +7,11 @@ from typing import Any
 
 from dsforge.compiler.parse import LoadedJob, load_job
 from dsforge.compiler.schema import JobSpec
-from dsforge.compiler.search.space import AUTO, AUTO_KEYS, auto_keys, written_layout
+from dsforge.compiler.search.space import AUTO, auto_keys, written_layout
 from dsforge.diagnostics import Diagnostic, InputError
 
-#: --compare leaves these to the search and ranks the file's own values among them (not the node count).
-COMPARED = tuple(k for k in AUTO_KEYS if k != ("hardware", "nodes"))
+#: --compare leaves the degrees and the ZeRO stage to the search and ranks the file's own layout among them.
+COMPARED = tuple(("parallel", k) for k in ("tp", "pp", "dp", "cp", "ep", "zero"))
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Outcome:
 
 
 def all_auto(spec: JobSpec) -> JobSpec:
-    """The job with every layout field `auto` (for --compare)."""
+    """The job with its degrees and ZeRO stage `auto` (for --compare)."""
     out = spec
     for path in COMPARED:
         out = _set(out, path, AUTO)

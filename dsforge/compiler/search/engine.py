@@ -4,9 +4,9 @@ still rank are estimated (`exhaustive=True` estimates all of them; tests/test_se
 
 A candidate moves through three levels, each behind a heap ordered by (bound of the objective, tiebreak):
   0. legal by construction, bounded by its model states (memory) and FLOPs at peak with the analytic bubble;
-  1. its memory estimate fits `search.memory_fraction`, validate's rules find no error; bounded by the chain of
-     its pass durations;
-  2. estimated: its value is exact.
+  1. its memory estimate fits `search.memory_fraction`; bounded by the chain of its pass durations;
+  2. validate's rules find no error, and it is estimated: its value is exact.
+A candidate that never reaches a level is counted as pruned, not under the rule or memory test it would have met.
 The k-th candidate popped at level 2 is the k-th best, because every candidate still in the heap has a bound
 (and so a value) at least as large.
 """
@@ -208,8 +208,9 @@ class _Search:
         return floor, plan
 
     def _level1(self, lay: Layout, plan: Plan) -> tuple[float, MemoryEstimate] | None:
+        """Memory: the estimate against search.memory_fraction (DSF301's test above 100 %), then the pass floor."""
         if not plan.layout_ok or plan.placement is None or plan.grad_accum is None or not plan.stage_layers:
-            found = self.errors(plan.spec, plan)
+            found = self.errors(plan.spec, plan)  # the rules say why the layout does not resolve
             rid = found[0].rule if found else "DSF101"
             self._miss(lay, rid, found[0].message if found else "the layout does not resolve")
             return None
@@ -219,14 +220,18 @@ class _Search:
             self._miss(lay, reason, f"peak {_gb(mem.peak.device_bytes)} is {mem.utilization:.0%} of "
                                     f"{_gb(mem.capacity_bytes)}", mem.utilization)
             return None
-        found = self.errors(plan.spec, plan)
-        if found:
-            for rid in sorted({d.rule for d in found}):
-                self.funnel.removed[rid] += 1
-            self.misses.append(Miss(lay, found[0].rule, found[0].message))
-            return None
         floor = 0.0 if self.exhaustive else pass_floor_s(plan)
         return floor, mem
+
+    def _rules_pass(self, lay: Layout, plan: Plan) -> bool:
+        """validate's rules: False (and counted under each id found) when any reports an error."""
+        found = self.errors(plan.spec, plan)
+        if not found:
+            return True
+        for rid in sorted({d.rule for d in found}):
+            self.funnel.removed[rid] += 1
+        self.misses.append(Miss(lay, found[0].rule, found[0].message))
+        return False
 
     def run(self, until: tuple[Any, ...] | None = None) -> tuple[list[Evaluated], list[Evaluated]]:
         """The ranked top (and, exhaustive, every fitting candidate); with ``until``, also every candidate whose
@@ -263,6 +268,9 @@ class _Search:
                 seq += 1
                 heapq.heappush(heap, (self._bound_value(floor, lay), tb, 1, seq, lay, plan, floor, mem))
             elif level == 1:
+                # the rules run only for candidates whose bounds could still rank: they cost as much as an estimate
+                if not self._rules_pass(lay, plan):
+                    continue
                 step = estimate_step(plan)
                 self.funnel.estimated += 1
                 if step.step_s < floor * (1 - BOUND_SLACK):
@@ -292,7 +300,7 @@ class _Search:
         try:
             got = self._level0(lay)
             got1 = self._level1(lay, got[1]) if got is not None else None
-            if got is None or got1 is None:
+            if got is None or got1 is None or not self._rules_pass(lay, got[1]):
                 return self.misses[-1]
             plan = got[1]
             step = estimate_step(plan)
