@@ -119,13 +119,11 @@ def _layouts(draw: st.DrawFn) -> tuple[int, int, int, int, int, str]:
 @given(_layouts(), st.sampled_from([1, 2, 4, 8]))
 def test_every_rank_is_in_exactly_one_group_of_each_kind(layout, gpus_per_node: int) -> None:
     tp, pp, dp, cp, ep, order = layout
-    tokens = order.split("-")
-    block = sorted(tokens.index(a) for a in ("cp", "ep", "dp"))
-    if ep > 1 and cp > 1 and block[2] - block[0] != 2:
-        with pytest.raises(OrderError, match="cp, ep and dp must be adjacent"):
-            place(tp, pp, dp, cp, ep, gpus_per_node, order)
+    try:
+        p = place(tp, pp, dp, cp, ep, gpus_per_node, order)
+    except OrderError as exc:  # Megatron's refusals (tests/test_placement_megatron.py says which, exactly)
+        assert exc.rule in ("DSF124", "DSF125", "DSF126"), exc
         return
-    p = place(tp, pp, dp, cp, ep, gpus_per_node, order)
     world = tp * pp * dp * cp
     sizes = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "dp-cp": dp * cp, "tp-pp": tp * pp, "ep": ep,
              "edp": dp * cp // ep}

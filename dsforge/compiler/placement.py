@@ -1,11 +1,23 @@
 """Rank placement: which global ranks form each parallel group, as a pure function of an order string.
 
-Follows the convention of Megatron-LM's ``RankGenerator`` (megatron/core/parallel_state.py): the
-order string lists the axes fastest-varying first, so with ``tp-cp-ep-dp-pp`` neighbouring ranks
-share a tensor-parallel group and the pipeline axis varies slowest. Dense layers use a generator
-with ep = 1; expert layers use a second generator with cp = 1, ep = ep and dp = the expert
-data-parallel size, both over the same order, exactly as Megatron builds its decoder and expert
-groups. The same order therefore yields Megatron's groups.
+Follows Megatron-Core's ``RankGenerator`` and ``initialize_model_parallel``
+(megatron/core/parallel_state.py): the order string lists the axes fastest-varying first, so with
+``tp-cp-ep-dp-pp`` neighbouring ranks share a tensor-parallel group and the pipeline axis varies
+slowest. Dense layers use a grid with ep = 1; expert layers use a second grid with cp = 1, ep = ep and
+dp = the expert data-parallel size dp*cp/ep, both over the same order, exactly as Megatron builds its
+decoder and expert groups. An order Megatron accepts gets Megatron's groups, rank for rank; an order
+Megatron refuses is refused with its reason (``OrderError.rule``):
+
+* DSF117: an unknown or repeated axis, or an axis of size > 1 the order does not name;
+* DSF124: pp is not last, pp > 1 and the expert data-parallel size differs from dp;
+* DSF125: the expert grid's pipeline groups differ from the dense grid's.
+
+One more refusal is dsforge's own (DSF126): when cp, ep or dp precede tp so that Megatron's expert
+grid has other tensor-parallel groups than the dense one (expert tensor parallelism apart from tp,
+"MoE parallel folding"), dsforge has no group to run it with. With ep > 1 that is an OrderError; with
+ep = 1 only a MoE model needs the expert grid, so the placement records why in ``expert_note`` (the
+rule refuses MoE models) and a dense model keeps the order. Whatever the order, ``edp`` holds the
+dense dp x cp ranks of one (tp, pp) position that hold the same experts (with ep = 1: the dp-cp group).
 """
 
 from __future__ import annotations
@@ -20,12 +32,24 @@ DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
 
 class OrderError(ValueError):
-    """The order string cannot place these degrees (unknown or repeated axis, missing axis > 1)."""
+    """The order string cannot place these degrees; ``rule`` is the diagnostic id that reports why."""
+
+    def __init__(self, message: str, rule: str = "DSF117") -> None:
+        super().__init__(message)
+        self.rule = rule
+
+
+def order_tokens(order: str) -> list[str]:
+    """The axes an order string names, in its order (case and spaces ignored)."""
+    return [t.strip() for t in order.lower().split("-") if t.strip()]
 
 
 def parse_order(order: str, sizes: dict[str, int]) -> list[str]:
     """Split and check an order string; axes of size 1 that it omits are appended (as Megatron does)."""
-    tokens = [t.strip() for t in order.lower().split("-") if t.strip()]
+    tokens = order_tokens(order)
+    if len(tokens) != len(order.split("-")):
+        raise OrderError(f"order {order!r} has an empty axis name (nothing between two dashes, or at an end)"
+                         if tokens else f"order {order!r} names no axis")
     unknown = [t for t in tokens if t not in AXES]
     if unknown:
         raise OrderError(f"unknown axis {unknown[0]!r} in order {order!r}; axes are {', '.join(AXES)}")
@@ -35,19 +59,43 @@ def parse_order(order: str, sizes: dict[str, int]) -> list[str]:
     missing = [a for a in AXES if a not in tokens and sizes.get(a, 1) != 1]
     if missing:
         raise OrderError(f"order {order!r} omits {missing[0]}={sizes[missing[0]]}; every axis of size > 1 must be placed")
-    if sizes.get("ep", 1) > 1 and "ep-dp" not in "-".join(tokens) and "dp-ep" not in "-".join(tokens):
-        raise OrderError(f"order {order!r} separates ep from dp; expert ranks are carved out of the data-parallel "
-                         "ranks, so ep and dp must be adjacent")
-    full = tokens + [a for a in AXES if a not in tokens]
-    if sizes.get("ep", 1) > 1 and sizes.get("cp", 1) > 1:
-        # The expert groups reuse the dp x cp ranks of each (tp, pp) position (Megatron's expert
-        # RankGenerator sets cp=1 and dp=dp*cp/ep over the same order), so cp, ep and dp must form one
-        # contiguous block; with pp or tp between them an expert group would span pipeline stages.
-        where = sorted(full.index(a) for a in ("cp", "ep", "dp"))
-        if where[2] - where[0] != 2:
-            raise OrderError(f"order {order!r} separates cp from ep-dp; with ep > 1 and cp > 1 the axes cp, ep and "
-                             "dp must be adjacent (e.g. tp-cp-ep-dp-pp)")
-    return full
+    return tokens + [a for a in AXES if a not in tokens]
+
+
+def stride(axes: list[str], sizes: Mapping[str, int], axis: str) -> int:
+    """How far apart two ranks are that differ by one step along ``axis`` (the product of the faster axes)."""
+    return prod(sizes[a] for a in axes[:axes.index(axis)])
+
+
+def _before(axes: list[str], sizes: Mapping[str, int], axis: str) -> str:
+    """The axes of size > 1 placed before ``axis``, as 'cp=2, dp=4'."""
+    return ", ".join(f"{a}={sizes[a]}" for a in axes[:axes.index(axis)] if sizes[a] > 1) or "no axis above 1"
+
+
+def check_expert_grid(order: str, axes: list[str], dense: Mapping[str, int],
+                      expert: Mapping[str, int]) -> str | None:
+    """Megatron's two order checks of initialize_model_parallel (OrderError DSF124/DSF125), then whether its
+    expert grid keeps the dense tensor-parallel groups: None if so, else why not (the DSF126 message)."""
+    pp, edp, dp = dense["pp"], expert["dp"], dense["dp"]
+    if pp > 1 and order_tokens(order)[-1:] != ["pp"] and edp != dp:
+        raise OrderError(
+            f"order {order!r} does not end with pp while pp={pp} and the expert data-parallel size "
+            f"dp*cp/ep = {edp} differs from dp={dp}: Megatron refuses it (\"When not using pp-last rank "
+            "ordering, the data parallel size of the attention and moe layers must be the same\")", "DSF124")
+    dense_pp, expert_pp = stride(axes, dense, "pp"), stride(axes, expert, "pp")
+    if pp > 1 and dense_pp != expert_pp:
+        raise OrderError(
+            f"order {order!r} puts {_before(axes, expert, 'pp')} before pp in the expert grid but "
+            f"{_before(axes, dense, 'pp')} in the dense grid, so the expert layers' pipeline stages are "
+            f"{expert_pp} rank(s) apart and the dense layers' {dense_pp}: Megatron refuses it (\"Pipeline "
+            "parallel groups are expected to be the same for Non-Expert and Expert part\")", "DSF125")
+    dense_tp, expert_tp = stride(axes, dense, "tp"), stride(axes, expert, "tp")
+    if dense["tp"] > 1 and dense_tp != expert_tp:
+        return (f"order {order!r} places tp after {_before(axes, dense, 'tp')}, so Megatron's expert grid "
+                f"(cp=1, ep={expert['ep']}, dp={edp}) gives the expert layers other tensor-parallel groups "
+                f"(stride {expert_tp}) than the dense layers (stride {dense_tp}): expert tensor parallelism "
+                "apart from tp (MoE parallel folding) is not something dsforge runs")
+    return None
 
 
 def _offsets(dims: list[int], strides: list[int], which: list[int]) -> list[int]:
@@ -143,6 +191,9 @@ class Placement:
     gpus_per_node: int
     order: tuple[str, ...]
     groups: Mapping[str, list[list[int]]] = field(default_factory=dict)
+    #: why Megatron's expert grid for this order has other tensor-parallel groups (None: it has not);
+    #: only a MoE model needs that grid, so DSF126 refuses MoE models when it is set
+    expert_note: str | None = None
 
     def node_of(self, rank: int) -> int:
         """The node index hosting ``rank`` (ranks fill nodes in order, gpus_per_node each)."""
@@ -212,14 +263,23 @@ def place(tp: int, pp: int, dp: int, cp: int, ep: int, gpus_per_node: int,
     """Place tp*pp*dp*cp ranks by ``order`` and build the dense and expert groups (Megatron's rules)."""
     world = tp * pp * dp * cp
     dense = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}
-    axes = parse_order(order, {**dense, "ep": ep})
+    parse_order(order, dense)  # Megatron's checks in its order: the dense grid, ep's divisibility, the expert grid
     if (dp * cp) % ep:
-        raise OrderError(f"ep={ep} does not divide dp*cp={dp * cp}")
+        raise OrderError(f"ep={ep} does not divide dp*cp={dp * cp}", "DSF114")
+    axes = parse_order(order, {**dense, "ep": ep})
     expert = {"tp": tp, "cp": 1, "ep": ep, "dp": dp * cp // ep, "pp": pp}
+    if expert["dp"] > 1 and "dp" not in axes[:len(order_tokens(order))]:
+        raise OrderError(f"order {order!r} omits dp, but the expert layers' data-parallel size dp*cp/ep = "
+                         f"{dp}*{cp}/{ep} = {expert['dp']} > 1 must be placed (Megatron's expert RankGenerator)")
+    note = check_expert_grid(order, axes, dense, expert)
+    if note and ep > 1:
+        raise OrderError(note, "DSF126")
     members = {"tp": (dense, {"tp"}), "pp": (dense, {"pp"}), "dp": (dense, {"dp"}), "cp": (dense, {"cp"}),
                "dp-cp": (dense, {"dp", "cp"}), "tp-pp": (dense, {"tp", "pp"}), "ep": (expert, {"ep"}),
                "edp": (expert, {"dp"})}
+    if note:  # ep = 1: every rank holds every expert, so the dp x cp ranks holding the same experts are dp-cp
+        members.update(ep=(dense, {"ep"}), edp=(dense, {"dp", "cp"}))
     builders = {kind: partial(rank_groups, axes, sizes, kinds) for kind, (sizes, kinds) in members.items()}
     shapes = {kind: partial(group_shape, axes, sizes, kinds) for kind, (sizes, kinds) in members.items()}
     firsts = {kind: partial(member_offsets, axes, sizes, kinds) for kind, (sizes, kinds) in members.items()}
-    return Placement(world, gpus_per_node, tuple(axes), GroupTable(builders, shapes, firsts))
+    return Placement(world, gpus_per_node, tuple(axes), GroupTable(builders, shapes, firsts), note)

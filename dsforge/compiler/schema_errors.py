@@ -16,6 +16,17 @@ from dsforge.diagnostics import Diagnostic, Severity, dotted
 
 #: Sections whose required keys a preset can supply (named in the fix of a missing key).
 PRESET_SECTIONS = ("model", "hardware")
+#: Keys users bring from Megatron for a feature dsforge does not have: the unknown-key error says so.
+ABSENT_FEATURES = {
+    frozenset({"etp", "expert_tp", "expert_tensor_parallel", "expert_tensor_parallel_size"}): (
+        ("dsforge has no expert tensor parallelism (Megatron's --expert-tensor-parallel-size, MoE parallel "
+         "folding): the expert layers use the dense tp groups and every tp rank holds its experts whole"),
+        "remove it; shard experts with parallel.ep, and keep tp before cp, ep and dp in parallel.order (DSF126)"),
+}
+
+
+def _absent_feature(key: str) -> tuple[str, str] | None:
+    return next((why for keys, why in ABSENT_FEATURES.items() if key.lower() in keys), None)
 
 
 def suggest(word: str, options: Sequence[str]) -> str:
@@ -54,6 +65,10 @@ def _one(issue: Issue, smap: SourceMap) -> Diagnostic:
     if issue.kind == "unknown":
         key, options = str(path[-1]), issue.options
         section = dotted(path[:-1]) or "the top level"
+        absent = _absent_feature(key)
+        if absent:
+            return Diagnostic("DSF020", Severity.ERROR, f"unknown key `{key}` in {section}: {absent[0]}",
+                              smap.locate(path), absent[1], path)
         return Diagnostic("DSF020", Severity.ERROR, f"unknown key `{key}` in {section}{suggest(key, options)}",
                           smap.locate(path), f"remove it, or use one of: {', '.join(options)}", path)
     if issue.kind == "choice":

@@ -1,0 +1,1 @@
+"""Independent reference implementations of outside systems, used only by differential tests."""
