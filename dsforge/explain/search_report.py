@@ -13,7 +13,7 @@ from dsforge.explain.units import gb, pct, plural, seconds, table
 
 #: Funnel labels of the reasons that are not rule ids.
 REASONS = {"memory": "memory over search.memory_fraction (model states alone, or the estimate)",
-           "deadline": "miss the deadline"}
+           "DSF301": "DSF301 (the memory estimate exceeds the accelerator)", "deadline": "missing the deadline"}
 
 
 def objective_cell(result: SearchResult, e: Evaluated) -> str:
@@ -59,8 +59,7 @@ def funnel_text(result: SearchResult) -> str:
         lines.append(f"  - {n:,} removed by {REASONS.get(reason, reason)}")
     if f.pruned:
         lines.append(f"  - {f.pruned:,} never estimated: their lower bound could not reach the top")
-    lines.append(f"  = {f.fitting:,} fit and were estimated in full ({f.estimated:,} estimates, "
-                 f"{result.seconds:.2f} s{', exhaustive' if result.exhaustive else ''})")
+    lines.append(f"  = {f.fitting:,} fit and were estimated in full{' (exhaustive)' if result.exhaustive else ''}")
     return "\n".join(lines)
 
 
