@@ -19,7 +19,8 @@ Classes (counted and printed):
   later, or for an override that would change what the job says (the job's values are authoritative);
 * ``RUNS SOMETHING ELSE``: both accept, but DeepSpeed's parsed config differs from the job (ZeRO stage,
   precision, batch, optimizer, offload) or drops an override's value (a ZeRO setting another spelling hides);
-* ``not emitted``: the plan cannot be emitted (a layout or batch error), so there is nothing to compare.
+* ``not emitted``: validate refuses and the plan cannot be emitted (a layout or batch error), so there is
+  nothing to give DeepSpeed (a validate-clean job that cannot be emitted counts as MISSED).
 
     python benchmarks/ds_differential.py --n 3000 [--seed 0] [--init 200] [--show 5]
 
@@ -268,11 +269,11 @@ def judge(case: Case, folder: Path) -> Judged:
     errors = sorted({d.rule for d in result.diagnostics if d.severity is Severity.ERROR})
     plan = result.plan
     if plan is None or plan.degrees is None or plan.grad_accum is None:
-        return Judged(errors, None, 0)
+        return Judged(errors, None, 0, {"emit": "no plan"})
     try:
         config = json.loads(json.dumps(build_ds_config(plan), allow_nan=False))
-    except Exception:  # noqa: BLE001 - an unemittable plan is a class of its own
-        return Judged(errors, None, 0)
+    except Exception as exc:  # noqa: BLE001 - an unemittable plan is a class of its own
+        return Judged(errors, None, 0, {"emit": f"{type(exc).__name__}: {exc}"})
     t = plan.spec.training
     expect = {"stage": plan.zero, "fp16": t.precision == "fp16", "bf16": t.precision == "bf16",
               "batch": [t.global_batch, t.micro_batch, plan.grad_accum], "optimizer": t.optimizer.name,
@@ -283,7 +284,7 @@ def judge(case: Case, folder: Path) -> Judged:
 def classify(judged: Judged, oracle: dict[str, Any] | None) -> str:
     """The class of one case from dsforge's verdict and DeepSpeed's (None: nothing was emitted)."""
     if judged.config is None or oracle is None:
-        return NOT_EMITTED
+        return NOT_EMITTED if judged.errors else MISSED  # validate-clean, yet compile could not write it
     clean, accepted = not judged.errors, oracle["ok"]
     if clean and not accepted:
         return MISSED
@@ -437,8 +438,12 @@ def main(argv: list[str] | None = None) -> int:
         for case, init in [(c, False) for c in cases] + [(c, True) for c in one_rank]:
             cls, judged, verdict = run_case(case, oracle, Path(tmp), init)
             (init_counts if init else counts)[cls] += 1
-            if cls in FAILURES and len(shown.setdefault(cls, [])) < args.show:
-                shown[cls].append(f"{case.seed} {case.changes} validate={judged.errors} deepspeed={verdict}")
+            done = sum(counts.values()) + sum(init_counts.values())
+            if done % 250 == 0:
+                print(f"  {done} cases, {time.time() - start:.0f} s: {dict(counts)} {dict(init_counts)}", flush=True)
+            if (cls in FAILURES or cls == NOT_EMITTED) and len(shown.setdefault(cls, [])) < args.show:
+                shown[cls].append(f"{case.seed} {case.changes} validate={judged.errors} "
+                                  f"deepspeed={verdict or judged.expect.get('emit')}")
     oracle.close()
     print(f"{args.n} parse cases, {args.init} initialize cases, {len(seeds)} seeds, {time.time() - start:.0f} s")
     for title, table in (("DeepSpeedConfig", counts), ("deepspeed.initialize + one step", init_counts)):

@@ -207,9 +207,12 @@ def _enum(field: Field, value: Any) -> Any:
 
 
 def _bounded(field: Field, number: float) -> Any:
-    for bound, ok, word in ((field.ge, lambda b: number >= b, ">="), (field.gt, lambda b: number > b, ">"),
-                            (field.le, lambda b: number <= b, "<="), (field.lt, lambda b: number < b, "<")):
-        if bound is not None and not ok(bound):
+    checks = ((field.ge, ">="), (field.gt, ">"), (field.le, "<="), (field.lt, "<"))
+    for bound, word in checks:
+        if bound is None:
+            continue
+        ok = {">=": number >= bound, ">": number > bound, "<=": number <= bound, "<": number < bound}[word]
+        if not ok:
             raise Invalid(f"must be {word} {bound:g}")
     return number
 
@@ -482,7 +485,8 @@ def _batch(cfg: Mapping[str, Any], world_size: int) -> list[Problem]:
         return [Problem(("train_batch_size",), "neither train_batch_size nor train_micro_batch_size_per_gpu is "
                         "given", "remove the null batch overrides", "cross")]
     path: Path = ("train_batch_size",)
-    if mb is None or gas is None or not (tb > 0 and mb > 0 and gas > 0) or tb != mb * gas * world_size:
+    if tb is None or mb is None or gas is None or not (tb > 0 and mb > 0 and gas > 0) or \
+            tb != mb * gas * world_size:
         return [Problem(path, f"train_batch_size={tb!r} is not micro_batch {mb!r} x gradient_accumulation_steps "
                         f"{gas!r} x data-parallel size {world_size}", "remove the batch overrides (dsforge sets "
                         "them from training.global_batch and micro_batch)", "cross")]

@@ -1,4 +1,4 @@
-"""DSF510-DSF524: `deepspeed:` overrides checked against DeepSpeed 0.19.8: its config parse (DSF517-DSF519, from
+"""DSF510-DSF525: `deepspeed:` overrides checked against DeepSpeed 0.19.8: its config parse (DSF517-DSF519, from
 `dsforge.compiler.ds_schema`), and what it accepts at parse but refuses once every rank runs.
 
 Each check reads the raw override values, which may hold anything a person typed, so every value is
@@ -413,3 +413,36 @@ def zero_optimizer_conditions(ctx: Context) -> Iterator[Finding]:
     if isinstance(off, dict) and off.get("device") == "nvme" and not off.get("nvme_path"):
         yield Finding("offload_param to nvme needs the NVMe directory (nvme_path)", "set offload_param.nvme_path "
                       "to a local NVMe mount", (*zpath, "offload_param"))
+
+
+@rule("DSF525", "top-level overrides have the types DeepSpeed computes with",
+      source=DS + "runtime/engine.py (steps_per_print in _take_model_step, gradient_clipping, "
+      "gradient_predivide_factor, prescale_gradients)")
+def top_level_types(ctx: Context) -> Iterator[Finding]:
+    """DeepSpeed reads these top-level values without checking them and computes with them once training
+    runs: `global_steps % steps_per_print` (text is a TypeError, 0 a ZeroDivisionError at the first step),
+    `gradient_clipping > 0.0`, the predivide factor in the gradient averaging. `gradient_clipping` is the
+    job's `training.grad_clip` (the estimate and the ZeRO checks read it), so an override must agree."""
+    ds, path = ctx.spec.deepspeed, ("deepspeed",)
+    every = ds.get("steps_per_print")
+    if "steps_per_print" in ds and every is not None and not (type(every) is int and every >= 1) and not (
+            isinstance(every, float) and not math.isfinite(every)):  # DSF516's
+        yield Finding(f"deepspeed.steps_per_print={every!r}: DeepSpeed takes a whole number >= 1 (it computes "
+                      "global_steps % steps_per_print)", "give a whole number >= 1, or remove it",
+                      (*path, "steps_per_print"))
+    clip = ds.get("gradient_clipping")
+    if "gradient_clipping" in ds and not (_real(clip) and clip == ctx.spec.training.grad_clip) and not (
+            isinstance(clip, float) and not math.isfinite(clip)):
+        yield Finding(f"deepspeed.gradient_clipping={clip!r} contradicts training.grad_clip="
+                      f"{ctx.spec.training.grad_clip}", "remove it and set training.grad_clip",
+                      (*path, "gradient_clipping"))
+    factor = ds.get("gradient_predivide_factor")
+    if "gradient_predivide_factor" in ds and not (_real(factor) and factor is not None and factor > 0) and not (
+            isinstance(factor, float) and not math.isfinite(factor)):
+        yield Finding(f"deepspeed.gradient_predivide_factor={factor!r}: DeepSpeed divides gradients by it",
+                      "give a number > 0, or remove it", (*path, "gradient_predivide_factor"))
+    for key in ("prescale_gradients", "managed_gradient_accumulation", "memory_breakdown", "dump_state",
+                "zero_allow_untested_optimizer", "disable_allgather"):
+        if key in ds and not isinstance(ds[key], bool):
+            yield Finding(f"deepspeed.{key}={ds[key]!r}: DeepSpeed tests it as true or false, so text such as "
+                          "\"false\" would count as true", "give true or false", (*path, key))
