@@ -15,7 +15,27 @@ from dsforge.compiler.resolved import ResolvedModel
 
 def has_bias(model: ResolvedModel) -> bool:
     """GPT-2-style models carry biases on every linear layer and norm; Llama-style ones carry none."""
-    return model.arch == "gpt2" or (model.arch in {"custom", "auto"} and model.activation == "gelu")
+    return model.arch in {"gpt2", "gpt_neox"} or (model.arch in {"custom", "auto"} and model.activation == "gelu")
+
+
+#: Families with extra per-layer weights beside Llama's: biases on q, k and v (Qwen2-MoE), per-head q/k
+#: norms (Qwen3, Gemma3), q/k norms over the whole projection (OLMo2), four norms per layer (Gemma).
+_QKV_BIAS = frozenset({"qwen2_moe"})
+_HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3"})
+_FOUR_NORMS = frozenset({"gemma2", "gemma3"})
+
+
+def shared_gate(model: ResolvedModel) -> bool:
+    """Qwen2-MoE scales its shared expert by a sigmoid gate (hidden -> 1); DeepSeek's shared experts have none."""
+    return model.arch == "qwen2_moe"
+
+
+def shared_expert_params(model: ResolvedModel) -> int:
+    """The shared experts of one MoE layer: dense MLPs every token passes through, plus their gate."""
+    moe = model.moe
+    if moe is None or not moe.shared_experts:
+        return 0
+    return moe.shared_experts * mlp_params(model, moe.shared_ffn_hidden) + (model.hidden if shared_gate(model) else 0)
 
 
 def padded_vocab(model: ResolvedModel, tp: int) -> int:
@@ -61,10 +81,12 @@ def layer_params(model: ResolvedModel, moe: bool = False) -> LayerParams:
     kv_dim = kv * head_dim
     bias = has_bias(model)
     attention = 2 * h * h + 2 * h * kv_dim + ((h + 2 * kv_dim + h) if bias else 0)
-    norms = 2 * (2 * h if bias else h)
+    attention += (h + 2 * kv_dim) if model.arch in _QKV_BIAS else 0
+    norms = (4 if model.arch in _FOUR_NORMS else 2) * (2 * h if bias else h)
+    norms += 2 * head_dim if model.arch in _HEAD_QK_NORMS else (h + kv_dim) if model.arch == "olmo2" else 0
     if moe and model.moe is not None:
-        return LayerParams(attention, model.moe.experts * mlp_params(model, model.moe.ffn_hidden), norms,
-                           h * model.moe.experts)
+        return LayerParams(attention, model.moe.experts * mlp_params(model, model.moe.ffn_hidden)
+                           + shared_expert_params(model), norms, h * model.moe.experts)
     return LayerParams(attention, mlp_params(model, model.ffn_hidden), norms)
 
 

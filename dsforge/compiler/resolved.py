@@ -14,12 +14,16 @@ from typing import Literal
 
 from dsforge.compiler.schema import ModelSpec, MoESpec
 
-Arch = Literal["gpt2", "llama", "mixtral", "custom", "auto"]
+Arch = Literal["gpt2", "llama", "mixtral", "qwen3", "gemma2", "gemma3", "olmo2", "phi3", "gpt_neox", "qwen2_moe",
+               "qwen3_moe", "deepseek_v3", "custom", "auto"]
 Activation = Literal["gelu", "swiglu"]
 Position = Literal["learned", "rope"]
 
 #: Architectures with a gated (SwiGLU) MLP and rotary positions; every other arch defaults to GELU and learned.
-_GATED_ARCHS = frozenset({"llama", "mixtral"})
+_GATED_ARCHS = frozenset({"llama", "mixtral", "qwen3", "gemma2", "gemma3", "olmo2", "phi3", "qwen2_moe", "qwen3_moe",
+                          "deepseek_v3"})
+#: GPT-NeoX: a GELU MLP with rotary positions.
+_ROPE_ARCHS = _GATED_ARCHS | {"gpt_neox"}
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,9 @@ class ResolvedMoE:
     ffn_hidden: int
     every: int
     capacity_factor: float
+    drop_tokens: bool = False
+    shared_experts: int = 0
+    shared_ffn_hidden: int = 0  # one shared expert's width (moe.ffn_hidden unless set)
 
 
 @dataclass(frozen=True)
@@ -59,8 +66,9 @@ class ResolvedModel:
 
 
 def _resolve_moe(moe: MoESpec, ffn_hidden: int) -> ResolvedMoE:
-    return ResolvedMoE(moe.experts, moe.top_k, moe.ffn_hidden if moe.ffn_hidden is not None else ffn_hidden,
-                       moe.every, moe.capacity_factor)
+    expert_ffn = moe.ffn_hidden if moe.ffn_hidden is not None else ffn_hidden
+    return ResolvedMoE(moe.experts, moe.top_k, expert_ffn, moe.every, moe.capacity_factor, moe.drop_tokens,
+                       moe.shared_experts, moe.shared_ffn_hidden if moe.shared_ffn_hidden is not None else expert_ffn)
 
 
 def resolve_model(model: ModelSpec | ResolvedModel) -> ResolvedModel:
@@ -72,7 +80,8 @@ def resolve_model(model: ModelSpec | ResolvedModel) -> ResolvedModel:
     gated = model.arch in _GATED_ARCHS
     ffn = model.ffn_hidden if model.ffn_hidden is not None else 4 * model.hidden
     activation: Activation = model.activation if model.activation is not None else ("swiglu" if gated else "gelu")
-    position: Position = model.position if model.position is not None else ("rope" if gated else "learned")
+    position: Position = model.position if model.position is not None else (
+        "rope" if model.arch in _ROPE_ARCHS else "learned")
     return ResolvedModel(
         arch=model.arch, layers=model.layers, hidden=model.hidden, heads=model.heads,
         kv_heads=model.kv_heads if model.kv_heads is not None else model.heads, ffn_hidden=ffn, vocab=model.vocab,

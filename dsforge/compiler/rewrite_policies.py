@@ -13,8 +13,13 @@ Variants (Shoeybi et al. 2019, Megatron-LM sec. 3; Korthikanti et al. 2022 for s
   row        weight split along its input features (Linear dim 1, HF Conv1D dim 0); bias kept whole
   vocab      embedding table or LM head split along the vocabulary (dim 0)
   norm       replicated; under sequence parallelism its gradients are summed over the TP group
+  head_norm  a norm over one head's channels (Qwen3's q_norm/k_norm): replicated, but each TP rank
+             applies it to its own heads only, so its gradient is summed over the TP group
+  shard_norm a norm over a whole head-split projection (OLMo2's q_norm/k_norm): its weight split by
+             heads like the projection, its mean square all-reduced over the TP group
   replicate  every parameter of the subtree kept whole on every rank
-  expert     experts split over the expert-parallel group (E / ep experts per rank)
+  expert     experts split over the expert-parallel group (E / ep experts per rank); the MoE block's
+             shared expert (Qwen2-MoE, DeepSeek) is a dense MLP placed by its own column/row rows
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from dsforge import extensions
 if TYPE_CHECKING:
     from dsforge.compiler.schema import RewriteRule
 
-Variant = Literal["column", "row", "vocab", "norm", "replicate", "expert"]
+Variant = Literal["column", "row", "vocab", "norm", "head_norm", "shard_norm", "replicate", "expert"]
+#: How a head-split weight is laid out: query heads, key/value heads, or per-head [q | k | v] (GPT-NeoX).
+HeadKind = Literal["q", "kv", "qkv"]
 
 # Optional prefix so a table fits both the causal-LM wrapper (`model.layers.0...`) and the bare
 # decoder a factory may return (`layers.0...`).
@@ -40,15 +47,18 @@ class PolicyRow:
     """One rule: modules whose qualified name fully matches ``match`` become ``variant``.
 
     ``fused``: the output features are this many equal blocks, each split on its own (3 for a
-    fused QKV). ``heads``: the split runs along attention heads — "q" (query heads) or "kv"
-    (key/value heads, GQA) — so the plan checks that whole heads land on each rank.
+    fused QKV). ``heads``: the split runs along attention heads — "q" (query heads), "kv"
+    (key/value heads, GQA) or "qkv" (each head's q, k and v side by side, GPT-NeoX) — so the plan
+    checks that whole heads land on each rank. ``blocks``: a fused weight of unequal blocks, each
+    named by its head kind (Phi3's qkv_proj under GQA: ("q", "kv", "kv")), each split by its real size.
     """
 
     match: str
     variant: Variant
     fused: int = 1
-    heads: Literal["q", "kv"] | None = None
+    heads: HeadKind | None = None
     why: str = ""
+    blocks: tuple[Literal["q", "kv"], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,11 @@ class Policy:
 
     ``layers``: regex of a decoder layer's name with the layer index as group 1 (pipeline stages
     cut here). ``signature``: regexes that must each match some module for `arch: auto` to pick
-    this family. ``attr_scales``: attributes the family's forward reads that hold global widths.
+    this family. ``attr_scales``: attributes the family's forward reads that hold global widths
+    (``config.x``: an attribute of the module's config, which the module then gets a copy of).
+    ``absent``: regexes no module may match (what tells two families with the same names apart).
+    ``sequence_parallel``: the sequence-parallel regions (dsforge.runtime.rewrite.sequence) were
+    checked against this family's forward; other families refuse sequence_parallel.
     """
 
     arch: str
@@ -73,6 +87,8 @@ class Policy:
     layers: str
     signature: tuple[str, ...]
     attr_scales: tuple[AttrScale, ...] = ()
+    absent: tuple[str, ...] = ()
+    sequence_parallel: bool = False
 
 
 GPT2 = Policy(
@@ -92,6 +108,7 @@ GPT2 = Policy(
     layers=_P + r"h\.(\d+)",
     signature=(_P + r"wte", _P + r"wpe", _P + r"h\.\d+\.attn\.c_attn", _P + r"h\.\d+\.mlp\.c_fc"),
     attr_scales=(AttrScale(_P + r"h\.\d+\.attn", "split_size"), AttrScale(_P + r"h\.\d+\.attn", "num_heads")),
+    sequence_parallel=True,
 )
 
 _LLAMA_ATTENTION = (
@@ -115,6 +132,7 @@ LLAMA = Policy(
     ) + _LLAMA_TAIL,
     layers=_P + r"layers\.(\d+)",
     signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.q_proj", _P + r"layers\.\d+\.mlp\.gate_proj"),
+    sequence_parallel=True,
 )
 
 MIXTRAL = Policy(
@@ -128,13 +146,152 @@ MIXTRAL = Policy(
     layers=_P + r"layers\.(\d+)",
     signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.q_proj",
                _P + r"layers\.\d+\.(?:mlp|block_sparse_moe)\.experts"),
+    absent=(_P + r"layers\.\d+\.mlp\.shared_experts?",),
+    sequence_parallel=True,
 )
 
-POLICIES: dict[str, Policy] = {p.arch: p for p in (GPT2, LLAMA, MIXTRAL)}
+_QK_HEAD_NORMS = (
+    PolicyRow(_P + r"layers\.\d+\.self_attn\.[qk]_norm", "head_norm",
+              why="per-head q/k norm: each rank normalises its own heads, so its gradient is summed over TP"),
+)
+_DENSE_MLP = (
+    PolicyRow(_P + r"layers\.\d+\.mlp\.(?:gate|up)_proj", "column"),
+    PolicyRow(_P + r"layers\.\d+\.mlp\.down_proj", "row"),
+)
+_ROUTED = (
+    PolicyRow(_P + r"layers\.\d+\.mlp\.gate", "replicate", why="router: every rank scores every token"),
+    PolicyRow(_P + r"layers\.\d+\.mlp\.experts", "expert", why="experts split over the expert-parallel group"),
+)
+_SHARED = (
+    PolicyRow(_P + r"layers\.\d+\.mlp\.shared_experts?\.(?:gate|up)_proj", "column",
+              why="shared expert: a dense MLP beside the routed experts"),
+    PolicyRow(_P + r"layers\.\d+\.mlp\.shared_experts?\.down_proj", "row"),
+    PolicyRow(_P + r"layers\.\d+\.mlp\.shared_expert_gate", "replicate",
+              why="the shared expert's sigmoid gate reads the whole hidden state"),
+)
+_GEMMA_NORMS = (
+    PolicyRow(_P + r"layers\.\d+\.(?:pre|post)_feedforward_layernorm", "norm"),
+)
+
+QWEN3 = Policy(
+    arch="qwen3",
+    rows=_LLAMA_ATTENTION + _QK_HEAD_NORMS + _DENSE_MLP + _LLAMA_TAIL,
+    layers=_P + r"layers\.(\d+)",
+    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.q_norm", _P + r"layers\.\d+\.mlp\.gate_proj"),
+    absent=(_P + r"layers\.\d+\.(?:pre|post)_feedforward_layernorm",),
+)
+
+GEMMA2 = Policy(
+    arch="gemma2",
+    rows=_LLAMA_ATTENTION + _GEMMA_NORMS + _DENSE_MLP + _LLAMA_TAIL,
+    layers=_P + r"layers\.(\d+)",
+    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.pre_feedforward_layernorm"),
+    absent=(_P + r"layers\.\d+\.self_attn\.q_norm",),
+)
+
+GEMMA3 = Policy(
+    arch="gemma3",
+    rows=_LLAMA_ATTENTION + _QK_HEAD_NORMS + _GEMMA_NORMS + _DENSE_MLP + _LLAMA_TAIL,
+    layers=_P + r"layers\.(\d+)",
+    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.pre_feedforward_layernorm",
+               _P + r"layers\.\d+\.self_attn\.q_norm"),
+)
+
+OLMO2 = Policy(
+    arch="olmo2",
+    rows=_LLAMA_ATTENTION + (
+        PolicyRow(_P + r"layers\.\d+\.self_attn\.q_norm", "shard_norm", heads="q",
+                  why="norm over all query heads: weight split by heads, mean square summed over TP"),
+        PolicyRow(_P + r"layers\.\d+\.self_attn\.k_norm", "shard_norm", heads="kv",
+                  why="norm over all key heads: weight split by heads, mean square summed over TP"),
+        PolicyRow(_P + r"layers\.\d+\.post_feedforward_layernorm", "norm"),
+    ) + _DENSE_MLP + _LLAMA_TAIL,
+    layers=_P + r"layers\.(\d+)",
+    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.q_norm",
+               _P + r"layers\.\d+\.post_feedforward_layernorm"),
+    absent=(_P + r"layers\.\d+\.(?:input|pre_feedforward)_layernorm",),
+)
+
+PHI3 = Policy(
+    arch="phi3",
+    rows=(
+        PolicyRow(_P + r"embed_tokens", "vocab"),
+        PolicyRow(_P + r"layers\.\d+\.self_attn\.qkv_proj", "column", blocks=("q", "kv", "kv"),
+                  why="fused QKV of unequal blocks under GQA: q, k and v each split by their own heads"),
+        PolicyRow(_P + r"layers\.\d+\.self_attn\.o_proj", "row", heads="q"),
+        PolicyRow(_P + r"layers\.\d+\.mlp\.gate_up_proj", "column", fused=2, why="fused gate and up projections"),
+        PolicyRow(_P + r"layers\.\d+\.mlp\.down_proj", "row"),
+        PolicyRow(_P + r"layers\.\d+\.(?:input|post_attention)_layernorm", "norm"),
+    ) + _LLAMA_TAIL,
+    layers=_P + r"layers\.(\d+)",
+    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.qkv_proj", _P + r"layers\.\d+\.mlp\.gate_up_proj"),
+    # Phi3Attention slices its fused output at config.num_attention_heads x head_dim.
+    attr_scales=(AttrScale(_P + r"layers\.\d+\.self_attn", "num_key_value_heads"),
+                 AttrScale(_P + r"layers\.\d+\.self_attn", "config.num_attention_heads"),
+                 AttrScale(_P + r"layers\.\d+\.self_attn", "config.num_key_value_heads")),
+)
+
+GPT_NEOX = Policy(
+    arch="gpt_neox",
+    rows=(
+        PolicyRow(_P + r"embed_in", "vocab"),
+        PolicyRow(_P + r"layers\.\d+\.attention\.query_key_value", "column", heads="qkv",
+                  why="fused QKV laid out head by head ([q k v] per head): split into whole heads"),
+        PolicyRow(_P + r"layers\.\d+\.attention\.dense", "row", heads="q"),
+        PolicyRow(_P + r"layers\.\d+\.mlp\.dense_h_to_4h", "column"),
+        PolicyRow(_P + r"layers\.\d+\.mlp\.dense_4h_to_h", "row"),
+        PolicyRow(_P + r"layers\.\d+\.(?:input|post_attention)_layernorm", "norm"),
+        PolicyRow(_P + r"final_layer_norm", "norm"),
+        PolicyRow(r"(?:embed_out|lm_head)", "vocab"),
+    ),
+    layers=_P + r"layers\.(\d+)",
+    signature=(_P + r"embed_in", _P + r"layers\.\d+\.attention\.query_key_value"),
+)
+
+QWEN2_MOE = Policy(
+    arch="qwen2_moe",
+    rows=_LLAMA_ATTENTION + _ROUTED + _SHARED + _DENSE_MLP + _LLAMA_TAIL,
+    layers=_P + r"layers\.(\d+)",
+    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.mlp\.experts", _P + r"layers\.\d+\.mlp\.shared_expert_gate"),
+)
+
+QWEN3_MOE = Policy(
+    arch="qwen3_moe",
+    rows=_LLAMA_ATTENTION + _QK_HEAD_NORMS + _ROUTED + _DENSE_MLP + _LLAMA_TAIL,
+    layers=_P + r"layers\.(\d+)",
+    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.q_norm", _P + r"layers\.\d+\.mlp\.experts"),
+    absent=(_P + r"layers\.\d+\.mlp\.shared_experts?",),
+)
+
+DEEPSEEK_V3 = Policy(
+    arch="deepseek_v3",
+    rows=(
+        PolicyRow(_P + r"embed_tokens", "vocab"),
+        # MLA's low-rank projections and the rotary key shared by every head have no exact per-head split
+        # through HF's forward; replicated, every rank computes the whole attention (exact, no memory saved).
+        PolicyRow(_P + r"layers\.\d+\.self_attn", "replicate",
+                  why="MLA attention replicated on every TP rank: exact, its memory is not divided"),
+        PolicyRow(_P + r"layers\.\d+\.(?:input|post_attention)_layernorm", "norm"),
+    ) + _ROUTED + _SHARED + _DENSE_MLP + _LLAMA_TAIL,
+    layers=_P + r"layers\.(\d+)",
+    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.kv_a_proj_with_mqa"),
+)
+
+POLICIES: dict[str, Policy] = {p.arch: p for p in (GPT2, LLAMA, MIXTRAL, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3, GPT_NEOX,
+                                                  QWEN2_MOE, QWEN3_MOE, DEEPSEEK_V3)}
 
 #: The order `arch: auto` tries the families in: the most specific signature first, plugin families last
 #: (installing a plugin never changes how a model a built-in family recognises is rewritten).
-DETECT_ORDER: list[str] = ["mixtral", "llama", "gpt2"]
+DETECT_ORDER: list[str] = ["deepseek_v3", "qwen2_moe", "qwen3_moe", "mixtral", "gemma3", "gemma2", "olmo2", "qwen3",
+                           "phi3", "gpt_neox", "llama", "gpt2"]
+
+#: The built-in families and the HF model types they were tested on (README "Supported model families").
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "llama": ("llama", "mistral", "qwen2"), "mixtral": ("mixtral",), "gpt2": ("gpt2",), "qwen3": ("qwen3",),
+    "gemma2": ("gemma2",), "gemma3": ("gemma3_text",), "olmo2": ("olmo2",), "phi3": ("phi3",),
+    "gpt_neox": ("gpt_neox",), "qwen2_moe": ("qwen2_moe",), "qwen3_moe": ("qwen3_moe",),
+    "deepseek_v3": ("deepseek_v3",),
+}
 
 
 def register_policy(policy: Policy) -> None:

@@ -92,7 +92,14 @@ class MoESpec(Section):
                                    "Hidden size of one expert's MLP; default: model.ffn_hidden.")
     every: int = field(Int(ge=1, le=MAX_LAYERS), 1, "An MoE layer every this many layers (1: every layer).")
     # 1.0-2.0 in practice; above experts / top_k every expert takes every token, so 10^4 is plenty
-    capacity_factor: float = field(Float(gt=0, le=1e4), 1.0, "Expert capacity as a multiple of the even share of tokens.")
+    capacity_factor: float = field(Float(gt=0, le=1e4), 1.0,
+                                   "Expert capacity as a multiple of the even share of tokens (with drop_tokens).")
+    drop_tokens: bool = field(Bool(), False, "Drop the tokens over an expert's capacity (DeepSpeed's gate; needs ep > 1); "
+                                             "false: dropless, every expert takes all its tokens.")
+    shared_experts: int = field(Int(ge=0, le=MAX_EXPERTS), 0,
+                                "Dense experts every token passes through beside the routed ones (Qwen2-MoE, DeepSeek).")
+    shared_ffn_hidden: int | None = field(Optional(Int(ge=1, le=MAX_FFN)), None,
+                                          "Hidden size of one shared expert's MLP; default: moe.ffn_hidden.")
 
 
 class ModelSpec(Section):
@@ -103,9 +110,13 @@ class ModelSpec(Section):
         Optional(Str(min_length=1)), None,
         "An HF model directory (config.json + safetensors): fills the keys below from config.json and "
         "loads each rank's slices of its weights.")
-    arch: Literal["gpt2", "llama", "mixtral", "custom", "auto"] = field(
-        Choice("gpt2", "llama", "mixtral", "custom", "auto"), "auto",
-        "Rewrite policy: gpt2 | llama | mixtral | custom (uses `rewrite:`) | auto (detect).")
+    arch: Literal["gpt2", "llama", "mixtral", "qwen3", "gemma2", "gemma3", "olmo2", "phi3", "gpt_neox", "qwen2_moe",
+                  "qwen3_moe", "deepseek_v3", "custom", "auto"] = field(
+        Choice("gpt2", "llama", "mixtral", "qwen3", "gemma2", "gemma3", "olmo2", "phi3", "gpt_neox", "qwen2_moe",
+               "qwen3_moe", "deepseek_v3", "custom", "auto"), "auto",
+        "Rewrite policy: gpt2 | llama (also Mistral, Qwen2) | mixtral | qwen3 | gemma2 | gemma3 | olmo2 | phi3 | "
+        "gpt_neox | qwen2_moe | qwen3_moe | deepseek_v3 (these need model.factory or model.pretrained) | custom "
+        "(uses `rewrite:`) | auto (detect).")
     layers: int = field(Int(ge=1, le=MAX_LAYERS), description="Number of transformer layers.")
     hidden: int = field(Int(ge=1, le=MAX_HIDDEN), description="Model (embedding) width.")
     heads: int = field(Int(ge=1, le=MAX_HEADS), description="Attention (query) heads.")

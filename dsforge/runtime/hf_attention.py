@@ -22,6 +22,7 @@ from dsforge.runtime.attention import UlyssesAttention, ring_attention
 
 NAME = "dsforge_cp"
 _ATTR = "_dsforge_context_parallel"
+_SIZE = "_dsforge_context_parallel_size"
 
 
 class ContextParallelError(ValueError):
@@ -37,6 +38,17 @@ def _attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, att
                                    "context-parallel layer attached (install_context_parallel was not called on it)")
     if dropout:
         raise ContextParallelError("context-parallel attention has no attention dropout; set it to 0")
+    # Ring and Ulysses attention are plain causal softmax attention: anything else the model asks for
+    # would be dropped silently, so it is refused (Gemma's soft-capping, a window shorter than the sequence).
+    if kwargs.get("softcap") is not None:
+        raise ContextParallelError(f"{type(module).__name__} soft-caps its attention scores (softcap="
+                                   f"{kwargs['softcap']}); context-parallel attention does not: use cp 1")
+    window = kwargs.get("sliding_window")
+    total = query.shape[2] * getattr(module, _SIZE, 1)
+    if window is not None and window < total:
+        raise ContextParallelError(f"{type(module).__name__} attends within a sliding window of {window} tokens, "
+                                   f"shorter than the sequence of {total}; context-parallel attention is fully "
+                                   "causal: use cp 1 or a sequence no longer than the window")
     return impl(query, key, value, scaling), None
 
 
@@ -104,6 +116,7 @@ def install_context_parallel(model: nn.Module, kind: str, group: dist.ProcessGro
             layer, impl = _ulysses(group)
             module.add_module("context_parallel", layer)  # no parameters; kept for repr and device moves
         setattr(module, _ATTR, impl)
+        setattr(module, _SIZE, dist.get_world_size(group))
     configs: list[Any] = [m.config for _, m in found] + [getattr(model, "config", None)]
     for cfg in {id(c): c for c in configs if c is not None}.values():
         cfg._attn_implementation = NAME

@@ -31,6 +31,9 @@ def family(model: ResolvedModel) -> str:
         return model.arch
     if model.arch == "custom":
         raise ModelBuildError("arch: custom needs model.factory (\"package.module:callable\") to build the model")
+    if model.arch != "auto":  # the other families' rewrite policies exist; dsforge builds none of them itself
+        raise ModelBuildError(f"arch: {model.arch} is built from model.factory (\"package.module:callable\") or an "
+                              "HF directory (model.pretrained); dsforge builds only gpt2, llama and mixtral itself")
     if model.moe is not None:
         return "mixtral"
     return "gpt2" if model.activation == "gelu" and model.position == "learned" else "llama"

@@ -9,8 +9,14 @@ DeepSpeed's expert-group registry under the name the layer looks up (``ep_size_<
 the layer asks for them; DeepSpeed then creates nothing and uses exactly the plan's groups.
 
 Routing defaults are chosen for exactness: no token dropping (capacity = the busiest expert),
-no random token selection and a deterministic second expert, which is Mixtral's routing
-(softmax, top-k, weights renormalised over the k chosen) for k = 2.
+no random token selection and a deterministic second expert. DeepSpeed 0.19.8's gate
+(moe/sharded_moe.py) routes softmax top-1 (weight: the probability), top-2 (weights renormalised
+over the two) and, for any k > 2, ``topkgating`` (weights renormalised over the k): Mixtral's
+routing, and Qwen-MoE's with ``norm_topk_prob``. A router that does not renormalise (Qwen2-MoE's
+and Qwen3-MoE's default) weighs each expert by its plain probability p_i; the renormalised output
+times S = the sum of the k chosen probabilities is exactly that (sum p_i/S E_i x S), so the layer
+multiplies by S, computed from the same router weight (its gradient flows through both).
+With ``drop_tokens`` the capacity is DeepSpeed's: ceil(tokens / experts x capacity_factor x k).
 """
 
 from __future__ import annotations
@@ -75,7 +81,8 @@ class ExpertParallelMoE(nn.Module):
     """DeepSpeed's MoE layer with ep from the plan: E experts, E/ep of them on this rank, top-k routing."""
 
     def __init__(self, hidden: int, expert: nn.Module, num_experts: int, groups: ParallelGroups, top_k: int = 2,
-                 drop_tokens: bool = False, capacity_factor: float = 1.0, min_capacity: int = 0) -> None:
+                 drop_tokens: bool = False, capacity_factor: float = 1.0, min_capacity: int = 0,
+                 renormalize: bool = True) -> None:
         super().__init__()
         from deepspeed.moe.layer import MoE
         from deepspeed.utils import groups as ds_groups
@@ -86,7 +93,12 @@ class ExpertParallelMoE(nn.Module):
                               f"{num_experts}")
         ensure_deepspeed_comm()
         self.name = register_expert_groups(groups)
+        if top_k == 1 and renormalize:
+            raise ValueError("DeepSpeed's top-1 gate weights the expert by its softmax probability, a renormalised "
+                             "top-1 router by 1; such a block has no exact DeepSpeed twin")
         self.num_experts, self.ep, self.top_k = num_experts, ep, top_k
+        # top-1 already weighs by the plain probability; k >= 2 renormalises, undone by the factor S.
+        self.scale_by_mass = not renormalize and top_k > 1
         self.num_local = num_experts // ep
         self.first_expert = groups.index("ep") * self.num_local  # experts [first, first + num_local) live here
         self.moe = MoE(hidden_size=hidden, expert=expert, num_experts=num_experts, ep_size=ep, k=top_k,
@@ -113,6 +125,10 @@ class ExpertParallelMoE(nn.Module):
     def forward(self, hidden: Tensor) -> Tensor:
         """[..., hidden] -> [..., hidden]; the load-balancing loss of this call is kept in ``aux_loss``."""
         out, self.aux_loss, _ = self.moe(hidden)
+        if self.scale_by_mass:
+            logits = F.linear(hidden.float(), self.gate_weight.float())
+            mass = F.softmax(logits, dim=-1).topk(self.top_k, dim=-1).values.sum(-1, keepdim=True)
+            out = out * mass.to(out.dtype)
         return out
 
     def load_dense(self, gate_weight: Tensor, experts: Sequence[Mapping[str, Tensor]]) -> None:
@@ -137,17 +153,80 @@ class ExpertParallelMoE(nn.Module):
         self.load_dense(gate.weight, dicts)
 
     @classmethod
-    def from_mixtral(cls, block: nn.Module, groups: ParallelGroups) -> ExpertParallelMoE:
-        """An expert-parallel twin of a HF MixtralSparseMoeBlock, holding this rank's share of its experts."""
+    def from_mixtral(cls, block: nn.Module, groups: ParallelGroups, top_k: int | None = None,
+                     drop_tokens: bool = False, capacity_factor: float = 1.0) -> ExpertParallelMoE:
+        """An expert-parallel twin of a HF Mixtral / Qwen2-MoE / Qwen3-MoE sparse block's router and experts.
+
+        ``top_k``: the job's (moe.top_k); it must be the block's own. The router's ``norm_topk_prob``
+        (absent: renormalised, as Mixtral) decides whether the weights are renormalised over the k.
+        """
         gate: Any = block.gate
         num_experts, hidden = gate.weight.shape
-        top_k = int(getattr(block, "top_k", 2))
-        if top_k < 2:
-            raise ValueError("DeepSpeed's top-1 gate weights the expert by its softmax probability, Mixtral "
-                             "renormalises it to 1; a top-1 Mixtral block has no exact DeepSpeed twin")
+        own = next((k for k in (getattr(gate, "top_k", None), getattr(block, "top_k", None)) if isinstance(k, int)),
+                   None)
+        if top_k is None:
+            top_k = own if own is not None else 2
+        elif own is not None and own != top_k:
+            raise ValueError(f"the block routes top-{own} but the job says moe.top_k={top_k}")
+        renormalize = bool(getattr(gate, "norm_topk_prob", getattr(block, "norm_topk_prob", True)))
         experts: Any = block.experts
+        act = getattr(experts, "act_fn", None)
+        if act is not None and not isinstance(act, nn.SiLU) and "SiLU" not in type(act).__name__:
+            raise ValueError(f"its experts use {type(act).__name__}; the expert-parallel experts are SwiGLU (SiLU)")
         ffn = experts.down_proj.shape[-1] if hasattr(experts, "down_proj") else experts[0].w2.weight.shape[1]
         layer = cls(hidden, GatedExpert(hidden, ffn).to(gate.weight.dtype), num_experts, groups,
-                    top_k=top_k)
+                    top_k=top_k, drop_tokens=drop_tokens, capacity_factor=capacity_factor, renormalize=renormalize)
         layer.load_mixtral(block)
         return layer
+
+
+#: Names HF gives a MoE block's shared expert and its gate (Qwen2-MoE: shared_expert + shared_expert_gate,
+#: DeepSeek-V2/V3: shared_experts without a gate).
+SHARED_NAMES = ("shared_expert", "shared_experts")
+SHARED_GATE = "shared_expert_gate"
+
+
+class SharedExpertMoE(nn.Module):
+    """The routed experts (expert-parallel) plus the block's shared expert, a dense MLP every token passes through.
+
+    out = routed(x) + sigmoid(gate(x)) * shared(x) (Qwen2-MoE), or routed(x) + shared(x) without a gate
+    (DeepSeek). The shared expert and its gate keep their HF names, so the rewrite plan places them
+    (column/row under TP, replicated otherwise) and checkpoints name them as the dense model does.
+    """
+
+    def __init__(self, routed: ExpertParallelMoE, shared_name: str, shared: nn.Module,
+                 gate: nn.Module | None) -> None:
+        super().__init__()
+        self.routed, self.shared_name = routed, shared_name
+        self.add_module(shared_name, shared)
+        self.has_gate = gate is not None
+        if gate is not None:
+            self.add_module(SHARED_GATE, gate)
+
+    @property
+    def local_experts(self) -> nn.ModuleList:
+        """This rank's routed experts."""
+        return self.routed.local_experts
+
+    @property
+    def first_expert(self) -> int:
+        """Global index of this rank's first routed expert."""
+        return self.routed.first_expert
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """[..., hidden] -> [..., hidden]: routed experts plus the (gated) shared expert."""
+        shared = getattr(self, self.shared_name)(hidden)
+        if self.has_gate:
+            shared = torch.sigmoid(getattr(self, SHARED_GATE)(hidden)) * shared
+        return self.routed(hidden) + shared
+
+
+def from_hf_block(block: nn.Module, groups: ParallelGroups, top_k: int | None = None, drop_tokens: bool = False,
+                  capacity_factor: float = 1.0) -> nn.Module:
+    """The expert-parallel twin of an HF sparse MoE block: routed experts on DeepSpeed, shared experts kept."""
+    routed = ExpertParallelMoE.from_mixtral(block, groups, top_k, drop_tokens, capacity_factor)
+    name = next((n for n in SHARED_NAMES if isinstance(getattr(block, n, None), nn.Module)), None)
+    if name is None:
+        return routed
+    gate = getattr(block, SHARED_GATE, None)
+    return SharedExpertMoE(routed, name, getattr(block, name), gate if isinstance(gate, nn.Module) else None)

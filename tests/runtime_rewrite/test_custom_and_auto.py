@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dsforge.compiler.rewrite_policies import POLICIES
+from dsforge.compiler.rewrite_policies import DETECT_ORDER, POLICIES
 from dsforge.runtime.models import ModelBuildError, build_model, hf_config
 from dsforge.runtime.rewrite import RewriteError, describe, detect_arch, plan_rewrite
 from dsforge.runtime.rewrite.shard import Heads, shard_tensor_parallel
@@ -105,7 +105,7 @@ def test_auto_on_a_factory_model_and_on_an_unknown_one(job):
     text = str(err.value)
     assert "recognises none" in text and "llama: no module matches" in text and "arch: custom" in text
     found, reasons = detect_arch(Toy(spec.model))
-    assert found is None and set(reasons) == {"gpt2", "llama", "mixtral"}
+    assert found is None and set(reasons) == set(DETECT_ORDER)
 
 
 @pytest.mark.parametrize("factory, message", [
@@ -144,7 +144,7 @@ def test_fused_heads_shard_arithmetic():
 def test_policy_tables_are_plain_data():
     qkv = POLICIES["gpt2"].rows[3]  # GPT-2's fused c_attn: Q, K and V side by side, split by query heads
     assert (qkv.variant, qkv.fused, qkv.heads) == ("column", 3, "q")
-    assert all(row.variant in {"column", "row", "vocab", "norm", "replicate", "expert"}
+    assert all(row.variant in {"column", "row", "vocab", "norm", "head_norm", "shard_norm", "replicate", "expert"}
                for p in POLICIES.values() for row in p.rows)
 
 

@@ -56,7 +56,9 @@ def layer_forward_flops(model: ResolvedModel, moe: bool = False) -> LayerFlops:
     proj = 2.0 * (2 * h * h + 2 * h * kv_dim)
     core = 4.0 * s * h
     if moe and model.moe is not None:
-        return LayerFlops(proj, core, model.moe.top_k * _mlp_flops(model, model.moe.ffn_hidden),
+        # every token also passes through the shared experts (Qwen2-MoE, DeepSeek)
+        shared = model.moe.shared_experts * _mlp_flops(model, model.moe.shared_ffn_hidden)
+        return LayerFlops(proj, core, model.moe.top_k * _mlp_flops(model, model.moe.ffn_hidden) + shared,
                           2.0 * h * model.moe.experts)
     return LayerFlops(proj, core, _mlp_flops(model, model.ffn_hidden))
 

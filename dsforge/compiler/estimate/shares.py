@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
-from dsforge.compiler.params import has_bias, is_moe_layer, padded_vocab
+from dsforge.compiler.params import has_bias, is_moe_layer, padded_vocab, shared_gate
 from dsforge.compiler.plan import Plan
 from dsforge.compiler.resolved import ResolvedModel
 
@@ -59,6 +59,10 @@ def _tensor_sizes(model: ResolvedModel, moe: bool, tp: int, ep: int) -> tuple[li
     experts = 0
     if moe and model.moe is not None:
         dense.append(h * model.moe.experts)  # router, replicated
+        for _ in range(model.moe.shared_experts):  # shared experts: dense MLPs, split by tp like one
+            dense += _mlp_sizes(model, model.moe.shared_ffn_hidden, tp)
+        if model.moe.shared_experts and shared_gate(model):
+            dense.append(h)  # Qwen2-MoE's shared-expert gate, replicated
         expert = _mlp_sizes(model, model.moe.ffn_hidden, 1)  # whole experts on every TP rank
         experts = model.moe.experts // max(ep, 1)
     else:

@@ -155,20 +155,126 @@ def sp_divides_sequence(ctx: Context) -> Iterator[Finding]:
                       f"use seq_len={next_multiple(m.seq_len, d.tp * d.cp)}", ("model", "seq_len"))
 
 
-@rule("DSF116", "MoE routing fits: top_k <= experts, every <= layers",
-      source="Shazeer et al. 2017; deepspeed/moe/layer.py MoE.__init__ (k in {1, 2})")
+@rule("DSF116", "MoE routing fits: top_k <= experts, every <= layers, a top-1 Mixtral has ep 1",
+      source="Shazeer et al. 2017; deepspeed/moe/sharded_moe.py TopKGate.forward (top1/top2/topkgating)")
 def moe_top_k(ctx: Context) -> Iterator[Finding]:
-    """A token cannot be routed to more experts than exist, and DeepSpeed's native MoE gate implements
-    only top-1 and top-2 routing; an MoE interval longer than the model makes no layer an MoE layer."""
+    """A token cannot be routed to more experts than exist; an MoE interval longer than the model makes no
+    layer an MoE layer. DeepSpeed 0.19.8's gate routes any top-k (top1gating, top2gating, and topkgating
+    for k > 2, which renormalise over the k chosen), but its top-1 weighs the expert by its probability
+    where Mixtral's renormalised top-1 weighs it by 1, so a top-1 Mixtral has no expert-parallel twin."""
     moe = ctx.spec.model.moe
     if moe is None:
         return
+    d = ctx.plan.degrees
     if moe.top_k > moe.experts:
         yield Finding(f"moe.top_k={moe.top_k} exceeds moe.experts={moe.experts}",
                       f"use top_k <= {moe.experts}", ("model", "moe", "top_k"))
-    elif moe.top_k > 2:
-        yield Finding(f"moe.top_k={moe.top_k}: DeepSpeed's native MoE gate implements only top-1 and top-2",
-                      "use top_k 1 or 2", ("model", "moe", "top_k"), Severity.WARNING)
+    elif moe.top_k == 1 and ctx.spec.model.arch == "mixtral" and d is not None and d.ep > 1:
+        yield Finding(f"moe.top_k=1 with ep={d.ep}: DeepSpeed's top-1 gate weighs the expert by its softmax "
+                      "probability, a Mixtral top-1 router by 1", "use ep: 1, or top_k >= 2",
+                      ("model", "moe", "top_k"))
     if moe.every > ctx.spec.model.layers:
         yield Finding(f"moe.every={moe.every} exceeds layers={ctx.spec.model.layers}: no layer would be MoE",
                       f"use every <= {ctx.spec.model.layers}", ("model", "moe", "every"))
+
+
+# DeepSpeed 0.19.8's MoE gate (deepspeed/moe/sharded_moe.py TopKGate.forward): top1gating for k = 1 (the expert
+# weighted by its softmax probability), top2gating for k = 2 and topkgating for any k > 2 (both renormalise the
+# k weights); drop_tokens=False sizes every expert's capacity to the busiest one (dropless).
+MOE_SOURCE = "deepspeed/moe/sharded_moe.py TopKGate.forward, top1gating/top2gating/topkgating"
+
+#: Families whose HF MoE block has a shared expert (Qwen2-MoE: one, gated; DeepSeek-V3: n_shared_experts).
+SHARED_EXPERT_FAMILIES = ("qwen2_moe", "deepseek_v3")
+#: MoE families without one.
+ROUTED_ONLY_FAMILIES = ("mixtral", "qwen3_moe")
+#: Families whose sequence-parallel regions (dsforge.runtime.rewrite.sequence) were checked against the forward.
+SEQUENCE_PARALLEL_FAMILIES = ("gpt2", "llama", "mixtral")
+
+
+@rule("DSF150", "dropping tokens over capacity needs expert parallelism", source=MOE_SOURCE)
+def drop_tokens_needs_ep(ctx: Context) -> Iterator[Finding]:
+    """With ep = 1 the model's own HF MoE block routes every token to its experts (dropless); only
+    DeepSpeed's gate, which dsforge runs for ep > 1, drops the tokens over an expert's capacity."""
+    moe, d = ctx.spec.model.moe, ctx.plan.degrees
+    if moe is not None and moe.drop_tokens and d is not None and d.ep == 1:
+        yield Finding("moe.drop_tokens: true with ep=1: the model's own MoE block never drops tokens, so the job "
+                      "would run dropless", "set moe.drop_tokens: false, or use ep > 1 (DeepSpeed's gate)",
+                      ("model", "moe", "drop_tokens"))
+
+
+@rule("DSF151", "capacity_factor takes effect only when tokens are dropped", severity=Severity.WARNING,
+      source=MOE_SOURCE)
+def capacity_unused(ctx: Context) -> Iterator[Finding]:
+    """Dropless routing (drop_tokens: false) gives every expert the capacity of the busiest one, so a
+    capacity_factor the job sets changes nothing that runs."""
+    moe = ctx.spec.model.moe
+    if moe is not None and not moe.drop_tokens and ctx.written(("model", "moe", "capacity_factor")):
+        yield Finding(f"moe.capacity_factor={moe.capacity_factor} has no effect: routing is dropless "
+                      "(drop_tokens: false) and every expert takes all of its tokens",
+                      "set moe.drop_tokens: true (and ep > 1) to cap each expert, or remove capacity_factor",
+                      ("model", "moe", "capacity_factor"))
+
+
+@rule("DSF152", "DeepSeek-V3's router has no expert-parallel twin in DeepSpeed", source=MOE_SOURCE)
+def deepseek_router(ctx: Context) -> Iterator[Finding]:
+    """DeepSeek-V3 scores experts with a sigmoid plus a load-balancing bias and picks the top-k within the
+    best expert groups; DeepSpeed's gate is a softmax top-k, so the expert-parallel layer would route
+    differently. With ep = 1 the model's own block routes (exact)."""
+    d = ctx.plan.degrees
+    if ctx.spec.model.arch == "deepseek_v3" and d is not None and d.ep > 1:
+        yield Finding(f"ep={d.ep} for a DeepSeek-V3 model: its sigmoid, group-limited router has no exact twin in "
+                      "DeepSpeed's softmax top-k gate", "use ep: 1 (spread the experts' memory with zero: 3)",
+                      ("parallel", "ep"))
+
+
+@rule("DSF153", "MLA attention is replicated on every tensor-parallel rank", severity=Severity.WARNING,
+      source="dsforge/compiler/rewrite_policies.py DEEPSEEK_V3")
+def mla_replicated(ctx: Context) -> Iterator[Finding]:
+    """MLA (DeepSeek-V3) compresses keys and values into one low-rank latent shared by all heads, plus one
+    rotary key shared by every head; the policy keeps the attention whole on every TP rank, which is exact
+    but divides neither its weights nor its activations by tp (the estimates assume they are)."""
+    d = ctx.plan.degrees
+    if ctx.spec.model.arch == "deepseek_v3" and d is not None and d.tp > 1:
+        yield Finding(f"tp={d.tp}: MLA attention runs whole on each of the {d.tp} ranks (exact; only the MLPs "
+                      "and the vocabulary are split), so its memory is tp times the estimate's",
+                      "prefer tp: 1 with zero: 3 or pp for MLA models", ("parallel", "tp"))
+
+
+@rule("DSF154", "sequence parallelism is implemented for gpt2, llama and mixtral",
+      source="dsforge/runtime/rewrite/sequence.py wrap_sequence_parallel")
+def sequence_parallel_family(ctx: Context) -> Iterator[Finding]:
+    """The sequence-parallel regions wrap each decoder block's attention and MLP; they were checked against
+    the GPT-2, Llama (Mistral, Qwen2) and Mixtral forwards only, so other families refuse it."""
+    d, arch = ctx.plan.degrees, ctx.spec.model.arch
+    if (ctx.spec.parallel.sequence_parallel is True and d is not None and d.tp > 1
+            and arch not in (*SEQUENCE_PARALLEL_FAMILIES, "auto", "custom")):
+        yield Finding(f"sequence_parallel with model.arch {arch}: dsforge's sequence-parallel regions exist for "
+                      f"{', '.join(SEQUENCE_PARALLEL_FAMILIES)} only", "set parallel.sequence_parallel: false",
+                      ("parallel", "sequence_parallel"))
+
+
+@rule("DSF155", "moe.shared_experts matches the family", source="HF Qwen2MoeSparseMoeBlock, DeepseekV3MoE")
+def shared_experts_family(ctx: Context) -> Iterator[Finding]:
+    """Qwen2-MoE and DeepSeek-V3 pass every token through shared experts beside the routed ones; Mixtral
+    and Qwen3-MoE have none. The count decides the parameters and FLOPs explain reports."""
+    moe, arch = ctx.spec.model.moe, ctx.spec.model.arch
+    if moe is None:
+        return
+    if arch in ROUTED_ONLY_FAMILIES and moe.shared_experts:
+        yield Finding(f"moe.shared_experts={moe.shared_experts}, but a {arch} MoE block has no shared expert",
+                      "set moe.shared_experts: 0", ("model", "moe", "shared_experts"))
+    elif arch in SHARED_EXPERT_FAMILIES and not moe.shared_experts:
+        yield Finding(f"moe.shared_experts=0, but every {arch} MoE block has a shared expert",
+                      "set moe.shared_experts (and moe.shared_ffn_hidden) to the model's",
+                      ("model", "moe", "shared_experts"))
+
+
+@rule("DSF156", "Gemma2's soft-capped attention has no context-parallel form",
+      source="HF Gemma2Attention (attn_logit_softcapping); dsforge/runtime/hf_attention.py")
+def gemma_softcap_cp(ctx: Context) -> Iterator[Finding]:
+    """Gemma2 squashes every attention score through tanh (soft-capping) before the softmax; ring and Ulysses
+    attention compute plain causal softmax attention, so the capping would be dropped."""
+    d = ctx.plan.degrees
+    if ctx.spec.model.arch == "gemma2" and d is not None and d.cp > 1:
+        yield Finding(f"cp={d.cp} for a Gemma2 model: context-parallel attention has no attention soft-capping",
+                      "use cp: 1 (tp or pp for long sequences)", ("parallel", "cp"))

@@ -48,12 +48,20 @@ class _VocabShard(nn.Module):
 
 
 class VocabParallelEmbedding(_VocabShard):
-    """Embedding whose rows are split over the TP group; tokens outside this rank's range contribute zero."""
+    """Embedding whose rows are split over the TP group; tokens outside this rank's range contribute zero.
+
+    ``embed_scale``: a constant the looked-up rows are multiplied by (Gemma's sqrt(hidden)), kept
+    from the dense module as HF applies it (a non-persistent buffer, cast to the weight's dtype).
+    """
+
+    embed_scale: Tensor | None
 
     def __init__(self, num_embeddings: int, embedding_dim: int, pg: dist.ProcessGroup,
                  padding_idx: int | None = None, sequence_parallel: bool = False, sequence_dim: int = 1,
-                 reset: bool = True, dtype: torch.dtype | None = None) -> None:
+                 reset: bool = True, dtype: torch.dtype | None = None, embed_scale: Tensor | None = None) -> None:
         super().__init__(num_embeddings, embedding_dim, pg, dtype)
+        self.register_buffer("embed_scale", None if embed_scale is None else embed_scale.detach().clone(),
+                             persistent=False)
         self.embedding_dim, self.padding_idx = embedding_dim, padding_idx
         self.sequence_parallel, self.sequence_dim = sequence_parallel, sequence_dim
         inside = padding_idx is not None and self.vocab_start <= padding_idx < self.vocab_end
@@ -68,9 +76,12 @@ class VocabParallelEmbedding(_VocabShard):
     def from_dense(cls, dense: nn.Embedding, groups: ParallelGroups | dist.ProcessGroup, *,
                    sequence_parallel: bool = False, sequence_dim: int = 1) -> VocabParallelEmbedding:
         """Shard an existing nn.Embedding: this rank keeps its range of rows."""
+        scale = getattr(dense, "embed_scale", None)
+        if isinstance(scale, (int, float)):  # older HF keeps the scale as a plain number
+            scale = torch.tensor(float(scale))
         layer = cls(dense.num_embeddings, dense.embedding_dim, tp_group(groups), padding_idx=dense.padding_idx,
                     sequence_parallel=sequence_parallel, sequence_dim=sequence_dim, reset=False,
-                    dtype=dense.weight.dtype)
+                    dtype=dense.weight.dtype, embed_scale=scale if isinstance(scale, Tensor) else None)
         layer.load_dense_rows(dense.weight)
         return layer.to(dense.weight.device)
 
@@ -80,6 +91,8 @@ class VocabParallelEmbedding(_VocabShard):
         local = (ids - self.vocab_start).masked_fill(outside, 0)
         out = F.embedding(local, self.weight, self._local_padding)
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        if self.embed_scale is not None:
+            out = out * self.embed_scale.to(self.weight.dtype)
         if self.sequence_parallel:
             return reduce_scatter_to_sequence(out, self.pg, self.sequence_dim)
         return reduce_from_tp(out, self.pg)

@@ -10,9 +10,10 @@ the sharded embedding, and every parameter is checked against the plan's shard s
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from torch import nn
 
@@ -24,8 +25,10 @@ from dsforge.runtime.layers import (
     VocabParallelLMHead,
     mark_sequence_parallel,
 )
+from dsforge.runtime.layers.norms import ShardedRMSNorm, sum_grads_over_tp
 from dsforge.runtime.rewrite.planner import ModulePlan, RewriteError, RewritePlan
 from dsforge.runtime.rewrite.sequence import wrap_sequence_parallel
+from dsforge.runtime.rewrite.shard import head_unit
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,9 @@ Builder = Callable[[nn.Module, ModulePlan, Context], nn.Module]
 
 def _unit(entry: ModulePlan, rp: RewritePlan) -> int:
     """Whole heads per shard for head-split projections, single features otherwise."""
-    return rp.head_dim if entry.heads else 1
+    if entry.widths:
+        return rp.head_dim
+    return head_unit(entry.heads, rp.head_dim) if entry.heads else 1
 
 
 def _even(entry: ModulePlan, ctx: Context) -> None:
@@ -57,7 +62,8 @@ def _even(entry: ModulePlan, ctx: Context) -> None:
 def _column(dense: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
     _even(entry, ctx)
     # Under sequence parallelism the block around it gathers the sequence (rewrite.sequence), not the layer.
-    return ColumnParallelLinear.from_dense(dense, ctx.groups, blocks=entry.fused, unit=_unit(entry, ctx.rp))
+    blocks = list(entry.widths) if entry.widths else entry.fused
+    return ColumnParallelLinear.from_dense(dense, ctx.groups, blocks=blocks, unit=_unit(entry, ctx.rp))
 
 
 def _row(dense: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
@@ -86,6 +92,19 @@ def _keep(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
     return module
 
 
+def _head_norm(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
+    # Replicated, but each rank normalises only its own heads: the gradients are partial sums over heads.
+    sum_grads_over_tp(module, ctx.groups.tp)
+    return module
+
+
+def _shard_norm(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
+    _even(entry, ctx)
+    (weight,) = entry.params
+    local = weight.shard[0]
+    return ShardedRMSNorm.from_dense(module, ctx.groups.tp, ctx.groups.index("tp") * local, local)
+
+
 def _expert(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
     if ctx.rp.ep == 1:
         return module  # every expert is local: the dense module is already this rank's shard
@@ -94,10 +113,12 @@ def _expert(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
 
 
 def _moe_block(model: nn.Module, entry: ModulePlan, ctx: Context) -> str | None:
-    """Swap the HF Mixtral block holding ``entry``'s experts for DeepSpeed's expert-parallel MoE; its name.
+    """Swap the HF MoE block holding ``entry``'s experts for DeepSpeed's expert-parallel MoE; its name.
 
     DeepSpeed's MoE layer owns the router and the all-to-all, so the unit replaced is the block (router
-    and experts together), not the experts alone; None when the experts stay dense (ep = 1).
+    and experts together), not the experts alone; a shared expert and its gate (Qwen2-MoE, DeepSeek)
+    stay beside it under their own names (dsforge.runtime.moe.SharedExpertMoE). None when the experts
+    stay dense (ep = 1).
     """
     if ctx.rp.ep == 1:
         return None
@@ -105,14 +126,44 @@ def _moe_block(model: nn.Module, entry: ModulePlan, ctx: Context) -> str | None:
     block = model.get_submodule(block_name)
     if not (hasattr(block, "gate") and hasattr(block, "experts")):
         _expert(block, entry, ctx)  # raises: not a Mixtral-style block
-    from dsforge.runtime.moe import ExpertParallelMoE  # needs DeepSpeed; imported only for ep > 1
+    from dsforge.runtime.moe import from_hf_block  # needs DeepSpeed; imported only for ep > 1
 
-    _swap(model, block_name, ExpertParallelMoE.from_mixtral(block, ctx.groups))
+    routing = ctx.rp.moe
+    try:
+        new = from_hf_block(block, ctx.groups, top_k=routing.top_k if routing else None,
+                            drop_tokens=routing.drop_tokens if routing else False,
+                            capacity_factor=routing.capacity_factor if routing else 1.0)
+    except ValueError as exc:
+        raise RewriteError(ctx.rp.arch, [f"{block_name}: {exc}"]) from exc
+    _swap(model, block_name, new)
     return block_name
 
 
 APPLIERS: dict[str, Builder] = {"column": _column, "row": _row, "vocab": _vocab, "norm": _norm,
-                                "replicate": _keep, "expert": _expert}
+                                "head_norm": _head_norm, "shard_norm": _shard_norm, "replicate": _keep,
+                                "expert": _expert}
+
+
+def _has(model: nn.Module, name: str) -> bool:
+    try:
+        model.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _scale_attr(module: nn.Module, attr: str, tp: int) -> None:
+    """A global width the forward reads becomes the local one; ``config.x`` on a copy of the module's config."""
+    if attr.startswith("config."):
+        if not getattr(module, "_dsforge_local_config", False):
+            # The config object is shared by every module of the model: give this one its own copy.
+            module.config = copy.copy(module.config)
+            module._dsforge_local_config = True  # type: ignore[assignment]  # a plain flag on the module
+        holder: Any = module.config
+        attr = attr.partition(".")[2]
+    else:
+        holder = module
+    setattr(holder, attr, getattr(holder, attr) // tp)
 
 
 def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -169,8 +220,8 @@ def apply_rewrite(model: nn.Module, rp: RewritePlan, groups: ParallelGroups, onl
     built: dict[str, nn.Module] = {}
     blocks: dict[str, str] = {}  # expert entry -> the MoE block replaced for it
     for entry in entries:
-        if entry.name.startswith(tuple(b + "." for b in blocks.values())):
-            continue  # inside an MoE block already replaced whole (its router)
+        if entry.name.startswith(tuple(b + "." for b in blocks.values())) and not _has(model, entry.name):
+            continue  # inside an MoE block already replaced whole: its router (a shared expert stays)
         if entry.variant == "expert" and (block := _moe_block(model, entry, ctx)) is not None:
             blocks[entry.name] = block
         elif entry.tied_to is None or entry.tied_to not in built:  # a tied head is made once its owner is
@@ -181,8 +232,7 @@ def apply_rewrite(model: nn.Module, rp: RewritePlan, groups: ParallelGroups, onl
             _tie(model, entry, built[entry.tied_to], ctx)
     for name, attr in rp.attr_scales:
         if wanted is None or any(n.startswith(name + ".") for n in wanted):
-            module = model.get_submodule(name)
-            setattr(module, attr, getattr(module, attr) // rp.tp)
+            _scale_attr(model.get_submodule(name), attr, rp.tp)
     _verify(model, entries, blocks, rp)
     if rp.sequence_parallel:
         wrap_sequence_parallel(model, rp, groups, wanted)
@@ -196,7 +246,7 @@ def _verify(model: nn.Module, entries: list[ModulePlan], blocks: dict[str, str],
     for entry in entries:
         if entry.name in blocks:
             _check_moe(model, blocks[entry.name], entry, problems)
-        elif not entry.name.startswith(gone):
+        elif not entry.name.startswith(gone) or _has(model, entry.name):
             _check_shapes(model, entry, problems)
     if problems:
         raise RewriteError(rp.arch, problems)

@@ -1,6 +1,7 @@
 """`arch: auto`: recognising a model family from its module structure alone.
 
-A family is recognised when every regex of its signature names some module and its policy (with
+A family is recognised when every regex of its signature names some module, none of its ``absent``
+regexes does, and its policy (with
 the job's own `rewrite:` rules in front) places every parameter-owning module. Families are tried
 most specific first (Mixtral before Llama: a Mixtral also has Llama's attention).
 """
@@ -27,6 +28,9 @@ def why_not(model: nn.Module, arch: str, rules: Sequence[RewriteRule]) -> str | 
     missing = [rx for rx in policy.signature if not any(re.fullmatch(rx, n) for n in names)]
     if missing:
         return f"no module matches {', '.join(missing)}"
+    present = [rx for rx in policy.absent if any(re.fullmatch(rx, n) for n in names)]
+    if present:
+        return f"has modules matching {', '.join(present)}, which this family does not have"
     walk = match_rows(model, rows_for(arch, rules))
     if walk.leftover:
         return "leaves " + ", ".join(group_names(walk.leftover)) + " unplaced"

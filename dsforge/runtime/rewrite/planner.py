@@ -20,8 +20,11 @@ from dsforge.runtime.rewrite.shard import (
     Heads,
     ParamShard,
     ShardResult,
+    block_widths,
+    head_norm_weight,
     replicated,
     shard_experts,
+    shard_norm_weight,
     shard_tensor_parallel,
 )
 from dsforge.runtime.rewrite.walk import (
@@ -60,6 +63,7 @@ class ModulePlan:
     fused: int = 1
     heads: str | None = None
     stage: int = 0
+    widths: tuple[int, ...] = ()  # a fused weight's unequal block widths (Phi3's qkv_proj); () when equal
 
     @property
     def tied_to(self) -> str | None:
@@ -93,6 +97,7 @@ class RewritePlan:
     head_dim: int
     attr_scales: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    moe: MoERouting | None = None
 
     def module(self, name: str) -> ModulePlan:
         """The entry of one module by qualified name."""
@@ -144,6 +149,76 @@ class RewritePlan:
                 "warnings": self.warnings}
 
 
+@dataclass(frozen=True)
+class MoERouting:
+    """How the expert-parallel MoE layers route, from the job (checked against the model's blocks)."""
+
+    top_k: int
+    drop_tokens: bool
+    capacity_factor: float
+
+
+#: Router classes whose routing dsforge reproduces on DeepSpeed's gate (softmax over all experts, top-k,
+#: renormalised over the k or not): HF Mixtral, Qwen2-MoE, Qwen3-MoE (transformers 5), or a plain nn.Linear
+#: router (transformers 4 Mixtral). DeepSeek-V3's sigmoid, group-limited router is not among them.
+SOFTMAX_ROUTERS = ("MixtralTopKRouter", "Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter", "Linear")
+
+
+def model_top_k(block: nn.Module) -> int | None:
+    """The top-k an HF MoE block routes with (its router's or its own ``top_k``), None when it keeps none."""
+    for holder in (getattr(block, "gate", None), block):
+        k = getattr(holder, "top_k", None)
+        if isinstance(k, int):
+            return k
+    config = getattr(block, "config", None)
+    k = getattr(config, "num_experts_per_tok", None)
+    return k if isinstance(k, int) else None
+
+
+def _moe_problems(model: nn.Module, claim: Claim, plan: Plan, ep: int) -> list[str]:
+    """The job's moe.top_k must be the block's; under ep > 1 the router must be one DeepSpeed's gate reproduces."""
+    moe = plan.model.moe
+    parent = claim.name.rpartition(".")[0]
+    block = model.get_submodule(parent) if parent else model
+    problems = []
+    k = model_top_k(block)
+    if moe is not None and k is not None and k != moe.top_k:
+        problems.append(f"the model routes each token to top-{k} experts but the job says moe.top_k={moe.top_k}")
+    shared = next((getattr(block, n) for n in ("shared_expert", "shared_experts")
+                   if isinstance(getattr(block, n, None), nn.Module)), None)
+    down = getattr(shared, "down_proj", None)
+    width = down.in_features if isinstance(down, nn.Linear) else None
+    if moe is not None and (shared is None) != (moe.shared_experts == 0):
+        problems.append(f"the block has {'a' if shared is not None else 'no'} shared expert but the job says "
+                        f"moe.shared_experts={moe.shared_experts}")
+    elif moe is not None and width is not None and width != moe.shared_experts * moe.shared_ffn_hidden:
+        problems.append(f"its shared expert is {width} wide, the job's moe.shared_experts x shared_ffn_hidden = "
+                        f"{moe.shared_experts} x {moe.shared_ffn_hidden}")
+    if ep > 1 and isinstance(getattr(block, "gate", None), nn.Module):  # no gate: the applier refuses the block
+        router = type(getattr(block, "gate", None)).__name__
+        if router not in SOFTMAX_ROUTERS:
+            problems.append(f"its router {router} is not a softmax top-k router; DeepSpeed's gate "
+                            "(moe/sharded_moe.py) has no exact twin of it under ep > 1")
+        gate = getattr(block, "gate", None)
+        renormalize = bool(getattr(gate, "norm_topk_prob", getattr(block, "norm_topk_prob", True)))
+        if k == 1 and renormalize:
+            problems.append("top-1 routing renormalised to weight 1 has no DeepSpeed twin (its top-1 gate weighs "
+                            "the expert by its probability); use ep 1 or top_k >= 2")
+        if getattr(block, "jitter_noise", 0) or getattr(gate, "jitter_noise", 0):
+            problems.append("router jitter noise has no DeepSpeed twin; set router_jitter_noise 0")
+    return problems
+
+
+def _embedding_problem(module: nn.Module) -> str | None:
+    """A vocab-parallel embedding keeps nn.Embedding's lookup and Gemma's scale; any other override is refused."""
+    if type(module) is nn.Embedding or not isinstance(module, nn.Embedding):
+        return None
+    if type(module).__name__.endswith("ScaledWordEmbedding") and hasattr(module, "embed_scale"):
+        return None
+    return (f"{type(module).__name__} overrides nn.Embedding's forward; the vocab-parallel embedding keeps only "
+            "the lookup and a Gemma-style embed_scale")
+
+
 def _heads(plan: Plan) -> Heads:
     m = plan.model
     return Heads(m.heads, m.kv_heads, m.hidden // m.heads, plan.spec.parallel.replicate_kv_heads)
@@ -152,9 +227,20 @@ def _heads(plan: Plan) -> Heads:
 def _shard(claim: Claim, tp: int, ep: int, plan: Plan) -> ShardResult:
     """Shards of one claimed module under its row's variant."""
     variant, module = claim.row.variant, claim.module
+    if variant == "vocab" and (problem := _embedding_problem(module)):
+        return ShardResult(problems=[problem])
     if variant in ("column", "row", "vocab"):
         return shard_tensor_parallel(variant, module_kind(module), direct_shapes(module), tp,
-                                     claim.row.fused, claim.row.heads, _heads(plan), type(module).__name__)
+                                     claim.row.fused, claim.row.heads, _heads(plan), type(module).__name__,
+                                     claim.row.blocks)
+    if variant == "head_norm":
+        return head_norm_weight(subtree_shapes(module), tp, _heads(plan), type(module).__name__)
+    if variant == "shard_norm":
+        if type(module).__name__ not in SHARD_NORMS:
+            names = ", ".join(SHARD_NORMS)
+            return ShardResult(problems=[f"`shard_norm` reproduces {names} only, not {type(module).__name__}"])
+        return shard_norm_weight(subtree_shapes(module), tp, claim.row.heads or "q", _heads(plan),
+                                 type(module).__name__)
     if variant == "expert":
         shapes, problem = expert_shapes(module)
         if problem:
@@ -168,6 +254,11 @@ def _shard(claim: Claim, tp: int, ep: int, plan: Plan) -> ShardResult:
     if variant == "norm" and plan.spec.parallel.sequence_parallel and tp > 1:
         result.notes.append("sequence-parallel: gradients summed over the tensor-parallel group")
     return result
+
+
+#: Norms whose forward the sharded RMSNorm (dsforge.runtime.layers.norms) reproduces operation for operation
+#: (fp32, then weight x x / rms(x), then the cast); Llama's casts before the weight, so it is not listed.
+SHARD_NORMS = ("Olmo2RMSNorm",)
 
 
 def _owners(claim: Claim, seen: dict[int, str]) -> dict[str, str]:
@@ -232,11 +323,21 @@ def plan_module(model: nn.Module, plan: Plan, arch: str) -> RewritePlan:
     entries: list[ModulePlan] = []
     for claim in walk.claims:
         result = _shard(claim, d.tp, d.ep, plan)
+        if claim.row.variant == "expert":
+            result.problems += _moe_problems(model, claim, plan, d.ep)
         problems += [f"{claim.name} ({claim.source}, {claim.row.variant}): {p}" for p in result.problems]
         hit = layer_rx.match(claim.name) if layer_rx else None
+        widths = tuple(block_widths(claim.row.blocks, _heads(plan))) if claim.row.blocks else ()
         entries.append(ModulePlan(claim.name, type(claim.module).__name__, claim.row.variant, claim.source,
                                   module_kind(claim.module), int(hit.group(1)) if hit else None, result.params,
-                                  _owners(claim, seen), result.notes, claim.row.fused, claim.row.heads))
+                                  _owners(claim, seen), result.notes, claim.row.fused, claim.row.heads,
+                                  widths=widths))
+    policy = POLICIES.get(arch)
+    sp = spec.parallel.sequence_parallel is True and d.tp > 1
+    if sp and (policy is None or not policy.sequence_parallel):
+        known = sorted(a for a, p in POLICIES.items() if p.sequence_parallel)
+        problems.append(f"sequence parallelism is implemented for the families {', '.join(known)}, not `{arch}`; "
+                        "set parallel.sequence_parallel: false")
     found = {m.layer for m in entries if m.layer is not None}
     if found and len(found) != plan.model.layers:
         problems.append(f"the model has {len(found)} decoder layers but the job says layers={plan.model.layers}")
@@ -244,9 +345,11 @@ def plan_module(model: nn.Module, plan: Plan, arch: str) -> RewritePlan:
         _assign_stages(entries, model, plan, problems)
     if problems:
         raise RewriteError(arch, problems, walk.leftover)
-    policy = POLICIES.get(arch)
     scales = [(n, a.attr) for n, _ in model.named_modules() for a in (policy.attr_scales if policy else ())
               if re.fullmatch(a.match, n)] if d.tp > 1 else []
     warnings = [f"{s} matched no module" for s in walk.unused if s.startswith("rewrite[")]
-    return RewritePlan(arch, d.tp, d.ep, d.pp, spec.parallel.sequence_parallel and d.tp > 1, entries,
-                       layer_list, _heads(plan).head_dim, scales, warnings)
+    moe = plan.model.moe
+    routing = MoERouting(moe.top_k, spec.model.moe.drop_tokens if spec.model.moe else False,
+                         moe.capacity_factor) if moe is not None else None
+    return RewritePlan(arch, d.tp, d.ep, d.pp, sp, entries, layer_list, _heads(plan).head_dim, scales, warnings,
+                       routing)

@@ -85,17 +85,28 @@ def _split_size(n: int, fused: int, tp: int, heads: str | None, spec: Heads | No
     return n // tp
 
 
+def head_unit(heads: str, head_dim: int) -> int:
+    """Features of one head in a head-split weight: head_dim, or 3 x head_dim for GPT-NeoX's per-head [q k v]."""
+    return 3 * head_dim if heads == "qkv" else head_dim
+
+
 def _split_heads(block: int, fused: int, tp: int, heads: str, spec: Heads, out: ShardResult) -> int | None:
     """Local size of a head-split block: whole heads per rank, KV heads replicated where allowed."""
-    label = "query" if heads == "q" else "key/value"
-    expected = spec.heads if heads == "q" else spec.kv_heads
-    if block % spec.head_dim or block // spec.head_dim != expected:
-        out.problems.append(f"{block} features per block are not the {expected} {label} heads x head_dim "
-                            f"{spec.head_dim} the job describes")
+    label = {"q": "query", "kv": "key/value", "qkv": "[query key value]"}[heads]
+    expected = spec.kv_heads if heads == "kv" else spec.heads
+    unit = head_unit(heads, spec.head_dim)
+    if heads == "qkv" and spec.kv_heads != spec.heads:
+        out.problems.append(f"a per-head [q k v] layout has as many key/value heads as query heads, but the job "
+                            f"says heads={spec.heads}, kv_heads={spec.kv_heads}")
         return None
-    count = block // spec.head_dim
+    if block % unit or block // unit != expected:
+        per = f"head_dim {spec.head_dim}" if heads != "qkv" else f"3 x head_dim {spec.head_dim}"
+        out.problems.append(f"{block} features per block are not the {expected} {label} heads x {per} "
+                            "the job describes")
+        return None
+    count = block // unit
     if count % tp == 0:
-        return fused * (count // tp) * spec.head_dim
+        return fused * (count // tp) * unit
     if heads == "kv" and spec.replicate_kv and tp % count == 0:
         out.notes.append(f"{count} key/value heads replicated {tp // count}x so each of tp={tp} ranks holds one")
         return fused * spec.head_dim
@@ -104,8 +115,69 @@ def _split_heads(block: int, fused: int, tp: int, heads: str, spec: Heads, out: 
     return None
 
 
+def block_widths(blocks: tuple[str, ...], spec: Heads) -> list[int]:
+    """Widths of a fused weight's unequal blocks named by head kind ("q": heads x head_dim, "kv": kv_heads x head_dim)."""
+    return [(spec.heads if b == "q" else spec.kv_heads) * spec.head_dim for b in blocks]
+
+
+def _split_blocks(n: int, blocks: tuple[str, ...], tp: int, spec: Heads | None, out: ShardResult) -> int | None:
+    """Local size of a fused dimension of unequal head blocks: each block split into whole heads on its own."""
+    if spec is None:
+        out.problems.append("unequal fused blocks need the job's head counts")
+        return None
+    widths = block_widths(blocks, spec)
+    if sum(widths) != n:
+        out.problems.append(f"{n} features are not the fused blocks {'+'.join(blocks)} = {widths} the job's heads "
+                            f"describe (heads={spec.heads}, kv_heads={spec.kv_heads}, head_dim {spec.head_dim})")
+        return None
+    local = 0
+    for b, w in zip(blocks, widths):
+        count = w // spec.head_dim
+        if count % tp:
+            label = "query" if b == "q" else "key/value"
+            out.problems.append(f"tp={tp} does not divide its {count} {label} heads: each rank must own whole heads")
+            return None
+        local += w // tp
+    return local
+
+
+def shard_norm_weight(params: dict[str, tuple[int, ...]], tp: int, heads: str, spec: Heads,
+                      type_name: str) -> ShardResult:
+    """Shards of a norm over a whole head-split projection (OLMo2's q_norm): its weight cut by whole heads."""
+    out = ShardResult()
+    if set(params) != {"weight"} or len(params["weight"]) != 1:
+        out.problems.append(f"`shard_norm` needs a norm with one 1-D weight, not {type_name} {sorted(params)}")
+        return out
+    (n,) = params["weight"]
+    local = _split_heads(n, 1, tp, heads, spec, out)
+    if local is None:
+        return out
+    if local * tp != n:
+        out.problems.append("`shard_norm` cannot replicate key/value heads (parallel.replicate_kv_heads)")
+        return out
+    out.params.append(ParamShard("weight", (n,), (local,), 0 if tp > 1 else None))
+    if tp > 1:
+        out.notes.append(f"mean square of the {n} features summed over the tp={tp} ranks")
+    return out
+
+
+def head_norm_weight(params: dict[str, tuple[int, ...]], tp: int, spec: Heads, type_name: str) -> ShardResult:
+    """A per-head norm (Qwen3's q_norm over head_dim channels): replicated; the gradient is summed over TP."""
+    out = ShardResult()
+    if any(shape != (spec.head_dim,) for shape in params.values()) or not params:
+        shapes = {k: list(v) for k, v in params.items()}
+        out.problems.append(f"`head_norm` is a norm over one head's {spec.head_dim} channels; {type_name} holds "
+                            f"{shapes} (a norm over the whole projection is `shard_norm`)")
+        return out
+    out.params = [ParamShard(n, s, s) for n, s in params.items()]
+    if tp > 1:
+        out.notes.append(f"each rank normalises its own heads: gradient summed over the tp={tp} ranks")
+    return out
+
+
 def shard_tensor_parallel(variant: str, kind: str, params: dict[str, tuple[int, ...]], tp: int, fused: int = 1,
-                          heads: str | None = None, spec: Heads | None = None, type_name: str = "") -> ShardResult:
+                          heads: str | None = None, spec: Heads | None = None, type_name: str = "",
+                          blocks: tuple[str, ...] = ()) -> ShardResult:
     """Shards of a column, row or vocab module (``kind``: linear, conv1d or embedding)."""
     out = ShardResult()
     wdim = _WEIGHT_DIM.get((variant, kind))
@@ -119,8 +191,11 @@ def shard_tensor_parallel(variant: str, kind: str, params: dict[str, tuple[int, 
         return out
     weight = params["weight"]
     if variant == "vocab":
-        fused, heads = 1, None
-    local = _split_size(weight[wdim], fused, tp, heads, spec, out)
+        fused, heads, blocks = 1, None, ()
+    if blocks and variant == "column":
+        local = _split_blocks(weight[wdim], blocks, tp, spec, out)
+    else:
+        local = _split_size(weight[wdim], fused, tp, heads, spec, out)
     if local is None:
         if variant == "vocab":
             out.problems[-1] += " (the vocabulary: set model.vocab_multiple_of to pad it)"
