@@ -431,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     counts: Counter[str] = Counter()
     init_counts: Counter[str] = Counter()
     shown: dict[str, list[str]] = {}
+    design: Counter[str] = Counter()  # the rules behind "refused by design"
     oracle, start = Oracle(), time.time()
     with tempfile.TemporaryDirectory() as tmp:
         cases = list(random_cases(seeds, args.n, rng))
@@ -438,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         for case, init in [(c, False) for c in cases] + [(c, True) for c in one_rank]:
             cls, judged, verdict = run_case(case, oracle, Path(tmp), init)
             (init_counts if init else counts)[cls] += 1
+            if cls == BY_DESIGN:
+                design.update(judged.errors)
             done = sum(counts.values()) + sum(init_counts.values())
             if done % 250 == 0:
                 print(f"  {done} cases, {time.time() - start:.0f} s: {dict(counts)} {dict(init_counts)}", flush=True)
@@ -450,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"-- {title}")
         for cls in CLASSES:
             print(f"  {cls:24s} {table[cls]}")
+    print("-- refused by design, by rule: " + ", ".join(f"{r} {n}" for r, n in sorted(design.items())))
     for cls, lines in shown.items():
         print(f"== {cls}")
         for line in lines:
