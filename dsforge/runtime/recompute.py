@@ -26,9 +26,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from dsforge.runtime.engine import EngineError
 
-class RecomputeError(ValueError):
-    """Recomputation cannot be applied to this model as the job asks (no decoder layers found)."""
+
+class RecomputeError(EngineError):
+    """Recomputation cannot be applied to this model as the job asks (no decoder layers found; an EngineError,
+    so `dsforge run` reports it in one line)."""
 
 
 def _partition(x: Tensor, group: Any) -> Tensor:

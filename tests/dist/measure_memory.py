@@ -10,6 +10,8 @@ dsforge's estimate:
 * "runtime": the same for the model dsforge's runtime trains (build_parallel_model, then the job's
   recompute as the engine applies it) for `runtime_job_yaml(tp, recompute)`: tiny-llama at tp 1 and 2
   (tp 2 once without and once with sequence parallelism), recompute none/selective/full;
+* "weights16": model states of the runtime's engine for a job whose weights arrive in bf16 (bf16 with
+  ZeRO 0 and 1, fp32 with ZeRO 1), and the dtypes of its parameters and of the optimizer's master weights;
 * "ring": the decoder layers of tiny-llama at S=1024 with ring attention over cp=2 (per rank), and the
   same model on the whole sequence with SDPA on one rank (cp=1);
 * "states": model-state bytes of a DeepSpeed engine (ZeRO 0-3, fp32 and bf16) started with the
@@ -137,14 +139,16 @@ RUNTIME_JOB = """\
 version: 1
 model: {{preset: tiny-llama, seq_len: {seq}}}
 hardware: {{preset: cpu-local, gpus_per_node: 2}}
-parallel: {{tp: {tp}, cp: {cp}, dp: auto, sequence_parallel: {sp}, context_parallel: {{kind: ring}}}}
-training: {{global_batch: 8, micro_batch: 2, precision: fp32, recompute: {recompute}}}
+parallel: {{tp: {tp}, cp: {cp}, dp: auto, zero: {zero}, sequence_parallel: {sp}, context_parallel: {{kind: ring}}}}
+training: {{global_batch: 8, micro_batch: 2, precision: {precision}, recompute: {recompute}}}
 """
 
 
-def runtime_job_yaml(tp: int = 1, recompute: str = "none", sp: bool = False, cp: int = 1, seq: int = 64) -> str:
+def runtime_job_yaml(tp: int = 1, recompute: str = "none", sp: bool = False, cp: int = 1, seq: int = 64,
+                     precision: str = "fp32", zero: int = 0) -> str:
     """The job file text of one runtime-model measurement."""
-    return RUNTIME_JOB.format(tp=tp, recompute=recompute, sp=str(sp).lower(), cp=cp, seq=seq)
+    return RUNTIME_JOB.format(tp=tp, recompute=recompute, sp=str(sp).lower(), cp=cp, seq=seq, precision=precision,
+                              zero=zero)
 
 
 def _plan(text: str) -> Any:
@@ -196,6 +200,39 @@ def measure_runtime(text: str) -> dict[str, int]:
         loss = task(idx, targets, pos)
     loss.backward()
     return saved.by_region()
+
+
+def measure_16bit_weights(zero: int, precision: str = "bf16") -> dict[str, Any]:
+    """The runtime's engine for a job whose weights arrive in bf16 (as a bf16 checkpoint gives them):
+    model states at its second optimizer step (dsforge.runtime.measure's probe, the run's memory report;
+    the first step creates the Adam moments)
+    and the dtypes of the module's parameters and of the optimizer's (master) parameters."""
+    from dsforge.compiler.emit.ds_config import build_ds_config
+    from dsforge.runtime.engine import CausalLMLoss, build_parallel_model, initialize_engine
+    from dsforge.runtime.groups import create_groups
+    from dsforge.runtime.measure import StateProbe as RuntimeProbe
+    from dsforge.runtime.measure import inner_optimizer
+
+    plan = _plan(runtime_job_yaml(precision=precision, zero=zero))
+    groups = create_groups(plan)
+    model = build_parallel_model(plan, groups, seed=0).to(torch.bfloat16)
+    engine = initialize_engine(CausalLMLoss(model), {**build_ds_config(plan), "steps_per_print": 10**9}, groups)
+    try:
+        probe = RuntimeProbe(engine)
+        for step in range(2):
+            if step:
+                probe.arm()
+            for m in range(engine.gradient_accumulation_steps()):
+                idx, targets = batch(20 + 10 * step + m)
+                engine.backward(engine(idx, targets, torch.arange(CFG.seq_len).expand(MICRO, -1)))
+                engine.step()
+        inner = inner_optimizer(engine)
+        assert inner is not None
+        return {"states": probe.states,
+                "module": sorted({str(p.dtype) for p in engine.module.parameters()}),
+                "master": sorted({str(q.dtype) for g in inner.param_groups for q in g["params"]})}
+    finally:
+        release_engine(engine)
 
 
 class StateProbe:
@@ -317,7 +354,8 @@ def main() -> None:
                       for tp, sp in ((1, False), (2, False), (2, True)) for recompute in ("none", "selective", "full")}
     out["ring"] = {"cp2-ring": measure_runtime(runtime_job_yaml(cp=2, seq=1024)),
                    "cp1-sdpa": measure_runtime(runtime_job_yaml(seq=1024))}
-    print(f"runtime and ring done at {time.perf_counter() - start:.1f} s", flush=True)
+    out["weights16"] = {f"{p}-zero{z}": measure_16bit_weights(z, p) for p, z in (("bf16", 0), ("bf16", 1), ("fp32", 1))}
+    print(f"runtime, ring and 16-bit weights done at {time.perf_counter() - start:.1f} s", flush=True)
     out["hf"] = {f"{preset}-{name}": measure_hf(preset, dtype) for preset in ("tiny-llama", "tiny-gpt2", "tiny-mixtral")
                  for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     for bf16 in (False, True):
