@@ -19,7 +19,8 @@ checkpoint every 2:
   --kill-on-bad-exit must end the step on the other node and the job must fail, well before the 600 s
   process-group timeout.
 
-On 2 busy cores the module takes 1-2 minutes (the 6 ranks' imports of torch and DeepSpeed dominate).
+The 6 ranks' start-up (torch, DeepSpeed, the engine) is most of the cost: ~60 CPU-seconds for the 4-rank
+job, ~25 for the failing one, ~1 minute of wall time on 2 otherwise idle cores.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def idle_nodes() -> int:
     if shutil.which("sbatch") is None:
         unavailable("no sbatch on PATH: SLURM is not installed (scripts/ci/start_slurm.sh starts a test cluster)")
     try:
-        config = slurm("scontrol", "show", "config")
-        states = slurm("sinfo", "-h", "-N", "-o", "%N %t").split()
+        config = slurm("scontrol", "show", "config", timeout=10)  # it retries a silent controller for long
+        states = slurm("sinfo", "-h", "-N", "-o", "%N %t", timeout=10).split()
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
         unavailable(f"no SLURM controller answers ({exc}); scripts/ci/start_slurm.sh starts one")
     name = next((line.split("=", 1)[1].strip() for line in config.splitlines()
