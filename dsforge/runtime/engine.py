@@ -4,12 +4,14 @@ pp = 1: a plain ``DeepSpeedEngine`` over a ``CausalLMLoss`` module, given the pl
 so the batch rule counts the plan's dp and ZeRO partitions and reduces over the plan's dp (x cp) group.
 pp > 1: a ``PipelineModule`` whose stages hold this rank's layers (dsforge.runtime.pipeline_stages),
 with the plan's ``pipe_topology``; DeepSpeed refuses an mpu there and builds the same groups itself.
-Every rank builds the dense model from the job's seed and keeps its own shards (``from_dense``), so
-all ranks start from the weights a single process would (the equivalence tests rely on it).
+Every rank builds the dense model on the meta device, rewrites it there and makes only its own
+slices real (dsforge.runtime.rank_build): from the job's seed, drawn so that each slice equals the
+single-process model's (the equivalence tests rely on it), or read from `model.pretrained`.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -80,11 +82,14 @@ def _sequence_parallel_hooks(model: nn.Module, group: dist.ProcessGroup) -> int:
     return count
 
 
-def parallelize(model: nn.Module, plan: Plan, groups: ParallelGroups, gather_logits: bool = False) -> nn.Module:
+def parallelize(model: nn.Module, plan: Plan, groups: ParallelGroups, gather_logits: bool = False,
+                source: Any = None) -> nn.Module:
     """Rewrite a dense model in place into this rank's parallel variant: experts, TP/SP layers, CP attention.
 
     ``gather_logits=False`` leaves the LM head's logits split over the vocabulary (CausalLMLoss
     computes a vocab-parallel cross entropy); True gives every rank whole logits (HF's own loss).
+    ``source`` (a dsforge.runtime.materialize.WeightSource): the model's parameters are on the meta
+    device and this rank's slices take their values from it after the rewrite.
     """
     d = plan.degrees
     if d is None:
@@ -93,7 +98,16 @@ def parallelize(model: nn.Module, plan: Plan, groups: ParallelGroups, gather_log
     if d.tp > 1 or d.ep > 1:
         # With tp = ep = 1 every rank's shard is the whole model: the parallel layers would only add
         # no-op collectives and autograd nodes (a measured 5-15 % on the tiny models' step time).
-        apply_rewrite(model, rp, groups, gather_logits=gather_logits)
+        from dsforge.runtime.materialize import params_on_meta
+
+        with params_on_meta() if source is not None else contextlib.nullcontext():
+            apply_rewrite(model, rp, groups, gather_logits=gather_logits)
+    if source is not None:
+        from dsforge.runtime.materialize import check_real
+        from dsforge.runtime.rank_build import fill_rank
+
+        fill_rank(model, rp, groups, source, plan)
+        check_real(model, "this rank's model")
     if d.cp > 1:
         from dsforge.runtime.hf_attention import install_context_parallel
 
@@ -109,11 +123,18 @@ def _finish_sequence_parallel(model: nn.Module, plan: Plan, groups: ParallelGrou
 
 
 def build_parallel_model(plan: Plan, groups: ParallelGroups, seed: int | None = None) -> nn.Module:
-    """The job's dense model built from the seed on the CPU, rewritten for this rank."""
+    """This rank's shard of the job's model: built on the meta device, rewritten, only its slices made real.
+
+    A `model.factory` module has its own initialisation, so it is built whole from the seed and sliced.
+    """
     d = plan.degrees
     seed = plan.spec.training.seed if seed is None else seed
-    dense = build_model(plan.model, "cpu", d.tp if d else 1, seed=seed)
-    return parallelize(dense, plan, groups)
+    if plan.model.factory:
+        return parallelize(build_model(plan.model, "cpu", d.tp if d else 1, seed=seed), plan, groups)
+    from dsforge.runtime.rank_build import rank_skeleton
+
+    skeleton, source = rank_skeleton(plan, seed)
+    return parallelize(skeleton, plan, groups, source=source)
 
 
 def pipeline_loss(logits: Tensor, targets: Tensor) -> Tensor:
@@ -137,10 +158,23 @@ def build_pipeline_module(plan: Plan, groups: ParallelGroups, ds_config: dict[st
         raise EngineError("context parallelism inside a pipeline (cp > 1 with pp > 1) is not supported yet: the "
                           "pipeline stages number positions from 0; use pp 1 with cp, or cp 1 with pp")
     seed = plan.spec.training.seed if seed is None else seed
-    dense = build_model(plan.model, "cpu", d.tp, seed=seed)
+    stage_hooks: dict[str, Any] = {}
+    if plan.model.factory:  # its own initialisation: built whole from the seed, each stage sliced from it
+        dense = build_model(plan.model, "cpu", d.tp, seed=seed)
+    else:
+        from dsforge.runtime.materialize import params_on_meta
+        from dsforge.runtime.rank_build import fill_rank, rank_skeleton
+
+        dense, source = rank_skeleton(plan, seed)
+        stage_hooks = {"on_meta": params_on_meta,
+                       "after_rewrite": lambda model, only: fill_rank(model, rp, groups, source, plan, only)}
     rp = plan_rewrite(dense, plan)
-    module = build_pipeline(dense, rp, plan, groups, loss_fn=pipeline_loss,
+    module = build_pipeline(dense, rp, plan, groups, loss_fn=pipeline_loss, **stage_hooks,
                             **pipeline_recompute(plan, groups, ds_config))
+    if not plan.model.factory:
+        from dsforge.runtime.materialize import check_real
+
+        check_real(module, f"pipeline stage {groups.index('pp')}")
     if rp.sequence_parallel:
         _finish_sequence_parallel(module, plan, groups)
     return module
@@ -198,15 +232,6 @@ def _release_expert_groups(module: nn.Module) -> None:
             m.deepspeed_moe.gate.ep_group = None
 
 
-def _match_precision(module: nn.Module, ds_config: dict[str, Any]) -> None:
-    """The weights in the job's precision (dsforge.runtime.precision); rank 0 says what arrived otherwise."""
-    from dsforge.runtime.precision import job_dtype, match_precision
-
-    said = match_precision(module, job_dtype(ds_config))
-    if said and (not dist.is_initialized() or dist.get_rank() == 0):
-        print(said + " (counted on rank 0)", flush=True)
-
-
 def initialize_engine(module: nn.Module, ds_config: dict[str, Any], groups: ParallelGroups | None) -> Any:
     """deepspeed.initialize over ``module`` with the plan's mpu (None for a PipelineModule)."""
     require_deepspeed()  # a clear sentence instead of a failure deep inside initialize on every rank
@@ -214,7 +239,6 @@ def initialize_engine(module: nn.Module, ds_config: dict[str, Any], groups: Para
 
     ensure_deepspeed_comm()
     _release_expert_groups(module)
-    _match_precision(module, ds_config)
     engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=optimizer_parameters(module),
                                            config=ds_config, mpu=groups.mpu() if groups is not None else None)
     return engine

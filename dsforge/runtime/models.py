@@ -86,17 +86,58 @@ def hf_config(model: ModelSpec | ResolvedModel, tp: int = 1) -> Any:
     return cfg
 
 
-def build_hf(model: ModelSpec | ResolvedModel, device: str = "meta", tp: int = 1,
-             seed: int | None = None) -> nn.Module:
-    """The HF causal-LM of the spec on ``device`` with random weights (seeded when ``seed`` is given)."""
+def model_config(model: ModelSpec | ResolvedModel, tp: int = 1) -> Any:
+    """The transformers config that builds the job's model: the pretrained directory's, else the spec's."""
+    model = resolve_model(model)
+    if model.pretrained:
+        from dsforge.runtime.pretrained import hf_config as pretrained_config
+
+        return pretrained_config(model.pretrained)
+    return hf_config(model, tp)
+
+
+def build_skeleton(model: ModelSpec | ResolvedModel, tp: int = 1) -> nn.Module:
+    """The job's HF model with every parameter on the meta device and its computed buffers real (nothing allocated)."""
     from transformers import AutoModelForCausalLM
 
-    cfg = hf_config(model, tp)
-    if seed is not None:
-        torch.manual_seed(seed)
-    with torch.device(device):
-        module = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
-    return module.float() if device != "meta" else module
+    from dsforge.runtime.materialize import params_on_meta
+
+    with params_on_meta():
+        return AutoModelForCausalLM.from_config(model_config(model, tp), attn_implementation="sdpa")
+
+
+def seeded_init(skeleton: nn.Module, seed: int) -> Any:
+    """The seeded initialisation of a dense HF model (dsforge.runtime.materialize.SeededInit): HF's scheme
+    (N(0, initializer_range), GPT-2's residual projections scaled by 1/sqrt(2 x layers)) drawn per parameter."""
+    from dsforge.runtime.materialize import SeededInit, init_specs
+
+    cfg: Any = getattr(skeleton, "config", None)
+    std = float(getattr(cfg, "initializer_range", 0.02))
+    scaled, scaled_std = (), None
+    if getattr(cfg, "model_type", None) == "gpt2":
+        scaled, scaled_std = ("c_proj.weight",), std / (2 * cfg.n_layer) ** 0.5
+    return SeededInit(seed, init_specs(skeleton, std, scaled, scaled_std))
+
+
+def build_hf(model: ModelSpec | ResolvedModel, device: str = "meta", tp: int = 1,
+             seed: int | None = None) -> nn.Module:
+    """The HF causal-LM of the spec on ``device``, its weights drawn from ``seed`` (or a fresh one).
+
+    The values are those a sharded build gives each rank's slices (dsforge.runtime.materialize), so this
+    dense model is the single-process reference of every layout.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if device == "meta":
+        with torch.device(device):
+            return AutoModelForCausalLM.from_config(model_config(model, tp), attn_implementation="sdpa")
+    from dsforge.runtime.materialize import materialize_dense
+
+    skeleton = build_skeleton(model, tp)
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, ()).item())
+    materialize_dense(skeleton, seeded_init(skeleton, seed))
+    return skeleton.to(device).float()
 
 
 def load_factory(path: str) -> Callable[..., Any]:

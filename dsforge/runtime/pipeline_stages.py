@@ -11,6 +11,7 @@ that run are the stages the compiler estimated.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -187,12 +188,22 @@ def ds_pipeline_config(rp: RewritePlan) -> dict[str, bool]:
 
 
 def build_pipeline(model: nn.Module, rp: RewritePlan, plan: Plan, groups: ParallelGroups,
-                   loss_fn: Callable[[Tensor, Tensor], Tensor] = causal_lm_loss, **kwargs: Any) -> nn.Module:
-    """Rewrite this rank's stage of a dense HF model and wrap the model as a PipelineModule cut by the plan."""
+                   loss_fn: Callable[[Tensor, Tensor], Tensor] = causal_lm_loss,
+                   on_meta: Callable[[], Any] | None = None,
+                   after_rewrite: Callable[[nn.Module, set[str]], Any] | None = None, **kwargs: Any) -> nn.Module:
+    """Rewrite this rank's stage of a dense HF model and wrap the model as a PipelineModule cut by the plan.
+
+    ``on_meta`` (a context manager factory) wraps the rewrite of a model whose parameters are on the
+    meta device; ``after_rewrite(model, stage's modules)`` then gives the stage's parameters their values.
+    """
     from deepspeed.pipe import PipelineModule
 
     stage = groups.index("pp")
-    apply_rewrite(model, rp, groups, only=stage_modules(rp, stage))
+    only = stage_modules(rp, stage)
+    with on_meta() if on_meta is not None else contextlib.nullcontext():
+        apply_rewrite(model, rp, groups, only=only)
+    if after_rewrite is not None:
+        after_rewrite(model, only)
     specs, lead, tail = layer_list(model, rp)
     parts = boundaries(plan, len(specs) - lead - tail, lead, tail)
 

@@ -1,0 +1,377 @@
+"""Building only what a rank owns: the model's parameters on the meta device, then this rank's slices made real.
+
+The dense model is constructed with every parameter on ``meta`` (buffers such as RoPE's
+frequencies stay real: they are computed, not learned) and rewritten there, so no rank ever
+allocates a tensor it does not keep. Then each parameter of this rank's pipeline stage gets its
+values: the slice the rewrite plan assigns to this rank (``ParamShard.dim`` and the variant's cut,
+the same cut ``from_dense`` makes) of either
+
+* a seeded initialisation that is a pure function of the job's seed, the parameter's index in the
+  dense model and the position inside it (``chunked_init``: the tensor is drawn in fixed chunks of
+  rows, each from its own generator), so a slice is computed without the rest and equals the same
+  slice of the dense model a single process builds with ``build_model(..., "cpu")``; or
+* the tensors of a pretrained checkpoint, read slice by slice (dsforge.runtime.pretrained).
+
+Values are cast to the job's precision as they are placed; DeepSpeed keeps its fp32 master copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from dsforge.runtime.layers.sharding import block_widths, gathered_order, split_sizes
+from dsforge.runtime.rewrite.planner import ModulePlan, RewritePlan
+from dsforge.runtime.rewrite.shard import ParamShard
+from dsforge.runtime.weights_io import SliceTag, tag
+
+CHUNK_ELEMENTS = 1 << 22  # elements drawn from one generator: 16 MB of fp32, the most a slice holds extra
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+Ranges = list[tuple[int, int]]
+
+
+class MaterializeError(RuntimeError):
+    """A parameter of this rank could not be given its values (no source, or a shape that does not fit)."""
+
+
+@contextlib.contextmanager
+def params_on_meta() -> Iterator[None]:
+    """Inside: every parameter a module registers lands on the meta device; buffers stay where they are made.
+
+    ``torch.device("meta")`` would also put computed buffers (RoPE's ``inv_freq``) on meta, where
+    their values are lost; parameters already on meta are kept as they are so that ties survive.
+    """
+    original = nn.Module.register_parameter
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            meta = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+            meta.__dict__.update(param.__dict__)
+            param = meta
+        original(module, name, param)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+@dataclass(frozen=True)
+class InitSpec:
+    """How one dense parameter is initialised: its index in the dense model and its distribution."""
+
+    index: int
+    fill: str  # normal | ones | zeros
+    std: float = 0.0
+
+
+def init_specs(model: nn.Module, std: float, scaled: Iterable[str] = (), scaled_std: float | None = None
+               ) -> dict[str, InitSpec]:
+    """The initialisation of every parameter of a dense model, by qualified name (HF's scheme).
+
+    Linear, embedding and expert weights N(0, std) (``scaled`` name suffixes: ``scaled_std``, GPT-2's
+    residual projections), norm weights 1, biases 0. The index is the parameter's position in
+    ``named_parameters()``, which the dense model fixes whatever the layout.
+    """
+    kinds: dict[int, tuple[str, float]] = {}
+    suffixes = tuple(scaled)
+    for mname, module in model.named_modules():
+        is_norm = "norm" in type(module).__name__.lower()
+        for pname, p in module.named_parameters(recurse=False):
+            full = f"{mname}.{pname}" if mname else pname
+            if pname == "bias":
+                kinds.setdefault(id(p), ("zeros", 0.0))
+            elif is_norm:
+                kinds.setdefault(id(p), ("ones", 0.0))
+            elif suffixes and full.endswith(suffixes) and scaled_std is not None:
+                kinds.setdefault(id(p), ("normal", scaled_std))
+            else:
+                kinds.setdefault(id(p), ("normal", std))
+    out = {}
+    for i, (name, p) in enumerate(model.named_parameters()):
+        fill, s = kinds[id(p)]
+        out[name] = InitSpec(i, fill, s)
+    return out
+
+
+def _chunk_seed(seed: int, index: int, chunk: int) -> int:
+    # An odd-multiplier mix (splitmix-style) so nearby (seed, index, chunk) triples give unrelated streams.
+    x = (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9 + chunk * 0x94D049BB133111EB) % (1 << 64)
+    x ^= x >> 31
+    return x % (1 << 63)
+
+
+def chunked_init(seed: int, spec: InitSpec, shape: tuple[int, ...], dim: int | None = None,
+                 ranges: Ranges | None = None) -> Tensor:
+    """``spec``'s values for the parameter of ``shape`` (fp32), whole or only ``ranges`` along ``dim``.
+
+    Rows (dimension 0) are drawn in chunks of about CHUNK_ELEMENTS elements, chunk ``c`` from a
+    generator seeded by (seed, index, c); a slice draws only the chunks it overlaps (all of them,
+    one at a time, for a cut along another dimension), so it equals that slice of the whole tensor.
+    """
+    if not shape:
+        shape = ()
+    if spec.fill != "normal" or not shape:
+        full_shape = list(shape)
+        if dim is not None and ranges is not None:
+            full_shape[dim] = sum(n for _, n in ranges)
+        fill = torch.ones if spec.fill == "ones" else torch.zeros
+        if spec.fill == "normal":  # a 0-d parameter
+            g = torch.Generator().manual_seed(_chunk_seed(seed, spec.index, 0))
+            return torch.empty(full_shape).normal_(0.0, spec.std, generator=g)
+        return fill(full_shape)
+    rows, per_row = shape[0], math.prod(shape[1:])
+    step = max(1, CHUNK_ELEMENTS // max(per_row, 1))
+
+    def chunk(c: int) -> Tensor:
+        n = min(step, rows - c * step)
+        g = torch.Generator().manual_seed(_chunk_seed(seed, spec.index, c))
+        return torch.empty((n, *shape[1:])).normal_(0.0, spec.std, generator=g)
+
+    if dim is None or ranges is None:
+        return torch.cat([chunk(c) for c in range(-(-rows // step))]) if rows else torch.empty(shape)
+    if dim == 0:
+        pieces = []
+        for start, length in ranges:
+            for c in range(start // step, (start + length - 1) // step + 1):
+                lo, hi = max(start, c * step) - c * step, min(start + length, (c + 1) * step) - c * step
+                pieces.append(chunk(c)[lo:hi])
+        return torch.cat(pieces)
+    out = []
+    for c in range(-(-rows // step)):
+        block = chunk(c)
+        out.append(torch.cat([block.narrow(dim, s, n) for s, n in ranges], dim=dim))
+    return torch.cat(out)
+
+
+class WeightSource(Protocol):
+    """Where parameter values come from: a seeded initialisation or a checkpoint."""
+
+    def values(self, name: str, shape: tuple[int, ...], dim: int | None, ranges: Ranges | None) -> Tensor:
+        """The dense parameter ``name`` of ``shape``, whole or its ``ranges`` along ``dim``."""
+        ...
+
+
+@dataclass
+class SeededInit:
+    """Values drawn by ``chunked_init`` from the job's seed."""
+
+    seed: int
+    specs: dict[str, InitSpec]
+
+    def values(self, name: str, shape: tuple[int, ...], dim: int | None, ranges: Ranges | None) -> Tensor:
+        """This parameter's seeded values (or slice)."""
+        spec = self.specs.get(name)
+        if spec is None:
+            raise MaterializeError(f"{name}: not a parameter of the dense model the initialisation was planned on")
+        return chunked_init(self.seed, spec, shape, dim, ranges)
+
+
+@dataclass
+class PretrainedWeights:
+    """Values read from an HF checkpoint (``prefix``: the base model's, which hub checkpoints may omit)."""
+
+    reader: Any  # dsforge.runtime.pretrained.CheckpointReader
+    prefix: str = ""
+
+    def values(self, name: str, shape: tuple[int, ...], dim: int | None, ranges: Ranges | None) -> Tensor:
+        """This parameter's slice of the checkpoint's tensor; an error when it is missing or shaped otherwise."""
+        from dsforge.runtime.pretrained import PretrainedLoadError
+
+        key = self.reader.resolve(name, self.prefix)
+        if key is None:
+            raise PretrainedLoadError(f"DSF640: {self.reader.directory} holds no tensor for the model's parameter "
+                                      f"{name}; the checkpoint was written for another model")
+        stored = self.reader.shape(key)
+        if stored != tuple(shape):
+            raise PretrainedLoadError(f"DSF640: {self.reader.directory}: tensor {key} is {list(stored)}, the model's "
+                                      f"parameter {name} is {list(shape)}")
+        return self.reader.read(key, dim, ranges or ())
+
+
+@dataclass
+class Target:
+    """One parameter of the rewritten model and the slice of a dense parameter it holds."""
+
+    module: nn.Module
+    attr: str
+    dense: str
+    shape: tuple[int, ...]  # the dense parameter's full shape (storage layout)
+    dim: int | None = None
+    ranges: Ranges | None = None
+    transpose: bool = False  # HF Conv1D stores (in, out); the parallel layers hold (out, in)
+
+
+def owned_ranges(entry: ModulePlan, p: ParamShard, tp_rank: int, tp: int) -> Ranges | None:
+    """This TP rank's ranges along ``p.dim`` of a planned parameter: the cut ``from_dense`` makes, per variant.
+
+    A column cut takes the rank's share of every fused block (q, k, v), a row cut one contiguous
+    share, a vocab cut the rows ``split_sizes`` gives the rank. None: the parameter is whole here.
+    """
+    if p.dim is None:
+        return None
+    n = p.shape[p.dim]
+    if entry.variant == "column":
+        out, offset = [], 0
+        widths = list(getattr(entry, "widths", ()) or ()) or block_widths(n, entry.fused)
+        for w in widths:
+            share = w // tp
+            out.append((offset + tp_rank * share, share))
+            offset += w
+        return out
+    if entry.variant == "vocab":
+        sizes = split_sizes(n, tp)
+        return [(sum(sizes[:tp_rank]), sizes[tp_rank])]
+    if entry.variant in ("row", "shard_norm"):  # one contiguous share (a sharded norm: whole heads)
+        return [(tp_rank * (n // tp), n // tp)]
+    raise MaterializeError(f"{entry.name}.{p.name}: variant {entry.variant} cut along dim {p.dim} has no "
+                           "slice rule here")
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _param_slot(root: nn.Module, qualified: str) -> tuple[nn.Module, str]:
+    mod_name, _, attr = qualified.rpartition(".")
+    return (root.get_submodule(mod_name) if mod_name else root), attr
+
+
+def rank_targets(model: nn.Module, rp: RewritePlan, tp_rank: int, only: set[str] | None = None) -> list[Target]:
+    """Every parameter this rank holds after the rewrite, with the dense slice it takes (``only``: these modules)."""
+    targets: list[Target] = []
+    moe_blocks: dict[str, nn.Module] = {}
+    for entry in rp.modules:
+        if only is not None and entry.name not in only:
+            continue
+        block = _replaced_block(model, entry.name)
+        if block is not None:
+            block_name, moe = block
+            targets += _moe_targets(entry, block_name, moe, moe_blocks)
+            continue
+        module = model.get_submodule(entry.name)
+        for p in entry.params:
+            owner = entry.owners.get(p.name, _join(entry.name, p.name))
+            holder, attr = _param_slot(module, p.name)
+            transpose = entry.kind == "conv1d" and p.name == "weight" and entry.variant in ("column", "row")
+            targets.append(Target(holder, attr, owner, p.shape, p.dim, owned_ranges(entry, p, tp_rank, rp.tp),
+                                  transpose))
+    return targets
+
+
+def _replaced_block(model: nn.Module, name: str) -> tuple[str, nn.Module] | None:
+    """The expert-parallel MoE block that replaced ``name`` or one of its parents, if any."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:cut])
+        try:
+            module = model.get_submodule(prefix)
+        except AttributeError:
+            continue
+        if type(module).__name__ == "ExpertParallelMoE":
+            return prefix, module
+        if cut == len(parts):
+            return None
+    return None
+
+
+def _moe_targets(entry: ModulePlan, block_name: str, moe: Any, seen: dict[str, nn.Module]) -> list[Target]:
+    """An expert-parallel block's parameters: its router whole, each local expert's slice of the stacked experts."""
+    out: list[Target] = []
+    if entry.variant == "expert":
+        shapes = {p.name: p.shape for p in entry.params}
+        if set(shapes) != {"gate_up_proj", "down_proj"}:
+            raise MaterializeError(f"{entry.name}: expert-parallel blocks are built from HF Mixtral's stacked "
+                                   f"gate_up_proj/down_proj, not {sorted(shapes)}")
+        for i, local in enumerate(moe.local_experts):
+            e = moe.first_expert + i
+            for attr_mod, key in ((local.gate_up, "gate_up_proj"), (local.down, "down_proj")):
+                out.append(Target(attr_mod, "weight", _join(entry.name, key), shapes[key], 0, [(e, 1)]))
+    elif entry.name == f"{block_name}.gate":
+        wg = moe.moe.deepspeed_moe.gate.wg
+        out.append(Target(wg, "weight", _join(entry.name, "weight"), tuple(entry.params[0].shape)))
+    else:
+        raise MaterializeError(f"{entry.name}: inside the expert-parallel block {block_name}, which holds only the "
+                               "router and the experts")
+    seen[block_name] = moe
+    return out
+
+
+def materialize(targets: list[Target], source: WeightSource, dtype: torch.dtype, root: nn.Module) -> int:
+    """Give every target its values from ``source`` in ``dtype``; a parameter shared by several modules once.
+
+    The new parameter replaces the meta one in every module of ``root`` that holds it (tied
+    weights stay tied) and keeps its tags (tensor_model_parallel, sequence_parallel, DeepSpeed's
+    MoE marks). Returns the elements materialised.
+    """
+    done: dict[int, nn.Parameter] = {}
+    count = 0
+    for t in targets:
+        old = t.module._parameters.get(t.attr)
+        if old is None:
+            raise MaterializeError(f"{t.dense}: the rewritten module {type(t.module).__name__} has no parameter {t.attr}")
+        if id(old) in done:
+            continue
+        if old.device.type != "meta":  # already real (a module outside the rewrite kept its values)
+            continue
+        value = source.values(t.dense, t.shape, t.dim, t.ranges)
+        if t.transpose:
+            value = value.t()
+        if t.ranges is not None and t.dim == 0 and len(t.shape) == len(old.shape) + 1:
+            value = value.reshape(old.shape)  # one expert out of the stacked experts
+        if tuple(value.shape) != tuple(old.shape):
+            raise MaterializeError(f"{t.dense}: the planned slice is {list(value.shape)} but this rank's parameter is "
+                                   f"{list(old.shape)}")
+        new = nn.Parameter(value.to(dtype).contiguous(), requires_grad=old.requires_grad)
+        new.__dict__.update(old.__dict__)
+        tag(new, SliceTag(t.dense, tuple(t.shape), t.dim, tuple(t.ranges or ()), t.transpose))  # for export
+        done[id(old)] = new
+        count += new.numel()
+    for module in root.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and id(p) in done:
+                module._parameters[name] = done[id(p)]
+    _restore_buffers(root)
+    return count
+
+
+def _restore_buffers(root: nn.Module) -> None:
+    """Recompute the buffers a rewrite built on meta (the column layers' gather permutation)."""
+    from dsforge.runtime.layers import ColumnParallelLinear
+
+    for module in root.modules():
+        if isinstance(module, ColumnParallelLinear) and module._gather_order is not None \
+                and module._gather_order.device.type == "meta":
+            order = gathered_order(module.local_widths, module.tp)
+            module._gather_order = None if order is None else torch.tensor(order)
+
+
+def materialize_dense(model: nn.Module, source: WeightSource, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Every parameter of a dense (unrewritten) model on meta made real from ``source``; returns the model."""
+    targets = []
+    for name, p in model.named_parameters():
+        holder, attr = _param_slot(model, name)
+        targets.append(Target(holder, attr, name, tuple(p.shape)))
+    materialize(targets, source, dtype, model)
+    return model
+
+
+def meta_leftovers(module: nn.Module) -> list[str]:
+    """Names of parameters and buffers still on the meta device."""
+    out = [n for n, p in module.named_parameters() if p.device.type == "meta"]
+    return out + [n for n, b in module.named_buffers() if b.device.type == "meta"]
+
+
+def check_real(module: nn.Module, what: str) -> None:
+    """Raise unless every parameter and buffer of ``module`` holds values."""
+    left = meta_leftovers(module)
+    if left:
+        raise MaterializeError(f"{what}: {len(left)} tensor(s) were planned but never given values: "
+                               f"{', '.join(left[:6])}")
