@@ -358,10 +358,12 @@ def offload_override(ctx: Context) -> Iterator[Finding]:
     """`zero_optimization.offload_optimizer.device` (or the deprecated `cpu_offload`) in the overrides would move
     the optimizer states where the memory estimate, the CPU-optimizer choice and the offload rules do not
     expect them; the job's `training.optimizer.offload` decides."""
+    zero = ctx.spec.deepspeed.get("zero_optimization")
+    if not (isinstance(zero, dict) and ({"cpu_offload", "offload_optimizer"} & set(zero))):
+        return
     want, got = ctx.spec.training.optimizer.offload, _offload_device(ctx)
-    if got != want and ctx.plan.zero > 0:
-        zero = ctx.spec.deepspeed.get("zero_optimization")
-        key = "cpu_offload" if isinstance(zero, dict) and "cpu_offload" in zero else "offload_optimizer"
+    if got != want:  # at ZeRO-0 too, where DeepSpeed would ignore the block silently
+        key = "cpu_offload" if "cpu_offload" in zero else "offload_optimizer"
         yield Finding(f"deepspeed.zero_optimization.{key} offloads the optimizer to {got}, but "
                       f"training.optimizer.offload is {want}", "remove it and set training.optimizer.offload",
                       ("deepspeed", "zero_optimization", key))
