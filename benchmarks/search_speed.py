@@ -1,8 +1,9 @@
 """Wall time of a full layout search with every search field `auto`, on one core, for four published scales.
 
-Prints, per case, the seconds of one `dsforge.compiler.search.engine.search` call (after a warm-up of the
-imports), how many candidates the space holds, how many were estimated in full and how many the bounds
-pruned, and the winner. `--exhaustive` also times the search without pruning (slow on the largest).
+Prints, per case, the CPU seconds of one `dsforge.compiler.search.engine.search` call in this process (the
+figure "on one core" means: wall time on a shared machine counts other processes' time too) and its wall time,
+how many candidates the space holds, how many were estimated in full and how many the bounds pruned, and the
+winner. `--exhaustive` also times the search without pruning (slow on the largest).
 Run: `OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python benchmarks/search_speed.py`.
 """
 
@@ -60,12 +61,12 @@ def main() -> None:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             job = job_of(body, Path(tmp))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         r = search(job)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         f = r.funnel
         w = r.winner
-        line = (f"{name}: {wall:.2f} s, {f.considered:,} candidates, {f.estimated:,} estimated in full, "
+        line = (f"{name}: {cpu:.2f} s CPU ({wall:.2f} s wall), {f.considered:,} candidates, {f.estimated:,} estimated in full, "
                 f"{f.pruned:,} pruned by bounds; winner {w.layout.label() if w else 'none'}"
                 + (f", {w.step.step_s:.2f} s/step, MFU {w.step.mfu:.1%}" if w else ""))
         if args.exhaustive:

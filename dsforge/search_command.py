@@ -51,7 +51,7 @@ def _load(file: str) -> tuple[LoadedJob | None, Outcome]:
 
 def run_search(file: str, fmt: str = "text", top: int | None = None, write: str | None = None,
                plot: str | None = None, compare: bool = False, exhaustive: bool = False,
-               selection: Any = None) -> Outcome:
+               selection: Any = None, verify: int | None = None) -> Outcome:
     """The whole command (exit codes: 0 a layout fits, 1 none fits or the job has errors, 2 unusable input)."""
     from dsforge.compiler.search.engine import SpaceTooLarge, search
     from dsforge.compiler.search.resolve import no_fit, rule_filter, unresolvable
@@ -84,7 +84,9 @@ def run_search(file: str, fmt: str = "text", top: int | None = None, write: str 
         base = Selection()
     chosen = selection.over(base) if selection is not None else base
     try:
-        result = search(job, rule_filter(job, chosen), top, exhaustive or plot is not None, written, spec)
+        # --plot draws every fitting candidate and --verify runs the last-ranked one: both need all of them
+        full = exhaustive or plot is not None or verify is not None
+        result = search(job, rule_filter(job, chosen), top, full, written, spec)
     except SpaceTooLarge as exc:
         return Outcome(notes=[f"the search space holds {exc}: fix some `auto` fields, or set search.max_tp"], code=1)
     out = Outcome(data=search_report.to_json(result))
@@ -103,6 +105,21 @@ def run_search(file: str, fmt: str = "text", top: int | None = None, write: str 
         except (WriteError, OSError) as exc:
             out.notes.append(f"cannot --write {write}: {exc}")
             out.code = 2
+    if verify:
+        from dsforge import search_verify
+        from dsforge.runner import INSTALL_HINT, missing_runtime
+
+        if missing_runtime():
+            out.notes.append(f"--verify runs `dsforge run`, which needs the runtime: {INSTALL_HINT}")
+            out.code = 2
+            return out
+        rows = search_verify.verify(job, result, verify)
+        out.text += "\n" + search_verify.render(rows)
+        if out.data is not None:
+            out.data["verify"] = [{"rank": v.rank, "layout": v.candidate.layout.as_dict(),
+                                   "predicted_step_s": v.candidate.step.step_s, "measured_step_s": v.step_s,
+                                   "predicted_peak_bytes": v.candidate.memory.peak.device_bytes,
+                                   "measured_peak_bytes": v.peak_bytes, "error": v.error} for v in rows]
     if plot:
         try:
             paths = search_report.write_plot(result, plot)

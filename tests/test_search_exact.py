@@ -9,7 +9,7 @@ import pytest
 from dsforge.compiler.estimate.memory import estimate_memory
 from dsforge.compiler.estimate.steptime import estimate_step
 from dsforge.compiler.parse import load_job
-from dsforge.compiler.search.bounds import compute_floor_s, model_state_bytes, pass_floor_s
+from dsforge.compiler.search.bounds import compute_floor_s, edge_memory_bytes, model_state_bytes, pass_floor_s
 from dsforge.compiler.search.engine import _model_seeded, search
 from dsforge.compiler.search.space import apply_layout, layouts, skeletons
 from dsforge.compiler.resolved import resolve_model
@@ -38,11 +38,12 @@ training: {global_batch: 16, micro_batch: auto, precision: fp32, steps: 10}
 search: {objective: cost, price_per_gpu_hour: 2.0, top: 6}
 """,
     "deadline": """version: 1
-model: {preset: llama3-8b, layers: 4}
+model: {preset: llama3-8b, layers: 2}
 hardware: {preset: dgx-h100, nodes: auto}
 parallel: {tp: auto, pp: auto, zero: auto}
-training: {global_batch: 64, micro_batch: auto, recompute: auto}
-search: {objective: min_gpus, tokens: 2.0e9, deadline_hours: 3, max_nodes: 4}
+training: {global_batch: 64, micro_batch: auto, recompute: selective}
+search: {objective: min_gpus, tokens: 2.0e9, deadline_hours: 0.7, max_nodes: 3}
+launch: {launcher: slurm}
 """,
 }
 
@@ -79,9 +80,10 @@ def test_every_bound_lies_below_what_it_bounds(write_job, name: str) -> None:
                 continue
             peak = estimate_memory(plan).peak.device_bytes
             assert model_state_bytes(plan, average=True) <= model_state_bytes(plan) <= peak
+            assert edge_memory_bytes(plan) <= peak
             step = estimate_step(plan).step_s
             assert compute_floor_s(plan) <= step * (1 + 1e-9), lay
-            assert pass_floor_s(plan) <= step * (1 + 1e-9), lay
+            assert pass_floor_s(plan, "edges") <= pass_floor_s(plan) <= step * (1 + 1e-9), lay
             checked += 1
     assert checked >= 20
 
@@ -102,7 +104,7 @@ def test_min_gpus_picks_the_fewest_nodes_that_meet_the_deadline(write_job) -> No
     deadline = r.objective.deadline_s
     assert deadline is not None and r.winner.value <= deadline
     if r.nodes > 1:  # one node fewer misses it with every layout
-        fewer = _job(write_job, SPACES["deadline"].replace("max_nodes: 4", f"max_nodes: {r.nodes - 1}"))
+        fewer = _job(write_job, SPACES["deadline"].replace("max_nodes: 3", f"max_nodes: {r.nodes - 1}"))
         assert search(fewer).winner is None
 
 
@@ -111,7 +113,7 @@ def test_a_bound_above_the_estimate_makes_the_search_exhaustive(write_job, monke
 
     job = _job(write_job, SPACES["pipeline-schedules"])
     honest = search(job)
-    monkeypatch.setattr(engine, "pass_floor_s", lambda plan: 1e9)  # a broken bound
+    monkeypatch.setattr(engine, "pass_floor_s", lambda plan, stages="all": 1e9)  # a broken bound
     r = search(job)
     assert r.exhaustive and [e.layout for e in r.ranked] == [e.layout for e in honest.ranked]
 

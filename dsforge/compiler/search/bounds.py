@@ -64,9 +64,27 @@ def compute_floor_s(plan: Plan, hardware_flops: float | None = None) -> float:
     return max(busy, per_micro_batch / (1.0 - (1.0 - 1.0 / m) ** d.pp))
 
 
-def pass_floor_s(plan: Plan) -> float:
+def edge_memory_bytes(plan: Plan) -> float:
+    """A lower bound of the busiest rank's device bytes: the larger of the first and the last pipeline stage's
+    estimate (the peak is the largest stage; these two hold the embedding, the logits and, in 1F1B, the most
+    micro-batches in flight, so the bound is nearly always the peak itself) at the cost of two stages, not pp."""
+    d = plan.degrees
+    if d is None:
+        return 0.0
+    try:
+        from dsforge.compiler.estimate.memory import micro_batches, stage_memory
+        from dsforge.compiler.estimate.zero_config import zero_settings
+
+        z, m = zero_settings(plan), micro_batches(plan)
+        return max(stage_memory(plan, s, z, m).device_bytes for s in {0, d.pp - 1})
+    except Exception:  # noqa: BLE001 - a bound is an optimisation: 0 leaves the decision to the full estimate
+        return 0.0
+
+
+def pass_floor_s(plan: Plan, stages: str = "all") -> float:
     """A lower bound of the step time from the cost model's pass durations (the critical chain of the schedule);
-    0 when the passes cannot be computed (the full estimate then decides alone)."""
+    0 when the passes cannot be computed (the full estimate then decides alone). ``stages="edges"`` prices the
+    first and last stage only: max(busy_0, F_0 + B_0 + busy_last), the chain through them alone."""
     try:
         from dsforge.compiler.estimate.steptime import achievable_fraction, stage_passes
 
@@ -74,6 +92,10 @@ def pass_floor_s(plan: Plan) -> float:
         assert d is not None and m is not None
         peak = flops.dense_peak_flops(plan.spec.hardware.accelerator, plan.spec.training.precision)
         speed = peak * achievable_fraction(plan)[0]
+        if stages == "edges" and d.pp > 2:
+            (f0, b0), (fl, bl) = stage_passes(plan, 0, speed), stage_passes(plan, d.pp - 1, speed)
+            return max(m * sum(x.seconds for x in f0 + b0), f0[0].seconds + b0[0].seconds
+                       + m * sum(x.seconds for x in fl + bl))
         passes = [stage_passes(plan, s, speed) for s in range(d.pp)]
         best, lead = 0.0, 0.0
         for fwd, bwd in passes:

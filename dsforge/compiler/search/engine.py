@@ -28,7 +28,7 @@ from dsforge.compiler.plan import Plan
 from dsforge.compiler.resolved import ResolvedModel, resolve_model
 from dsforge.compiler.rules.registry import Context, Rule, checks, run_rules
 from dsforge.compiler.schema import JobSpec
-from dsforge.compiler.search.bounds import compute_floor_s, model_state_bytes, pass_floor_s
+from dsforge.compiler.search.bounds import compute_floor_s, edge_memory_bytes, model_state_bytes, pass_floor_s
 from dsforge.compiler.search.objective import Objective, objective_of
 from dsforge.compiler.search.space import Layout, apply_layout, auto_keys, layouts, options, skeletons, space_size
 from dsforge.diagnostics import Diagnostic, Severity
@@ -214,14 +214,26 @@ class _Search:
             rid = found[0].rule if found else "DSF101"
             self._miss(lay, rid, found[0].message if found else "the layout does not resolve")
             return None
+        if self.exhaustive:
+            mem = self._memory(lay, plan)
+            return (0.0, mem) if mem is not None else None
+        edge = edge_memory_bytes(plan)  # two stages of the estimate: the full one waits until the bounds rank it
+        if edge > self.limit * self.capacity:
+            util = edge / self.capacity
+            self._miss(lay, MEMORY_RULE if util > 1.0 else "memory",
+                       f"peak {_gb(edge)} is {util:.0%} of {_gb(self.capacity)}", util)
+            return None
+        return pass_floor_s(plan, "edges"), None
+
+    def _memory(self, lay: Layout, plan: Plan) -> MemoryEstimate | None:
+        """The memory estimate, or None (and the miss counted) when it exceeds search.memory_fraction."""
         mem = estimate_memory(plan)
         if mem.utilization > self.limit:
             reason = MEMORY_RULE if mem.utilization > 1.0 else "memory"
             self._miss(lay, reason, f"peak {_gb(mem.peak.device_bytes)} is {mem.utilization:.0%} of "
                                     f"{_gb(mem.capacity_bytes)}", mem.utilization)
             return None
-        floor = 0.0 if self.exhaustive else pass_floor_s(plan)
-        return floor, mem
+        return mem
 
     def _rules_pass(self, lay: Layout, plan: Plan) -> bool:
         """validate's rules: False (and counted under each id found) when any reports an error."""
@@ -268,7 +280,19 @@ class _Search:
                 seq += 1
                 heapq.heappush(heap, (self._bound_value(floor, lay), tb, 1, seq, lay, plan, floor, mem))
             elif level == 1:
-                # the rules run only for candidates whose bounds could still rank: they cost as much as an estimate
+                # the full memory estimate, the rules and the step run only for candidates whose bounds could still
+                # rank: each costs as much as the bounds of many candidates
+                if extra is None:
+                    extra = self._memory(lay, plan)
+                    if extra is None:
+                        continue
+                    if not self.exhaustive:
+                        floor1 = pass_floor_s(plan)
+                        if floor1 > floor:  # the whole chain: back into the heap under its tighter bound
+                            seq += 1
+                            heapq.heappush(heap, (self._bound_value(floor1, lay), tb, 1, seq, lay, plan, floor1,
+                                                  extra))
+                            continue
                 if not self._rules_pass(lay, plan):
                     continue
                 step = estimate_step(plan)
@@ -300,12 +324,13 @@ class _Search:
         try:
             got = self._level0(lay)
             got1 = self._level1(lay, got[1]) if got is not None else None
-            if got is None or got1 is None or not self._rules_pass(lay, got[1]):
+            mem = self._memory(lay, got[1]) if got is not None and got1 is not None else None
+            if got is None or mem is None or not self._rules_pass(lay, got[1]):
                 return self.misses[-1]
             plan = got[1]
             step = estimate_step(plan)
             tokens = lay.global_batch * self.model.seq_len
-            return Evaluated(lay, plan.spec, plan, got1[1], step,
+            return Evaluated(lay, plan.spec, plan, mem, step,
                              self.objective.value(step.step_s, tokens, plan.world_size))
         finally:
             self.funnel, self.misses = funnel, misses
