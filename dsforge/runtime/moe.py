@@ -111,6 +111,7 @@ class ExpertParallelMoE(nn.Module):
                               f"{list(ds_groups._get_expert_parallel_group_ranks(self.name))}, the plan's is "
                               f"{groups.ranks('ep')}")
         self.aux_loss: Tensor | None = None
+        self.shared_name: str | None = None  # the block's shared expert, kept beside the routed ones (keep_shared)
 
     @property
     def local_experts(self) -> nn.ModuleList:
@@ -122,6 +123,16 @@ class ExpertParallelMoE(nn.Module):
         """The router's (num_experts, hidden) weight, replicated on every rank."""
         return self.moe.deepspeed_moe.gate.wg.weight
 
+    def keep_shared(self, name: str, shared: nn.Module, gate: nn.Module | None) -> None:
+        """Run the block's shared expert beside the routed ones: routed + sigmoid(gate(x)) * shared(x)
+        (Qwen2-MoE), or routed + shared(x) without a gate (DeepSeek). Both keep their HF names, so the
+        rewrite plan places them (column/row under TP, whole otherwise) and checkpoints name them as the
+        dense model does."""
+        self.shared_name = name
+        self.add_module(name, shared)
+        if gate is not None:
+            self.add_module(SHARED_GATE, gate)
+
     def forward(self, hidden: Tensor) -> Tensor:
         """[..., hidden] -> [..., hidden]; the load-balancing loss of this call is kept in ``aux_loss``."""
         out, self.aux_loss, _ = self.moe(hidden)
@@ -129,6 +140,12 @@ class ExpertParallelMoE(nn.Module):
             logits = F.linear(hidden.float(), self.gate_weight.float())
             mass = F.softmax(logits, dim=-1).topk(self.top_k, dim=-1).values.sum(-1, keepdim=True)
             out = out * mass.to(out.dtype)
+        if self.shared_name is not None:
+            shared = getattr(self, self.shared_name)(hidden)
+            gate: Any = getattr(self, SHARED_GATE, None)
+            if gate is not None:
+                shared = torch.sigmoid(gate(hidden)) * shared
+            out = out + shared
         return out
 
     def load_dense(self, gate_weight: Tensor, experts: Sequence[Mapping[str, Tensor]]) -> None:
@@ -186,47 +203,12 @@ SHARED_NAMES = ("shared_expert", "shared_experts")
 SHARED_GATE = "shared_expert_gate"
 
 
-class SharedExpertMoE(nn.Module):
-    """The routed experts (expert-parallel) plus the block's shared expert, a dense MLP every token passes through.
-
-    out = routed(x) + sigmoid(gate(x)) * shared(x) (Qwen2-MoE), or routed(x) + shared(x) without a gate
-    (DeepSeek). The shared expert and its gate keep their HF names, so the rewrite plan places them
-    (column/row under TP, replicated otherwise) and checkpoints name them as the dense model does.
-    """
-
-    def __init__(self, routed: ExpertParallelMoE, shared_name: str, shared: nn.Module,
-                 gate: nn.Module | None) -> None:
-        super().__init__()
-        self.routed, self.shared_name = routed, shared_name
-        self.add_module(shared_name, shared)
-        self.has_gate = gate is not None
-        if gate is not None:
-            self.add_module(SHARED_GATE, gate)
-
-    @property
-    def local_experts(self) -> nn.ModuleList:
-        """This rank's routed experts."""
-        return self.routed.local_experts
-
-    @property
-    def first_expert(self) -> int:
-        """Global index of this rank's first routed expert."""
-        return self.routed.first_expert
-
-    def forward(self, hidden: Tensor) -> Tensor:
-        """[..., hidden] -> [..., hidden]: routed experts plus the (gated) shared expert."""
-        shared = getattr(self, self.shared_name)(hidden)
-        if self.has_gate:
-            shared = torch.sigmoid(getattr(self, SHARED_GATE)(hidden)) * shared
-        return self.routed(hidden) + shared
-
-
 def from_hf_block(block: nn.Module, groups: ParallelGroups, top_k: int | None = None, drop_tokens: bool = False,
-                  capacity_factor: float = 1.0) -> nn.Module:
+                  capacity_factor: float = 1.0) -> ExpertParallelMoE:
     """The expert-parallel twin of an HF sparse MoE block: routed experts on DeepSpeed, shared experts kept."""
-    routed = ExpertParallelMoE.from_mixtral(block, groups, top_k, drop_tokens, capacity_factor)
+    layer = ExpertParallelMoE.from_mixtral(block, groups, top_k, drop_tokens, capacity_factor)
     name = next((n for n in SHARED_NAMES if isinstance(getattr(block, n, None), nn.Module)), None)
-    if name is None:
-        return routed
-    gate = getattr(block, SHARED_GATE, None)
-    return SharedExpertMoE(routed, name, getattr(block, name), gate if isinstance(gate, nn.Module) else None)
+    if name is not None:
+        gate = getattr(block, SHARED_GATE, None)
+        layer.keep_shared(name, getattr(block, name), gate if isinstance(gate, nn.Module) else None)
+    return layer

@@ -117,7 +117,7 @@ def _moe_block(model: nn.Module, entry: ModulePlan, ctx: Context) -> str | None:
 
     DeepSpeed's MoE layer owns the router and the all-to-all, so the unit replaced is the block (router
     and experts together), not the experts alone; a shared expert and its gate (Qwen2-MoE, DeepSeek)
-    stay beside it under their own names (dsforge.runtime.moe.SharedExpertMoE). None when the experts
+    stay beside it under their own names (ExpertParallelMoE.keep_shared). None when the experts
     stay dense (ep = 1).
     """
     if ctx.rp.ep == 1:
