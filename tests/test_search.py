@@ -213,3 +213,18 @@ def test_auto_keys_cover_the_issue_list() -> None:
         "parallel.tp", "parallel.pp", "parallel.dp", "parallel.cp", "parallel.ep", "parallel.zero",
         "parallel.sequence_parallel", "parallel.context_parallel.kind", "parallel.pipeline.schedule",
         "parallel.pipeline.virtual_stages", "training.micro_batch", "training.recompute", "hardware.nodes"}
+
+
+def test_a_global_batch_range_is_searched_and_written(write_job, tmp_path: Path) -> None:
+    text = job_text({"TP", "MB"}) + "search: {global_batch: [4, 16]}\n"
+    path = write_job(text)
+    job, _ = load_job(path)
+    assert job is not None
+    r = search(job, exhaustive=True)
+    assert {e.layout.global_batch for e in r.fitting} == {4, 8, 16}
+    best = r.winner
+    assert best is not None and best.layout.global_batch == 16  # more tokens per step, at least as fast per token
+    target = tmp_path / "chosen.yaml"
+    assert CliRunner().invoke(cli, ["search", str(path), "--write", str(target)]).exit_code == 0
+    written = validate_file(target)
+    assert written.plan is not None and written.plan.spec.training.global_batch == best.layout.global_batch

@@ -50,8 +50,11 @@ def replacements(job: LoadedJob, lay: Layout) -> list[tuple[tuple[str, ...], int
         written = _raw_at(job.raw, path)
         new = getattr(lay, attr)
         if path == ("training", "global_batch"):
-            if written is None or written == new:
+            if written == new or (written is None and new == job.spec.training.global_batch):
                 continue
+            if written is None:
+                raise WriteError(f"the search chose training.global_batch: {new}, which {job.source.file} does not "
+                                 "write: add the key (any value) for --write to set it")
         elif written != AUTO:
             continue
         loc = job.source.values.get(path)
