@@ -146,10 +146,12 @@ def run_job(job_dir: str | os.PathLike[str]) -> int:
     """
     from dsforge.interrupts import catch_sigterm
     from dsforge.runtime.rank_status import RankStatus
+    from dsforge.runtime.stop_watch import stopping, watch_sigterm
 
     rank = int(os.environ.get("RANK", "0"))
     catch_sigterm()  # torchrun stops the other ranks with SIGTERM when one fails
     status = RankStatus(Path(job_dir).resolve(), rank)
+    watch_sigterm(status, rank)  # before torch starts threads: they inherit the mask
     try:
         status.update("starting")
         job = JobDir.load(job_dir)
@@ -159,12 +161,13 @@ def run_job(job_dir: str | os.PathLike[str]) -> int:
         prepare_environment(job)
         init_distributed(job)
         run_session(job, status)
+        return _finish(rank, status)
     except BaseException as exc:  # noqa: BLE001 -- each kind is reported, bugs re-raised with their traceback
+        stopping()  # a launcher's SIGTERM from now on must not break this report and teardown
         try:
             return _stopped(exc, rank, status)
         finally:
             _shutdown(False)
-    return _finish(rank, status)
 
 
 def _stopped(exc: BaseException, rank: int, status: Any) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +36,12 @@ class RankStatus:
     rank: int
     step: int = 0
     phase: str = "starting"
+    ended: str = ""  # where() when a final phase was first recorded
 
     def update(self, phase: str | None = None, step: int | None = None, message: str = "") -> None:
         """Record a phase (``starting``, ``training``, ``saving``, or a final one) and the step it is at."""
+        if phase in FINAL and self.phase not in FINAL:
+            self.ended = self.where()
         self.phase = phase or self.phase
         self.step = self.step if step is None else step
         doc = {"rank": self.rank, "phase": self.phase, "step": self.step, "pid": os.getpid(),
@@ -45,7 +49,8 @@ class RankStatus:
         path = path_of(self.job_dir, self.rank)
         try:
             path.parent.mkdir(exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            # per thread: the SIGTERM watcher (dsforge.runtime.stop_watch) may write while the main thread does
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_text(json.dumps(doc), encoding="utf-8")
             os.replace(tmp, path)
         except OSError:
@@ -53,6 +58,8 @@ class RankStatus:
 
     def where(self) -> str:
         """Where this rank is, for a message: ``during step 3``, ``while saving the checkpoint of step 2``."""
+        if self.ended:
+            return self.ended
         if self.phase == "saving":
             return f"while saving the checkpoint of step {self.step}"
         return f"during step {self.step}" if self.step else "before training"
