@@ -347,6 +347,30 @@ def plugins(fmt: str) -> None:
     sys.exit(EXIT_FINDINGS if report["failed"] else EXIT_CLEAN)
 
 
+@cli.command()
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False), default="calibrated.yaml", show_default=True,
+              help="The hardware file to write (a `hardware:` fragment for `extends:`).")
+@click.option("--ranks", type=click.IntRange(2, 64), default=2, show_default=True,
+              help="Processes (or GPUs) the collectives are measured over, on this node.")
+def calibrate(out: str, ranks: int) -> None:
+    """Measure this machine's GEMM, memory and collective rates into a hardware file (needs torch).
+
+    A job uses the file with `extends: <file>`; see docs/cost-model.md for what each figure means.
+    """
+    from dsforge.runner import INSTALL_HINT, missing_runtime
+
+    if missing_runtime():
+        click.echo(f"dsforge calibrate: this Python has no torch; install the runtime: {INSTALL_HINT}", err=True)
+        sys.exit(EXIT_UNUSABLE)
+    from pathlib import Path
+
+    from dsforge.runtime.calibrate import calibrate as measure
+    from dsforge.runtime.calibrate import render
+
+    Path(out).write_text(render(measure(ranks)), encoding="utf-8")
+    click.echo(f"dsforge calibrate: wrote {out}")
+
+
 @cli.command(name="run")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False),

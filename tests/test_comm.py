@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from dsforge.compiler.estimate import comm
+from dsforge.compiler.estimate.shares import stage_share
 from dsforge.compiler.estimate.summary import communication_rows
 from tests.test_explain_helpers import SMALL, make_plan, with_changes
 
@@ -31,8 +32,8 @@ def test_groups_inside_a_node_use_nvlink_and_groups_across_nodes_the_network(tmp
     plan = make_plan(job, tmp_path)
     assert comm.link_of(plan, "tp").name == "intra_node"
     assert comm.link_of(plan, "pp").name == "inter_node"
-    assert comm.link_of(plan, "tp").bandwidth_Bps == 450e9
-    assert comm.link_of(plan, "pp").bandwidth_Bps == 50e9
+    assert comm.link_of(plan, "tp").bandwidth_Bps == pytest.approx(450e9 * 0.82)  # line rate x NCCL bus efficiency
+    assert comm.link_of(plan, "pp").bandwidth_Bps == pytest.approx(50e9 * 0.9)
     # the same degrees with pipeline stages inside a node and tp spread over both nodes
     spread = make_plan(with_changes(job, parallel={"order": "pp-tp-cp-ep-dp"}), tmp_path)
     assert comm.link_of(spread, "tp").name == "inter_node"
@@ -65,9 +66,15 @@ def test_zero_stages_move_2_or_3_psi(tmp_path: Path, zero: int, per_step_factor:
     assert plan.grad_accum == 1
     rows = [r for r in communication_rows(plan, 0, 1) if r["group"] == "dp-cp"]
     psi = sum(r["sent_bytes_per_step"] for r in rows)
-    params_bytes = rows[0]["payload_bytes"]
+    params_bytes = stage_share(plan, 0, 0.0).dense * 2
     n = 8
-    assert psi == pytest.approx(per_step_factor * (n - 1) / n * params_bytes)
+    # ZeRO-3 keeps the tensors under the persistence threshold (norms, biases: 0.1 % of GPT-2 XL) whole
+    assert psi == pytest.approx(per_step_factor * (n - 1) / n * params_bytes, rel=2e-3 if zero == 3 else 1e-9)
+    # every bucket or module is its own call (each pays the ring latency); the sizes add up to the whole
+    for r in rows:
+        assert r["payload_bytes"] * r["calls_per_step"] <= params_bytes * (1 + 1e-9)
+    if zero == 3:
+        assert min(r["calls_per_step"] for r in rows if r["collective"] == "all-gather") == 4 * 48 + 2
 
 
 def test_zero2_and_zero3_communicate_every_micro_batch(tmp_path: Path) -> None:
@@ -80,7 +87,8 @@ def test_zero2_and_zero3_communicate_every_micro_batch(tmp_path: Path) -> None:
 
     one, two, three = sent(1), sent(2), sent(3)
     assert two == pytest.approx(one / 2 * (4 + 1))  # 4 reduce-scatters + 1 parameter all-gather
-    assert three == pytest.approx(one / 2 * 3 * 4)
+    # 2 gathers and a reduce-scatter per micro-batch; the norms stay whole under ZeRO-3 (persistence)
+    assert three == pytest.approx(one / 2 * 3 * 4, rel=1e-3)
 
 
 def test_context_parallel_ring_and_ulysses(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ def with_changes(job: dict[str, Any], **sections: dict[str, Any]) -> dict[str, A
 #: GPT-3 175B on 128 DGX A100 nodes as Narayanan et al. 2021 ran it (sec. 5.1): TP 8, PP 16, DP 8, batch
 #: 1,536, full activation recomputation, no sequence parallelism (it came in 2022).
 GPT3_2021 = {
-    "version": 1, "name": "gpt3-2021",
+    "version": 1, "name": "gpt3-2021", "stack": "megatron-te",
     "model": {"preset": "gpt3-175b", "vocab_multiple_of": 128},
     "hardware": {"preset": "dgx-a100-80gb", "nodes": 128},
     "launch": {"launcher": "slurm"},
@@ -48,7 +48,7 @@ GPT3_2021 = {
 #: batches = 2,048 sequences). The paper balances the pipeline by giving the first and last stage one layer
 #: less; the interleaved depth v=4 is our assumption (chunks of 2 layers, 1 on the ends).
 LLAMA3_405B_8K = {
-    "version": 1, "name": "llama3-405b-8k",
+    "version": 1, "name": "llama3-405b-8k", "stack": "megatron-te",
     "model": {"preset": "llama3-405b"},
     "hardware": {"preset": "dgx-h100", "nodes": 1024},
     "launch": {"launcher": "slurm"},

@@ -56,6 +56,13 @@ MEGATRON = Kernels(fused_attention=False, dropout=True, byte_masks=True, causal_
                    hf_rmsnorm=False, gelu_tensors=2, swiglu_tensors=3, fp32_logits=True)
 HF_SDPA = Kernels(fused_attention=True, dropout=False, byte_masks=True, causal_mask_saved=False,
                   hf_rmsnorm=True, gelu_tensors=5, swiglu_tensors=4, fp32_logits=True)
+#: Megatron-Core with Transformer Engine (the `megatron-te` stack): TE's DotProductAttention runs a flash
+#: kernel (Q, K, V, output and the fp32 log-sum-exp saved, attention dropout inside the kernel), hidden
+#: dropout 0.1 with 1-byte masks (Megatron's default), TE LayerNormLinear saves input and ln_out, fused
+#: bias-GELU saves fc1's output and fc2's input (2), fused SwiGLU its 2f input and fc2's f input (3), and the
+#: fused vocab-parallel cross-entropy computes in fp32 without a materialised fp32 copy of the logits.
+MEGATRON_TE = Kernels(fused_attention=True, dropout=True, byte_masks=True, causal_mask_saved=False,
+                      hf_rmsnorm=False, gelu_tensors=2, swiglu_tensors=3, fp32_logits=False)
 EAGER = Kernels(fused_attention=False, dropout=True, byte_masks=False, causal_mask_saved=True,
                 hf_rmsnorm=False, gelu_tensors=2, swiglu_tensors=4, fp32_logits=True)
 
@@ -72,6 +79,7 @@ class ActivationShape:
     element_bytes: int  # 2 for bf16/fp16 activations, 4 for fp32
     kernels: Kernels = HF_SDPA
     partition_checkpoints: bool = False  # full recompute keeps 1/tp of each layer input (partition_activations)
+    experts_split: bool = False  # expert matrices split over tp (Megatron-Core), else whole on every TP rank
 
     @property
     def tokens(self) -> float:
@@ -144,7 +152,9 @@ def mlp_terms(model: ResolvedModel, a: ActivationShape, moe: bool) -> dict[str, 
         terms["router"] = n * m.experts * e + n * m.top_k * (e + 8)  # probabilities, top-k weights, indices
         # Experts run whole on every TP rank, on all the micro-batch's tokens (the runtime gathers the
         # sequence into the MoE block under SP): neither the ffn width nor the tokens split by tp.
-        terms["experts"] = routed * (2 * h * e + _mlp_inner(model, a, m.ffn_hidden, tp=1))  # input, inner, output
+        # (A stack with expert tensor parallelism splits the ffn width over tp, still on all routed tokens.)
+        inner = _mlp_inner(model, a, m.ffn_hidden, tp=a.tp if a.experts_split else 1)
+        terms["experts"] = routed * (2 * h * e + inner)  # input, inner, output
     else:
         terms["mlp_inner"] = n * _mlp_inner(model, a, model.ffn_hidden)
     if a.kernels.dropout:

@@ -6,8 +6,10 @@ NVLink (``hardware.intra_node``) when every group of that kind sits inside one n
 rank placement. A ring algorithm over n ranks moves (n-1)/n of the payload per step of an
 all-gather or reduce-scatter and 2(n-1)/n per all-reduce (Patarasuk and Yuan 2009; Thakur et al.
 2005, "Optimization of Collective Communication Operations in MPICH", sec. 4), with one link
-latency per ring step. Bandwidths are the presets' data-sheet figures, so predictions are optimistic
-by what NCCL leaves on the table.
+latency per ring step. A link's usable rate is its data-sheet bandwidth times its bus efficiency
+(``bus_efficiency``: the bus bandwidth nccl-tests reports over the line rate; ~0.8 on NVLink for NCCL's
+protocol overhead, NVIDIA/nccl-tests#212), and every call pays its ring latency, so a collective split
+into many calls (ZeRO-3's per-module gathers, bucketed reductions) costs (n-1)·alpha per call.
 
 What each parallelism sends follows its paper; `collectives` documents every entry. Whether a
 collective's time is hidden behind compute is decided in `steptime`, from the ``overlap`` tag set here.
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsforge.compiler.estimate.shares import stage_share
+from dsforge.compiler.estimate.shares import embedding_share, gathered_tensors, head_share, layer_kinds, stage_share
 from dsforge.compiler.estimate.zero_config import zero_settings
 from dsforge.compiler.params import padded_vocab
 from dsforge.compiler.plan import Plan
@@ -30,7 +32,7 @@ class Link:
     """One link class: bytes per second per GPU and the latency of one message."""
 
     name: str  # "intra_node" | "inter_node"
-    bandwidth_Bps: float
+    bandwidth_Bps: float  # achieved bus bandwidth: line rate x bus efficiency
     latency_s: float
 
 
@@ -39,7 +41,12 @@ def link_of(plan: Plan, kind: str) -> Link:
     hw = plan.spec.hardware
     crosses = plan.placement is not None and plan.placement.crosses_nodes(kind)
     spec, name = (hw.inter_node, "inter_node") if crosses else (hw.intra_node, "intra_node")
-    return Link(name, spec.bandwidth_gbs * 1e9, spec.latency_us * 1e-6)
+    return Link(name, spec.bandwidth_gbs * 1e9 * bus_efficiency(spec.bus_efficiency), spec.latency_us * 1e-6)
+
+
+def bus_efficiency(value: float | None) -> float:
+    """A link's bus efficiency: the job's or preset's figure, else 1 (the data sheet's rate, optimistic)."""
+    return 1.0 if value is None else value
 
 
 def collective_seconds(op: str, payload: float, n: int, link: Link) -> float:
@@ -207,30 +214,54 @@ def pipeline_parallel(plan: Plan) -> list[Collective]:
     return ops
 
 
-def _dp_ops(group: str, n: int, params: float, plan: Plan) -> list[Collective]:
-    """The ZeRO collectives over one data-parallel group for ``params`` rank-local parameters."""
+def _calls(elements: float, bucket: float) -> int:
+    """Calls a bucketed reduction or gather of ``elements`` makes: one per full bucket (DeepSpeed's
+    reduce_bucket_size / allgather_bucket_size, in elements), at least one."""
+    return max(1, -int(-elements // bucket)) if bucket > 0 else 1
+
+
+def _op(group: str, op: str, purpose: str, phase: str, scope: str, payload: float, n: int, link: Link,
+        overlap: str, calls: int) -> Collective:
+    """One collective split into ``calls`` equal calls, each paying its ring latency."""
+    return Collective(group, op, purpose, phase, scope, payload / calls, n, link, overlap, calls)
+
+
+def _dp_ops(group: str, n: int, params: float, plan: Plan, gathered: tuple[float, int] = (0.0, 0)) -> list[Collective]:
+    """The ZeRO collectives over one data-parallel group for ``params`` rank-local parameters.
+
+    ``gathered`` is ZeRO-3's (parameters fetched each pass, tensors fetched): the tensors at or below the
+    persistence threshold stay whole and are not gathered, every other tensor is one all-gather call.
+    Reductions run in reduce_bucket_size buckets, ZeRO-1/2's parameter gathers in allgather_bucket_size
+    buckets, ZeRO-0's all-reduce in the engine's 5e8-element buckets (engine.py allreduce_gradients).
+    """
     if n <= 1 or params <= 0:
         return []
     z = zero_settings(plan)
     payload, link = params * z.weight_bytes, link_of(plan, group)
     what = "expert " if group == "edp" else ""
+    reduce_calls = _calls(params, z.reduce_bucket)
     if z.stage == 0:
-        return [Collective(group, "all-reduce", f"{what}gradients", "step", "step", payload, n, link, "none")]
-    gather = Collective(group, "all-gather", f"updated {what}parameters", "step", "step", payload, n, link, "none")
+        return [_op(group, "all-reduce", f"{what}gradients", "step", "step", payload, n, link, "none",
+                    _calls(params, 5e8))]
+    gather = _op(group, "all-gather", f"updated {what}parameters", "step", "step", payload, n, link, "none",
+                 _calls(params, z.allgather_bucket))
     hide = "backward" if z.overlap_comm and not z.pipeline else "none"
     if z.stage == 1:
-        return [Collective(group, "reduce-scatter", f"{what}gradients", "step", "step", payload, n, link, hide),
-                gather]
+        return [_op(group, "reduce-scatter", f"{what}gradients", "step", "step", payload, n, link, hide,
+                    reduce_calls), gather]
     if z.stage == 2:
-        return [Collective(group, "reduce-scatter", f"{what}gradients, every micro-batch", "backward",
-                           "micro-batch", payload, n, link, hide), gather]
+        return [_op(group, "reduce-scatter", f"{what}gradients, every micro-batch", "backward", "micro-batch",
+                     payload, n, link, hide, reduce_calls), gather]
     hide = "compute" if z.overlap_comm else "none"
-    return [Collective(group, "all-gather", f"{what}parameters for forward", "forward", "micro-batch", payload, n,
-                       link, hide),
-            Collective(group, "all-gather", f"{what}parameters for backward", "backward", "micro-batch", payload, n,
-                       link, hide),
-            Collective(group, "reduce-scatter", f"{what}gradients", "backward", "micro-batch", payload, n, link,
-                       hide)]
+    fetched, tensors = gathered
+    ops = [_op(group, "reduce-scatter", f"{what}gradients", "backward", "micro-batch", payload, n, link, hide,
+               reduce_calls)]
+    if fetched > 0 and tensors > 0:
+        ops = [_op(group, "all-gather", f"{what}parameters for forward, per module", "forward", "micro-batch",
+                   fetched * z.weight_bytes, n, link, hide, tensors),
+               _op(group, "all-gather", f"{what}parameters for backward, per module", "backward", "micro-batch",
+                   fetched * z.weight_bytes, n, link, hide, tensors), *ops]
+    return ops
 
 
 def data_parallel(plan: Plan, stage: int) -> list[Collective]:
@@ -247,7 +278,29 @@ def data_parallel(plan: Plan, stage: int) -> list[Collective]:
     assert plan.degrees is not None
     d = plan.degrees
     share = stage_share(plan, stage, 0.0)
-    return _dp_ops("dp-cp", d.dp * d.cp, share.dense, plan) + _dp_ops("edp", d.expert_dp, share.expert, plan)
+    dense_g, expert_g = _zero3_gathers(plan, stage) if plan.zero == 3 else ((0.0, 0), (0.0, 0))
+    return (_dp_ops("dp-cp", d.dp * d.cp, share.dense, plan, dense_g)
+            + _dp_ops("edp", d.expert_dp, share.expert, plan, expert_g))
+
+
+def _zero3_gathers(plan: Plan, stage: int) -> tuple[tuple[float, int], tuple[float, int]]:
+    """ZeRO-3's per-pass fetches on one rank of ``stage``, (parameters, tensors) for dense and for expert
+    weights: every tensor above stage3_param_persistence_threshold, one all-gather call each."""
+    assert plan.degrees is not None
+    d, model = plan.degrees, plan.model
+    threshold = zero_settings(plan).persistence_threshold
+    share = stage_share(plan, stage, threshold)
+    dense_tensors = expert_tensors = 0
+    for moe, count in layer_kinds(plan, stage).items():
+        dense_n, expert_n = gathered_tensors(model, moe, d.tp, d.ep, threshold)
+        dense_tensors, expert_tensors = dense_tensors + count * dense_n, expert_tensors + count * expert_n
+    if stage == 0:  # the word table, and a learned position table (seq_len x hidden)
+        position = embedding_share(model, d.tp) - padded_vocab(model, d.tp) * model.hidden / d.tp
+        dense_tensors += (embedding_share(model, d.tp) - position > threshold) + (position > threshold)
+    if stage == d.pp - 1 and head_share(model, d.tp, d.pp) - model.hidden > threshold:
+        dense_tensors += 1
+    # share.small counts persistent expert tensors too; tiny experts are rare, so they are taken as dense
+    return (max(0.0, share.dense - share.small), dense_tensors), (share.expert, expert_tensors)
 
 
 def model_parallel(plan: Plan) -> list[Collective]:

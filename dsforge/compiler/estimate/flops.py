@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.params import is_moe_layer, padded_vocab
 from dsforge.compiler.plan import Plan
 from dsforge.compiler.resolved import ResolvedModel
@@ -68,9 +69,20 @@ def logits_forward_flops(model: ResolvedModel, tp: int = 1) -> float:
     return 2.0 * model.hidden * padded_vocab(model, tp)
 
 
+def _model_layer(model: ResolvedModel, moe: bool) -> float:
+    """Forward model FLOPs per token of one layer: a capacity factor below 1 drops tokens, and dropped
+    tokens are not computed, so the expert work counted is top_k x min(1, capacity_factor) experts; model
+    FLOPs then never exceed the hardware FLOPs that pad to capacity (MFU <= HFU)."""
+    f = layer_forward_flops(model, moe)
+    if moe and model.moe is not None and model.moe.capacity_factor < 1:
+        return f.total - f.mlp * (1 - model.moe.capacity_factor)
+    return f.total
+
+
 def model_flops_per_token(model: ResolvedModel, tp: int = 1) -> float:
     """Model FLOPs per trained token, forward plus backward (3x forward; Narayanan et al. 2021 eq. 3)."""
-    layers = sum(layer_forward_flops(model, is_moe_layer(model, i)).total for i in range(model.layers))
+    kinds = {moe: sum(is_moe_layer(model, i) == moe for i in range(model.layers)) for moe in (False, True)}
+    layers = sum(count * _model_layer(model, moe) for moe, count in kinds.items() if count)
     return 3.0 * (layers + logits_forward_flops(model, tp))
 
 
@@ -107,14 +119,15 @@ class ChunkFlops:
     attention_forward: float  # the attention-core part of ``forward`` (what ring CP overlaps with)
 
 
-def _unsplit_by_tp(hw: LayerFlops, moe: bool) -> float:
+def _unsplit_by_tp(hw: LayerFlops, moe: bool, split: bool = False) -> float:
     """Forward FLOPs per token that every TP rank runs whole: the experts and router of an MoE layer.
 
     dsforge's runtime keeps each expert whole on every tensor-parallel rank (DeepSpeed's MoE layer has
     no expert tensor parallelism) and, under sequence parallelism, gathers the sequence into the MoE
     block (dsforge/runtime/rewrite/sequence.py), so each TP rank routes all tokens of the micro-batch.
+    A stack that splits experts over TP (``split``: Megatron-Core's expert tensor parallelism) repeats none.
     """
-    return hw.mlp + hw.router if moe else 0.0
+    return hw.mlp + hw.router if moe and not split else 0.0
 
 
 def chunk_flops(plan: Plan, first_layer: int, layers: int, first: bool, last: bool) -> ChunkFlops:
@@ -127,12 +140,13 @@ def chunk_flops(plan: Plan, first_layer: int, layers: int, first: bool, last: bo
     assert plan.degrees is not None
     model, t = plan.model, plan.spec.training
     tokens = t.micro_batch * model.seq_len / plan.degrees.cp
-    split = tokens / plan.degrees.tp
+    split = profile_of(plan.spec.stack).experts_split_over_tp
+    per_rank = tokens / plan.degrees.tp
     fwd = core = extra = 0.0
     for i in range(first_layer, first_layer + layers):
         moe = is_moe_layer(model, i)
         hw = _hardware_layer(model, moe)
-        whole = _unsplit_by_tp(hw, moe)
+        whole = _unsplit_by_tp(hw, moe, split)
         # Work every TP rank repeats counts tp times when expressed per split token.
         scale = 1.0 + (plan.degrees.tp - 1) * whole / hw.total if hw.total else 1.0
         fwd += hw.total * scale
@@ -140,7 +154,8 @@ def chunk_flops(plan: Plan, first_layer: int, layers: int, first: bool, last: bo
         extra += _recompute_flops(hw, t.recompute) * scale
     if last:
         fwd += logits_forward_flops(model, plan.degrees.tp)
-    return ChunkFlops(forward=fwd * split, backward=(2.0 * fwd + extra) * split, attention_forward=core * split)
+    return ChunkFlops(forward=fwd * per_rank, backward=(2.0 * fwd + extra) * per_rank,
+                      attention_forward=core * per_rank)
 
 
 def hardware_flops_per_step(plan: Plan) -> float:
@@ -148,10 +163,11 @@ def hardware_flops_per_step(plan: Plan) -> float:
     model, t = plan.model, plan.spec.training
     tp = plan.degrees.tp if plan.degrees else 1
     per_token = 3.0 * logits_forward_flops(model, tp)
+    split = profile_of(plan.spec.stack).experts_split_over_tp
     for i in range(model.layers):
         moe = is_moe_layer(model, i)
         hw = _hardware_layer(model, moe)
-        scale = 1.0 + (tp - 1) * _unsplit_by_tp(hw, moe) / hw.total if hw.total else 1.0
+        scale = 1.0 + (tp - 1) * _unsplit_by_tp(hw, moe, split) / hw.total if hw.total else 1.0
         per_token += (3.0 * hw.total + _recompute_flops(hw, t.recompute)) * scale
     return per_token * t.global_batch * model.seq_len
 

@@ -3,9 +3,10 @@
 Every rank of a pipeline stage holds the same shapes (tp, dp, cp and ep ranks are symmetric up to
 ZeRO's padding), so one rank per stage is estimated; the stage with the largest device total
 decides whether the job fits. Model states: `model_states.py`; activations: `activations.py`, with
-the `HF_SDPA` kernel profile for every job because that is what `dsforge.runtime` runs (HF modules,
-SDPA attention, which uses a flash kernel on GPUs and, in torch 2.x, on the CPU too: measured, so no
-score matrices are counted on either).
+the kernel profile of the job's `stack:` (`stacks/`): for dsforge's own runtime `HF_SDPA`, because
+that is what `dsforge.runtime` runs (HF modules, SDPA attention, which uses a flash kernel on GPUs and,
+in torch 2.x, on the CPU too: measured, so no score matrices are counted on either); for megatron-te
+`MEGATRON_TE` with Megatron-Core's optimizer layout (`model_states.megatron_states`).
 
 Framework reserve, stated: on a GPU 2 GB for the CUDA context, cuBLAS workspaces and NCCL
 communicator buffers (about 0.5-1 GB for the context on Hopper, the rest for NCCL), plus 5 % of the
@@ -23,7 +24,8 @@ from functools import cached_property
 
 from dsforge.compiler.ds_settings import emitted_checkpointing_block, on_cpu
 from dsforge.compiler.estimate import activations as act
-from dsforge.compiler.estimate.model_states import model_states
+from dsforge.compiler.estimate.model_states import megatron_states, model_states
+from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.estimate.shares import layer_kinds, stage_chunks, stage_share
 from dsforge.compiler.estimate.zero_config import ZeroSettings, zero_settings
 from dsforge.compiler.params import padded_vocab
@@ -92,8 +94,9 @@ def activation_shape(plan: Plan) -> act.ActivationShape:
     return act.ActivationShape(
         micro_batch=t.micro_batch, seq_len=plan.model.seq_len, tp=plan.degrees.tp, cp=plan.degrees.cp,
         sequence_parallel=p.sequence_parallel and plan.degrees.tp > 1,
-        element_bytes=4 if t.precision == "fp32" else 2, kernels=act.HF_SDPA,
-        partition_checkpoints=partitions_checkpoints(plan))
+        element_bytes=4 if t.precision == "fp32" else 2, kernels=profile_of(plan.spec.stack).kernels,
+        partition_checkpoints=partitions_checkpoints(plan),
+        experts_split=profile_of(plan.spec.stack).experts_split_over_tp)
 
 
 def partitions_checkpoints(plan: Plan) -> bool:
@@ -137,7 +140,7 @@ def _activations(plan: Plan, stage: int, shape: act.ActivationShape, m: int, per
     chunk_flight = -(-flight // chunks)  # micro-batches of the first/last chunk in flight
     total = flight * per_mb / chunks
     total += max((per.working_set[moe] for moe in kinds), default=0.0)
-    if d.pp > 1 and stage < d.pp - 1:
+    if d.pp > 1 and stage < d.pp - 1 and profile_of(plan.spec.stack).pipeline_output_buffers:
         # the pipeline engine keeps each in-flight chunk's output until its backward (DeepSpeed
         # PipelineEngine pipe_buffers["outputs"]); no layer saves it, so it comes on top
         total += flight * shape.tokens * model.hidden * shape.element_bytes / shape.sp_div
@@ -163,7 +166,12 @@ def stage_memory(plan: Plan, stage: int, z: ZeroSettings, m: int, per: _PerLayer
     d = plan.degrees
     kinds = layer_kinds(plan, stage)
     share = stage_share(plan, stage, z.persistence_threshold, kinds)
-    states = model_states(share, z, d.dp * d.cp, max(1, d.expert_dp), m)
+    prof = profile_of(plan.spec.stack)
+    if prof.name == "dsforge":
+        states = model_states(share, z, d.dp * d.cp, max(1, d.expert_dp), m)
+    else:
+        states = megatron_states(share, z, d.dp * d.cp, max(1, d.expert_dp), prof.fp32_main_grads,
+                                 prof.distributed_optimizer)
     shape = activation_shape(plan)
     activ, logits = _activations(plan, stage, shape, m, per or _PerLayer.of(plan, shape), kinds)
     moments = {name: _with_reserve(plan, {**dict.fromkeys(DEVICE_COMPONENTS[:-1], 0.0), **values})
@@ -186,6 +194,10 @@ def estimate_memory(plan: Plan) -> MemoryEstimate:
     m = micro_batches(plan)
     per = _PerLayer.of(plan, activation_shape(plan))
     stages = [stage_memory(plan, s, z, m, per) for s in range(plan.degrees.pp)]
+    stack = plan.spec.stack
     notes = (f"reserve: {'CPU 0.45 GB' if on_cpu(plan) else 'GPU 2 GB + 5 % fragmentation'}",
-             "activations: dsforge's HF models (SDPA flash attention, no dropout, HF norms and activations)")
+             "activations: dsforge's HF models (SDPA flash attention, no dropout, HF norms and activations)"
+             if stack == "dsforge" else
+             f"stack {stack}: TE flash attention, fused norms/SwiGLU/GELU, fused vocab-parallel cross-entropy, "
+             "no pipeline output buffers, experts split over TP, distributed optimizer (zero: 1)")
     return MemoryEstimate(stages, plan.spec.hardware.accelerator.memory_gb * 1e9, m, notes)

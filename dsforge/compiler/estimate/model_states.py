@@ -192,3 +192,23 @@ def _zero3(share: RankParams, pn: float, b: int, k: int, z: ZeroSettings) -> Mod
         return ModelStates(_states(params, grads, 0.0, gathered), _states(params, grads, 0.0), host)
     return ModelStates(_states(params, grads, optimizer, gathered),
                        _states(params, grads + FP32 * pn, optimizer), host)
+
+
+def megatron_states(share: RankParams, z: ZeroSettings, n_dense: int, n_expert: int, fp32_grads: bool,
+                    distributed: bool) -> ModelStates:
+    """Model states under Megatron-Core (the `megatron-te` stack): 16-bit weights, a contiguous main-grad
+    buffer (fp32 with ``fp32_grads``, megatron/core/distributed/param_and_grad_buffer.py) and fp32 master
+    weights and moments, sharded over data parallelism with the distributed optimizer (zero: 1):
+    docs/source/api-guide/dist_optimizer.md gives 6 + 12/d bytes per parameter for bf16 weights and fp32
+    grads (18 without), which this reproduces; dense parameters shard over dp x cp, experts over expert-dp."""
+    b, k = z.weight_bytes, z.optimizer_bytes
+    p = share.dense + share.expert
+    grads = (4 if fp32_grads or b == 4 else b) * p
+    master = 0 if b == 4 else 4
+    per = master + k
+    if distributed and z.stage >= 1:
+        optimizer = per * (share.dense / max(1, n_dense) + share.expert / max(1, n_expert))
+    else:
+        optimizer = per * p
+    same = _states(b * p, grads, optimizer)
+    return ModelStates(same, dict(same), step=dict(same))

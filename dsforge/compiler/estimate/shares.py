@@ -39,7 +39,8 @@ def kv_heads_per_rank(model: ResolvedModel, tp: int) -> float:
     return kv / tp if kv >= tp else 1.0
 
 
-def _tensor_sizes(model: ResolvedModel, moe: bool, tp: int, ep: int) -> tuple[list[float], list[float], int]:
+def _tensor_sizes(model: ResolvedModel, moe: bool, tp: int, ep: int,
+                  expert_tp: int = 1) -> tuple[list[float], list[float], int]:
     """Rank-local element counts of every parameter tensor of one layer: (dense tensors, the tensors of one
     expert, the number of experts on the rank); the experts are counted, not listed (a layer may hold millions).
 
@@ -63,7 +64,7 @@ def _tensor_sizes(model: ResolvedModel, moe: bool, tp: int, ep: int) -> tuple[li
             dense += _mlp_sizes(model, model.moe.shared_ffn_hidden, tp)
         if model.moe.shared_experts and shared_gate(model):
             dense.append(h)  # Qwen2-MoE's shared-expert gate, replicated
-        expert = _mlp_sizes(model, model.moe.ffn_hidden, 1)  # whole experts on every TP rank
+        expert = _mlp_sizes(model, model.moe.ffn_hidden, expert_tp)  # dsforge: whole experts on every TP rank
         experts = model.moe.experts // max(ep, 1)
     else:
         dense += _mlp_sizes(model, model.ffn_hidden, tp)
@@ -80,12 +81,20 @@ def _mlp_sizes(model: ResolvedModel, ffn: int, tp: int) -> list[float]:
     return sizes
 
 
-def kind_share(model: ResolvedModel, moe: bool, tp: int, ep: int, threshold: float) -> RankParams:
-    """Rank-local parameters of a dense or an MoE layer (every layer of one kind is the same)."""
-    dense, one_expert, experts = _tensor_sizes(model, moe, tp, ep)
+def kind_share(model: ResolvedModel, moe: bool, tp: int, ep: int, threshold: float, expert_tp: int = 1) -> RankParams:
+    """Rank-local parameters of a dense or an MoE layer (every layer of one kind is the same); ``expert_tp``
+    splits each expert's matrices (Megatron-Core's expert tensor parallelism; 1 in dsforge's runtime)."""
+    dense, one_expert, experts = _tensor_sizes(model, moe, tp, ep, expert_tp)
     expert = experts * sum(one_expert)
     small = sum(n for n in dense if n <= threshold) + experts * sum(n for n in one_expert if n <= threshold)
     return RankParams(sum(dense), expert, sum(dense) + expert, small)
+
+
+def gathered_tensors(model: ResolvedModel, moe: bool, tp: int, ep: int, threshold: float) -> tuple[int, int]:
+    """(dense, expert) tensors of one layer above ZeRO-3's persistence threshold: each is fetched by its own
+    all-gather call (DeepSpeed stage3 fetches parameters module by module; persistent ones stay whole)."""
+    dense, one_expert, experts = _tensor_sizes(model, moe, tp, ep)
+    return sum(n > threshold for n in dense), experts * sum(n > threshold for n in one_expert)
 
 
 def layer_kinds(plan: Plan, stage: int) -> dict[bool, int]:
@@ -141,6 +150,12 @@ def _starts(layers: list[int]) -> list[int]:
     return _last_starts[1]
 
 
+def _experts_split(plan: Plan) -> bool:
+    from dsforge.compiler.estimate.stacks import profile_of  # stacks imports activations, which imports this
+
+    return profile_of(plan.spec.stack).experts_split_over_tp
+
+
 def stage_share(plan: Plan, stage: int, threshold: float, kinds: dict[bool, int] | None = None) -> RankParams:
     """All parameters one rank of ``stage`` holds: its layers, plus embedding/head where they live.
 
@@ -151,7 +166,7 @@ def stage_share(plan: Plan, stage: int, threshold: float, kinds: dict[bool, int]
     dense = expert = small = largest = 0.0
     for moe, count in (kinds or layer_kinds(plan, stage)).items():
         if count:
-            s = kind_share(model, moe, d.tp, d.ep, threshold)
+            s = kind_share(model, moe, d.tp, d.ep, threshold, d.tp if _experts_split(plan) else 1)
             dense, expert, small = dense + count * s.dense, expert + count * s.expert, small + count * s.small
             largest = max(largest, s.total)
     norms = [float(model.hidden)] * (2 if has_bias(model) else 1)

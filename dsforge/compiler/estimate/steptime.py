@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dsforge.compiler.estimate import comm, flops
+from dsforge.compiler.estimate.compute import DEFAULT_GEMM_EFFICIENCY, Rates, chunk_time, rates
 from dsforge.compiler.estimate.comm import Collective
 from dsforge.compiler.estimate.schedule import Timeline, simulate
 from dsforge.compiler.estimate.shares import stage_chunks, stage_share
@@ -31,9 +32,8 @@ from dsforge.compiler.estimate.zero_config import zero_settings
 from dsforge.compiler.params import is_moe_layer
 from dsforge.compiler.plan import Plan
 
-#: Used when neither the preset nor the job gives accelerator.achievable_fraction: the middle of the
-#: 0.4-0.6 range large published runs imply for their kernels (see the hardware presets).
-DEFAULT_ACHIEVABLE_FRACTION = 0.5
+#: Kept for callers of the old constant: the GEMM efficiency an accelerator that states none is given.
+DEFAULT_ACHIEVABLE_FRACTION = DEFAULT_GEMM_EFFICIENCY
 
 
 class EstimateError(ValueError):
@@ -54,16 +54,9 @@ class Pass:
 
 
 def achievable_fraction(plan: Plan) -> tuple[float, str]:
-    """The assumed fraction of dense peak the kernels reach, and where it came from."""
-    value = plan.spec.hardware.accelerator.achievable_fraction
-    if value is not None:
-        return value, "hardware.accelerator.achievable_fraction"
-    return DEFAULT_ACHIEVABLE_FRACTION, "dsforge default (no value for this accelerator)"
-
-
-def _hidden(comm_s: float, overlap: str, cover_s: float) -> float:
-    """Exposed part of ``comm_s`` seconds that may overlap ``cover_s`` seconds of compute."""
-    return max(0.0, comm_s - cover_s) if overlap != "none" else comm_s
+    """The fraction of dense peak compute-bound kernels are taken to reach, and where it came from."""
+    r = rates(plan, 1.0)
+    return r.fraction, r.source
 
 
 def _units(op: Collective, layers: int, moe_layers: int, first: bool, last: bool, share: float) -> float:
@@ -76,26 +69,49 @@ def _units(op: Collective, layers: int, moe_layers: int, first: bool, last: bool
 _ChunkCounts = tuple[int, int, bool, bool, float]
 
 
-def _pass(ops: list[Collective], phase: str, compute_s: float, attention_s: float, counts: _ChunkCounts) -> Pass:
-    """Build one pass: its compute plus the exposed time of the ops of this phase."""
+def _exposed_per_link(timed: list[tuple[Collective, float]], compute_s: float, attention_s: float) -> dict[str, float]:
+    """Exposed seconds by group of collectives that run in one pass, summed per link before the cover is taken.
+
+    Collectives on one link share its bandwidth, so what overlaps compute is hidden only while their sum fits
+    the pass's compute (those tagged "attention" only the attention core's); a synchronous one ("none") is
+    on the critical path whole. Each link's exposed time is shared among its groups by their busy time.
+    """
     exposed: dict[str, float] = {}
+    by_link: dict[str, list[tuple[Collective, float]]] = {}
+    for op, sec in timed:
+        if op.overlap == "none":
+            exposed[op.group] = exposed.get(op.group, 0.0) + sec
+        else:
+            by_link.setdefault(op.link.name, []).append((op, sec))
+    for ops in by_link.values():
+        busy = sum(sec for _, sec in ops)
+        attention = sum(sec for op, sec in ops if op.overlap == "attention")
+        late = max(max(0.0, attention - attention_s), busy - compute_s, 0.0)
+        for op, sec in ops:
+            exposed[op.group] = exposed.get(op.group, 0.0) + (late * sec / busy if busy > 0 else 0.0)
+    return exposed
+
+
+def _pass(ops: list[Collective], phase: str, compute_s: float, attention_s: float, counts: _ChunkCounts) -> Pass:
+    """Build one pass: its compute plus the exposed time of the ops of this phase (summed per link)."""
+    timed = []
     for op in ops:
         if op.phase != phase or op.overlap == "dependency":
             continue
         n = _units(op, *counts)
-        if n <= 0:
-            continue
-        cover = attention_s if op.overlap == "attention" else compute_s
-        exposed[op.group] = exposed.get(op.group, 0.0) + _hidden(op.seconds * n, op.overlap, cover)
-    return Pass(compute_s, exposed)
+        if n > 0:
+            timed.append((op, op.seconds * n))
+    return Pass(compute_s, _exposed_per_link(timed, compute_s, attention_s))
 
 
-def stage_passes(plan: Plan, stage: int, speed: float) -> tuple[list[Pass], list[Pass]]:
-    """Forward and backward passes of each chunk rank ``stage`` holds; ``speed`` is achieved FLOP/s."""
+def stage_passes(plan: Plan, stage: int, speed: float | Rates) -> tuple[list[Pass], list[Pass]]:
+    """Forward and backward passes of each chunk rank ``stage`` holds, at ``speed``: the compute `Rates`
+    (`compute.rates`), or a FLOP/s figure that every FLOP runs at."""
     assert plan.degrees is not None
     d, model = plan.degrees, plan.model
+    r = speed if isinstance(speed, Rates) else Rates(speed, 1.0, 1.0, 0.0, 1.0, 1.0, "FLOP/s given")
     ops = comm.model_parallel(plan) + [o for o in comm.data_parallel(plan, stage) if o.scope == "micro-batch"]
-    recompute_ops = [o for o in ops if o.phase == "forward" and o.scope != "micro-batch"]
+    recompute_ops = [o for o in ops if o.phase == "forward" and (o.scope != "micro-batch" or refetched(o))]
     if plan.spec.training.recompute == "full":  # the recomputed forward repeats its collectives
         ops = ops + [Collective(o.group, o.op, o.purpose, "backward", o.scope, o.payload_bytes, o.group_size,
                                 o.link, o.overlap, o.repeat) for o in recompute_ops]
@@ -104,13 +120,18 @@ def stage_passes(plan: Plan, stage: int, speed: float) -> tuple[list[Pass], list
     fwd, bwd = [], []
     for j, (first_layer, count) in enumerate(chunks):
         k = j * d.pp + stage
-        f = flops.chunk_flops(plan, first_layer, count, k == 0, k == last_chunk)
+        c = chunk_time(plan, first_layer, count, k == 0, k == last_chunk, r)
         moe = sum(is_moe_layer(model, i) for i in range(first_layer, first_layer + count))
         counts: _ChunkCounts = (count, moe, k == 0, k == last_chunk, 1.0 / len(chunks))
-        attn = f.attention_forward / speed
-        fwd.append(_pass(ops, "forward", f.forward / speed, attn, counts))
-        bwd.append(_pass(ops, "backward", f.backward / speed, 2 * attn, counts))
+        fwd.append(_pass(ops, "forward", c.forward_s, c.attention_s, counts))
+        bwd.append(_pass(ops, "backward", c.backward_s, 2 * c.attention_s, counts))
     return fwd, bwd
+
+
+def refetched(op: Collective) -> bool:
+    """True for ZeRO-3's forward parameter gather, which a full recompute repeats: the recomputed forward
+    fetches the partitioned weights again (stage3 releases them after each module's forward)."""
+    return op.group in ("dp-cp", "edp") and op.op == "all-gather" and op.phase == "forward"
 
 
 def optimizer_seconds(plan: Plan, stage: int) -> float:
@@ -137,9 +158,7 @@ def stage_tail(plan: Plan, stage: int, last_backward_s: float) -> dict[str, floa
     ops = [o for o in comm.data_parallel(plan, stage) if o.scope == "step"]
     if stage in (0, plan.degrees.pp - 1):
         ops += [o for o in comm.pipeline_parallel(plan) if o.scope == "step"]
-    tail: dict[str, float] = {}
-    for op in ops:
-        tail[op.group] = tail.get(op.group, 0.0) + _hidden(op.seconds, op.overlap, last_backward_s)
+    tail = _exposed_per_link([(op, op.seconds) for op in ops], last_backward_s, 0.0)
     tail["optimizer"] = optimizer_seconds(plan, stage)
     return tail
 
@@ -204,8 +223,9 @@ def estimate_step(plan: Plan) -> StepTime:
     peak = flops.dense_peak_flops(spec.hardware.accelerator, spec.training.precision)
     if peak <= 0:
         raise EstimateError(f"{spec.hardware.accelerator.name} has no {spec.training.precision} peak")
-    frac, source = achievable_fraction(plan)
-    passes = [stage_passes(plan, s, peak * frac) for s in range(plan.degrees.pp)]
+    rate = rates(plan, peak)
+    frac, source = rate.fraction, rate.source
+    passes = [stage_passes(plan, s, rate) for s in range(plan.degrees.pp)]
     fwd, bwd = [p[0] for p in passes], [p[1] for p in passes]
     pp_ops = [o for o in comm.pipeline_parallel(plan) if o.overlap == "dependency"]
     transfer = pp_ops[0].seconds if pp_ops else 0.0

@@ -13,7 +13,7 @@ from dsforge.compiler.estimate import comm, flops
 from dsforge.compiler.estimate.comm import Collective
 from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
 from dsforge.compiler.estimate.shares import stage_chunks, stage_share
-from dsforge.compiler.estimate.steptime import StepTime, estimate_step
+from dsforge.compiler.estimate.steptime import StepTime, estimate_step, refetched
 from dsforge.compiler.params import is_moe_layer, layer_params, mlp_params, total_params
 from dsforge.compiler.plan import Plan
 
@@ -37,7 +37,8 @@ def _units(plan: Plan, stage: int, op: Collective, m: int) -> float:
     assert plan.degrees is not None
     model, last = plan.model, len(plan.stage_layers) - 1
     chunks = [(j * plan.degrees.pp + stage, first, n) for j, (first, n) in enumerate(stage_chunks(plan, stage))]
-    full = plan.spec.training.recompute == "full" and op.phase == "forward" and op.scope in _REPEATED_BY_RECOMPUTE
+    full = plan.spec.training.recompute == "full" and op.phase == "forward" and (
+        op.scope in _REPEATED_BY_RECOMPUTE or refetched(op))
     if op.scope == "layer":
         per_mb = float(sum(n for _, _, n in chunks))
     elif op.scope == "moe-layer":

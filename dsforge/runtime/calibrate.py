@@ -1,0 +1,176 @@
+"""`dsforge calibrate`: measure this machine's GEMM, memory and collective rates into a hardware file.
+
+What is measured, and how each figure enters the cost model (dsforge/compiler/estimate/compute.py, comm.py):
+
+* GEMM rate by size and precision: square matmuls of n = 32 ... 1024 (median of repeats); the best rate
+  is the accelerator's peak for that precision (``fp32_tflops``/``bf16_tflops``) and ``gemm_efficiency`` is
+  1, so the roofline and the per-operation cost, both measured too, must explain the smaller sizes (the
+  file lists the measured rate of every size beside the model's prediction for it);
+* memory bandwidth: a copy of a 64 MiB tensor (read + write) is ``hbm_gbs`` with ``memory_efficiency`` 1;
+* per-operation cost: an elementwise op on a tiny tensor through autograd, forward and backward, divided
+  by the operations dispatched: ``op_overhead_us``;
+* collectives over the real backend (gloo on CPU, NCCL on GPU) with ``ranks`` processes on this node:
+  all-reduce by message size, fitted to the ring model 2(n-1)·alpha + 2(n-1)/n·bytes/beta by least squares:
+  ``intra_node.latency_us`` = alpha and ``bandwidth_gbs`` = beta (``bus_efficiency`` 1: beta is already what
+  the backend achieves). One node only: ``inter_node`` is written equal to ``intra_node`` and says so.
+
+The output is a job-file fragment (`hardware:` only) that a job uses through ``extends:``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+GEMM_SIZES = (32, 64, 128, 256, 512, 1024)
+MESSAGE_BYTES = tuple(2 ** k for k in range(10, 23, 2))  # 1 KiB ... 4 MiB
+
+
+def _median_seconds(fn: Callable[[], Any], repeats: int, inner: int = 1) -> float:
+    """Median wall seconds of ``inner`` calls of ``fn`` over ``repeats`` timed runs (one warm-up)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        times.append((time.perf_counter() - start) / inner)
+    return statistics.median(times)
+
+
+def gemm_rates(dtype: torch.dtype, device: str, sizes: tuple[int, ...] = GEMM_SIZES) -> dict[int, float]:
+    """FLOP/s of an n x n x n matmul for each n (2n^3 FLOPs per call)."""
+    rates = {}
+    for n in sizes:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        inner = max(1, int(2e7 // n ** 3))
+        seconds = _median_seconds(lambda: torch.matmul(a, b), 5, inner)
+        rates[n] = 2.0 * n ** 3 / seconds
+    return rates
+
+
+def memory_bandwidth(device: str, size_bytes: int = 64 << 20) -> float:
+    """Bytes per second of a tensor copy (bytes read plus bytes written)."""
+    src = torch.empty(size_bytes // 4, dtype=torch.float32, device=device).normal_()
+    dst = torch.empty_like(src)
+    seconds = _median_seconds(lambda: dst.copy_(src), 7)
+    return 2.0 * size_bytes / seconds
+
+
+def op_overhead(device: str, ops: int = 200) -> float:
+    """Seconds per dispatched operation: a chain of tiny elementwise ops, forward and backward."""
+    x = torch.ones(4, 4, device=device, requires_grad=True)
+
+    def chain() -> None:
+        y = x
+        for _ in range(ops):
+            y = y * 1.0001
+        y.sum().backward()
+
+    # forward ops (multiplications and the sum) plus their backward ops, as a profile counts them
+    return _median_seconds(chain, 5) / (2 * ops + 2)
+
+
+def _collective_worker(rank: int, world: int, init: str, out: str, backend: str) -> None:
+    """One rank of the collective benchmark: all-reduce by size; rank 0 writes the medians."""
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+    device = f"cuda:{rank}" if backend == "nccl" else "cpu"
+    rows = []
+    for size in MESSAGE_BYTES:
+        t = torch.ones(size // 4, dtype=torch.float32, device=device)
+
+        def call() -> None:
+            dist.all_reduce(t)
+            if backend == "nccl":
+                torch.cuda.synchronize()
+
+        dist.barrier()
+        rows.append((size, _median_seconds(call, 7, 3)))
+    if rank == 0:
+        Path(out).write_text("\n".join(f"{s} {sec}" for s, sec in rows), encoding="utf-8")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def collective_fit(ranks: int, backend: str) -> tuple[float, float, list[tuple[int, float]]]:
+    """(alpha seconds, beta bytes/s, measured rows) of the ring all-reduce model fitted over message sizes."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.txt")
+        mp.spawn(_collective_worker, args=(ranks, f"file://{tmp}/store", out, backend), nprocs=ranks, join=True)
+        rows = [(int(a), float(b)) for a, b in (line.split() for line in Path(out).read_text().splitlines())]
+    n = ranks
+    xs = [2 * (n - 1) / n * s for s, _ in rows]  # bytes on the wire
+    ys = [sec for _, sec in rows]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    intercept = max(0.0, my - slope * mx)
+    return intercept / (2 * (n - 1)), 1.0 / slope if slope > 0 else float("inf"), rows
+
+
+def _host_ram_gb() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+
+
+def calibrate(ranks: int = 2) -> dict[str, Any]:
+    """Measure this machine (CPU ranks over gloo, or its GPUs over NCCL) and return the hardware mapping."""
+    on_gpu = torch.cuda.is_available()
+    device = "cuda" if on_gpu else "cpu"
+    if on_gpu:
+        ranks = min(ranks, torch.cuda.device_count())
+    fp32 = gemm_rates(torch.float32, device)
+    bf16 = gemm_rates(torch.bfloat16, device, GEMM_SIZES if on_gpu else GEMM_SIZES[:4])  # CPU bf16 is slow
+    bandwidth = memory_bandwidth(device)
+    overhead = op_overhead(device)
+    alpha, beta, rows = collective_fit(ranks, "nccl" if on_gpu else "gloo") if ranks > 1 else (0.0, 1e12, [])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    name = torch.cuda.get_device_name(0) if on_gpu else "cpu"
+    memory_gb = (torch.cuda.get_device_properties(0).total_memory / 1e9) if on_gpu else _host_ram_gb() / ranks
+    link = {"bandwidth_gbs": round(beta / 1e9, 4), "latency_us": round(alpha * 1e6, 2), "bus_efficiency": 1.0}
+    return {
+        "measured": {"fp32_gemm_tflops": {n: r / 1e12 for n, r in fp32.items()},
+                     "bf16_gemm_tflops": {n: r / 1e12 for n, r in bf16.items()},
+                     "copy_gbs": bandwidth / 1e9, "op_overhead_us": overhead * 1e6,
+                     "all_reduce_seconds": rows, "ranks": ranks, "cores": cores,
+                     "host": platform.node(), "torch": torch.__version__,
+                     "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+        "hardware": {
+            "nodes": 1, "gpus_per_node": ranks, "host_cores": cores, "host_ram_gb": round(_host_ram_gb(), 2),
+            "accelerator": {"name": name, "memory_gb": round(memory_gb, 2),
+                            "fp32_tflops": round(max(fp32.values()) / 1e12, 6),
+                            "bf16_tflops": round(max(bf16.values()) / 1e12, 6),
+                            "fp16_tflops": 0 if not on_gpu else round(max(bf16.values()) / 1e12, 6),
+                            "hbm_gbs": round(bandwidth / 1e9, 3), "gemm_efficiency": 1.0,
+                            "memory_efficiency": 1.0, "op_overhead_us": round(overhead * 1e6, 3)},
+            "intra_node": link, "inter_node": dict(link)},
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    """The hardware file: a commented `hardware:` fragment for `extends:`."""
+    import yaml
+
+    m = result["measured"]
+    lines = [f"# written by `dsforge calibrate` on {m['host']} at {m['when']} (torch {m['torch']}, {m['ranks']} ranks, "
+             f"{m['cores']} cores)",
+             "# use it from a job file: `extends: <this file>` (keys of the job override it)",
+             "# measured GEMM TFLOP/s by n (n x n x n): fp32 "
+             + ", ".join(f"{n}: {r:.4g}" for n, r in m["fp32_gemm_tflops"].items()),
+             "#   bf16 " + ", ".join(f"{n}: {r:.4g}" for n, r in m["bf16_gemm_tflops"].items()),
+             f"# tensor copy {m['copy_gbs']:.2f} GB/s; {m['op_overhead_us']:.2f} us per dispatched operation",
+             "# all-reduce seconds by bytes: " + ", ".join(f"{s}: {sec:.3g}" for s, sec in m["all_reduce_seconds"]),
+             "# inter_node: one node was measured; it repeats intra_node"]
+    return "\n".join(lines) + "\n" + yaml.safe_dump({"hardware": result["hardware"]}, sort_keys=False)
