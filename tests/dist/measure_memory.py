@@ -10,8 +10,8 @@ dsforge's estimate:
 * "runtime": the same for the model dsforge's runtime trains (build_parallel_model, then the job's
   recompute as the engine applies it) for `runtime_job_yaml(tp, recompute)`: tiny-llama at tp 1 and 2
   (tp 2 once without and once with sequence parallelism), recompute none/selective/full;
-* "weights16": model states of the runtime's engine for a job whose weights arrive in bf16 (bf16 with
-  ZeRO 0 and 1, fp32 with ZeRO 1), and the dtypes of its parameters and of the optimizer's master weights;
+* "weights16": model states of the runtime's engine for a job whose weights arrive in bf16 (bf16 and fp32,
+  ZeRO 1), and the dtypes of its parameters and of the optimizer's master weights;
 * "ring": the decoder layers of tiny-llama at S=1024 with ring attention over cp=2 (per rank), and the
   same model on the whole sequence with SDPA on one rank (cp=1);
 * "states": model-state bytes of a DeepSpeed engine (ZeRO 0-3, fp32 and bf16) started with the
@@ -354,7 +354,7 @@ def main() -> None:
                       for tp, sp in ((1, False), (2, False), (2, True)) for recompute in ("none", "selective", "full")}
     out["ring"] = {"cp2-ring": measure_runtime(runtime_job_yaml(cp=2, seq=1024)),
                    "cp1-sdpa": measure_runtime(runtime_job_yaml(seq=1024))}
-    out["weights16"] = {f"{p}-zero{z}": measure_16bit_weights(z, p) for p, z in (("bf16", 0), ("bf16", 1), ("fp32", 1))}
+    out["weights16"] = {f"{p}-zero{z}": measure_16bit_weights(z, p) for p, z in (("bf16", 1), ("fp32", 1))}
     print(f"runtime, ring and 16-bit weights done at {time.perf_counter() - start:.1f} s", flush=True)
     out["hf"] = {f"{preset}-{name}": measure_hf(preset, dtype) for preset in ("tiny-llama", "tiny-gpt2", "tiny-mixtral")
                  for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
