@@ -85,3 +85,23 @@ def test_layouts_the_runtime_cannot_run_exactly_are_refused_at_plan_time(job):
     spec, plan = job(one, {"dp": 2, "ep": 2})
     with pytest.raises(RewriteError, match="top-1 routing renormalised to weight 1 has no DeepSpeed twin"):
         plan_rewrite(spec.model, plan)
+
+
+def test_context_parallel_attention_refuses_what_it_would_drop():
+    """Ring/Ulysses attention is plain causal attention: soft-capping or a shorter sliding window is refused."""
+    import torch
+    from torch import nn
+
+    from dsforge.runtime import hf_attention
+
+    module = nn.Module()
+    setattr(module, hf_attention._ATTR, lambda q, k, v, scale: q.transpose(1, 2))
+    setattr(module, hf_attention._SIZE, 2)
+    q = torch.zeros(1, 2, 8, 4)  # 8 local tokens of 16
+    with pytest.raises(hf_attention.ContextParallelError, match="soft-caps its attention scores"):
+        hf_attention._attention(module, q, q, q, None, softcap=50.0)
+    with pytest.raises(hf_attention.ContextParallelError, match="sliding window of 8 tokens, shorter than the "
+                                                                "sequence of 16"):
+        hf_attention._attention(module, q, q, q, None, sliding_window=8)
+    out, _ = hf_attention._attention(module, q, q, q, None, sliding_window=16, softcap=None)
+    assert out.shape == (1, 8, 2, 4)
