@@ -239,9 +239,31 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+#: Modules the sequence-parallel rewrite (dsforge.runtime.rewrite.sequence) wraps a block in; the wrapped
+#: module is their first child, so a dense module name is found by looking through them.
+WRAPPERS = ("SequenceRegion", "SequenceEntry", "SequenceExit")
+
+
+def _unwrap(module: nn.Module) -> nn.Module:
+    while type(module).__name__ in WRAPPERS and module._modules:
+        module = next(iter(module._modules.values()))
+    return module
+
+
+def submodule(root: nn.Module, name: str) -> nn.Module:
+    """The module a dense model's qualified ``name`` denotes in the rewritten tree (through SP wrappers)."""
+    module = _unwrap(root)
+    for part in name.split(".") if name else []:
+        child = module._modules.get(part)
+        if child is None:
+            raise AttributeError(f"{type(module).__name__} has no submodule {part!r} (looking for {name})")
+        module = _unwrap(child)
+    return module
+
+
 def _param_slot(root: nn.Module, qualified: str) -> tuple[nn.Module, str]:
     mod_name, _, attr = qualified.rpartition(".")
-    return (root.get_submodule(mod_name) if mod_name else root), attr
+    return submodule(root, mod_name), attr
 
 
 def rank_targets(model: nn.Module, rp: RewritePlan, tp_rank: int, only: set[str] | None = None) -> list[Target]:
@@ -256,11 +278,13 @@ def rank_targets(model: nn.Module, rp: RewritePlan, tp_rank: int, only: set[str]
             block_name, moe = block
             targets += _moe_targets(entry, block_name, moe, moe_blocks)
             continue
-        module = model.get_submodule(entry.name)
+        module = submodule(model, entry.name)
         for p in entry.params:
             owner = entry.owners.get(p.name, _join(entry.name, p.name))
             holder, attr = _param_slot(module, p.name)
-            transpose = entry.kind == "conv1d" and p.name == "weight" and entry.variant in ("column", "row")
+            # A rewritten HF Conv1D (weight stored in x out) holds (out, in); one left as it is (tp = 1) does not.
+            transpose = (entry.kind == "conv1d" and p.name == "weight" and entry.variant in ("column", "row")
+                         and type(holder).__name__ != "Conv1D")
             targets.append(Target(holder, attr, owner, p.shape, p.dim, owned_ranges(entry, p, tp_rank, rp.tp),
                                   transpose))
     return targets
@@ -272,7 +296,7 @@ def _replaced_block(model: nn.Module, name: str) -> tuple[str, nn.Module] | None
     for cut in range(len(parts), 0, -1):
         prefix = ".".join(parts[:cut])
         try:
-            module = model.get_submodule(prefix)
+            module = submodule(model, prefix)
         except AttributeError:
             continue
         if type(module).__name__ == "ExpertParallelMoE":

@@ -3,7 +3,8 @@
 One 2-rank world runs every case (starting ranks dominates the cost on two cores):
 
 * the rank's parameters, built on the meta device and filled from the seed, equal the slices
-  ``from_dense`` cuts out of the dense single-process model, bit for bit (tp2 Llama, tp2 GPT-2 with
+  ``from_dense`` cuts out of the dense single-process model, bit for bit (tp2 Llama, with and without
+  sequence parallelism, tp2 GPT-2 with
   its fused Conv1D QKV and tied head, ep2 Mixtral, pp2 Llama, pp2 GPT-2 with the tie across stages);
 * a tiny random HF Llama (one safetensors file) and a Qwen2 (q/k/v biases, tied head, an index of 8
   shards), saved with ``save_pretrained``, fine-tuned under tp=2, pp=2 and ZeRO-3 dp=2: the first
@@ -28,8 +29,9 @@ from tests.runtime.launcher import run
 from tests.runtime_e2e.harness import SGD_DEEPSPEED, run_parallel, training
 
 LOSS_RTOL = 1e-5
-SHARD_CASES = [("tiny-llama", {"tp": 2}), ("tiny-gpt2", {"tp": 2}), ("tiny-mixtral", {"dp": 2, "ep": 2}),
-               ("tiny-llama", {"pp": 2}), ("tiny-gpt2", {"pp": 2})]
+SHARD_CASES = [("tiny-llama", {"tp": 2}), ("tiny-llama", {"tp": 2, "sequence_parallel": True}),
+               ("tiny-gpt2", {"tp": 2}), ("tiny-mixtral", {"dp": 2, "ep": 2}), ("tiny-llama", {"pp": 2}),
+               ("tiny-gpt2", {"pp": 2})]
 PRETRAINED_LAYOUTS = {"tp2": {"tp": 2, "zero": 1}, "pp2": {"pp": 2, "zero": 1}, "zero3-dp2": {"zero": 3}}
 
 
