@@ -58,7 +58,7 @@ def _check(oracle: Any, case: Any, folder: Path, init: bool = False) -> str:
 
 
 @pytest.mark.slow
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.sampled_from(sorted(SEEDS)), ops=OPS)
 def test_validate_accepts_exactly_what_deepspeed_config_accepts(oracle: Any, tmp_path: Path, seed: str,
                                                                ops: list[tuple[str, int, int]]) -> None:

@@ -339,7 +339,10 @@ def optimizer_kernel(ctx: Context) -> Iterator[Finding]:
 
 
 def _zero_value(ctx: Context, key: str) -> Any:
-    return emitted_zero_block(ctx.plan).get(key)
+    """A setting of the merged zero_optimization block as DeepSpeed reads it (its default when absent)."""
+    field = MODELS["zero"][key]
+    value = emitted_zero_block(ctx.plan).get(key, field.default)
+    return value if field.kind == "model" else _read(field, value)
 
 
 def _offload_device(ctx: Context) -> str:
