@@ -104,6 +104,11 @@ NOT_A_LAYOUT: dict[str, str] = {
     "materialize.py:check_real:MaterializeError": "programming error: a parameter left on the meta device",
     "pretrained.py:__init__:PretrainedLoadError": "checkpoint content: model.pretrained unreadable (DSF011-DSF014)",
     "precision.py:match_precision:PrecisionError": "model content: weights of a dtype the job cannot train",
+    "materialize.py:submodule:AttributeError": "programming error: a module the build did not plan",
+    "export.py:_checkpoint:ExportError": "`dsforge export`, not a training start: the checkpoint directory's state",
+    "export.py:assemble_checkpoint:ExportError": "`dsforge export`, not a training start: the checkpoint's content",
+    "export.py:export_checkpoint:ExportError": "`dsforge export`, not a training start: its job directory",
+    "weights_io.py:assemble:ValueError": "checkpoint content: the saved slices do not assemble",
 }
 
 #: Runtime refusals whose rule the runtime_support module adds, with the bad-corpus job that shows it.
