@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import itertools
 
 import pytest
 
 from dsforge.compiler.estimate.memory import estimate_memory
 from dsforge.compiler.estimate.steptime import estimate_step
 from dsforge.compiler.parse import load_job
+from dsforge.compiler.resolved import resolve_model
 from dsforge.compiler.search.bounds import compute_floor_s, edge_memory_bytes, model_state_bytes, pass_floor_s
 from dsforge.compiler.search.engine import _model_seeded, search
 from dsforge.compiler.search.space import apply_layout, layouts, skeletons
-from dsforge.compiler.resolved import resolve_model
 
 #: Small spaces over the axes that matter: pipelines and their schedules, ZeRO, micro-batches, recompute, SP, CP,
 #: EP, the objectives and a deadline.
@@ -93,7 +93,7 @@ def test_ties_go_to_less_model_parallelism(write_job) -> None:
     # orders equal values by tp x pp x cp first
     job = _job(write_job, SPACES["pipeline-schedules"])
     ranked = search(job, exhaustive=True).ranked
-    for a, b in zip(ranked, ranked[1:]):
+    for a, b in itertools.pairwise(ranked):
         assert a.value < b.value or (a.value == b.value and a.layout.tiebreak() <= b.layout.tiebreak())
 
 

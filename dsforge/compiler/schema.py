@@ -152,19 +152,7 @@ class AcceleratorSpec(Section):
     hbm_gbs: float = field(GBS, description="Device memory bandwidth (GB/s).")
     # real kernels reach 0.3-0.7 of peak; below 10^-3 no estimate would mean anything
     achievable_fraction: float | None = field(
-        Optional(Float(ge=1e-3, le=1)), None,
-        "Override: every FLOP of the step at this fraction of peak (replaces the GEMM/memory model below).")
-    # cuBLAS reaches 0.6-0.8 of dense peak on large bf16 GEMMs; a CPU BLAS 0.2-0.9 of its stated peak
-    gemm_efficiency: float | None = field(
-        Optional(Float(ge=1e-3, le=1)), None,
-        "Fraction of dense peak a large matrix multiply reaches (measure it: `dsforge calibrate`).")
-    memory_efficiency: float | None = field(
-        Optional(Float(ge=1e-3, le=1)), None,
-        "Fraction of hbm_gbs that memory-bound kernels (norms, activations, optimizer) reach; default 0.8.")
-    # ~2-5 us per CUDA kernel launch, 5-50 us per eager op on a CPU; 1 s per op would be absurd
-    op_overhead_us: float | None = field(
-        Optional(Float(ge=0, le=1e6)), None,
-        "Fixed cost of one framework operation (dispatch and launch, microseconds); default 0.")
+        Optional(Float(ge=1e-3, le=1)), None, "Fraction of peak a well-tuned transformer step reaches (step-time model).")
 
 
 class LinkSpec(Section):
@@ -173,17 +161,14 @@ class LinkSpec(Section):
     bandwidth_gbs: float = field(GBS, description="Unidirectional bandwidth per GPU (GB/s).")
     # ~1-100 us on real links; 10^9 us is a quarter of an hour per message
     latency_us: float = field(Float(ge=0, le=1e9), description="One-message latency (microseconds).")
-    # NCCL reaches ~0.8 of NVLink's line rate (protocol overhead), ~0.9 of InfiniBand's
-    bus_efficiency: float | None = field(
-        Optional(Float(ge=1e-3, le=1)), None,
-        "Share of bandwidth_gbs a collective's bus bandwidth reaches (NCCL busbw / line rate); default 1.")
 
 
 class HardwareSpec(Section):
     """The machines: a preset and/or nodes, GPUs per node, the accelerator and the two link levels."""
 
     preset: str | None = field(Optional(Str()), None, "A hardware preset (`dsforge presets`); keys below override it.")
-    nodes: int | str = field(AnyOf(Int(ge=1, le=MAX_WORLD), Choice("auto")), 1,
+    # `auto`: resolved by the layout search before any plan is built (validate), so the code after it sees the value
+    nodes: int = field(AnyOf(Int(ge=1, le=MAX_WORLD), Choice("auto")), 1,
                              f"Number of nodes (hosts); nodes x gpus_per_node is at most {MAX_WORLD}; auto: the fewest "
                              "that meet `search.deadline_hours` (objective min_gpus).")
     gpus_per_node: int = field(Int(ge=1, le=MAX_GPUS_PER_NODE),
@@ -192,12 +177,6 @@ class HardwareSpec(Section):
     intra_node: LinkSpec = field(
         Nested(LinkSpec), description="Link between accelerators of one node (NVLink, PCIe, shared memory).")
     inter_node: LinkSpec = field(Nested(LinkSpec), description="Link between nodes (InfiniBand, RoCE, Ethernet), per GPU.")
-    host_ram_gb: float | None = field(Optional(Float(ge=MIN_MEMORY_GB, le=MAX_MEMORY_GB)), None,
-                                      "Host (CPU) memory per node (GB); offloaded states are checked against it.")
-    host_link_gbs: float | None = field(Optional(GBS), None,
-                                        "Host-to-device bandwidth per accelerator (GB/s, PCIe); prices offload.")
-    host_cores: int | None = field(Optional(Int(ge=1, le=MAX_GPUS_PER_NODE)), None,
-                                   "CPU cores per node; on the cpu accelerator, ranks beyond them time-share the cores.")
 
     @classmethod
     def _relations(cls, values: dict[str, Any], path: Path, issues: list[Issue]) -> None:
@@ -210,7 +189,8 @@ class HardwareSpec(Section):
 class ContextParallelSpec(Section):
     """How context parallelism shares one sequence between ranks."""
 
-    kind: Literal["ring", "ulysses", "auto"] = field(
+    # `auto`: resolved by the layout search before any plan is built (validate), so the code after it sees the value
+    kind: Literal["ring", "ulysses"] = field(
         Choice("ring", "ulysses", "auto"), "ring", "ring: K/V exchanged in a ring; ulysses: all-to-all; auto: the search "
                                                     "chooses.")
 
@@ -218,9 +198,10 @@ class ContextParallelSpec(Section):
 class PipelineSpec(Section):
     """The pipeline schedule and how layers are split into stages."""
 
-    schedule: Literal["gpipe", "1f1b", "interleaved", "auto"] = field(
+    # `auto` (here and in virtual_stages): resolved by the layout search before any plan is built (validate), so the code after it sees the value
+    schedule: Literal["gpipe", "1f1b", "interleaved"] = field(
         Choice("gpipe", "1f1b", "interleaved", "auto"), "1f1b", "Pipeline schedule (auto: the search chooses).")
-    virtual_stages: int | str = field(AnyOf(Int(ge=1, le=MAX_STAGES), Choice("auto")), 1,
+    virtual_stages: int = field(AnyOf(Int(ge=1, le=MAX_STAGES), Choice("auto")), 1,
                                       "Model chunks per pipeline rank (interleaved schedule); auto: the search chooses.")
     partition: Literal["parameters", "uniform"] | list[int] = field(
         AnyOf(Choice("parameters", "uniform"), ListOf(Int(ge=1, le=MAX_LAYERS))), "parameters",
@@ -236,7 +217,8 @@ class ParallelSpec(Section):
     cp: int | str = field(DEGREE, 1, "Context-parallel degree (ranks sharing one sequence).")
     ep: int | str = field(DEGREE, 1, "Expert-parallel degree (carved out of dp x cp).")
     zero: int | str = field(AnyOf(Int(ge=0, le=3), Choice("auto")), 0, "ZeRO stage 0-3 (Rajbhandari et al. 2020).")
-    sequence_parallel: bool | str = field(AnyOf(Bool(), Choice("auto")), False,
+    # `auto`: resolved by the layout search before any plan is built (validate), so the code after it sees the value
+    sequence_parallel: bool = field(AnyOf(Bool(), Choice("auto")), False,
                                           "Megatron sequence parallelism inside the TP group (auto: the search chooses).")
     replicate_kv_heads: bool = field(
         Bool(), False, "Allow tp > kv_heads by replicating KV heads (tp must be a multiple of kv_heads).")
@@ -290,10 +272,11 @@ class TrainingSpec(Section):
     """Batch sizes, precision, recomputation, optimizer, schedule, data and checkpoints."""
 
     global_batch: int = field(Int(ge=1, le=MAX_BATCH), 8, "Sequences per optimizer step, over all data-parallel ranks.")
-    micro_batch: int | str = field(AnyOf(Int(ge=1, le=MAX_BATCH), Choice("auto")), 1,
+    # `auto` (here and in recompute): resolved by the layout search before any plan is built (validate), so the code after it sees the value
+    micro_batch: int = field(AnyOf(Int(ge=1, le=MAX_BATCH), Choice("auto")), 1,
                                    "Sequences per rank per forward/backward pass (auto: the search chooses).")
     precision: Literal["bf16", "fp16", "fp32"] = field(Choice("bf16", "fp16", "fp32"), "bf16", "Compute precision.")
-    recompute: Literal["none", "selective", "full", "auto"] = field(
+    recompute: Literal["none", "selective", "full"] = field(
         Choice("none", "selective", "full", "auto"), "none",
         "Activation recomputation (Korthikanti et al. 2022); auto: the search chooses.")
     optimizer: OptimizerSpec = section(OptimizerSpec, "The optimizer and where ZeRO keeps its states.")
@@ -406,10 +389,6 @@ class JobSpec(Section):
 
     version: Literal[1] = field(Choice(1), description="Job-file format version.")
     name: str = field(Str(min_length=1), "job", "Job name (used in file and queue names).")
-    stack: Literal["dsforge", "megatron-te"] = field(
-        Choice("dsforge", "megatron-te"), "dsforge",
-        "What runs the job: dsforge (its runtime, the default) or megatron-te (Megatron-Core with Transformer "
-        "Engine); memory, FLOPs and time follow its kernels.")
     model: ModelSpec = field(Nested(ModelSpec), description="The model to train.")
     hardware: HardwareSpec = field(Nested(HardwareSpec), description="The machines it runs on.")
     parallel: ParallelSpec = section(ParallelSpec, "The parallel layout.")

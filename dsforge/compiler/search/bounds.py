@@ -64,10 +64,11 @@ def compute_floor_s(plan: Plan, hardware_flops: float | None = None) -> float:
     return max(busy, per_micro_batch / (1.0 - (1.0 - 1.0 / m) ** d.pp))
 
 
-def edge_memory_bytes(plan: Plan) -> float:
+def edge_memory_bytes(plan: Plan, stop_above: float = float("inf")) -> float:
     """A lower bound of the busiest rank's device bytes: the larger of the first and the last pipeline stage's
     estimate (the peak is the largest stage; these two hold the embedding, the logits and, in 1F1B, the most
-    micro-batches in flight, so the bound is nearly always the peak itself) at the cost of two stages, not pp."""
+    micro-batches in flight, so the bound is nearly always the peak itself) at the cost of two stages, not pp;
+    the last is skipped when the first already exceeds ``stop_above``."""
     d = plan.degrees
     if d is None:
         return 0.0
@@ -76,7 +77,10 @@ def edge_memory_bytes(plan: Plan) -> float:
         from dsforge.compiler.estimate.zero_config import zero_settings
 
         z, m = zero_settings(plan), micro_batches(plan)
-        return max(stage_memory(plan, s, z, m).device_bytes for s in {0, d.pp - 1})
+        first = stage_memory(plan, 0, z, m).device_bytes
+        if first > stop_above or d.pp == 1:
+            return first
+        return max(first, stage_memory(plan, d.pp - 1, z, m).device_bytes)
     except Exception:  # noqa: BLE001 - a bound is an optimisation: 0 leaves the decision to the full estimate
         return 0.0
 

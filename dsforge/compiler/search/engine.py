@@ -30,7 +30,16 @@ from dsforge.compiler.rules.registry import Context, Rule, checks, run_rules
 from dsforge.compiler.schema import JobSpec
 from dsforge.compiler.search.bounds import compute_floor_s, edge_memory_bytes, model_state_bytes, pass_floor_s
 from dsforge.compiler.search.objective import Objective, objective_of
-from dsforge.compiler.search.space import Layout, apply_layout, auto_keys, layouts, options, skeletons, space_size
+from dsforge.compiler.search.space import (
+    Layout,
+    apply_layout,
+    auto_keys,
+    is_auto,
+    layouts,
+    options,
+    skeletons,
+    space_size,
+)
 from dsforge.diagnostics import Diagnostic, Severity
 
 #: The memory rule: the engine applies its test (peak over capacity) from the estimate it needs anyway, so that
@@ -207,7 +216,7 @@ class _Search:
             return None
         return floor, plan
 
-    def _level1(self, lay: Layout, plan: Plan) -> tuple[float, MemoryEstimate] | None:
+    def _level1(self, lay: Layout, plan: Plan) -> tuple[float, MemoryEstimate | None] | None:
         """Memory: the estimate against search.memory_fraction (DSF301's test above 100 %), then the pass floor."""
         if not plan.layout_ok or plan.placement is None or plan.grad_accum is None or not plan.stage_layers:
             found = self.errors(plan.spec, plan)  # the rules say why the layout does not resolve
@@ -217,7 +226,7 @@ class _Search:
         if self.exhaustive:
             mem = self._memory(lay, plan)
             return (0.0, mem) if mem is not None else None
-        edge = edge_memory_bytes(plan)  # two stages of the estimate: the full one waits until the bounds rank it
+        edge = edge_memory_bytes(plan, self.limit * self.capacity)  # two stages of the estimate: the full one waits until the bounds rank it
         if edge > self.limit * self.capacity:
             util = edge / self.capacity
             self._miss(lay, MEMORY_RULE if util > 1.0 else "memory",
@@ -337,8 +346,8 @@ class _Search:
 
 
 def _node_counts(spec: JobSpec) -> list[int]:
-    if spec.hardware.nodes != "auto":
-        return [int(spec.hardware.nodes)]
+    if not is_auto(spec, ("hardware", "nodes")):
+        return [spec.hardware.nodes]
     return list(range(1, options(spec).max_nodes + 1))
 
 
@@ -364,7 +373,7 @@ def search(job: LoadedJob, errors: Errors | None = None, top: int | None = None,
 
 def _search(job: LoadedJob, spec: JobSpec, errors: Errors, objective: Objective, top: int, exhaustive: bool,
             compare: Layout | None) -> SearchResult | None:
-    funnel, misses = Funnel(), []
+    funnel, misses = Funnel(), list[Miss]()
     tried: list[int] = []
     ranked: list[Evaluated] = []
     fitting: list[Evaluated] = []

@@ -12,9 +12,10 @@ from dsforge.compiler.plan import Plan
 from dsforge.compiler.rules.registry import Context, checks, run_rules
 from dsforge.compiler.schema import JobSpec
 from dsforge.compiler.search.engine import MEMORY_RULE, Evaluated, SearchResult, SpaceTooLarge, search
-from dsforge.compiler.search.space import auto_keys, options, value_at
+from dsforge.compiler.search.space import auto_keys, is_auto, options, value_at
 from dsforge.compiler.suppress import Selection, apply
 from dsforge.diagnostics import Diagnostic, Severity
+
 
 @dataclass
 class Resolution:
@@ -35,7 +36,7 @@ def unresolvable(job: LoadedJob) -> list[Diagnostic]:
     """What the search cannot resolve: `nodes: auto` without objective min_gpus, an objective without its inputs."""
     spec, o = job.spec, options(job.spec)
     out = []
-    if spec.hardware.nodes == "auto" and o.objective != "min_gpus":
+    if is_auto(spec, ("hardware", "nodes")) and o.objective != "min_gpus":
         out.append(_diag("DSF120", job, ("hardware", "nodes"),
                          f"hardware.nodes is `auto` with objective {o.objective}: more GPUs are always faster, so "
                          "only the fewest GPUs that meet a deadline is a question the search can answer",
@@ -79,7 +80,7 @@ def no_fit(job: LoadedJob, result: SearchResult) -> Diagnostic:
     key = result.keys[0] if result.keys else ("parallel",)
     f = result.funnel
     removed = ", ".join(f"{k} {v}" for k, v in sorted(f.removed.items()))
-    nodes = (f" on 1 to {result.nodes_tried[-1]} node(s)" if job.spec.hardware.nodes == "auto" and result.nodes_tried
+    nodes = (f" on 1 to {result.nodes_tried[-1]} node(s)" if is_auto(job.spec, ("hardware", "nodes")) and result.nodes_tried
              else "")
     msg = (f"no layout for the `auto` fields fits{nodes}: {f.considered:,} candidate(s), removed: {removed or 'none'}; "
            f"closest: {_lacks(result)}")

@@ -37,6 +37,11 @@ def value_at(spec: JobSpec, path: tuple[str, ...]) -> Any:
     return node
 
 
+def is_auto(spec: JobSpec, path: tuple[str, ...]) -> bool:
+    """True when the key is `auto` (typed as its resolved type: the search replaces it before planning)."""
+    return bool(value_at(spec, path) == AUTO)
+
+
 def auto_keys(spec: JobSpec) -> list[tuple[str, ...]]:
     """The keys this job leaves to the search (`parallel.dp: auto` alone follows from the world size, no search)."""
     found = [k for k in AUTO_KEYS if value_at(spec, k) == AUTO]
@@ -256,9 +261,9 @@ def written_layout(spec: JobSpec) -> Layout | None:
             par.pipeline.schedule, par.pipeline.virtual_stages, t.micro_batch, t.recompute, spec.hardware.nodes]
     if any(v == AUTO for v in vals):
         return None
+    tp, pp, cp, ep, zero = (int(v) for v in (par.tp, par.pp, par.cp, par.ep, par.zero))
     world = spec.hardware.nodes * spec.hardware.gpus_per_node
-    other = par.tp * par.pp * par.cp
-    dp = par.dp if isinstance(par.dp, int) else world // other
-    return Layout(par.tp, par.pp, dp, par.cp, par.ep, par.zero, par.sequence_parallel, par.context_parallel.kind,
+    dp = par.dp if isinstance(par.dp, int) else world // (tp * pp * cp)
+    return Layout(tp, pp, dp, cp, ep, zero, par.sequence_parallel, par.context_parallel.kind,
                   par.pipeline.schedule, par.pipeline.virtual_stages, t.micro_batch, t.recompute, t.global_batch,
                   spec.hardware.nodes)
