@@ -152,7 +152,19 @@ class AcceleratorSpec(Section):
     hbm_gbs: float = field(GBS, description="Device memory bandwidth (GB/s).")
     # real kernels reach 0.3-0.7 of peak; below 10^-3 no estimate would mean anything
     achievable_fraction: float | None = field(
-        Optional(Float(ge=1e-3, le=1)), None, "Fraction of peak a well-tuned transformer step reaches (step-time model).")
+        Optional(Float(ge=1e-3, le=1)), None,
+        "Override: every FLOP of the step at this fraction of peak (replaces the GEMM/memory model below).")
+    # cuBLAS reaches 0.6-0.8 of dense peak on large bf16 GEMMs; a CPU BLAS 0.2-0.9 of its stated peak
+    gemm_efficiency: float | None = field(
+        Optional(Float(ge=1e-3, le=1)), None,
+        "Fraction of dense peak a large matrix multiply reaches (measure it: `dsforge calibrate`).")
+    memory_efficiency: float | None = field(
+        Optional(Float(ge=1e-3, le=1)), None,
+        "Fraction of hbm_gbs that memory-bound kernels (norms, activations, optimizer) reach; default 0.8.")
+    # ~2-5 us per CUDA kernel launch, 5-50 us per eager op on a CPU; 1 s per op would be absurd
+    op_overhead_us: float | None = field(
+        Optional(Float(ge=0, le=1e6)), None,
+        "Fixed cost of one framework operation (dispatch and launch, microseconds); default 0.")
 
 
 class LinkSpec(Section):
@@ -161,6 +173,10 @@ class LinkSpec(Section):
     bandwidth_gbs: float = field(GBS, description="Unidirectional bandwidth per GPU (GB/s).")
     # ~1-100 us on real links; 10^9 us is a quarter of an hour per message
     latency_us: float = field(Float(ge=0, le=1e9), description="One-message latency (microseconds).")
+    # NCCL reaches ~0.8 of NVLink's line rate (protocol overhead), ~0.9 of InfiniBand's
+    bus_efficiency: float | None = field(
+        Optional(Float(ge=1e-3, le=1)), None,
+        "Share of bandwidth_gbs a collective's bus bandwidth reaches (NCCL busbw / line rate); default 1.")
 
 
 class HardwareSpec(Section):
@@ -177,6 +193,12 @@ class HardwareSpec(Section):
     intra_node: LinkSpec = field(
         Nested(LinkSpec), description="Link between accelerators of one node (NVLink, PCIe, shared memory).")
     inter_node: LinkSpec = field(Nested(LinkSpec), description="Link between nodes (InfiniBand, RoCE, Ethernet), per GPU.")
+    host_ram_gb: float | None = field(Optional(Float(ge=MIN_MEMORY_GB, le=MAX_MEMORY_GB)), None,
+                                      "Host (CPU) memory per node (GB); offloaded states are checked against it.")
+    host_link_gbs: float | None = field(Optional(GBS), None,
+                                        "Host-to-device bandwidth per accelerator (GB/s, PCIe); prices offload.")
+    host_cores: int | None = field(Optional(Int(ge=1, le=MAX_GPUS_PER_NODE)), None,
+                                   "CPU cores per node; on the cpu accelerator, ranks beyond them time-share the cores.")
 
     @classmethod
     def _relations(cls, values: dict[str, Any], path: Path, issues: list[Issue]) -> None:
@@ -389,6 +411,10 @@ class JobSpec(Section):
 
     version: Literal[1] = field(Choice(1), description="Job-file format version.")
     name: str = field(Str(min_length=1), "job", "Job name (used in file and queue names).")
+    stack: Literal["dsforge", "megatron-te"] = field(
+        Choice("dsforge", "megatron-te"), "dsforge",
+        "What runs the job: dsforge (its runtime, the default) or megatron-te (Megatron-Core with Transformer "
+        "Engine); memory, FLOPs and time follow its kernels.")
     model: ModelSpec = field(Nested(ModelSpec), description="The model to train.")
     hardware: HardwareSpec = field(Nested(HardwareSpec), description="The machines it runs on.")
     parallel: ParallelSpec = section(ParallelSpec, "The parallel layout.")
