@@ -52,6 +52,12 @@ def gemma2(m: ResolvedModel) -> nn.Module:
                                          attn_logit_softcapping=5.0)), "eager")
 
 
+def gemma2_wide_heads(m: ResolvedModel) -> nn.Module:
+    """Gemma2 with heads wider than hidden / heads (as Gemma2-2B: 8 heads of 256 channels on hidden 2304)."""
+    from transformers import Gemma2Config
+    return _build(Gemma2Config(**_common(m, head_dim=2 * m.hidden // m.heads, query_pre_attn_scalar=32)), "eager")
+
+
 def gemma3(m: ResolvedModel) -> nn.Module:
     """Gemma3 (text): Gemma2's layout plus per-head q/k norms."""
     from transformers import Gemma3TextConfig

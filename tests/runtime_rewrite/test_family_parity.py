@@ -255,12 +255,14 @@ def _worker(rank: int, world: int, jobs: dict[str, Any]) -> None:
 TP_FAMILIES = ("qwen3", "gemma2", "gemma3", "olmo2", "phi3", "gpt_neox", "mistral", "qwen2", "qwen2_moe", "qwen3_moe",
                "mixtral", "deepseek_v3")
 EP_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral")
+#: Heads wider than hidden / heads (Gemma2-2B: 8 x 256 on hidden 2304): split by the model's head_dim.
+GEMMA2_WIDE = {**FAMILY_JOBS["gemma2"], "factory": "tests.runtime_rewrite.families:gemma2_wide_heads"}
 
 
 @pytest.mark.slow
 def test_every_family_matches_its_dense_model_on_two_ranks(job):
     jobs: dict[str, Any] = {
-        "tp": [job(FAMILY_JOBS[f], {"tp": 2})[0] for f in TP_FAMILIES],
+        "tp": [job(FAMILY_JOBS[f], {"tp": 2})[0] for f in TP_FAMILIES] + [job(GEMMA2_WIDE, {"tp": 2})[0]],
         "corrupt": job(FAMILY_JOBS["qwen3"], {"tp": 2})[0],
         "gemma2": job(FAMILY_JOBS["gemma2"], {"tp": 2})[0],
         "ep": [job(FAMILY_JOBS[f], {"dp": 2, "ep": 2})[0] for f in EP_FAMILIES],

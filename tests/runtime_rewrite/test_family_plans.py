@@ -42,6 +42,15 @@ def test_per_head_and_whole_projection_norms_are_planned_as_such(job):
     assert rp.module("model.layers.0.self_attn.k_norm").params[0].shard == (16,)  # 1 of 2 key heads
 
 
+def test_heads_wider_than_hidden_over_heads_are_split_by_the_models_head_dim(job):
+    wide = {**FAMILY_JOBS["gemma2"], "factory": "tests.runtime_rewrite.families:gemma2_wide_heads"}
+    spec, plan = job(wide, {"tp": 2})
+    rp = plan_rewrite(spec.model, plan)
+    assert rp.head_dim == 32  # the model's, not hidden / heads = 16
+    assert rp.module("model.layers.0.self_attn.q_proj").params[0].shard == (64, 64)  # 2 of 4 heads x 32
+    assert rp.module("model.layers.0.self_attn.o_proj").params[0].shard == (64, 64)
+
+
 def test_unequal_fused_blocks_split_by_their_real_sizes(job):
     spec, plan = job(FAMILY_JOBS["phi3"], {"tp": 2})
     qkv = plan_rewrite(spec.model, plan).module("model.layers.0.self_attn.qkv_proj")

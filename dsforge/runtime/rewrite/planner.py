@@ -219,27 +219,40 @@ def _embedding_problem(module: nn.Module) -> str | None:
             "the lookup and a Gemma-style embed_scale")
 
 
-def _heads(plan: Plan) -> Heads:
+def model_head_dim(model: nn.Module) -> int | None:
+    """Channels per head as the model's attention modules hold them (HF's ``head_dim``), None if none says.
+
+    Gemma and some Qwen3 sizes use a head_dim other than hidden / heads (Gemma2-2B: 256, not 2304 / 8);
+    the shards must follow the model's real head width.
+    """
+    for module in model.modules():
+        head_dim = getattr(module, "head_dim", None)
+        if type(module).__name__.endswith("Attention") and isinstance(head_dim, int) and head_dim > 0:
+            return head_dim
+    return None
+
+
+def _heads(plan: Plan, head_dim: int | None = None) -> Heads:
     m = plan.model
-    return Heads(m.heads, m.kv_heads, m.hidden // m.heads, plan.spec.parallel.replicate_kv_heads)
+    return Heads(m.heads, m.kv_heads, head_dim or m.hidden // m.heads, plan.spec.parallel.replicate_kv_heads)
 
 
-def _shard(claim: Claim, tp: int, ep: int, plan: Plan) -> ShardResult:
+def _shard(claim: Claim, tp: int, ep: int, plan: Plan, heads: Heads) -> ShardResult:
     """Shards of one claimed module under its row's variant."""
     variant, module = claim.row.variant, claim.module
     if variant == "vocab" and (problem := _embedding_problem(module)):
         return ShardResult(problems=[problem])
     if variant in ("column", "row", "vocab"):
         return shard_tensor_parallel(variant, module_kind(module), direct_shapes(module), tp,
-                                     claim.row.fused, claim.row.heads, _heads(plan), type(module).__name__,
+                                     claim.row.fused, claim.row.heads, heads, type(module).__name__,
                                      claim.row.blocks)
     if variant == "head_norm":
-        return head_norm_weight(subtree_shapes(module), tp, _heads(plan), type(module).__name__)
+        return head_norm_weight(subtree_shapes(module), tp, heads, type(module).__name__)
     if variant == "shard_norm":
         if type(module).__name__ not in SHARD_NORMS:
             names = ", ".join(SHARD_NORMS)
             return ShardResult(problems=[f"`shard_norm` reproduces {names} only, not {type(module).__name__}"])
-        return shard_norm_weight(subtree_shapes(module), tp, claim.row.heads or "q", _heads(plan),
+        return shard_norm_weight(subtree_shapes(module), tp, claim.row.heads or "q", heads,
                                  type(module).__name__)
     if variant == "expert":
         shapes, problem = expert_shapes(module)
@@ -314,6 +327,7 @@ def plan_module(model: nn.Module, plan: Plan, arch: str) -> RewritePlan:
     if d is None:
         raise RewriteError(arch, ["the parallel degrees are not resolved (a degree is still `auto`)"])
     walk = match_rows(model, rows_for(arch, list(spec.rewrite)))
+    heads = _heads(plan, model_head_dim(model))
     problems: list[str] = []
     if walk.leftover:
         problems.append("no rule places these modules with parameters: " + ", ".join(group_names(walk.leftover))
@@ -322,12 +336,12 @@ def plan_module(model: nn.Module, plan: Plan, arch: str) -> RewritePlan:
     seen: dict[int, str] = {}
     entries: list[ModulePlan] = []
     for claim in walk.claims:
-        result = _shard(claim, d.tp, d.ep, plan)
+        result = _shard(claim, d.tp, d.ep, plan, heads)
         if claim.row.variant == "expert":
             result.problems += _moe_problems(model, claim, plan, d.ep)
         problems += [f"{claim.name} ({claim.source}, {claim.row.variant}): {p}" for p in result.problems]
         hit = layer_rx.match(claim.name) if layer_rx else None
-        widths = tuple(block_widths(claim.row.blocks, _heads(plan))) if claim.row.blocks else ()
+        widths = tuple(block_widths(claim.row.blocks, heads)) if claim.row.blocks else ()
         entries.append(ModulePlan(claim.name, type(claim.module).__name__, claim.row.variant, claim.source,
                                   module_kind(claim.module), int(hit.group(1)) if hit else None, result.params,
                                   _owners(claim, seen), result.notes, claim.row.fused, claim.row.heads,
@@ -351,5 +365,5 @@ def plan_module(model: nn.Module, plan: Plan, arch: str) -> RewritePlan:
     moe = plan.model.moe
     routing = MoERouting(moe.top_k, spec.model.moe.drop_tokens if spec.model.moe else False,
                          moe.capacity_factor) if moe is not None else None
-    return RewritePlan(arch, d.tp, d.ep, d.pp, sp, entries, layer_list, _heads(plan).head_dim, scales, warnings,
+    return RewritePlan(arch, d.tp, d.ep, d.pp, sp, entries, layer_list, heads.head_dim, scales, warnings,
                        routing)
