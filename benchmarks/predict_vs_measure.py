@@ -28,9 +28,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dsforge.compiler.estimate.memory import estimate_memory  # noqa: E402
-from dsforge.compiler.estimate.steptime import estimate_step  # noqa: E402
-from dsforge.compiler.validate import validate_file  # noqa: E402
+from dsforge.compiler.estimate.memory import estimate_memory
+from dsforge.compiler.estimate.steptime import estimate_step
+from dsforge.compiler.validate import validate_file
 
 #: name -> (ranks, parallel, training overrides): dp, tp, pp, ZeRO 0-3, recompute, micro-batch sizes
 LAYOUTS: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {
@@ -74,7 +74,7 @@ def measure(path: Path, out: Path) -> tuple[float, float]:
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     dsforge = [sys.executable, "-m", "dsforge"]
     proc = subprocess.run([*dsforge, "run", str(path), "-o", str(out), "--fresh"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{path.name}: dsforge run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     report = json.loads((out / "memory_report.json").read_text(encoding="utf-8"))
@@ -126,7 +126,7 @@ def main() -> None:
             rows.append({"layout": name, "predicted_s": pred_s, "measured_s": meas_s, "predicted_bytes": pred_b,
                          "measured_bytes": meas_b, "wall_s": time.perf_counter() - start})
             r = rows[-1]
-            print(f"{name:20s} step {pred_s * 1e3:8.1f} ms predicted {meas_s * 1e3:8.1f} ms measured "
+            print(f"{r['layout']:20s} step {pred_s * 1e3:8.1f} ms predicted {meas_s * 1e3:8.1f} ms measured "
                   f"({(pred_s - meas_s) / meas_s:+.0%}); peak {pred_b / 2**20:7.0f} MiB predicted "
                   f"{meas_b / 2**20:7.0f} MiB measured ({(pred_b - meas_b) / meas_b:+.0%})", flush=True)
     t_err = [abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in rows]

@@ -135,3 +135,21 @@ def test_megatron_stack_needs_less_memory_than_dsforge(tmp_path: Path) -> None:
     ours = estimate_memory(make_plan(job, tmp_path, allow=("DSF301",))).peak
     theirs = estimate_memory(make_plan({**job, "stack": "megatron-te"}, tmp_path, allow=("DSF301",))).peak
     assert theirs.components["activations"] < ours.components["activations"]
+
+
+def test_an_offloaded_optimizer_costs_pcie_copies_and_a_host_sweep(tmp_path: Path) -> None:
+    # ZeRO-Offload: the 16-bit gradient partition goes to the host and the updated partition comes back, and
+    # CPU Adam sweeps the fp32 states in host memory; before, explain showed "optimizer step 0.0 us"
+    job = {"version": 1, "model": {"preset": "llama3-70b"}, "hardware": {"preset": "dgx-h100", "nodes": 4},
+           "launch": {"launcher": "slurm"}, "parallel": {"tp": 1, "zero": 3},
+           "training": {"global_batch": 32, "precision": "bf16", "recompute": "full",
+                        "optimizer": {"name": "adamw", "offload": "cpu"}}}
+    plan = make_plan(job, tmp_path)
+    step = estimate_step(plan)
+    partition = stage_share(plan, 0, 0.0).total / 32
+    pcie = 2 * partition * 2 / 50e9  # host_link_gbs 50 (DGX H100, PCIe Gen5)
+    sweep = partition * (2 * (4 + 8) + 4 + 2) / (steptime.HOST_MEMORY_BPS / 8)
+    assert step.optimizer_s == pytest.approx(pcie + sweep)
+    on_device = estimate_step(make_plan(with_changes(job, training={"optimizer": {"name": "adamw"}}), tmp_path,
+                                        allow=("DSF301",)))
+    assert step.optimizer_s > 10 * on_device.optimizer_s

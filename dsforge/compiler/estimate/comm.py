@@ -19,7 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsforge.compiler.estimate.shares import embedding_share, gathered_tensors, head_share, layer_kinds, stage_share
+from dsforge.compiler.estimate.shares import (
+    embedding_share,
+    gathered_tensors,
+    head_share,
+    layer_kinds,
+    stage_share,
+)
 from dsforge.compiler.estimate.zero_config import zero_settings
 from dsforge.compiler.params import padded_vocab
 from dsforge.compiler.plan import Plan

@@ -25,8 +25,8 @@ from functools import cached_property
 from dsforge.compiler.ds_settings import emitted_checkpointing_block, on_cpu
 from dsforge.compiler.estimate import activations as act
 from dsforge.compiler.estimate.model_states import megatron_states, model_states
-from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.estimate.shares import layer_kinds, stage_chunks, stage_share
+from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.estimate.zero_config import ZeroSettings, zero_settings
 from dsforge.compiler.params import padded_vocab
 from dsforge.compiler.plan import Plan

@@ -24,8 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dsforge.compiler.estimate import comm, flops
-from dsforge.compiler.estimate.compute import DEFAULT_GEMM_EFFICIENCY, Rates, chunk_time, rates
 from dsforge.compiler.estimate.comm import Collective
+from dsforge.compiler.estimate.compute import (
+    DEFAULT_GEMM_EFFICIENCY,
+    DEFAULT_MEMORY_EFFICIENCY,
+    Rates,
+    chunk_time,
+    rates,
+)
 from dsforge.compiler.estimate.schedule import Timeline, simulate
 from dsforge.compiler.estimate.shares import stage_chunks, stage_share
 from dsforge.compiler.estimate.zero_config import zero_settings
@@ -134,22 +140,36 @@ def refetched(op: Collective) -> bool:
     return op.group in ("dp-cp", "edp") and op.op == "all-gather" and op.phase == "forward"
 
 
+#: Host DRAM bandwidth per node a CPU optimizer sweeps at when the hardware states none: 8-12 DDR5 channels
+#: per socket reach ~250-400 GB/s of STREAM on the hosts of DGX-class nodes; 200 GB/s for the node, shared by
+#: its ranks, is a stated assumption (not measured here).
+HOST_MEMORY_BPS = 200e9
+#: Host-to-device bandwidth per accelerator when the hardware states no host_link_gbs: PCIe Gen4 x16.
+DEFAULT_HOST_LINK_GBS = 25.0
+
+
 def optimizer_seconds(plan: Plan, stage: int) -> float:
     """The optimizer step of one rank: a memory-bound sweep over its partition of the parameters.
 
     Adam-family updates read the fp32 master weight, gradient and states and write weight and states
     back, plus the 16-bit copy (DeepSpeed FusedAdam, deepspeed/ops/csrc/adam): 2·(4 + state) + 4 + 2
-    bytes per parameter at HBM bandwidth. An offloaded optimizer runs on the host, not modelled here.
+    bytes per parameter at HBM bandwidth x memory_efficiency. An offloaded optimizer (ZeRO-Offload, Ren
+    et al. 2021) copies the 16-bit gradient partition to the host and the updated 16-bit partition back
+    over PCIe (``hardware.host_link_gbs``) and runs DeepSpeedCPUAdam over the same bytes in host memory
+    (`HOST_MEMORY_BPS` per node, shared by the node's ranks); DeepSpeed overlaps neither with the step.
     """
     assert plan.degrees is not None
-    d = plan.degrees
+    d, hw = plan.degrees, plan.spec.hardware
     z = zero_settings(plan)
-    if z.offload_optimizer:
-        return 0.0
     share = stage_share(plan, stage, 0.0)
     params = share.dense / (d.dp * d.cp) + share.expert / d.expert_dp if z.stage >= 1 else share.total
     touched = 2 * (4 + z.optimizer_bytes) + 4 + (z.weight_bytes if z.weight_bytes < 4 else 0)
-    return params * touched / (plan.spec.hardware.accelerator.hbm_gbs * 1e9)
+    if z.offload_optimizer:
+        link = (hw.host_link_gbs or DEFAULT_HOST_LINK_GBS) * 1e9
+        ranks = min(plan.world_size, hw.gpus_per_node)
+        return 2 * params * z.weight_bytes / link + params * touched / (HOST_MEMORY_BPS / ranks)
+    efficiency = hw.accelerator.memory_efficiency or DEFAULT_MEMORY_EFFICIENCY
+    return params * touched / (hw.accelerator.hbm_gbs * 1e9 * efficiency)
 
 
 def stage_tail(plan: Plan, stage: int, last_backward_s: float) -> dict[str, float]:

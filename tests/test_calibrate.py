@@ -1,0 +1,51 @@
+"""`dsforge calibrate`'s output: the ring fit recovers alpha and beta, and the file is a usable hardware file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dsforge.compiler.estimate.steptime import estimate_step
+from dsforge.compiler.validate import validate_file
+from dsforge.runtime.calibrate import fit_ring, render
+
+
+def test_ring_fit_recovers_latency_and_bandwidth() -> None:
+    alpha, beta, n = 50e-6, 2e9, 4
+    rows = [(s, 2 * (n - 1) * alpha + 2 * (n - 1) / n * s / beta) for s in (1 << 10, 1 << 14, 1 << 18, 1 << 22)]
+    got_alpha, got_beta = fit_ring(rows, n)
+    assert got_alpha == pytest.approx(alpha, rel=1e-6) and got_beta == pytest.approx(beta, rel=1e-6)
+
+
+def _result(cores: int) -> dict[str, object]:
+    link = {"bandwidth_gbs": 0.5, "latency_us": 200.0, "bus_efficiency": 1.0}
+    return {"measured": {"fp32_gemm_tflops": {64: 0.01, 256: 0.05}, "bf16_gemm_tflops": {64: 0.001},
+                         "copy_gbs": 5.0, "bare_op_us": 10.0, "op_overhead_us": 20.0, "all_reduce_seconds": [(1024, 1e-3)], "ranks": 2,
+                         "cores": cores, "host": "test", "torch": "x", "when": "now"},
+            "hardware": {"nodes": 1, "gpus_per_node": 2, "host_cores": cores, "host_ram_gb": 16.0,
+                         "accelerator": {"name": "cpu", "memory_gb": 8.0, "fp32_tflops": 0.05, "bf16_tflops": 0.001,
+                                         "fp16_tflops": 0, "hbm_gbs": 5.0, "gemm_efficiency": 1.0,
+                                         "memory_efficiency": 1.0, "op_overhead_us": 20.0},
+                         "intra_node": link, "inter_node": dict(link)}}
+
+
+def _compute_s(tmp_path: Path, cores: int, ranks: int) -> float:
+    hw = tmp_path / f"hw-{cores}.yaml"
+    hw.write_text(render(_result(cores)), encoding="utf-8")
+    job = {"version": 1, "extends": hw.name, "model": {"preset": "tiny-llama"}, "hardware": {"gpus_per_node": ranks},
+           "parallel": {"dp": ranks, "zero": 1}, "training": {"global_batch": 8, "precision": "fp32"}}
+    path = tmp_path / f"job-{cores}-{ranks}.yaml"
+    path.write_text(yaml.safe_dump(job), encoding="utf-8")
+    result = validate_file(path)
+    assert result.plan is not None and not [d for d in result.diagnostics if d.severity.name == "ERROR"]
+    step = estimate_step(result.plan)
+    assert "gemm_efficiency 1.00" in step.fraction_source and "20.0 us per operation" in step.fraction_source
+    return step.compute_s
+
+
+def test_the_calibrated_file_is_a_hardware_file_a_job_extends(tmp_path: Path) -> None:
+    # four ranks on two cores time-share them: their compute takes twice as long as on four cores
+    shared, own = _compute_s(tmp_path, 2, 4), _compute_s(tmp_path, 4, 4)
+    assert shared == pytest.approx(2 * own)
