@@ -91,7 +91,7 @@ def jobs(draw: st.DrawFn) -> dict[str, Any]:
                          "recompute": draw(st.sampled_from(["none", "selective", "full"]))}}
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(jobs())
 def test_mfu_never_exceeds_hfu_and_hfu_never_exceeds_one(job: dict[str, Any]) -> None:
     import yaml
