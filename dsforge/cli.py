@@ -422,6 +422,37 @@ def run_job(file: str, out: str | None, fresh: bool) -> None:
                f"`dsforge run {file}` again: it continues from the last checkpoint", err=True)
 
 
+@cli.command(name="export")
+@click.argument("job_dir", type=click.Path(file_okay=False))
+@click.option("--step", type=click.IntRange(min=1), help="The checkpoint of this optimizer step  [default: the newest]")
+@click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False),
+              help="The HF model directory to write (must not exist, or be empty).")
+def export_job(job_dir: str, step: int | None, out: str) -> None:
+    """Write a checkpoint of a compiled job, whatever its layout (TP, PP, EP, ZeRO 0-3), as an HF model directory
+    (config.json + model.safetensors) that transformers' from_pretrained loads.
+
+    The directory appears whole or not at all. Exit codes: 0 written, 1 the checkpoint cannot be
+    exported (the message says why), 2 no runtime installed.
+    """
+    from dsforge.runner import INSTALL_HINT, missing_runtime
+
+    missing = missing_runtime()
+    if missing:
+        click.echo(f"dsforge export: this Python has no {', '.join(missing)}; install the runtime: {INSTALL_HINT}",
+                   err=True)
+        sys.exit(EXIT_UNUSABLE)
+    from dsforge.runtime.export import ExportError, export_checkpoint
+
+    try:
+        done = export_checkpoint(job_dir, out, step)
+    except ExportError as exc:
+        click.echo(f"dsforge export: {exc}", err=True)
+        sys.exit(EXIT_FINDINGS)
+    click.echo(f"dsforge export: wrote {done.directory}: step {done.step}, {done.tensors} tensors, "
+               f"{done.parameters:,} parameters ({done.dtype}); load it with "
+               f"AutoModelForCausalLM.from_pretrained({str(done.directory)!r})")
+
+
 def main() -> NoReturn:
     """Console entry point: run the CLI; an unexpected exception is reported without a traceback.
 

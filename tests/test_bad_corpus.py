@@ -33,6 +33,7 @@ NOT_FROM_A_JOB_FILE = {
     "DSF600": "compile only, where no search resolved an `auto` (validate resolves it first, or reports DSF120/DSF13x):"
               " tests/test_compile_refusals.py",
     "DSF607": "compile only, from the rewrite plan torch computes: tests/test_compile_rewrite.py",
+    "DSF640": "a rank loading model.pretrained, at start-up: tests/runtime/test_materialize.py",
     "DSF690": "the cost model failing on a valid job (internal): tests/test_compile.py",
     "DSF691": "the rewrite planner failing on a valid job (internal): tests/test_compile_rewrite.py",
     "DSF699": "the emitter or a plugin launch target failing: tests/test_compile_refusals.py",

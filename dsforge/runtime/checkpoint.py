@@ -86,6 +86,10 @@ def save(engine: Any, policy: CheckpointPolicy, step: int, extra: dict[str, Any]
     _barrier()
     state = {CLIENT_KEY: {"step": step, **(extra or {})}}
     engine.save_checkpoint(str(directory), tag=partial.name, client_state=state, save_latest=False)
+    from dsforge.runtime.weights_io import save_rank_weights
+
+    # Layout-free copies of the weights (dsforge export): collective under ZeRO-3, like the save itself.
+    save_rank_weights(engine, partial, rank)
     fault("save", step)
     (partial / _marker(rank)).write_text(json.dumps({"rank": rank, "step": step}), encoding="utf-8")
     _barrier()

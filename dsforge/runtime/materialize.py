@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from dsforge.runtime.layers.sharding import block_widths, gathered_order, split_sizes
+from dsforge.runtime.models import ModelBuildError
 from dsforge.runtime.rewrite.planner import ModulePlan, RewritePlan
 from dsforge.runtime.rewrite.shard import ParamShard
 from dsforge.runtime.weights_io import SliceTag, tag
@@ -36,7 +37,7 @@ PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch
 Ranges = list[tuple[int, int]]
 
 
-class MaterializeError(RuntimeError):
+class MaterializeError(ModelBuildError):
     """A parameter of this rank could not be given its values (no source, or a shape that does not fit)."""
 
 

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dsforge.runtime.models import ModelBuildError
+
 from dsforge.compiler.pretrained import (
     SAFETENSORS,
     SAFETENSORS_INDEX,
@@ -33,8 +35,10 @@ Ranges = Sequence[tuple[int, int]]  # (start, length) along one dimension
 READ_LOG_ENV = "DSFORGE_READ_LOG"
 
 
-class PretrainedLoadError(RuntimeError):
-    """The checkpoint cannot fill this model (a tensor missing or of another shape); the message says which."""
+class PretrainedLoadError(ModelBuildError):
+    """The checkpoint cannot fill this model (a tensor missing or of another shape); the message says which.
+
+    A ModelBuildError, so a rank reports it in one line (dsforge.runtime.main.known_errors)."""
 
 
 class CheckpointReader:

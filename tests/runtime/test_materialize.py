@@ -112,3 +112,23 @@ def test_params_on_meta_keeps_buffers_and_ties() -> None:
     assert m.embed.weight.is_meta and m.head.weight is m.embed.weight
     assert not m.freq.is_meta and torch.equal(m.freq, torch.arange(3.0))
     assert not nn.Linear(2, 2).weight.is_meta  # the patch ends with the context
+
+
+def test_a_checkpoint_without_a_parameter_or_with_another_shape_is_refused() -> None:
+    """DSF640: the rank names the tensor instead of training from made-up weights."""
+    from dsforge.runtime.materialize import PretrainedWeights
+    from dsforge.runtime.models import ModelBuildError
+    from dsforge.runtime.pretrained import CheckpointReader
+    from tests.conftest import ROOT
+
+    reader = CheckpointReader(ROOT / "tests" / "fixtures" / "pretrained" / "tiny-llama")
+    source = PretrainedWeights(reader)
+    got = source.values("model.norm.weight", (32,), None, None)
+    assert got.shape == (32,) and reader.reads[-1]["key"] == "model.norm.weight"
+    half = source.values("model.embed_tokens.weight", (128, 32), 0, [(64, 64)])
+    assert half.shape == (64, 32) and reader.reads[-1]["ranges"] == [[64, 64]]
+    with pytest.raises(ModelBuildError, match="DSF640.*no tensor for the model's parameter model.extra.weight"):
+        source.values("model.extra.weight", (4,), None, None)
+    with pytest.raises(ModelBuildError, match=r"DSF640.*model.norm.weight is \[32\].*is \[64\]"):
+        source.values("model.norm.weight", (64,), None, None)
+    reader.close()

@@ -1,4 +1,4 @@
-"""DSF011-DSF014 and DSF160-DSF163: a job that starts from `model.pretrained` (an HF model directory).
+"""DSF011-DSF014, DSF160-DSF163 and DSF640: a job that starts from `model.pretrained` (an HF model directory).
 
 The loader reports DSF011-DSF014 while it fills `model:` from config.json (dsforge/compiler/pretrained.py);
 the checks below see the filled job. A run never writes into its input, never pads a checkpoint's
@@ -20,8 +20,9 @@ _SRC = "dsforge (HF save_pretrained directory layout: config.json, model.safeten
 report_id("DSF011", "model.pretrained names a readable HF model directory",
           "The directory must exist and hold a config.json that is a JSON object (at most 4 MiB).", _SRC)
 report_id("DSF012", "config.json describes a model dsforge can rewrite exactly",
-          "Its model_type must be a family whose modules the rewrite policies place (llama, mistral, qwen2, gpt2, "
-          "mixtral), with the shape fields present and nothing the job's model keys cannot state (sliding-window "
+          "Its model_type must be a family whose modules the rewrite policies place and whose tensors load as "
+          "stored (llama, mistral, qwen2, gpt2; not yet mixtral, whose per-expert tensors transformers stacks on "
+          "load), with the shape fields present and nothing the job's model keys cannot state (sliding-window "
           "attention, a head_dim other than hidden / heads, Llama's pretraining_tp slicing).", _SRC)
 report_id("DSF013", "stated model keys agree with config.json",
           "A `model:` key written in the job file (or supplied by its preset) that differs from the checkpoint's "
@@ -30,6 +31,11 @@ report_id("DSF013", "stated model keys agree with config.json",
 report_id("DSF014", "the pretrained directory holds its weights",
           "model.safetensors, a safetensors index whose shards are all present, or a torch state dict "
           "(pytorch_model.bin or its index); only the names are checked, no weight is read.", _SRC)
+report_id("DSF640", "the pretrained checkpoint holds every parameter of the model, in its shape",
+          "Reported by each rank at start-up (dsforge.runtime.materialize) when model.pretrained's weights lack a "
+          "tensor the model built from its config.json has, or hold it in another shape: the rank stops in one "
+          "line naming the tensor instead of training from made-up weights (transformers would initialise them "
+          "randomly and warn).", _SRC)
 
 CHECKPOINT_DIR = ("training", "checkpoint", "dir")
 PRETRAINED = ("model", "pretrained")
