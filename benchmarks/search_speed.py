@@ -10,10 +10,13 @@ Run: `OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python benchmarks/search_speed.py
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import resource
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -48,33 +51,57 @@ def job_of(body: dict, where: Path) -> LoadedJob:
     return job
 
 
+def run_case(name: str, exhaustive: bool) -> str:
+    """One case, timed in this process: its line of the report."""
+    from dsforge.compiler.search.engine import search
+
+    with tempfile.TemporaryDirectory() as tmp:
+        job = job_of(CASES[name], Path(tmp))
+    t0, c0 = time.perf_counter(), time.process_time()
+    r = search(job)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    f, w = r.funnel, r.winner
+    line = (f"{name}: {cpu:.2f} s CPU ({wall:.2f} s wall), {f.considered:,} candidates, {f.estimated:,} estimated "
+            f"in full, {f.pruned:,} pruned by bounds; winner {w.layout.label() if w else 'none'}"
+            + (f", {w.step.step_s:.2f} s/step, MFU {w.step.mfu:.1%}" if w else ""))
+    if exhaustive:
+        t0 = time.perf_counter()
+        e = search(job, exhaustive=True)
+        same = [x.layout for x in e.ranked[: len(r.ranked)]] == [x.layout for x in r.ranked]
+        line += f"; exhaustive {time.perf_counter() - t0:.2f} s, same top {len(r.ranked)}: {same}"
+    return line
+
+
+def _child(name: str, exhaustive: bool, budget: float, conn: Any) -> None:
+    if budget > 0:  # the kernel stops the case at its CPU budget (SIGXCPU), whatever the machine's load
+        resource.setrlimit(resource.RLIMIT_CPU, (int(budget), int(budget) + 5))
+    conn.send(run_case(name, exhaustive))
+
+
 def main() -> None:
-    """Time every case and print one line each."""
+    """Time every case, each in its own process under an optional CPU budget, and print one line each."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--exhaustive", action="store_true", help="also time the search without pruning")
     ap.add_argument("--only", help="run only the cases whose name contains this")
+    ap.add_argument("--budget", type=float, default=0.0, help="CPU seconds a case may take (0: no limit)")
+    ap.add_argument("--parallel", action="store_true", help="run the cases at once (one process each)")
     args = ap.parse_args()
-    from dsforge.compiler.search.engine import search
-
-    for name, body in CASES.items():
-        if args.only and args.only not in name:
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            job = job_of(body, Path(tmp))
-        t0, c0 = time.perf_counter(), time.process_time()
-        r = search(job)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        f = r.funnel
-        w = r.winner
-        line = (f"{name}: {cpu:.2f} s CPU ({wall:.2f} s wall), {f.considered:,} candidates, {f.estimated:,} estimated in full, "
-                f"{f.pruned:,} pruned by bounds; winner {w.layout.label() if w else 'none'}"
-                + (f", {w.step.step_s:.2f} s/step, MFU {w.step.mfu:.1%}" if w else ""))
-        if args.exhaustive:
-            t0 = time.perf_counter()
-            e = search(job, exhaustive=True)
-            same = [x.layout for x in e.ranked[: len(r.ranked)]] == [x.layout for x in r.ranked]
-            line += f"; exhaustive {time.perf_counter() - t0:.2f} s, same top {len(r.ranked)}: {same}"
-        print(line, flush=True)
+    names = [n for n in CASES if not args.only or args.only in n]
+    ctx = multiprocessing.get_context("fork")
+    procs = []
+    for name in names:
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child, args=(name, args.exhaustive, args.budget, send))
+        proc.start()
+        procs.append((name, proc, recv))
+        if not args.parallel:
+            proc.join()
+    for name, proc, recv in procs:
+        proc.join()
+        if recv.poll():
+            print(recv.recv(), flush=True)
+        else:
+            print(f"{name}: did not finish within {args.budget:.0f} s CPU (exit {proc.exitcode})", flush=True)
 
 
 if __name__ == "__main__":

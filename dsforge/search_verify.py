@@ -57,10 +57,11 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 
 def chosen(result: SearchResult, k: int) -> list[tuple[int, Evaluated]]:
-    """The top k and the last-ranked candidate, with their ranks."""
-    picks = list(enumerate(result.ranked[:k], start=1))
-    if len(result.ranked) > k:
-        picks.append((len(result.ranked), result.ranked[-1]))
+    """The top k and the last-ranked candidate, with their ranks (an exhaustive search lists every fitting one)."""
+    every = result.fitting or result.ranked
+    picks = list(enumerate(every[:k], start=1))
+    if len(every) > k:
+        picks.append((len(every), every[-1]))
     return picks
 
 

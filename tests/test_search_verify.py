@@ -38,3 +38,16 @@ def test_verify_runs_six_layouts_and_sets_measured_beside_predicted(write_job, m
     assert all(r["error"] is None and r["measured_step_s"] > 0 and r["measured_peak_bytes"] > 0 for r in rows), rows
     assert len({json.dumps(r["layout"], sort_keys=True) for r in rows}) == 6
     assert not list(path.parent.glob(".*.verify-*.yaml"))  # the candidates' job files are cleaned up
+
+
+def test_verify_picks_the_top_and_the_last_of_every_fitting_candidate(write_job) -> None:
+    from dsforge.compiler.parse import load_job
+    from dsforge.compiler.search.engine import search
+    from dsforge.search_verify import chosen
+
+    job, _ = load_job(write_job(JOB))
+    assert job is not None
+    r = search(job, exhaustive=True)
+    picks = chosen(r, 5)
+    assert [rank for rank, _ in picks] == [1, 2, 3, 4, 5, len(r.fitting)] and len(r.fitting) > 5
+    assert picks[-1][1] is r.fitting[-1] and [c for _, c in picks[:5]] == r.fitting[:5]
