@@ -232,6 +232,15 @@ def _release_expert_groups(module: nn.Module) -> None:
             m.deepspeed_moe.gate.ep_group = None
 
 
+def _match_precision(module: nn.Module, ds_config: dict[str, Any]) -> None:
+    """The weights in the job's precision (dsforge.runtime.precision); rank 0 says what arrived otherwise."""
+    from dsforge.runtime.precision import job_dtype, match_precision
+
+    said = match_precision(module, job_dtype(ds_config))
+    if said and (not dist.is_initialized() or dist.get_rank() == 0):
+        print(said + " (counted on rank 0)", flush=True)
+
+
 def initialize_engine(module: nn.Module, ds_config: dict[str, Any], groups: ParallelGroups | None) -> Any:
     """deepspeed.initialize over ``module`` with the plan's mpu (None for a PipelineModule)."""
     require_deepspeed()  # a clear sentence instead of a failure deep inside initialize on every rank
@@ -239,6 +248,7 @@ def initialize_engine(module: nn.Module, ds_config: dict[str, Any], groups: Para
 
     ensure_deepspeed_comm()
     _release_expert_groups(module)
+    _match_precision(module, ds_config)
     engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=optimizer_parameters(module),
                                            config=ds_config, mpu=groups.mpu() if groups is not None else None)
     return engine
