@@ -84,7 +84,10 @@ def save_rank_weights(engine: Any, directory: Path, rank: int) -> Path | None:
     (collective under ZeRO-3, whose parameters are gathered first); the file, or None when it holds none."""
     from safetensors.torch import save_file
 
-    params = tagged(engine.module)
+    module = getattr(engine, "module", None)
+    if not isinstance(module, nn.Module):
+        return None  # nothing dsforge built (a stand-in engine in the checkpoint tests)
+    params = tagged(module)
     partitioned = [p for p, _ in params if hasattr(p, "ds_id")]
     tensors: dict[str, Tensor] = {}
     meta: dict[str, Any] = {}
