@@ -7,6 +7,7 @@ from `model.pretrained`, read slice by slice, or from the job's seed.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -59,5 +60,6 @@ def say_conversion(reader: Any, dtype: torch.dtype, plan: Plan) -> None:
     converted = sum(n for k, n in reader.stored.items() if k != want)
     what = (f"converted to {want} for training.precision {plan.spec.training.precision}" if converted
             else f"kept in {want}")
+    # stderr: the runtime keeps DeepSpeed's start-up chatter off stdout while the engine is built (main.quiet)
     print(f"dsforge: rank 0 read {len(reader.reads)} tensor slice(s) of {reader.directory} (stored: {stored}); "
-          f"{what}", flush=True)
+          f"{what}", file=sys.stderr, flush=True)
