@@ -71,12 +71,17 @@ def seed_jobs() -> dict[str, dict[str, Any]]:
     from dsforge.diagnostics import has_errors
 
     seeds = {"one-rank": TINY_ONE_RANK}
-    for path in sorted((ROOT / "examples").glob("*.yaml")):
-        result = validate_file(path)
-        if result.job is not None and not has_errors(result.diagnostics):
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in sorted((ROOT / "examples").glob("*.yaml")):
+            result = validate_file(path)
+            if result.job is None or has_errors(result.diagnostics):
+                continue
             raw, _ = load_document(path)
             raw.pop("extends", None)
-            seeds[path.stem] = raw
+            # kept only when it still validates clean and emits from elsewhere (no relative paths, no `auto`)
+            judged = judge(Case(path.stem, [], raw), Path(tmp))
+            if judged.config is not None and not judged.errors:
+                seeds[path.stem] = raw
     return seeds
 
 

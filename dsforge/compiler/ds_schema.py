@@ -512,10 +512,10 @@ def same_setting(key: str) -> set[str]:
 
 def merge_zero(emitted: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     """``emitted`` with ``override`` merged over it, each override replacing every spelling of its setting."""
-    out = dict(emitted)
+    # drop what dsforge wrote under another spelling of an overridden setting (never the override's own keys:
+    # two spellings in the override itself are the user's, and DeepSpeed's verdict on them stands)
+    out = {k: v for k, v in emitted.items() if not ((same_setting(k) - {k}) & set(override))}
     for key, value in override.items():
-        for other in same_setting(key) - {key}:
-            out.pop(other, None)
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = {**out[key], **value}
         else:

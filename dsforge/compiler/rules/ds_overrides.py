@@ -1,4 +1,4 @@
-"""DSF510-DSF525: `deepspeed:` overrides checked against DeepSpeed 0.19.8: its config parse (DSF517-DSF519, from
+"""DSF510-DSF526: `deepspeed:` overrides checked against DeepSpeed 0.19.8: its config parse (DSF517-DSF519, from
 `dsforge.compiler.ds_schema`), and what it accepts at parse but refuses once every rank runs.
 
 Each check reads the raw override values, which may hold anything a person typed, so every value is
@@ -451,3 +451,15 @@ def top_level_types(ctx: Context) -> Iterator[Finding]:
         if key in ds and not isinstance(ds[key], bool):
             yield Finding(f"deepspeed.{key}={ds[key]!r}: DeepSpeed tests it as true or false, so text such as "
                           "\"false\" would count as true", "give true or false", (*path, key))
+
+
+@rule("DSF526", "fp16.auto_cast only with fp16 precision",
+      source=DS + "runtime/engine.py DeepSpeedEngine.forward (fp16_auto_cast casts the inputs to half)")
+def fp16_auto_cast(ctx: Context) -> Iterator[Finding]:
+    """DeepSpeed casts every floating-point input of the forward pass to half when `fp16.auto_cast` is true,
+    whether or not fp16 is enabled: in an fp32 or bf16 job the first layer then multiplies half inputs with
+    fp32/bf16 weights and the first step fails (measured: "mat1 and mat2 must have the same dtype")."""
+    if _enabled(ctx, "fp16", "auto_cast") and ctx.spec.training.precision != "fp16":
+        yield Finding(f"deepspeed.fp16.auto_cast casts the inputs to half, but training.precision is "
+                      f"{ctx.spec.training.precision}", "remove auto_cast, or use training.precision: fp16",
+                      ("deepspeed", "fp16", "auto_cast"))
