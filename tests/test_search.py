@@ -94,7 +94,7 @@ def value_at_doc(doc: dict, key: tuple[str, ...]):
 def test_a_job_without_auto_has_no_search_in_plan_json(write_job, tmp_path: Path) -> None:
     compiled = compile_file(write_job(job_text(set())), tmp_path / "out", rewrite=False)
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
-    assert compiled.written is not None and "search" not in plan and "search" not in plan["job"]
+    assert compiled.written is not None and "search" not in plan and plan["job"]["search"] is None
 
 
 def test_search_prints_the_table_the_funnel_and_the_fragment(write_job) -> None:

@@ -101,14 +101,6 @@ def placement_document(p: Placement) -> dict[str, Any]:
             "note": f"{p.world_size} ranks: groups are summarised above {LISTED_RANKS} ranks"}
 
 
-def _job(plan: Plan) -> dict[str, Any]:
-    """The resolved job; a `search:` section only where the job has one (plan.json stays as it was without)."""
-    job: dict[str, Any] = plan.spec.model_dump(mode="json", by_alias=True)
-    if job.get("search") is None:
-        job.pop("search", None)
-    return job
-
-
 def plan_document(plan: Plan, files: list[str], summary: dict[str, Any] | None = None,
                   rewrite: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plan.json document: resolved job, degrees, batch, partition, placement, DeepSpeed's view, summary,
@@ -120,7 +112,7 @@ def plan_document(plan: Plan, files: list[str], summary: dict[str, Any] | None =
         "generator": GENERATOR,
         "dsforge_version": __version__,
         "name": plan.spec.name,
-        "job": _job(plan),
+        "job": plan.spec.model_dump(mode="json", by_alias=True),
         "degrees": asdict(d),
         "world_size": plan.world_size,
         "nodes": plan.nodes,
