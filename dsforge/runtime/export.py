@@ -128,6 +128,9 @@ def write_export(target: Path, fill: Any) -> None:
 
     target = Path(os.path.abspath(target))
     writer.recover(target)
+    if target.is_dir() and any(target.iterdir()):  # compile's own message would offer a --force export lacks
+        raise writer.TargetError(f"{target} exists and is not empty; give a new directory with -o (an export "
+                                 "never replaces one)")
     writer.check_target(target, force=False)
     tmp = writer._sibling(target, ".tmp")
     try:

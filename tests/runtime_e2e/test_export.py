@@ -143,3 +143,18 @@ def test_export_refuses_what_it_cannot_export(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="does not exist"):
         export_checkpoint(job_dir, tmp_path / "out", step=3)
     assert not (tmp_path / "out").exists()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    policy_dir = job_dir / "checkpoints" / "step1"
+    policy_dir.mkdir(parents=True)
+    (job_dir / "checkpoints" / "latest").write_text("step1")
+    with pytest.raises(ExportError, match="no dsforge-weights"):
+        export_checkpoint(job_dir, tmp_path / "new")
+    with pytest.raises(ExportError, match="not empty; give a new directory"):
+        from dsforge.runtime.export import write_export
+
+        try:
+            write_export(tmp_path / "out", lambda tmp: None)
+        except Exception as exc:  # TargetError, as export_checkpoint reports it
+            raise ExportError(str(exc)) from None
+    assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
