@@ -93,15 +93,17 @@ def main() -> None:
         recv, send = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_child, args=(name, args.exhaustive, args.budget, send))
         proc.start()
+        send.close()  # the child holds the write end: its death reads as EOF here
         procs.append((name, proc, recv))
         if not args.parallel:
             proc.join()
     for name, proc, recv in procs:
+        try:
+            line = recv.recv()
+        except EOFError:  # stopped at its CPU budget
+            line = f"{name}: did not finish within {args.budget:.0f} s CPU"
         proc.join()
-        if recv.poll():
-            print(recv.recv(), flush=True)
-        else:
-            print(f"{name}: did not finish within {args.budget:.0f} s CPU (exit {proc.exitcode})", flush=True)
+        print(line, flush=True)
 
 
 if __name__ == "__main__":
