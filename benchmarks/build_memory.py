@@ -50,6 +50,10 @@ def _reset_peak() -> None:
 def _rank(rank: int, world: int, port: int, layout: str, precision: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
+    import faulthandler
+
+    # Where a rank hangs, say so; never exit from here (a kill inside a JIT op build leaves its lock file behind).
+    faulthandler.dump_traceback_later(float(os.environ.get("BUILD_MEMORY_TIMEOUT_S", "900")), exit=False)
     import torch
     import torch.distributed as dist
     import yaml
