@@ -108,6 +108,7 @@ NOT_A_LAYOUT: dict[str, str] = {
     "export.py:_checkpoint:ExportError": "`dsforge export`, not a training start: the checkpoint directory's state",
     "export.py:assemble_checkpoint:ExportError": "`dsforge export`, not a training start: the checkpoint's content",
     "export.py:export_checkpoint:ExportError": "`dsforge export`, not a training start: its job directory",
+    "export.py:write_export:TargetError": "`dsforge export`, not a training start: its output directory",
     "weights_io.py:assemble:ValueError": "checkpoint content: the saved slices do not assemble",
 }
 
