@@ -53,9 +53,9 @@ def run_search(file: str, fmt: str = "text", top: int | None = None, write: str 
                plot: str | None = None, compare: bool = False, exhaustive: bool = False,
                selection: Any = None, verify: int | None = None) -> Outcome:
     """The whole command (exit codes: 0 a layout fits, 1 none fits or the job has errors, 2 unusable input)."""
+    from dsforge.compiler.project_config import ConfigError
     from dsforge.compiler.search.engine import SpaceTooLarge, search
     from dsforge.compiler.search.resolve import no_fit, rule_filter, unresolvable
-    from dsforge.compiler.project_config import ConfigError
     from dsforge.compiler.suppress import Selection
     from dsforge.compiler.validate import settings_for
     from dsforge.explain import search_report
@@ -70,14 +70,14 @@ def run_search(file: str, fmt: str = "text", top: int | None = None, write: str 
     if compare:
         written = written_layout(job.spec)
         if written is None:
-            return Outcome(notes=["--compare ranks the file's own layout: write every layout field as a value "
-                                  f"(these are `auto`: {', '.join('.'.join(k) for k in auto_keys(job.spec))})"], code=2)
+            return Outcome(notes=[("--compare ranks the file's own layout: write every layout field as a value "
+                                  f"(these are `auto`: {', '.join('.'.join(k) for k in auto_keys(job.spec))})")], code=2)
         if write:
             return Outcome(notes=["--write replaces `auto` values; with --compare the file has none"], code=2)
         spec = all_auto(job.spec)
     elif not auto_keys(spec):
-        return Outcome(notes=[f"{file}: no field is `auto` (tp, pp, cp, ep, zero, sequence_parallel, ...): nothing "
-                              "to search; --compare ranks this layout among all of them"], code=0)
+        return Outcome(notes=[(f"{file}: no field is `auto` (tp, pp, cp, ep, zero, sequence_parallel, ...): nothing "
+                              "to search; --compare ranks this layout among all of them")], code=0)
     try:
         base = settings_for(file).selection
     except ConfigError:  # validate reports the settings file (DSF027); the search filters as without one
