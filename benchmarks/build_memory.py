@@ -98,8 +98,7 @@ def _rank(rank: int, world: int, port: int, layout: str, precision: str, out: st
     dist.all_gather_object(rows, row)
     if rank == 0:
         with open(out, "a", encoding="utf-8") as fh:
-            for r in rows:
-                fh.write(json.dumps(r) + "\n")
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
     del module
     leave(synchronize=True)
 

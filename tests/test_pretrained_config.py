@@ -152,8 +152,8 @@ def test_compile_and_explain_read_no_weights(tmp_path: Path) -> None:
 def test_the_fixture_checkpoint_validates() -> None:
     doc = {"version": 1, "model": {"pretrained": str(TINY)}, "hardware": {"preset": "cpu-local", "gpus_per_node": 2},
            "parallel": {"tp": 2}, "training": {"global_batch": 4, "micro_batch": 1, "precision": "bf16"}}
-    from dsforge.compiler.source import SourceMap
     from dsforge.compiler.parse import parse_job
+    from dsforge.compiler.source import SourceMap
 
     spec, diags = parse_job(doc, SourceMap("<test>"))
     assert spec is not None and spec.model.hidden == 32, diags

@@ -10,8 +10,8 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Any
 from itertools import accumulate
+from typing import Any
 
 from dsforge.compiler.params import embedding_params, head_params, is_moe_layer, layer_params
 from dsforge.compiler.placement import OrderError, Placement, place

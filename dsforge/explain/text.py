@@ -63,10 +63,10 @@ def pace_note(p: dict[str, Any]) -> list[str]:
     """Says when the step time is the slowest rank's pace rather than the simulated schedule (deep pipelines)."""
     if p.get("timeline_exact", True):
         return []
-    return [f"estimate: the {p['stages']}-stage pipeline has no steady state within the simulation budget, so the step "
+    return [(f"estimate: the {p['stages']}-stage pipeline has no steady state within the simulation budget, so the step "
             f"time extrapolates the slowest rank's pace over {count(p['micro_batches'])} micro-batches (from a "
             f"simulated {plural(p['timeline_shown_micro_batches'] or 0, 'micro-batch', 'micro-batches')}); it is "
-            f"not exact"]
+            f"not exact")]
 
 
 def _params_row(par: dict[str, Any]) -> list[str]:

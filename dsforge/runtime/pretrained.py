@@ -20,8 +20,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dsforge.runtime.models import ModelBuildError
-
 from dsforge.compiler.pretrained import (
     SAFETENSORS,
     SAFETENSORS_INDEX,
@@ -30,6 +28,7 @@ from dsforge.compiler.pretrained import (
     PretrainedError,
     weight_files,
 )
+from dsforge.runtime.models import ModelBuildError
 
 Ranges = Sequence[tuple[int, int]]  # (start, length) along one dimension
 READ_LOG_ENV = "DSFORGE_READ_LOG"

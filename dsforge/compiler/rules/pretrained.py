@@ -106,7 +106,7 @@ def pretrained_dtype_conversion(ctx: Context) -> Iterator[Finding]:
         rounds = " (rounding every weight)" if _narrower(want, stored) else " (exact)"
         yield Finding(f"the checkpoint is stored in {stored}; each rank converts its slices to {want} for "
                       f"training.precision {ctx.spec.training.precision}{rounds}",
-                      f"set training.precision to the checkpoint's dtype to train on the stored values", PRETRAINED)
+                      "set training.precision to the checkpoint's dtype to train on the stored values", PRETRAINED)
 
 
 def _narrower(want: str, stored: str) -> bool:
