@@ -46,7 +46,7 @@ start_munge() {
   fi
   # a munged killed without cleaning up leaves its socket's lock behind and refuses to start
   rm -f /run/munge/munged.socket.2.lock
-  runuser -u munge -- /usr/sbin/munged
+  runuser -u munge -- /usr/sbin/munged 9>&-  # the daemons must not inherit the start lock (fd 9)
   for _ in $(seq 50); do
     munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && return
     sleep 0.2
@@ -141,8 +141,8 @@ else
   printf '%s\n' "$new_conf" >"$CONF.tmp"
   mv "$CONF.tmp" "$CONF"
   # -c: a clean start (no jobs of an earlier cluster); -i: ignore the state of an earlier configuration
-  slurmctld -c -i
-  for node in "${NODES[@]}"; do slurmd -N "$node"; done
+  slurmctld -c -i 9>&-
+  for node in "${NODES[@]}"; do slurmd -N "$node" 9>&-; done
 fi
 
 # Wait until every node is idle; a node that an earlier run left down or drained is resumed once.
