@@ -98,6 +98,20 @@ def test_sigterm_is_held_back_during_the_swap_and_raised_after_it(tmp_path: Path
     assert [p.name for p in tmp_path.iterdir()] == ["job"]
 
 
+def test_sigterm_is_held_back_even_with_other_threads_running(tmp_path: Path) -> None:
+    # a thread mask would not hold it: the kernel hands the signal to a thread that does not block it
+    import threading
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        test_sigterm_is_held_back_during_the_swap_and_raised_after_it(tmp_path)
+    finally:
+        stop.set()
+        other.join()
+
+
 def dead_pid() -> int:
     """The id of a process that has exited."""
     proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,

@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -169,16 +170,31 @@ def _mtime(path: Path) -> float:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back (delivered on exit) where this thread can mask them (POSIX)."""
-    mask = getattr(signal, "pthread_sigmask", None)
-    if mask is None:
+    """Hold SIGINT and SIGTERM back (delivered on exit) by recording them in Python-level handlers.
+
+    Not a thread signal mask: in a process with other threads the kernel gives a process-directed signal to
+    any thread that does not block it, and Python then runs the handler in the main thread all the same.
+    """
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = mask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    pending: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        pending.append(signum)
+
+    old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        mask(signal.SIG_SETMASK, old)
+        for s, handler in old.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        if pending:
+            handler = old[pending[0]]
+            if callable(handler):
+                handler(pending[0], None)
+            elif handler in (signal.SIG_DFL, None):
+                signal.raise_signal(pending[0])
 
 
 def _swap_in(tmp: Path, target: Path) -> None:
