@@ -178,10 +178,10 @@ def _signals_held() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    pending: list[int] = []
+    pending: list[signal.Signals] = []
 
     def hold(signum: int, frame: object) -> None:
-        pending.append(signum)
+        pending.append(signal.Signals(signum))
 
     old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
