@@ -20,7 +20,7 @@ from dsforge.cli import cli
 from dsforge.compiler.rules.registry import all_rules
 from dsforge.compiler.validate import validate_file
 from dsforge.diagnostics import Severity
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_script
 
 BAD = ROOT / "tests" / "fixtures" / "bad"
 SNAPSHOT: dict[str, Any] = json.loads((BAD / "expected.json").read_text(encoding="utf-8"))
@@ -110,12 +110,7 @@ def test_every_registered_rule_has_a_bad_fixture() -> None:
 
 
 def test_update_script_writes_the_stored_format_over_every_fixture() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("update_snapshots", ROOT / "scripts" / "update_snapshots.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(ROOT / "scripts" / "update_snapshots.py", "update_snapshots")
     assert module.fixture_names() == FIXTURES
     assert module.render(SNAPSHOT) == (BAD / "expected.json").read_text(encoding="utf-8")
     name = "dsf010-extends-cycle-a.yaml"

@@ -6,24 +6,13 @@ A failure here means the emitted jobs changed. If the change is intended, regene
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from types import ModuleType
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_script
 
-
-def _updater() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("update_goldens", ROOT / "scripts" / "update_goldens.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-UPDATER = _updater()
+UPDATER = load_script(ROOT / "scripts" / "update_goldens.py", "update_goldens")
 
 
 @pytest.mark.parametrize("example", UPDATER.GOLDEN_EXAMPLES)

@@ -10,32 +10,20 @@ DeepSpeed's parse refuses, or a config DeepSpeed runs differently from the job f
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_script
 
 pytest.importorskip("deepspeed")
 
 
-def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dsforge_ds_differential", ROOT / "benchmarks" / "ds_differential.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["dsforge_ds_differential"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-DIFF = _module()
+DIFF = load_script(ROOT / "benchmarks" / "ds_differential.py", "dsforge_ds_differential")
 SEEDS = DIFF.seed_jobs()
 OPS = st.lists(st.tuples(st.sampled_from(DIFF.KINDS), st.integers(0, 10**6), st.integers(0, 10**6)),
                min_size=1, max_size=3)

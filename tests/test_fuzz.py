@@ -10,29 +10,16 @@ and a refused compile leaves no directory behind.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_script
 
-
-def _fuzz_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dsforge_fuzz", ROOT / "benchmarks" / "fuzz.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["dsforge_fuzz"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-FUZZ = _fuzz_module()
+FUZZ = load_script(ROOT / "benchmarks" / "fuzz.py", "dsforge_fuzz")
 SEEDS = FUZZ.seed_cases()
 USABLE = [c for c in SEEDS if not c.name.startswith("bad/")]
 #: CPU seconds one command may take on any input (wall time varies with the machine's load; CPU less).

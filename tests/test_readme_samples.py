@@ -7,11 +7,9 @@ parts of the README that other tools read (the two command blocks, the action an
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -19,22 +17,11 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT
-
-
-def _load(name: str, path: Path) -> types.ModuleType:
-    """A script of scripts/ as a module (they are run as files, not imported as a package)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
+from tests.conftest import ROOT, load_script
 
 SCRIPT = ROOT / "scripts" / "readme_samples.py"
-samples = _load("readme_samples", SCRIPT)
-checker = _load("check_readme_commands", ROOT / "scripts" / "check_readme_commands.py")
+samples = load_script(SCRIPT, "readme_samples")
+checker = load_script(ROOT / "scripts" / "check_readme_commands.py", "check_readme_commands")
 
 README = ROOT / "README.md"
 DSF104 = "tests/fixtures/bad/dsf104-tp-kv-heads.yaml"
