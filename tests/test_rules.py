@@ -63,12 +63,15 @@ def test_a_crashing_rule_becomes_dsf900_and_the_others_still_run(write_job) -> N
 def test_kv_heads_message_and_fix(write_job) -> None:
     (found,) = _diags(write_job, BASE + "parallel:\n  tp: 4\n  zero: 1\n")
     assert found == ("DSF104", 8, "tp=4 does not divide kv_heads=2: each tensor-parallel rank must own whole KV heads",
-                     "use tp in {1, 2}, or set kv_heads to a multiple of 4, or set parallel.replicate_kv_heads: true")
+                     "use tp in {1, 2}, or set kv_heads to a multiple of 4")
     replicated = "parallel:\n  tp: 4\n  zero: 1\n  replicate_kv_heads: true\n"
     # DSF104 accepts the stated replication; dsforge's own runtime cannot build it (DSF143), another stack can
     assert [d[0] for d in _diags(write_job, BASE + replicated)] == ["DSF143"]
     if "stack" in JobSpec.model_fields:
         assert not _diags(write_job, "stack: megatron-te\n" + BASE + replicated)
+        # so only there does the fix offer the replication
+        (other,) = _diags(write_job, "stack: megatron-te\n" + BASE + "parallel:\n  tp: 4\n  zero: 1\n")
+        assert other[3] == "use tp in {1, 2}, or set kv_heads to a multiple of 4, or set parallel.replicate_kv_heads: true"
 
 
 def test_value_from_a_preset_points_at_the_preset(write_job) -> None:

@@ -44,7 +44,8 @@ def tp_divides_heads(ctx: Context) -> Iterator[Finding]:
 def tp_divides_kv_heads(ctx: Context) -> Iterator[Finding]:
     """Each tensor-parallel rank must own whole KV heads. With tp > kv_heads the KV heads can instead be
     replicated (tp a multiple of kv_heads), which `parallel.replicate_kv_heads: true` states explicitly;
-    DeepSpeed's AutoTP would otherwise split them unevenly with only a log warning."""
+    DeepSpeed's AutoTP would otherwise split them unevenly with only a log warning. The fix offers the
+    replication only to a stack that runs it: dsforge's own runtime refuses it (DSF143)."""
     d, m, par = ctx.plan.degrees, ctx.plan.model, ctx.spec.parallel
     kv = m.kv_heads
     if d is None or kv % d.tp == 0:
@@ -52,7 +53,8 @@ def tp_divides_kv_heads(ctx: Context) -> Iterator[Finding]:
     if par.replicate_kv_heads and d.tp % kv == 0:
         return
     fix = f"use tp in {choices(divisors(kv))}, or set kv_heads to a multiple of {d.tp}"
-    if d.tp % kv == 0:
+    # dsforge's own runtime cannot build replicated K/V projections (DSF143): offer them to other stacks only
+    if d.tp % kv == 0 and getattr(ctx.spec, "stack", "dsforge") != "dsforge":
         fix += ", or set parallel.replicate_kv_heads: true"
     yield Finding(f"tp={d.tp} does not divide kv_heads={kv}: each tensor-parallel rank must own whole KV heads",
                   fix, ("parallel", "tp"))
