@@ -30,6 +30,8 @@ SCHEMA_IDS = [f"DSF{n:03d}" for n in range(20, 26)]
 #: Registered ids no job file given to `validate` can produce, each with where it is tested instead.
 NOT_FROM_A_JOB_FILE = {
     "DSF027": "a project settings file, not a job file: tests/test_suppress.py",
+    "DSF144": "compile only, from the model the rewrite plan builds on the meta device: "
+              "tests/test_runtime_refusals.py",
     "DSF600": "compile only, where no search resolved an `auto` (validate resolves it first, or reports DSF120/DSF13x):"
               " tests/test_compile_refusals.py",
     "DSF607": "compile only, from the rewrite plan torch computes: tests/test_compile_rewrite.py",

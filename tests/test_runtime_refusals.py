@@ -58,6 +58,9 @@ BY_RULE: dict[str, tuple[str, ...]] = {
     "rewrite/sequence.py:wrap_sequence_parallel:RewriteError": ("DSF607",),  # the planner refuses it first
     "recompute.py:apply_recompute:RecomputeError": ("DSF607",),  # a factory model without decoder layers
     "hf_attention.py:install_context_parallel:ContextParallelError": ("DSF023",),  # also a factory model's
+    # soft-capping, a sliding window shorter than the sequence, attention dropout under cp > 1: read from the model
+    # compile builds on the meta device (DSF144; Gemma2 at validate, DSF156), refused again when each rank starts
+    "hf_attention.py:check_plain_causal:ContextParallelError": ("DSF144", "DSF156"),
 }
 
 #: Refusals no job layout causes, and why.
@@ -70,7 +73,8 @@ NOT_A_LAYOUT: dict[str, str] = {
     "groups.py:create_groups:LayoutError": "API use: torch.distributed not initialised",
     "groups.py:pipe_topology:LayoutError": "programming error: DeepSpeed's grid differs from the plan's groups",
     "moe.py:register_expert_groups:LayoutError": "programming error: DeepSpeed holds other expert groups",
-    "hf_attention.py:_attention:ContextParallelError": "model content at its first forward (attention dropout)",
+    "hf_attention.py:_attention:ContextParallelError": "a guard at the first forward behind check_plain_causal, "
+                                                       "which refuses the same models at start-up (DSF144)",
     "data.py:sample:DataError": "data file content: a token id outside the vocabulary",
     "checkpoint.py:commit:CheckpointError": "checkpoint state: a rank left no marker while saving",
     "checkpoint.py:resume:CheckpointError": "checkpoint state: the directory resumed from",
@@ -210,3 +214,38 @@ def test_the_runtime_refuses_what_the_rules_refuse() -> None:
     plan = _fixture_plan(OWN_RULES["DSF142"])
     with pytest.raises(RewriteError, match="virtual_stages=2"):
         boundaries(plan, 4, 1, 1)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow  # compiles with the rewrite plan: imports torch and transformers (~8 s CPU)
+@needs_torch
+def test_attention_context_parallelism_would_change_is_refused_at_compile_and_at_start_up(tmp_path: Path) -> None:
+    """A sliding window shorter than the sequence (Mistral, Gemma3's local layers) under cp 2: compile refuses
+    the job (DSF144, from the factory's model on the meta device) and the rank-start check refuses the model;
+    a window covering the whole sequence, or a family without one, compiles."""
+    import yaml
+
+    from dsforge.compiler.emit.compile import compile_file
+    from dsforge.runtime.hf_attention import ContextParallelError, check_plain_causal
+    from dsforge.runtime.models import build_model
+    from tests.runtime_rewrite.families import FAMILY_JOBS
+
+    def compiled(model: dict[str, object], name: str) -> tuple[list[str], list[str]]:
+        doc = {"version": 1, "model": model, "hardware": {"preset": "cpu-local", "gpus_per_node": 2},
+               "parallel": {"cp": 2, "zero": 1}, "training": {"global_batch": 2, "micro_batch": 1, "precision": "fp32"}}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+        result = compile_file(path, tmp_path / name)
+        return [d.rule for d in result.diagnostics], [d.message for d in result.diagnostics if d.rule == "DSF144"]
+
+    for family in ("mistral", "gemma3"):  # window 8, seq_len 16
+        rules, messages = compiled(FAMILY_JOBS[family], family)
+        assert "DSF144" in rules, (family, rules)
+        assert "a sliding window of 8 tokens (the sequence has 16) in model.layers.{0..1}.self_attn" in messages[0]
+        job, _ = load_job(tmp_path / f"{family}.yaml")
+        assert job is not None
+        with pytest.raises(ContextParallelError, match="sliding window of 8 tokens"):
+            check_plain_causal(build_model(job.spec.model, "meta"), job.spec.model.seq_len)
+    rules, _ = compiled({**FAMILY_JOBS["mistral"], "seq_len": 8}, "mistral-in-window")
+    assert "DSF144" not in rules and not [r for r in rules if r.startswith("DSF6")], rules
+    rules, _ = compiled(FAMILY_JOBS["qwen3"], "qwen3")
+    assert "DSF144" not in rules, rules

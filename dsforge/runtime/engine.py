@@ -109,8 +109,9 @@ def parallelize(model: nn.Module, plan: Plan, groups: ParallelGroups, gather_log
         fill_rank(model, rp, groups, source, plan)
         check_real(model, "this rank's model")
     if d.cp > 1:
-        from dsforge.runtime.hf_attention import install_context_parallel
+        from dsforge.runtime.hf_attention import check_plain_causal, install_context_parallel
 
+        check_plain_causal(model, plan.model.seq_len)  # at start-up, not at the first forward (DSF144)
         install_context_parallel(model, plan.spec.parallel.context_parallel.kind, groups.cp)
     if rp.sequence_parallel:
         _finish_sequence_parallel(model, plan, groups)

@@ -40,6 +40,7 @@ def _attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, att
         raise ContextParallelError("context-parallel attention has no attention dropout; set it to 0")
     # Ring and Ulysses attention are plain causal softmax attention: anything else the model asks for
     # would be dropped silently, so it is refused (Gemma's soft-capping, a window shorter than the sequence).
+    # check_plain_causal refuses these models when the rank starts; this is the guard behind it.
     if kwargs.get("softcap") is not None:
         raise ContextParallelError(f"{type(module).__name__} soft-caps its attention scores (softcap="
                                    f"{kwargs['softcap']}); context-parallel attention does not: use cp 1")
@@ -95,6 +96,45 @@ def _ulysses(group: dist.ProcessGroup) -> tuple[nn.Module, Callable[[Tensor, Ten
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The modules that call HF's attention interface (their class name ends in ``Attention``)."""
     return [(n, m) for n, m in model.named_modules() if type(m).__name__.endswith("Attention") and hasattr(m, "config")]
+
+
+def _window_of(module: nn.Module) -> Any:
+    """The sliding window an HF attention module passes to the attention call (None: full causal)."""
+    if hasattr(module, "sliding_window"):  # Gemma2/3, Qwen2/3: per layer, None on the full-attention layers
+        return module.sliding_window
+    return getattr(module.config, "sliding_window", None)  # Mistral, Phi3: the config's, on every layer
+
+
+def plain_causal_problems(model: nn.Module, seq_len: int) -> list[str]:
+    """What the model's attention computes beyond plain causal softmax attention over ``seq_len`` tokens.
+
+    Ring and Ulysses attention compute exactly that and nothing more, so each entry (soft-capped
+    scores, a sliding window shorter than the sequence, attention dropout) names something a
+    context-parallel run would drop. Only the modules' attributes are read: a meta-device model will do,
+    which is how compile checks a job (DSF144) before any rank starts.
+    """
+    found: dict[str, list[str]] = {}
+    for name, module in attention_modules(model):
+        softcap = getattr(module, "attn_logit_softcapping", None)
+        if softcap is not None:
+            found.setdefault(f"soft-capped attention scores (attn_logit_softcapping={softcap})", []).append(name)
+        window = _window_of(module)
+        if isinstance(window, int) and not isinstance(window, bool) and window < seq_len:
+            found.setdefault(f"a sliding window of {window} tokens (the sequence has {seq_len})", []).append(name)
+        dropout = getattr(module, "attention_dropout", 0.0)
+        if isinstance(dropout, (int, float)) and dropout > 0:
+            found.setdefault(f"attention dropout {dropout}", []).append(name)
+    from dsforge.runtime.rewrite.walk import group_names  # the rewrite package imports this module
+
+    return [f"{what} in {', '.join(group_names(names))}" for what, names in found.items()]
+
+
+def check_plain_causal(model: nn.Module, seq_len: int) -> None:
+    """Refuse, when the rank starts, a model whose attention context parallelism would change (DSF144)."""
+    problems = plain_causal_problems(model, seq_len)
+    if problems:
+        raise ContextParallelError("context-parallel attention is plain causal softmax attention, but the model "
+                                   f"has {'; '.join(problems)}: use cp 1")
 
 
 def install_context_parallel(model: nn.Module, kind: str, group: dist.ProcessGroup) -> int:

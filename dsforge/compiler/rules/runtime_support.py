@@ -82,3 +82,27 @@ def replicated_kv_heads(ctx: Context) -> Iterator[Finding]:
                   "rank whole KV heads of its own and cannot build replicated K/V projections, so every rank "
                   "would stop at start-up",
                   f"use tp dividing kv_heads={m.kv_heads} (and dp or pp for the other ranks)", ("parallel", "tp"))
+
+
+@rule("DSF144", "context-parallel attention is plain causal attention: no soft-capping, windows or dropout",
+      source="dsforge/runtime/hf_attention.py plain_causal_problems, check_plain_causal; HF Gemma2/Gemma3/Mistral/"
+             "Phi3/Qwen2 attention (sliding_window, attn_logit_softcapping)", phase="compile")
+def context_parallel_attention(ctx: Context) -> Iterator[Finding]:
+    """Ring and Ulysses attention compute causal softmax attention over the whole sequence; a model whose
+    attention also soft-caps its scores (Gemma2), attends within a sliding window shorter than
+    `model.seq_len` (Mistral, Phi3, Gemma2/3's local layers, Qwen2 with use_sliding_window) or drops
+    attention weights would train as another model, so every rank refuses it at start-up. Whether a model
+    does so is in its config, which for `model.factory` only the built module knows: compile builds it on
+    the meta device (the rewrite plan, as DSF607) and reads every attention module. Validate sees it
+    earlier where the job says so: Gemma2 always soft-caps (DSF156); dsforge's own gpt2/llama/mixtral
+    models have none of these, and a `model.pretrained` config with a sliding window is refused (DSF012).
+    Where compile cannot build the model (`--no-rewrite`, no torch, a factory not importable there) the
+    ranks refuse it at start-up with the same message."""
+    desc = getattr(ctx, "rewrite", None)
+    d = ctx.plan.degrees
+    if not isinstance(desc, dict) or d is None or d.cp == 1:
+        return
+    for problem in desc.get("context_parallel_refusals") or []:
+        yield Finding(f"cp={d.cp}: context-parallel attention is plain causal softmax attention, but the model has "
+                      f"{problem}, which it would drop", f"use cp: 1 (tp, pp or recompute for the memory of "
+                      f"seq_len={ctx.plan.model.seq_len}), or a model without it", ("parallel", "cp"))

@@ -16,6 +16,7 @@ from torch import nn
 
 from dsforge.compiler.plan import Plan
 from dsforge.compiler.rewrite_policies import POLICIES, rows_for
+from dsforge.runtime.hf_attention import plain_causal_problems
 from dsforge.runtime.rewrite.shard import (
     Heads,
     ParamShard,
@@ -98,6 +99,8 @@ class RewritePlan:
     attr_scales: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     moe: MoERouting | None = None
+    #: What context parallelism (cp > 1) would drop from the model's attention (DSF144); empty when cp = 1.
+    cp_refusals: list[str] = field(default_factory=list)
 
     def module(self, name: str) -> ModulePlan:
         """The entry of one module by qualified name."""
@@ -139,7 +142,9 @@ class RewritePlan:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form for plan.json: summary, every module, exact parameter counts."""
         per_stage = self.stage_params()
-        return {"arch": self.arch, "tp": self.tp, "ep": self.ep, "pp": self.pp,
+        # only when there is something to refuse: plan.json (and its goldens) of every job compile accepts stay as they were
+        refusals = {"context_parallel_refusals": list(self.cp_refusals)} if self.cp_refusals else {}
+        return {**refusals, "arch": self.arch, "tp": self.tp, "ep": self.ep, "pp": self.pp,
                 "sequence_parallel": self.sequence_parallel, "layer_list": self.layer_list,
                 "head_dim": self.head_dim,
                 "attr_scales": [{"module": n, "attr": a} for n, a in self.attr_scales],
@@ -365,5 +370,6 @@ def plan_module(model: nn.Module, plan: Plan, arch: str) -> RewritePlan:
     moe = plan.model.moe
     routing = MoERouting(moe.top_k, spec.model.moe.drop_tokens if spec.model.moe else False,
                          moe.capacity_factor) if moe is not None else None
+    cp_refusals = plain_causal_problems(model, plan.model.seq_len) if d.cp > 1 else []
     return RewritePlan(arch, d.tp, d.ep, d.pp, sp, entries, layer_list, heads.head_dim, scales, warnings,
-                       routing)
+                       routing, cp_refusals)
