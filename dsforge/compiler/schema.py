@@ -179,6 +179,29 @@ class LinkSpec(Section):
         "Share of bandwidth_gbs a collective's bus bandwidth reaches (NCCL busbw / line rate); default 1.")
 
 
+#: One figure per ZeRO stage 0-3, microseconds; 10^7 us (10 s) per call would be absurd
+_PER_ZERO_US = TupleOf(*(Float(ge=0, le=1e7) for _ in range(4)))
+
+
+class EngineOverheadSpec(Section):
+    """Host time the DeepSpeed engine spends outside the model's own operations, per ZeRO stage 0-3."""
+
+    step_us: tuple[float, float, float, float] = field(
+        _PER_ZERO_US, (0.0, 0.0, 0.0, 0.0),
+        "Fixed cost of one optimizer step (gradient-accumulation boundary), per ZeRO stage 0-3 (us).")
+    micro_batch_us: tuple[float, float, float, float] = field(
+        _PER_ZERO_US, (0.0, 0.0, 0.0, 0.0),
+        "Fixed cost of one micro-batch's engine forward, backward and step calls, per ZeRO stage 0-3 (us).")
+    tensor_step_us: tuple[float, float, float, float] = field(
+        _PER_ZERO_US, (0.0, 0.0, 0.0, 0.0),
+        "Cost per parameter tensor of a rank per optimizer step (the optimizer tensor by tensor, flattening), "
+        "per ZeRO stage 0-3 (us).")
+    tensor_micro_batch_us: tuple[float, float, float, float] = field(
+        _PER_ZERO_US, (0.0, 0.0, 0.0, 0.0),
+        "Cost per parameter tensor of a rank per micro-batch (gradient hooks and bucketing, ZeRO-3's fetch and "
+        "release), per ZeRO stage 0-3 (us).")
+
+
 class HardwareSpec(Section):
     """The machines: a preset and/or nodes, GPUs per node, the accelerator and the two link levels."""
 
@@ -199,6 +222,10 @@ class HardwareSpec(Section):
                                         "Host-to-device bandwidth per accelerator (GB/s, PCIe); prices offload.")
     host_cores: int | None = field(Optional(Int(ge=1, le=MAX_GPUS_PER_NODE)), None,
                                    "CPU cores per node; on the cpu accelerator, ranks beyond them time-share the cores.")
+    engine_overhead: EngineOverheadSpec | None = field(
+        Optional(Nested(EngineOverheadSpec)), None,
+        "DeepSpeed engine host time per step, micro-batch and parameter tensor (stack dsforge; measured by "
+        "`dsforge calibrate`); absent: not priced.")
 
     @classmethod
     def _relations(cls, values: dict[str, Any], path: Path, issues: list[Issue]) -> None:

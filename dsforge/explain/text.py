@@ -168,6 +168,8 @@ def timing_section(s: dict[str, Any]) -> Section:
     parts = [("compute", t["compute_s"]), (BUBBLE_ROW, t["bubble_s"])]
     parts += [(f"{k} communication (exposed)", v) for k, v in t["exposed_comm_s"].items()]
     parts += [("optimizer step", t["optimizer_s"])]
+    if t.get("engine_s"):  # priced only where the hardware states engine_overhead (`dsforge calibrate`)
+        parts += [("DeepSpeed engine host work", t["engine_s"])]
     rows = [[name, seconds(v), pct(v / step if step else 0.0)] for name, v in parts]
     rows.append(["step", seconds(step), pct(1.0)])
     note = (f"pipeline: {p['schedule']}, {plural(p['stages'], 'stage')} x {plural(p['virtual_stages'], 'chunk')}, "

@@ -12,7 +12,16 @@ What is measured, and how each figure enters the cost model (dsforge/compiler/es
 * collectives over the real backend (gloo on CPU, NCCL on GPU) with ``ranks`` processes on this node:
   all-reduce by message size, fitted to the ring model 2(n-1)·alpha + 2(n-1)/n·bytes/beta by least squares:
   ``intra_node.latency_us`` = alpha and ``bandwidth_gbs`` = beta (``bus_efficiency`` 1: beta is already what
-  the backend achieves). One node only: ``inter_node`` is written equal to ``intra_node`` and says so.
+  the backend achieves). One node only: ``inter_node`` is written equal to ``intra_node`` and says so;
+* the DeepSpeed engine's own host work (``engine_overhead``, priced by estimate/engine_overhead.py): on
+  one CPU process, a real engine of dsforge's tiny Llama at 2 and 8 layers (T = 21 and 75 parameter
+  tensors) per ZeRO stage 0-3, four micro-batches per step, each ``engine(...)``, ``backward``, ``step``
+  timed on its own, beside the same module's forward and backward without an engine (timed in between,
+  so the machine's load drifts out of the difference). A micro-batch that is not the step's last costs
+  ``micro_batch_us + T x tensor_micro_batch_us`` over the bare module; the last one adds
+  ``step_us + T x tensor_step_us``; the two depths solve for the constant and the per-tensor term (a
+  negative term, noise, is set to 0 and the constant refitted as the mean). GPUs: not measured (the host
+  work runs beside the kernels there), the section is left out.
 
 The output is a job-file fragment (`hardware:` only) that a job uses through ``extends:``.
 """
@@ -150,6 +159,118 @@ def fit_ring(rows: list[tuple[int, float]], n: int) -> tuple[float, float]:
     return intercept / (2 * (n - 1)), 1.0 / slope if slope > 0 else 1e13
 
 
+ENGINE_LAYERS = (2, 8)
+ENGINE_MICRO_BATCHES = 4
+
+
+def _engine_job(directory: Path, zero: int, layers: int) -> Path:
+    """A one-rank tiny-Llama job at ZeRO ``zero`` with ``layers`` layers, fp32 on the CPU."""
+    import yaml
+
+    job = {"version": 1, "name": f"calibrate-z{zero}-l{layers}", "model": {"preset": "tiny-llama", "layers": layers},
+           "hardware": {"preset": "cpu-local", "gpus_per_node": 1}, "parallel": {"dp": 1, "zero": zero},
+           "training": {"global_batch": ENGINE_MICRO_BATCHES, "micro_batch": 1, "precision": "fp32",
+                        "optimizer": {"name": "adamw", "lr": 1e-4}}}
+    path = directory / f"z{zero}-l{layers}.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _engine_worker(rank: int, init: str, out: str, repeats: int) -> None:
+    """Time engine micro-batches against the bare module for every ZeRO stage and depth; write JSON rows."""
+    import contextlib
+    import io
+    import json
+
+    import torch.distributed as dist
+
+    from dsforge.compiler.emit.ds_config import build_ds_config
+    from dsforge.compiler.estimate.engine_overhead import rank_tensors
+    from dsforge.compiler.validate import validate_file
+    from dsforge.runtime.engine import CausalLMLoss, build_engine, build_parallel_model
+    from dsforge.runtime.groups import create_groups, ensure_deepspeed_comm
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # deepspeed.initialize reads the launcher's variables; this process is a world of its own
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
+    ensure_deepspeed_comm()
+    rows = []
+    folder = Path(out).parent
+    for zero in range(4):
+        for layers in ENGINE_LAYERS:
+            plan = validate_file(_engine_job(folder, zero, layers)).plan
+            assert plan is not None  # a fixed, valid job
+            groups = create_groups(plan)
+            with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed's start-up chatter
+                engine = build_engine(plan, build_ds_config(plan), groups, seed=1)
+                bare = CausalLMLoss(build_parallel_model(plan, groups, 1), 1)
+            seq = plan.model.seq_len
+            ids = torch.randint(0, plan.model.vocab, (1, seq))
+            pos = torch.arange(seq).unsqueeze(0)
+            inner: list[list[float]] = [[] for _ in range(ENGINE_MICRO_BATCHES)]
+            raw: list[float] = []
+            for rep in range(repeats + 1):  # the first step warms up (optimizer states, buffers)
+                for i in range(ENGINE_MICRO_BATCHES):
+                    t0 = time.perf_counter()
+                    bare(ids, ids, pos).backward()
+                    t1 = time.perf_counter()
+                    loss = engine(ids, ids, pos)
+                    engine.backward(loss)
+                    engine.step()
+                    t2 = time.perf_counter()
+                    if rep:
+                        raw.append(t1 - t0)
+                        inner[i].append(t2 - t1)
+                bare.zero_grad(set_to_none=True)
+            rows.append({"zero": zero, "layers": layers, "tensors": rank_tensors(plan, 0),
+                         "bare_s": statistics.median(raw),
+                         "micro_batch_s": statistics.median(t for ts in inner[:-1] for t in ts),
+                         "last_micro_batch_s": statistics.median(inner[-1])})
+            del engine, bare
+    Path(out).write_text(json.dumps(rows), encoding="utf-8")
+    dist.destroy_process_group()
+
+
+def fit_engine(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """The `hardware.engine_overhead` terms (us, per ZeRO stage) solved from `_engine_worker` rows.
+
+    Per stage, a micro-batch costs ``micro + T x tensor_micro`` over the bare module and the step's last
+    one ``step + T x tensor_step`` more; a line through the two depths gives each pair, its slope clipped
+    at 0 (the constant then the mean), its constant clipped at 0."""
+    def line(points: list[tuple[float, float]]) -> tuple[float, float]:
+        (t0, y0), (t1, y1) = points[0], points[-1]
+        slope = (y1 - y0) / (t1 - t0) if t1 != t0 else 0.0
+        if slope < 0:
+            return max(0.0, statistics.fmean(y for _, y in points)), 0.0
+        return max(0.0, y0 - slope * t0), slope
+
+    out: dict[str, list[float]] = {k: [] for k in ("step_us", "micro_batch_us", "tensor_step_us",
+                                                   "tensor_micro_batch_us")}
+    for zero in range(4):
+        mine = sorted((r for r in rows if r["zero"] == zero), key=lambda r: r["tensors"])
+        micro = line([(r["tensors"], r["micro_batch_s"] - r["bare_s"]) for r in mine])
+        step = line([(r["tensors"], r["last_micro_batch_s"] - r["micro_batch_s"]) for r in mine])
+        out["micro_batch_us"].append(round(micro[0] * 1e6, 2))
+        out["tensor_micro_batch_us"].append(round(micro[1] * 1e6, 3))
+        out["step_us"].append(round(step[0] * 1e6, 2))
+        out["tensor_step_us"].append(round(step[1] * 1e6, 3))
+    return out
+
+
+def engine_rows(repeats: int = 5) -> list[dict[str, Any]]:
+    """Run `_engine_worker` in a one-rank process group of its own (DeepSpeed keeps global state)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "engine.json")
+        mp.spawn(_engine_worker, args=(f"file://{tmp}/store", out, repeats), nprocs=1, join=True)
+        rows: list[dict[str, Any]] = json.loads(Path(out).read_text(encoding="utf-8"))
+    return rows
+
+
 def _host_ram_gb() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
 
@@ -166,6 +287,7 @@ def calibrate(ranks: int = 2) -> dict[str, Any]:
     overhead = op_overhead(device)
     per_layer = layer_op_overhead() if not on_gpu else overhead
     alpha, beta, rows = collective_fit(ranks, "nccl" if on_gpu else "gloo") if ranks > 1 else (0.0, 1e12, [])
+    engine = [] if on_gpu else engine_rows()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     name = torch.cuda.get_device_name(0) if on_gpu else "cpu"
     memory_gb = (torch.cuda.get_device_properties(0).total_memory / 1e9) if on_gpu else _host_ram_gb() / ranks
@@ -174,7 +296,7 @@ def calibrate(ranks: int = 2) -> dict[str, Any]:
         "measured": {"fp32_gemm_tflops": {n: r / 1e12 for n, r in fp32.items()},
                      "bf16_gemm_tflops": {n: r / 1e12 for n, r in bf16.items()},
                      "copy_gbs": bandwidth / 1e9, "bare_op_us": overhead * 1e6, "op_overhead_us": per_layer * 1e6,
-                     "all_reduce_seconds": rows, "ranks": ranks, "cores": cores,
+                     "all_reduce_seconds": rows, "engine_steps": engine, "ranks": ranks, "cores": cores,
                      "host": platform.node(), "torch": torch.__version__,
                      "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
         "hardware": {
@@ -185,7 +307,8 @@ def calibrate(ranks: int = 2) -> dict[str, Any]:
                             "fp16_tflops": 0 if not on_gpu else round(max(bf16.values()) / 1e12, 6),
                             "hbm_gbs": round(bandwidth / 1e9, 3), "gemm_efficiency": 1.0,
                             "memory_efficiency": 1.0, "op_overhead_us": round(per_layer * 1e6, 3)},
-            "intra_node": link, "inter_node": dict(link)},
+            "intra_node": link, "inter_node": dict(link),
+            **({"engine_overhead": fit_engine(engine)} if engine else {})},
     }
 
 
@@ -204,4 +327,8 @@ def render(result: dict[str, Any]) -> str:
              f"({m['bare_op_us']:.2f} us for a bare autograd op)",
              "# all-reduce seconds by bytes: " + ", ".join(f"{s}: {sec:.3g}" for s, sec in m["all_reduce_seconds"]),
              "# inter_node: one node was measured; it repeats intra_node"]
+    for r in m.get("engine_steps", []):
+        lines.append(f"# engine ZeRO-{r['zero']}, {r['layers']} layers ({r['tensors']} tensors): bare micro-batch "
+                     f"{r['bare_s'] * 1e3:.2f} ms, engine {r['micro_batch_s'] * 1e3:.2f} ms, the step's last "
+                     f"{r['last_micro_batch_s'] * 1e3:.2f} ms")
     return "\n".join(lines) + "\n" + yaml.safe_dump({"hardware": result["hardware"]}, sort_keys=False)

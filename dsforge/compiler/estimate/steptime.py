@@ -12,7 +12,11 @@ The model, per pipeline rank and model chunk:
 * after its last pass each rank reduces gradients and gathers parameters over its data-parallel group
   (exposed: DeepSpeed reduces at the accumulation boundary; with overlap_comm and no pipeline the
   reduction overlaps the last backward) and runs the optimizer, a memory-bound sweep over its
-  partition. The step ends when the slowest rank is done.
+  partition. The step ends when the slowest rank is done;
+* stack `dsforge` adds the DeepSpeed engine's own host work (`engine_overhead`: hooks and bucketing per
+  micro-batch and parameter tensor, the optimizer tensor by tensor per step), as measured by
+  `dsforge calibrate` into ``hardware.engine_overhead``: per micro-batch in the backward pass (ZeRO-3's
+  fetches half in the forward), per step after the last pass.
 
 ``accelerator.achievable_fraction`` is the share of dense peak the layers' kernels reach on their own
 (GEMMs, attention, elementwise work), not end-to-end MFU; the hardware presets calibrate it from
@@ -21,10 +25,11 @@ published runs (see their comments) and a job can override it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dsforge.compiler.estimate import comm, flops
 from dsforge.compiler.estimate.comm import Collective
+from dsforge.compiler.estimate.engine_overhead import engine_overhead
 from dsforge.compiler.estimate.compute import (
     DEFAULT_GEMM_EFFICIENCY,
     DEFAULT_MEMORY_EFFICIENCY,
@@ -52,11 +57,12 @@ class Pass:
 
     compute_s: float
     comm_s: dict[str, float] = field(default_factory=dict)
+    engine_s: float = 0.0  # the DeepSpeed engine's host work in this pass (`engine_overhead`)
 
     @property
     def seconds(self) -> float:
         """Total duration (s)."""
-        return self.compute_s + sum(self.comm_s.values())
+        return self.compute_s + sum(self.comm_s.values()) + self.engine_s
 
 
 def achievable_fraction(plan: Plan) -> tuple[float, str]:
@@ -123,14 +129,17 @@ def stage_passes(plan: Plan, stage: int, speed: float | Rates) -> tuple[list[Pas
                                 o.link, o.overlap, o.repeat) for o in recompute_ops]
     chunks = stage_chunks(plan, stage)
     last_chunk = len(plan.stage_layers) - 1
+    engine = engine_overhead(plan, stage).micro_batch_s * r.slowdown / len(chunks)
+    engine_fwd = engine / 2 if plan.zero == 3 else 0.0  # ZeRO-3 fetches in both passes; 0-2 hook the backward
     fwd, bwd = [], []
     for j, (first_layer, count) in enumerate(chunks):
         k = j * d.pp + stage
         c = chunk_time(plan, first_layer, count, k == 0, k == last_chunk, r)
         moe = sum(is_moe_layer(model, i) for i in range(first_layer, first_layer + count))
         counts: _ChunkCounts = (count, moe, k == 0, k == last_chunk, 1.0 / len(chunks))
-        fwd.append(_pass(ops, "forward", c.forward_s, c.attention_s, counts))
-        bwd.append(_pass(ops, "backward", c.backward_s, 2 * c.attention_s, counts))
+        fwd.append(replace(_pass(ops, "forward", c.forward_s, c.attention_s, counts), engine_s=engine_fwd))
+        bwd.append(replace(_pass(ops, "backward", c.backward_s, 2 * c.attention_s, counts),
+                           engine_s=engine - engine_fwd))
     return fwd, bwd
 
 
@@ -172,14 +181,16 @@ def optimizer_seconds(plan: Plan, stage: int) -> float:
     return params * touched / (hw.accelerator.hbm_gbs * 1e9 * efficiency)
 
 
-def stage_tail(plan: Plan, stage: int, last_backward_s: float) -> dict[str, float]:
-    """Exposed seconds after rank ``stage``'s last pass: DP reductions and gathers, tied embeddings, optimizer."""
+def stage_tail(plan: Plan, stage: int, last_backward_s: float, slowdown: float = 1.0) -> dict[str, float]:
+    """Exposed seconds after rank ``stage``'s last pass: DP reductions and gathers, tied embeddings, optimizer,
+    and the engine's per-step host work (``slowdown``: CPU ranks time-sharing cores, `compute.Rates`)."""
     assert plan.degrees is not None
     ops = [o for o in comm.data_parallel(plan, stage) if o.scope == "step"]
     if stage in (0, plan.degrees.pp - 1):
         ops += [o for o in comm.pipeline_parallel(plan) if o.scope == "step"]
     tail = _exposed_per_link([(op, op.seconds) for op in ops], last_backward_s, 0.0)
     tail["optimizer"] = optimizer_seconds(plan, stage)
+    tail["engine"] = engine_overhead(plan, stage).step_s * slowdown
     return tail
 
 
@@ -203,6 +214,7 @@ class StepTime:
     peak_flops: float
     achievable_fraction: float
     fraction_source: str
+    engine_s: float = 0.0  # the DeepSpeed engine's host work on the critical rank (`engine_overhead`)
 
     @property
     def tokens_per_s(self) -> float:
@@ -253,7 +265,7 @@ def estimate_step(plan: Plan) -> StepTime:
     secs = ([[x.seconds for x in row] for row in fwd], [[x.seconds for x in row] for row in bwd])
     timeline = simulate(schedule, secs[0], secs[1], m, transfer)
     no_transfer = simulate(schedule, secs[0], secs[1], m, 0.0).makespan if transfer else timeline.makespan
-    tails = [stage_tail(plan, s, bwd[s][0].compute_s) for s in range(plan.degrees.pp)]
+    tails = [stage_tail(plan, s, bwd[s][0].compute_s, rate.slowdown) for s in range(plan.degrees.pp)]
     ends = [timeline.end_of(s) + sum(tails[s].values()) for s in range(plan.degrees.pp)]
     r = max(range(len(ends)), key=ends.__getitem__)
     comm_s: dict[str, float] = {}
@@ -262,13 +274,14 @@ def estimate_step(plan: Plan) -> StepTime:
             for kind, sec in x.comm_s.items():
                 comm_s[kind] = comm_s.get(kind, 0.0) + sec * m
     for kind, sec in tails[r].items():
-        if kind != "optimizer":
+        if kind not in ("optimizer", "engine"):
             comm_s[kind] = comm_s.get(kind, 0.0) + sec
     idle = timeline.end_of(r) - timeline.busy(r)
     pp_wait = min(idle, max(0.0, timeline.makespan - no_transfer))
     if pp_wait > 0:
         comm_s["pp"] = comm_s.get("pp", 0.0) + pp_wait
     compute = m * sum(x.compute_s for x in fwd[r] + bwd[r])
+    engine = m * sum(x.engine_s for x in fwd[r] + bwd[r]) + tails[r]["engine"]
     return StepTime(timeline, fwd, bwd, r, ends[r], compute, idle - pp_wait, comm_s, tails[r]["optimizer"],
                     flops.model_flops_per_step(plan), flops.hardware_flops_per_step(plan),
-                    spec.training.global_batch * plan.model.seq_len, plan.world_size, peak, frac, source)
+                    spec.training.global_batch * plan.model.seq_len, plan.world_size, peak, frac, source, engine)

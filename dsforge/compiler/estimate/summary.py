@@ -82,6 +82,7 @@ def _time(plan: Plan, step: StepTime, tokens: float | None) -> dict[str, Any]:
     train_tokens = tokens if tokens is not None else float(plan.spec.training.steps * step.tokens)
     return {"step_s": step.step_s, "compute_s": step.compute_s, "bubble_s": step.bubble_s,
             "exposed_comm_s": dict(step.comm_s), "optimizer_s": step.optimizer_s,
+            "engine_s": step.engine_s,
             "critical_stage": step.critical_stage, "tokens_per_step": step.tokens, "tokens_per_s": step.tokens_per_s,
             "model_tflops_per_gpu": step.tflops_per_gpu,
             "hardware_tflops_per_gpu": step.hardware_flops / step.step_s / step.gpus / 1e12,
