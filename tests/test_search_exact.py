@@ -37,6 +37,12 @@ parallel: {tp: auto, cp: auto, ep: auto, zero: auto, context_parallel: {kind: au
 training: {global_batch: 16, micro_batch: auto, precision: fp32, steps: 10}
 search: {objective: cost, price_per_gpu_hour: 2.0, top: 6}
 """,
+    "memory-groups": """version: 1
+model: {preset: llama3-8b, layers: 4, seq_len: 8192}
+hardware: {preset: dgx-a100-40gb, nodes: 1}
+parallel: {tp: auto, pp: auto, zero: auto}
+training: {global_batch: 64, micro_batch: auto, recompute: auto, steps: 10}
+""",
     "deadline": """version: 1
 model: {preset: llama3-8b, layers: 2}
 hardware: {preset: dgx-h100, nodes: auto}
@@ -84,6 +90,7 @@ def test_every_bound_lies_below_what_it_bounds(write_job, name: str) -> None:
             step = estimate_step(plan).step_s
             assert compute_floor_s(plan) <= step * (1 + 1e-9), lay
             assert pass_floor_s(plan, "edges") <= pass_floor_s(plan) <= step * (1 + 1e-9), lay
+            assert pass_floor_s(plan) == pass_floor_s(plan, "each"), lay  # alike stages priced once
             checked += 1
     assert checked >= 20
 
@@ -138,3 +145,38 @@ def test_each_large_example_with_auto_degrees_gets_a_layout_at_least_as_fast_as_
     print(f"{name}: winner {r.winner.layout.label()} {r.winner.step.step_s:.2f} s/step; written "
           f"{written.label()} {r.written.step.step_s:.2f} s/step, rank {r.written_rank} of "
           f"{r.funnel.fitting} estimated ({r.seconds:.1f} s)")
+
+
+@pytest.mark.parametrize("name", ["dense-gpus", "pipeline-schedules", "memory-groups"])
+def test_the_memory_bound_grows_with_the_micro_batch_and_less_recompute(write_job, name: str) -> None:
+    """The order `_staircase` relies on, over every member of every memory group: with two or more
+    micro-batches a larger micro-batch or less recomputation never lowers the bound; with one, less
+    recomputation never does."""
+    job = _job(write_job, SPACES[name])
+    model = resolve_model(job.spec.model)
+    order = {"full": 0, "selective": 1, "none": 2}
+    pairs = 0
+    for skel in skeletons(job.spec, model, job.spec.hardware.nodes):
+        groups: dict[tuple, list] = {}
+        for lay in layouts(job.spec, model, skel, job.spec.hardware.nodes):
+            key = (lay.sequence_parallel, lay.cp_kind, lay.schedule, lay.virtual_stages, lay.global_batch)
+            bound = edge_memory_bytes(_model_seeded(apply_layout(job.spec, lay), model))
+            groups.setdefault(key, []).append((lay, bound))
+        for members in groups.values():
+            for (a, ba), (b, bb) in itertools.permutations(members, 2):
+                single_a = a.global_batch // (a.dp * a.micro_batch) == 1
+                single_b = b.global_batch // (b.dp * b.micro_batch) == 1
+                if single_a != single_b or (single_a and a.micro_batch != b.micro_batch):
+                    continue
+                if a.micro_batch <= b.micro_batch and order[a.recompute] <= order[b.recompute]:
+                    assert ba <= bb * (1 + 1e-9), (a, b)
+                    pairs += 1
+    assert pairs >= 20
+
+
+def test_the_memory_staircase_bounds_fewer_candidates_than_it_rules_out(write_job) -> None:
+    job = _job(write_job, SPACES["memory-groups"])
+    pruned, full = search(job), search(job, exhaustive=True)
+    assert [(e.layout, e.value) for e in pruned.ranked] == [(e.layout, e.value) for e in full.ranked[:len(pruned.ranked)]]
+    removed = pruned.funnel.removed["memory"] + pruned.funnel.removed["DSF301"]
+    assert removed > 0 and pruned.funnel.bounded < pruned.funnel.considered

@@ -512,6 +512,8 @@ def same_setting(key: str) -> set[str]:
 
 def merge_zero(emitted: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     """``emitted`` with ``override`` merged over it, each override replacing every spelling of its setting."""
+    if not override:  # the common case, and on the search's per-candidate path: nothing to replace
+        return dict(emitted)
     # drop what dsforge wrote under another spelling of an overridden setting (never the override's own keys:
     # two spellings in the override itself are the user's, and DeepSpeed's verdict on them stands)
     out = {k: v for k, v in emitted.items() if not ((same_setting(k) - {k}) & set(override))}

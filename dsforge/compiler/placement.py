@@ -194,6 +194,9 @@ class Placement:
     #: why Megatron's expert grid for this order has other tensor-parallel groups (None: it has not);
     #: only a MoE model needs that grid, so DSF126 refuses MoE models when it is set
     expert_note: str | None = None
+    #: answers of `crosses_nodes` by kind: the cost model asks for every collective of every pass, and each
+    #: answer scans every group's base rank (thousands at 16,384 ranks)
+    _crossing: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
 
     def node_of(self, rank: int) -> int:
         """The node index hosting ``rank`` (ranks fill nodes in order, gpus_per_node each)."""
@@ -228,13 +231,17 @@ class Placement:
 
     def crosses_nodes(self, kind: str) -> bool:
         """True if some group of this kind has members on two or more nodes."""
+        known = self._crossing.get(kind)
+        if known is not None:
+            return known
         shape = self.shape(kind)
         if shape is None:
             return False
         offsets, bases = shape
         per, span = self.gpus_per_node, offsets[-1]
         # groups are sorted and nodes hold consecutive ranks: a group stays in one node iff its ends do
-        return any(b // per != (b + span) // per for b in bases)
+        self._crossing[kind] = any(b // per != (b + span) // per for b in bases)
+        return self._crossing[kind]
 
     def crossing_group(self, kind: str) -> list[int] | None:
         """The first group of this kind with members on two or more nodes, or None."""

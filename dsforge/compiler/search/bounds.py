@@ -3,8 +3,9 @@
 * Memory: a rank holds at least its model states, whatever its activations: its 16-bit (or fp32) weights, whole
   under ZeRO 0-2 and partitioned under ZeRO-3, and its partition of the fp32 master weights and optimizer
   moments unless they are offloaded (Rajbhandari et al. 2020, sec. 3.1: 2 + 12 bytes per parameter).
-* Step time, cheap: no pass runs faster than the dense peak, so a rank's busy time is at least its hardware FLOPs
-  over the peak; over a p-stage pipeline of m micro-batches stage k cannot start before micro-batch 1 crossed
+* Step time, cheap: no pass runs faster than the dense peak times the GEMM efficiency the cost model prices
+  GEMMs and the attention core at (`compute_speed`), so a rank's busy time is at least its hardware FLOPs over
+  that rate; over a p-stage pipeline of m micro-batches stage k cannot start before micro-batch 1 crossed
   stages 0..k-1, so the step lasts at least max_k (sum_{s<k} c_s + m c_k), which over all splits of the work is at
   least C / (1 - (1 - 1/m)^p), C the work of one micro-batch over all stages: the analytic bubble for uneven stages
   (for equal stages it is (m + p - 1) c, Narayanan et al. 2021).
@@ -17,6 +18,8 @@ search without pruning (so a change of the cost model can make the search slower
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from dsforge.compiler.estimate import flops
 from dsforge.compiler.estimate.shares import stage_share
@@ -47,13 +50,30 @@ def model_state_bytes(plan: Plan, average: bool = False) -> float:
     return sum(each) / len(each) if average else max(each)
 
 
-def compute_floor_s(plan: Plan, hardware_flops: float | None = None) -> float:
-    """A lower bound of the step time from FLOPs at the dense peak and the analytic bubble of the pipeline
-    (``hardware_flops``: the step's, when the caller has it)."""
+def compute_speed(plan: Plan) -> float:
+    """The fastest FLOP/s the cost model lets one rank compute at: the dense peak times the share of it that its
+    compute-bound kernels reach, over the ranks that time-share a core (`compute.rates`). `compute.chunk_time`
+    prices every FLOP that `flops.chunk_flops` counts at no more than this (each GEMM and the attention core at
+    the GEMM rate or slower, a roofline only adds), except shared experts, which it does not price: those
+    models get the dense peak."""
+    peak = flops.dense_peak_flops(plan.spec.hardware.accelerator, plan.spec.training.precision)
+    moe = plan.model.moe
+    if peak <= 0 or (moe is not None and moe.shared_experts):
+        return peak
+    from dsforge.compiler.estimate.compute import rates
+
+    r = rates(plan, peak)
+    return peak * r.fraction / r.slowdown if r.fraction > 0 else peak
+
+
+def compute_floor_s(plan: Plan, hardware_flops: float | None = None, speed: float | None = None) -> float:
+    """A lower bound of the step time from FLOPs at ``speed`` (default `compute_speed`: no FLOP runs faster in
+    the cost model) and the analytic bubble of the pipeline (``hardware_flops``: the step's, when the caller
+    has it)."""
     d, m = plan.degrees, plan.grad_accum
     if d is None or m is None or m < 1:
         return 0.0
-    peak = flops.dense_peak_flops(plan.spec.hardware.accelerator, plan.spec.training.precision)
+    peak = speed if speed is not None else compute_speed(plan)
     if peak <= 0:
         return 0.0
     total = hardware_flops if hardware_flops is not None else flops.hardware_flops_per_step(plan)
@@ -64,23 +84,35 @@ def compute_floor_s(plan: Plan, hardware_flops: float | None = None) -> float:
     return max(busy, per_micro_batch / (1.0 - (1.0 - 1.0 / m) ** d.pp))
 
 
-def edge_memory_bytes(plan: Plan, stop_above: float = float("inf")) -> float:
+def edge_memory_bytes(plan: Plan, stop_above: float = float("inf"), cache: dict[Any, Any] | None = None) -> float:
     """A lower bound of the busiest rank's device bytes: the larger of the first and the last pipeline stage's
     estimate (the peak is the largest stage; these two hold the embedding, the logits and, in 1F1B, the most
     micro-batches in flight, so the bound is nearly always the peak itself) at the cost of two stages, not pp;
-    the last is skipped when the first already exceeds ``stop_above``."""
+    the last is skipped when the first already exceeds ``stop_above``. ``cache``: the search's memo of the
+    inputs many candidates share (the ZeRO settings of a stage and pipeline depth, the per-layer activation
+    bytes of an activation shape and recompute policy), keyed by everything they are computed from."""
     d = plan.degrees
     if d is None:
         return 0.0
     try:
-        from dsforge.compiler.estimate.memory import micro_batches, stage_memory
+        from dsforge.compiler.estimate.memory import _PerLayer, activation_shape, micro_batches, stage_memory
         from dsforge.compiler.estimate.zero_config import zero_settings
 
-        z, m = zero_settings(plan), micro_batches(plan)
-        first = stage_memory(plan, 0, z, m).device_bytes
+        memo: dict[Any, Any] = cache if cache is not None else {}
+        zkey = ("zero", plan.zero, d.pp > 1)
+        z = memo.get(zkey)
+        if z is None:
+            z = memo[zkey] = zero_settings(plan)
+        shape = activation_shape(plan)
+        pkey = ("per-layer", shape, plan.spec.training.recompute)
+        per = memo.get(pkey)
+        if per is None:
+            per = memo[pkey] = _PerLayer.of(plan, shape)
+        m = micro_batches(plan)
+        first = stage_memory(plan, 0, z, m, per).device_bytes
         if first > stop_above or d.pp == 1:
             return first
-        return max(first, stage_memory(plan, d.pp - 1, z, m).device_bytes)
+        return max(first, stage_memory(plan, d.pp - 1, z, m, per).device_bytes)
     except Exception:  # noqa: BLE001 - a bound is an optimisation: 0 leaves the decision to the full estimate
         return 0.0
 
@@ -88,7 +120,8 @@ def edge_memory_bytes(plan: Plan, stop_above: float = float("inf")) -> float:
 def pass_floor_s(plan: Plan, stages: str = "all") -> float:
     """A lower bound of the step time from the cost model's pass durations (the critical chain of the schedule);
     0 when the passes cannot be computed (the full estimate then decides alone). ``stages="edges"`` prices the
-    first and last stage only: max(busy_0, F_0 + B_0 + busy_last), the chain through them alone."""
+    first and last stage only: max(busy_0, F_0 + B_0 + busy_last), the chain through them alone; ``"each"``
+    prices every stage on its own (what `_passes` shares between alike stages, for the tests)."""
     try:
         from dsforge.compiler.estimate.steptime import achievable_fraction, stage_passes
 
@@ -100,7 +133,7 @@ def pass_floor_s(plan: Plan, stages: str = "all") -> float:
             (f0, b0), (fl, bl) = stage_passes(plan, 0, speed), stage_passes(plan, d.pp - 1, speed)
             return max(m * sum(x.seconds for x in f0 + b0), f0[0].seconds + b0[0].seconds
                        + m * sum(x.seconds for x in fl + bl))
-        passes = [stage_passes(plan, s, speed) for s in range(d.pp)]
+        passes = [stage_passes(plan, s, speed) for s in range(d.pp)] if stages == "each" else _passes(plan, speed)
         best, lead = 0.0, 0.0
         for fwd, bwd in passes:
             busy = m * sum(x.seconds for x in fwd + bwd)
@@ -109,3 +142,27 @@ def pass_floor_s(plan: Plan, stages: str = "all") -> float:
         return best
     except Exception:  # noqa: BLE001 - a bound is an optimisation: without it the search is slower, not wrong
         return 0.0
+
+
+def _passes(plan: Plan, speed: float) -> list[Any]:
+    """`stage_passes` of every stage, priced once per kind of stage: a stage's passes follow from whether it
+    is the first or the last (embedding, head, their parameters) and from the layers of each of its chunks
+    (how many, how many MoE); the collectives of the other layers are the same on every stage
+    (`comm.model_parallel`), and its data-parallel ones follow from its parameters (`comm.data_parallel`).
+    Deep pipelines (pp = 64 for 405B) thus price three kinds of stage, not 64."""
+    from dsforge.compiler.estimate.shares import stage_chunks
+    from dsforge.compiler.estimate.steptime import stage_passes
+    from dsforge.compiler.params import is_moe_layer
+
+    assert plan.degrees is not None
+    pp, model = plan.degrees.pp, plan.model
+    seen: dict[tuple[Any, ...], Any] = {}
+    out = []
+    for s in range(pp):
+        chunks = tuple((count, sum(is_moe_layer(model, i) for i in range(first, first + count)))
+                       for first, count in stage_chunks(plan, s))
+        key = (s == 0, s == pp - 1, chunks)
+        if key not in seen:
+            seen[key] = stage_passes(plan, s, speed)
+        out.append(seen[key])
+    return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +28,13 @@ from dsforge.compiler.plan import Plan
 from dsforge.compiler.resolved import ResolvedModel, resolve_model
 from dsforge.compiler.rules.registry import Context, Rule, checks, run_rules
 from dsforge.compiler.schema import JobSpec
-from dsforge.compiler.search.bounds import compute_floor_s, edge_memory_bytes, model_state_bytes, pass_floor_s
+from dsforge.compiler.search.bounds import (
+    compute_floor_s,
+    compute_speed,
+    edge_memory_bytes,
+    model_state_bytes,
+    pass_floor_s,
+)
 from dsforge.compiler.search.objective import Objective, objective_of
 from dsforge.compiler.search.space import (
     Layout,
@@ -93,6 +99,7 @@ class Funnel:
     pruned: int = 0  # never estimated: their bound showed they could not rank
     estimated: int = 0
     fitting: int = 0  # estimated and kept
+    bounded: int = 0  # memory lower bounds computed (not in as_dict: how much work the staircase saved)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (JSON)."""
@@ -129,9 +136,18 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
-def _model_seeded(spec: JobSpec, model: ResolvedModel) -> Plan:
+def _model_seeded(spec: JobSpec, model: ResolvedModel, placements: dict[Any, Any] | None = None) -> Plan:
     plan = Plan(spec)
     plan.__dict__["model"] = model  # every candidate shares the model: resolve it once (Plan caches it there)
+    if placements is not None:
+        # the rank placement follows from the degrees, the node size and the order alone (Plan._placed): one
+        # per degree combination, shared by its candidates with what it caches (groups, node crossings)
+        d = plan.degrees
+        if d is not None:
+            key = (d.tp, d.pp, d.dp, d.cp, d.ep, plan.layout_ok, plan.gpus_per_node, spec.parallel.order)
+            if key not in placements:
+                placements[key] = plan._placed
+            plan.__dict__["_placed"] = placements[key]
     return plan
 
 
@@ -160,9 +176,14 @@ class _Search:
         self.violated = False
         self._states: dict[tuple[int, ...], float] = {}
         self._flops: dict[tuple[Any, ...], float] = {}
+        self._speed: float | None = None
+        self._placements: dict[Any, Any] = {}
+        self._memo: dict[Any, Any] = {}  # the memory bound's shared inputs (bounds.edge_memory_bytes)
         self._count = 0
 
-    def _candidates(self) -> Iterator[Layout]:
+    def _groups(self) -> Iterator[list[Layout]]:
+        """The candidates in memory groups: one degree combination with one SP, CP kind, schedule, chunk count
+        and global batch, whose members differ only in micro-batch and recompute."""
         for skel in skeletons(self.spec, self.model, self.nodes):
             children = layouts(self.spec, self.model, skel, self.nodes)
             first = next(children, None)
@@ -177,8 +198,60 @@ class _Search:
                 self.misses.append(Miss(first, "memory", f"model states alone need {_gb(states)} of "
                                                          f"{_gb(self.capacity)}", states / self.capacity))
                 continue
-            yield first
-            yield from children
+            groups: dict[tuple[Any, ...], list[Layout]] = defaultdict(list)
+            for lay in (first, *children):
+                groups[(lay.sequence_parallel, lay.cp_kind, lay.schedule, lay.virtual_stages,
+                        lay.global_batch)].append(lay)
+            yield from groups.values()
+
+    def _staircase(self, members: list[tuple[Layout, Plan]]) -> set[Layout]:
+        """The members of one memory group whose memory lower bound (`edge_memory_bytes`) fits; the others are
+        counted as memory misses without their bound being computed where a smaller member already fails.
+
+        Within a group the bound cannot fall when the micro-batch grows while two or more micro-batches
+        accumulate (the model states stay the same and every activation term grows with the micro-batch, the
+        micro-batches in flight times their size never shrink), nor when recomputation is lessened (full keeps
+        each layer's input, selective all but the scores, none everything; the rematerialised working set of
+        one layer never outweighs what the others keep). With one micro-batch per step DeepSpeed keeps no
+        accumulation buffer, so those members form their own chain. Each chain is walked from its smallest
+        member; the bounds it computes are checked against this order (`self.violated` otherwise).
+        """
+        limit = self.limit * self.capacity
+        order = {rc: i for i, rc in enumerate(("full", "selective", "none"))}
+        chains: dict[bool, dict[tuple[int, int], tuple[Layout, Plan]]] = {True: {}, False: {}}
+        for lay, plan in members:
+            single = lay.global_batch // (lay.dp * lay.micro_batch) == 1
+            chains[single][(lay.micro_batch, order[lay.recompute])] = (lay, plan)
+        fits: set[Layout] = set()
+        for grid in chains.values():
+            mbs = sorted({k[0] for k in grid})
+            seen: dict[tuple[int, int], float] = {}
+            reach, reach_reason = len(mbs), "memory"  # from this micro-batch on, a lower recompute failed
+            for r in sorted({k[1] for k in grid}):
+                stop, reason = reach, reach_reason
+                for i in range(reach):
+                    entry = grid.get((mbs[i], r))
+                    if entry is None:
+                        continue
+                    got = seen[(i, r)] = edge_memory_bytes(entry[1], limit, self._memo)
+                    self.funnel.bounded += 1
+                    if got > limit:
+                        util = got / self.capacity
+                        reason = MEMORY_RULE if util > 1.0 else "memory"
+                        self._miss(entry[0], reason, f"peak {_gb(got)} is {util:.0%} of {_gb(self.capacity)}",
+                                   util)
+                        stop = i
+                        break
+                    fits.add(entry[0])
+                for j in range(stop, len(mbs)):  # each is at least the failed member at (stop, r or lower)
+                    if (mbs[j], r) in grid and (j, r) not in seen:
+                        self.funnel.removed[reason] += 1
+                reach, reach_reason = stop, reason
+            for (i1, r1), b1 in seen.items():  # the order the walk relies on, wherever it computed two bounds
+                for (i2, r2), b2 in seen.items():
+                    if i1 <= i2 and r1 <= r2 and b1 > b2 * (1 + BOUND_SLACK):
+                        self.violated = True
+        return fits
 
     def _hardware_flops(self, plan: Plan, lay: Layout) -> float | None:
         """The step's hardware FLOPs, shared by the candidates they cannot differ for (tp, recompute, batch)."""
@@ -200,7 +273,7 @@ class _Search:
 
     def _level0(self, lay: Layout) -> tuple[float, Plan] | None:
         spec = apply_layout(self.spec, lay)
-        plan = _model_seeded(spec, self.model)
+        plan = _model_seeded(spec, self.model, self._placements)
         skel = (lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.zero, lay.virtual_stages)
         states = self._states.get(skel)
         if states is None:
@@ -209,15 +282,18 @@ class _Search:
             self._miss(lay, "memory", f"model states alone need {_gb(states)} of "
                                       f"{_gb(self.capacity)}", states / self.capacity)
             return None
-        floor = 0.0 if self.exhaustive else compute_floor_s(plan, self._hardware_flops(plan, lay))
+        if self._speed is None:
+            self._speed = compute_speed(plan)  # one rate for every candidate of this node count
+        floor = 0.0 if self.exhaustive else compute_floor_s(plan, self._hardware_flops(plan, lay), self._speed)
         tokens = lay.global_batch * self.model.seq_len
         if floor > 0 and not self.objective.feasible(floor, tokens):
             self._miss(lay, "deadline", "its FLOPs alone miss the deadline")
             return None
         return floor, plan
 
-    def _level1(self, lay: Layout, plan: Plan) -> tuple[float, MemoryEstimate | None] | None:
-        """Memory: the estimate against search.memory_fraction (DSF301's test above 100 %), then the pass floor."""
+    def _level1(self, lay: Layout, plan: Plan, bounded: bool = False) -> tuple[float, MemoryEstimate | None] | None:
+        """Memory: the estimate against search.memory_fraction (DSF301's test above 100 %), then the pass floor
+        (``bounded``: the memory lower bound already passed, in `_staircase`)."""
         if not plan.layout_ok or plan.placement is None or plan.grad_accum is None or not plan.stage_layers:
             found = self.errors(plan.spec, plan)  # the rules say why the layout does not resolve
             rid = found[0].rule if found else "DSF101"
@@ -226,7 +302,8 @@ class _Search:
         if self.exhaustive:
             mem = self._memory(lay, plan)
             return (0.0, mem) if mem is not None else None
-        edge = edge_memory_bytes(plan, self.limit * self.capacity)  # two stages of the estimate: the full one waits until the bounds rank it
+        # two stages of the estimate: the full one waits until the bounds rank it
+        edge = 0.0 if bounded else edge_memory_bytes(plan, self.limit * self.capacity, self._memo)
         if edge > self.limit * self.capacity:
             util = edge / self.capacity
             self._miss(lay, MEMORY_RULE if util > 1.0 else "memory",
@@ -262,14 +339,22 @@ class _Search:
             raise SpaceTooLarge(f"{size:,} candidates on {self.nodes} node(s), more than {MAX_CANDIDATES:,}")
         heap: list[tuple[Any, ...]] = []
         seq = 0
-        for lay in self._candidates():
-            self.funnel.considered += 1
-            got = self._level0(lay)
-            if got is None:
-                continue
-            floor, plan = got
-            seq += 1
-            heapq.heappush(heap, (self._bound_value(floor, lay), lay.tiebreak(), 0, seq, lay, plan, floor, None))
+        for group in self._groups():
+            self.funnel.considered += len(group)
+            members = []
+            for lay in group:
+                got = self._level0(lay)
+                if got is not None:
+                    members.append((lay, got[1], got[0]))
+            fits = None if self.exhaustive else self._staircase([(lay, plan) for lay, plan, _ in members])
+            for lay, plan, floor in members:
+                if fits is not None and lay not in fits:
+                    continue
+                seq += 1
+                heapq.heappush(heap, (self._bound_value(floor, lay), lay.tiebreak(), 0, seq, lay, plan, floor,
+                                      fits is not None))
+        if self.violated:
+            return [], []
         ranked: list[Evaluated] = []
         fitting: list[Evaluated] = []
         while heap:
@@ -278,7 +363,7 @@ class _Search:
                 heapq.heappush(heap, (value, tb, level, 0, lay, plan, floor, extra))
                 break
             if level == 0:
-                got1 = self._level1(lay, plan)
+                got1 = self._level1(lay, plan, bool(extra))
                 if got1 is None:
                     continue
                 floor1, mem = got1
