@@ -239,21 +239,71 @@ def prepare(file: str, out: str | None, fresh: bool) -> Prepared:
 
 
 def _continue(target: Path, tmp: Path, report: str) -> Prepared:
-    """The earlier run in ``target``, its files re-written when the new compile changed only continuable keys."""
+    """The earlier run in ``target``, its files re-written when the new compile changed only continuable keys
+    or only the layout (its checkpoints then resume through their layout-free state)."""
     if _identical(target, tmp):
         return Prepared(target, report, reused=True)
+    relaid = None if _same_compile(target, tmp) else _relaid(target, tmp)
+    if relaid is not None:
+        _rewrite_files(target, tmp)
+        notes, changed = relaid
+        return Prepared(target, report, reused=True, notes=notes, continued=changed)
     if not _same_compile(target, tmp):
         old, new = _meaning(target), _meaning(tmp)
         diff = _differences(old, new) if old is not None and new is not None else []
         diff = [d for d in diff if not d.startswith(("plan.json.", "ds_config.json."))] or diff  # job keys first
         shown = f" ({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''})" if diff else ""
         raise RunError(f"{target} holds a run of a different compile of this job{shown}, whose checkpoints "
-                       "this one cannot continue; pass --fresh to discard it (checkpoints and reports included) "
+                       "this one cannot continue (DSF164: only the layout, the length of the run, the save interval "
+                       "and the launcher may change); pass --fresh to discard it (checkpoints and reports included) "
                        "or -o to run elsewhere")
     changed = _changed_keys(target, tmp) or ["the launcher files"]
     notes = _schedule_note(tmp) if any(c.startswith("training.steps ") for c in changed) else []
     _rewrite_files(target, tmp)
     return Prepared(target, report, reused=True, notes=notes, continued=changed)
+
+
+def _documents(job_dir: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    try:
+        plan = json.loads((job_dir / "plan.json").read_text(encoding="utf-8"))
+        ds = json.loads((job_dir / "ds_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return (plan, ds) if isinstance(plan, dict) and isinstance(ds, dict) and isinstance(plan.get("job"), dict) else None
+
+
+def _relaid(target: Path, tmp: Path) -> tuple[list[str], list[str]] | None:
+    """(notes, changed keys) of continuing the earlier run under a compile that changed its layout (degrees,
+    ZeRO stage, hardware, micro-batch, recomputation; dsforge.compiler.resume_layout) and maybe its length.
+
+    None when a document is unreadable; a RunError with the rule id when the compile changed what a
+    checkpoint holds (the model, optimizer, schedule, precision, global batch, seed, data).
+    """
+    from dsforge.compiler.resume_layout import resume_refusals, same_layout
+
+    old, new = _documents(target), _documents(tmp)
+    if old is None or new is None:
+        return None
+    refusals = resume_refusals(old[0], new[0], old[1], new[1])
+    if refusals:
+        raise RunError(f"{target} holds a run of a different compile of this job, whose checkpoints this one "
+                       f"cannot continue: {refusals[0]}; or pass --fresh to discard it (checkpoints and reports "
+                       "included), or -o to run elsewhere")
+    changed = _changed_keys(target, tmp)
+    if same_layout(old[0], new[0]):
+        notes = ["each step is split differently (micro-batch or recomputation); the checkpoint loads as it is"]
+    else:
+        notes = [f"the layout changes ({_layout(old[0])} -> {_layout(new[0])}): the newest checkpoint resumes "
+                 "through its layout-free state (fp32 weights and optimizer state, re-cut for the new ranks)"]
+    if any(c.startswith("training.steps ") for c in changed):
+        notes += _schedule_note(tmp)
+    return notes, changed
+
+
+def _layout(plan: dict[str, Any]) -> str:
+    d = plan.get("degrees") or {}
+    parts = [f"{k}{d[k]}" for k in ("tp", "pp", "dp", "cp", "ep") if isinstance(d.get(k), int) and d[k] > 1]
+    return f"{' x '.join(parts) or '1 rank'} ZeRO-{plan.get('zero')}"
 
 
 def _check_fresh_checkpoints(target: Path, tmp: Path) -> None:
