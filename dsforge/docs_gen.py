@@ -135,6 +135,15 @@ def render_job_file() -> str:
     for kind in KINDS:
         key = "model.preset" if kind == "models" else "hardware.preset"
         lines += [f"`{key}`:", ""] + [f"- `{name}`: {p.description}" for name, p in presets(kind).items()] + [""]
+        if kind == "hardware":
+            lines += [("A `hardware.preset` value with a `/` or a `.yaml`/`.yml` suffix names a hardware file instead "
+                      "(dsforge/compiler/preset_files.py): a file holding one `hardware:` mapping, such as the one "
+                      "`dsforge calibrate -o calibrated.yaml` writes, taken relative to the file that writes the key "
+                      "(`preset: ./calibrated.yaml`). Its keys merge under the job's `hardware:` keys like a named "
+                      "preset's, and a bad value inside it is reported at its own line. A file that does not exist, "
+                      "is not a regular file, or holds anything besides `hardware:` (another section, `extends:`, "
+                      "a `preset:` of its own) is DSF304. `extends: calibrated.yaml` works too; the preset form "
+                      "takes only the hardware."), ""]
     return "\n".join(lines).replace("\n\n\n", "\n\n")
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from dsforge.compiler.extends import deep_merge, load_document
 from dsforge.compiler.job_paths import resolve_job_paths
+from dsforge.compiler.preset_files import is_preset_file, load_preset_file
 from dsforge.compiler.presets import presets
 from dsforge.compiler.pretrained import expand_pretrained
 from dsforge.compiler.resolved import resolve_model
@@ -37,6 +38,12 @@ def _expand_presets(raw: dict[str, Any], smap: SourceMap) -> tuple[dict[str, Any
         if not isinstance(body, dict) or "preset" not in body:
             continue
         name = body["preset"]
+        if kind == "hardware" and is_preset_file(name):  # `hardware.preset: ./calibrated.yaml`
+            keys, absolute, found = load_preset_file(name, smap)
+            diags += found
+            if keys is not None:
+                out[section] = deep_merge(keys, {**body, "preset": absolute})
+            continue
         known = presets(kind)
         if not isinstance(name, str) or name not in known:
             path = (section, "preset")

@@ -205,7 +205,10 @@ class EngineOverheadSpec(Section):
 class HardwareSpec(Section):
     """The machines: a preset and/or nodes, GPUs per node, the accelerator and the two link levels."""
 
-    preset: str | None = field(Optional(Str()), None, "A hardware preset (`dsforge presets`); keys below override it.")
+    preset: str | None = field(
+        Optional(Str()), None,
+        "A hardware preset (`dsforge presets`), or a hardware file's path (with `/` or a .yaml/.yml suffix, relative "
+        "to the file that writes it; e.g. what `dsforge calibrate` writes); keys below override it.")
     # `auto`: resolved by the layout search before any plan is built (validate), so the code after it sees the value
     nodes: int = field(AnyOf(Int(ge=1, le=MAX_WORLD), Choice("auto")), 1,
                              f"Number of nodes (hosts); nodes x gpus_per_node is at most {MAX_WORLD}; auto: the fewest "

@@ -323,8 +323,8 @@ def render(result: dict[str, Any]) -> str:
              "# measured GEMM TFLOP/s by n (n x n x n): fp32 "
              + ", ".join(f"{n}: {r:.4g}" for n, r in m["fp32_gemm_tflops"].items()),
              "#   bf16 " + ", ".join(f"{n}: {r:.4g}" for n, r in m["bf16_gemm_tflops"].items()),
-             f"# tensor copy {m['copy_gbs']:.2f} GB/s; {m['op_overhead_us']:.2f} us per operation of the HF layer "
-             f"({m['bare_op_us']:.2f} us for a bare autograd op)",
+             (f"# tensor copy {m['copy_gbs']:.2f} GB/s; {m['op_overhead_us']:.2f} us per operation of the HF layer "
+              f"({m['bare_op_us']:.2f} us for a bare autograd op)"),
              "# all-reduce seconds by bytes: " + ", ".join(f"{s}: {sec:.3g}" for s, sec in m["all_reduce_seconds"]),
              "# inter_node: one node was measured; it repeats intra_node"]
     for r in m.get("engine_steps", []):

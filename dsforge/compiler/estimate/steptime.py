@@ -29,7 +29,6 @@ from dataclasses import dataclass, field, replace
 
 from dsforge.compiler.estimate import comm, flops
 from dsforge.compiler.estimate.comm import Collective
-from dsforge.compiler.estimate.engine_overhead import engine_overhead
 from dsforge.compiler.estimate.compute import (
     DEFAULT_GEMM_EFFICIENCY,
     DEFAULT_MEMORY_EFFICIENCY,
@@ -37,6 +36,7 @@ from dsforge.compiler.estimate.compute import (
     chunk_time,
     rates,
 )
+from dsforge.compiler.estimate.engine_overhead import engine_overhead
 from dsforge.compiler.estimate.schedule import Timeline, simulate
 from dsforge.compiler.estimate.shares import stage_chunks, stage_share
 from dsforge.compiler.estimate.zero_config import zero_settings

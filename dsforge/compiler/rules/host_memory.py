@@ -1,4 +1,5 @@
-"""DSF302-DSF303: what the estimate checks on the host, and the ZeRO features it does not model."""
+"""DSF302-DSF304: what the estimate checks on the host, the ZeRO features it does not model, and the hardware
+file a `hardware.preset` path names (dsforge/compiler/preset_files.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Iterator
 
 from dsforge.compiler.ds_settings import emitted_zero_block
 from dsforge.compiler.estimate.memory import estimate_memory
-from dsforge.compiler.rules.registry import Context, Finding, rule
+from dsforge.compiler.rules.registry import Context, Finding, report_id, rule
 from dsforge.diagnostics import Severity
 
 #: Ranks up to which every node's mix of pipeline stages is summed exactly; above it, the busiest stage's
@@ -81,3 +82,11 @@ def zero_features_modelled(ctx: Context) -> Iterator[Finding]:
     yield Finding(f"the step-time estimate does not model {what}: explain shows the step without them",
                   "read explain's step time as the plain ZeRO job's, or measure with benchmarks/gpu_check.sh",
                   ("deepspeed", "zero_optimization"))
+
+
+report_id("DSF304", "a hardware.preset path names a usable hardware file",
+          "`hardware.preset` may name a file (a value with `/` or a .yaml/.yml suffix), such as the one `dsforge "
+          "calibrate` writes, relative to the file that wrote the key. The file must exist, be a regular file and "
+          "hold exactly one `hardware:` mapping, without `extends:`, other sections or a `preset:` of its own; its "
+          "values are then checked like the job's, at their own file, line and column.",
+          "dsforge/compiler/preset_files.py")
