@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsforge.compiler.estimate.shares import kv_heads_per_rank
-from dsforge.compiler.params import has_bias
+from dsforge.compiler.params import has_bias, shared_gate
 from dsforge.compiler.resolved import ResolvedModel
 
 FP32 = 4
@@ -142,6 +142,18 @@ def _mlp_inner(model: ResolvedModel, a: ActivationShape, ffn: int, tp: int | Non
     return per * ffn / (a.tp if tp is None else tp) * a.element_bytes
 
 
+def shared_expert_bytes(model: ResolvedModel, a: ActivationShape) -> float:
+    """Bytes per token the shared experts of an MoE block save (Qwen2-MoE, DeepSeek): a dense MLP every
+    token passes through, split over tp by its column/row rows, on the block's input (counted once, as
+    the MLP input). Qwen2-MoE's sigmoid gate multiplies its output: the product keeps the h-wide output
+    and the one-wide gate value."""
+    m = model.moe
+    if m is None or not m.shared_experts:
+        return 0.0
+    inner = _mlp_inner(model, a, m.shared_experts * m.shared_ffn_hidden)
+    return inner + ((model.hidden + 1) * a.element_bytes if shared_gate(model) else 0.0)
+
+
 def mlp_terms(model: ResolvedModel, a: ActivationShape, moe: bool) -> dict[str, float]:
     """Bytes one layer's MLP block (dense or MoE) saves for backward (one micro-batch)."""
     h, e, n = model.hidden, a.element_bytes, a.tokens
@@ -155,6 +167,8 @@ def mlp_terms(model: ResolvedModel, a: ActivationShape, moe: bool) -> dict[str, 
         # (A stack with expert tensor parallelism splits the ffn width over tp, still on all routed tokens.)
         inner = _mlp_inner(model, a, m.ffn_hidden, tp=a.tp if a.experts_split else 1)
         terms["experts"] = routed * (2 * h * e + inner)  # input, inner, output
+        if m.shared_experts:
+            terms["shared_experts"] = n * shared_expert_bytes(model, a)
     else:
         terms["mlp_inner"] = n * _mlp_inner(model, a, model.ffn_hidden)
     if a.kernels.dropout:
