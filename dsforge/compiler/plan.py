@@ -107,6 +107,26 @@ def uniform_partition(items: int, parts: int) -> list[int]:
     return [base + (1 if i >= parts - extra else 0) for i in range(parts)]
 
 
+def end_stage_partition(layers: int, pp: int, vp: int, first: int | None, last: int | None) -> list[int]:
+    """Layers per chunk (pipeline order, chunk j·pp + s of stage s) of Megatron-Core's uneven pipeline: the
+    first (last) stage holds ``first`` (``last``) layers and the other stages share the rest evenly, each
+    stage's layers split evenly over its ``vp`` chunks (megatron/core/transformer/transformer_config.py,
+    the "Uneven PP" checks; transformer_block.py get_num_layers_to_build). Middle layers that do not split
+    evenly give the later stages one more (DSF305 says when that happens); [] when no split exists."""
+    ends = {0: first, pp - 1: last} if pp > 1 else {}
+    fixed = {s: n for s, n in ends.items() if n is not None}
+    middle_stages = pp - len(fixed)
+    rest = layers - sum(fixed.values())
+    if pp < 2 or rest < 0 or (rest > 0) != (middle_stages > 0) or (middle_stages and rest < middle_stages):
+        return []
+    middle = iter(uniform_partition(rest, middle_stages) if middle_stages else [])
+    per_stage = [fixed[s] if s in fixed else next(middle) for s in range(pp)]
+    if any(n < vp for n in per_stage):
+        return []
+    split = [uniform_partition(n, vp) for n in per_stage]
+    return [split[s][j] for j in range(vp) for s in range(pp)]
+
+
 @dataclass(frozen=True)
 class Plan:
     """A job with everything derived: degrees, world size, batch split, stage partition, placement; ``search``:
@@ -178,13 +198,18 @@ class Plan:
         """Transformer layers per model chunk, in pipeline order (pp x virtual_stages chunks); [] if unsplittable."""
         if self.degrees is None:
             return []
-        m, part = self.model, self.spec.parallel.pipeline.partition
+        pipe = self.spec.parallel.pipeline
+        m, part = self.model, pipe.partition
         chunks = self.degrees.pp * self.virtual_stages
         if isinstance(part, list):
             return list(part) if len(part) == chunks and sum(part) == m.layers else []
+        if pipe.first_stage_layers is not None or pipe.last_stage_layers is not None:
+            return end_stage_partition(m.layers, self.degrees.pp, self.virtual_stages, pipe.first_stage_layers,
+                                       pipe.last_stage_layers)
         if m.layers < chunks:
             return []
-        if part == "uniform" or chunks == 1:
+        # Megatron-Core splits layers evenly over the chunks (DSF109 refuses what does not divide)
+        if part == "uniform" or chunks == 1 or self.spec.stack == "megatron-te":
             return uniform_partition(m.layers, chunks)
         # "parameters": DeepSpeed weighs every layer spec, embeddings and head included.
         return list(parameter_partition(m, self.degrees.tp, chunks))

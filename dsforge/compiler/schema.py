@@ -258,6 +258,14 @@ class PipelineSpec(Section):
     partition: Literal["parameters", "uniform"] | list[int] = field(
         AnyOf(Choice("parameters", "uniform"), ListOf(Int(ge=1, le=MAX_LAYERS))), "parameters",
         "Layer split: balance parameters, uniform, or layers per stage (a list).")
+    # Megatron-Core's uneven pipeline (--decoder-first/last-pipeline-num-layers): the ends get their own counts
+    first_stage_layers: int | None = field(
+        Optional(Int(ge=1, le=MAX_LAYERS)), None,
+        "Layers of the first pipeline stage (Megatron-Core's decoder_first_pipeline_num_layers); the stages "
+        "without a count share the rest evenly.")
+    last_stage_layers: int | None = field(
+        Optional(Int(ge=1, le=MAX_LAYERS)), None,
+        "Layers of the last pipeline stage (Megatron-Core's decoder_last_pipeline_num_layers).")
 
 
 class ParallelSpec(Section):

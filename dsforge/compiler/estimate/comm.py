@@ -26,6 +26,7 @@ from dsforge.compiler.estimate.shares import (
     layer_kinds,
     stage_share,
 )
+from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.estimate.zero_config import zero_settings
 from dsforge.compiler.params import padded_vocab
 from dsforge.compiler.plan import Plan
@@ -239,28 +240,30 @@ def _dp_ops(group: str, n: int, params: float, plan: Plan, gathered: tuple[float
     persistence threshold stay whole and are not gathered, every other tensor is one all-gather call.
     Reductions run in reduce_bucket_size buckets, ZeRO-1/2's parameter gathers in allgather_bucket_size
     buckets, ZeRO-0's all-reduce in the engine's 5e8-element buckets (engine.py allreduce_gradients).
+    Gradients travel in the stack's gradient dtype (`grad_bytes`), parameters in the weights' dtype.
     """
     if n <= 1 or params <= 0:
         return []
     z = zero_settings(plan)
     payload, link = params * z.weight_bytes, link_of(plan, group)
+    grads = params * grad_bytes(plan)
     what = "expert " if group == "edp" else ""
     reduce_calls = _calls(params, z.reduce_bucket)
     if z.stage == 0:
-        return [_op(group, "all-reduce", f"{what}gradients", "step", "step", payload, n, link, "none",
+        return [_op(group, "all-reduce", f"{what}gradients", "step", "step", grads, n, link, "none",
                     _calls(params, 5e8))]
     gather = _op(group, "all-gather", f"updated {what}parameters", "step", "step", payload, n, link, "none",
                  _calls(params, z.allgather_bucket))
     hide = "backward" if z.overlap_comm and not z.pipeline else "none"
     if z.stage == 1:
-        return [_op(group, "reduce-scatter", f"{what}gradients", "step", "step", payload, n, link, hide,
+        return [_op(group, "reduce-scatter", f"{what}gradients", "step", "step", grads, n, link, hide,
                     reduce_calls), gather]
     if z.stage == 2:
         return [_op(group, "reduce-scatter", f"{what}gradients, every micro-batch", "backward", "micro-batch",
-                     payload, n, link, hide, reduce_calls), gather]
+                     grads, n, link, hide, reduce_calls), gather]
     hide = "compute" if z.overlap_comm else "none"
     fetched, tensors = gathered
-    ops = [_op(group, "reduce-scatter", f"{what}gradients", "backward", "micro-batch", payload, n, link, hide,
+    ops = [_op(group, "reduce-scatter", f"{what}gradients", "backward", "micro-batch", grads, n, link, hide,
                reduce_calls)]
     if fetched > 0 and tensors > 0:
         ops = [_op(group, "all-gather", f"{what}parameters for forward, per module", "forward", "micro-batch",
@@ -268,6 +271,15 @@ def _dp_ops(group: str, n: int, params: float, plan: Plan, gathered: tuple[float
                _op(group, "all-gather", f"{what}parameters for backward, per module", "backward", "micro-batch",
                    fetched * z.weight_bytes, n, link, hide, tensors), *ops]
     return ops
+
+
+def grad_bytes(plan: Plan) -> int:
+    """Bytes per gradient element on the wire: the 16-bit compute dtype under DeepSpeed (its default
+    communication_data_type), 4 where the stack reduces an fp32 main-grad buffer (Megatron-Core with bf16:
+    megatron/training/arguments.py turns accumulate_allreduce_grads_in_fp32 on unless --grad-reduce-in-bf16;
+    param_and_grad_buffer.py reduces the buffer in its grad_dtype)."""
+    weight = zero_settings(plan).weight_bytes
+    return 4 if profile_of(plan.spec.stack).fp32_main_grads else weight
 
 
 def data_parallel(plan: Plan, stage: int) -> list[Collective]:
@@ -279,7 +291,7 @@ def data_parallel(plan: Plan, stage: int) -> list[Collective]:
     ZeRO-3 all-gathers parameters before each forward and backward and reduce-scatters gradients, per
     micro-batch (3Ψ each). Dense parameters reduce over dp x cp, expert parameters over the expert-
     data-parallel group. Bytes are in the 16-bit compute dtype, DeepSpeed's default
-    communication_data_type (deepspeed/runtime/engine.py).
+    communication_data_type (deepspeed/runtime/engine.py); gradients in `grad_bytes`.
     """
     assert plan.degrees is not None
     d = plan.degrees

@@ -136,10 +136,14 @@ def ep_divides_experts(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF114", "ep fits inside the data-parallel ranks (divides dp x cp)",
-      source="deepspeed/utils/groups.py _create_expert_and_data_parallel; Megatron expert_data_parallel_size")
+      source="deepspeed/utils/groups.py _create_expert_and_data_parallel; Megatron-Core parallel_state.py "
+      "initialize_model_parallel (world % (expert_tp x ep x pp), expert_tp = tp by default)")
 def ep_divides_dp(ctx: Context) -> Iterator[Finding]:
     """Expert parallelism reuses data-parallel (and context-parallel) ranks: ep must divide dp x cp.
-    DeepSpeed checks `(world / pp) % ep_size` with a bare "is not divisible" only at initialize."""
+    DeepSpeed checks `(world / pp) % ep_size` with a bare "is not divisible" only at initialize. Both
+    stacks have the rule: Megatron-Core builds its expert grid as world / (expert_tp x ep x pp) with
+    expert_tp = tp (what the megatron-te profile assumes: experts split over TP), which divides exactly
+    when ep divides dp x cp."""
     d = ctx.plan.degrees
     if d is None or not ctx.plan.layout_ok or d.ep == 1 or (d.dp * d.cp) % d.ep == 0:
         return  # with a layout that does not fill the world, dp is not settled yet (DSF101/DSF102 say why)
@@ -156,19 +160,29 @@ def ep_without_moe(ctx: Context) -> Iterator[Finding]:
                       ("parallel", "ep"))
 
 
-@rule("DSF109", "layers split over pp x virtual_stages", source="Narayanan et al. 2021 sec. 2.2; Megatron "
-      "(num_layers % (pp * vp) for the interleaved schedule)")
+@rule("DSF109", "layers split over pp x virtual_stages", source="Narayanan et al. 2021 sec. 2.2; Megatron-LM "
+      "megatron/training/arguments.py (num_layers % pp, and per stage % vp, unless the ends are uneven)")
 def layers_split(ctx: Context) -> Iterator[Finding]:
     """Every pipeline chunk needs at least one layer; the interleaved schedule needs an equal number of
-    layers per chunk, and an uneven split elsewhere leaves the slowest stage setting the pace."""
+    layers per chunk, and an uneven split elsewhere leaves the slowest stage setting the pace. By stack:
+    Megatron-Core (`stack: megatron-te`) splits layers evenly and refuses num_layers not divisible by pp
+    (arguments.py "Number of layers should be divisible by the pipeline-model-parallel size"), so there it
+    is an error for any partition but an explicit list (Megatron's pipeline_model_parallel_layout);
+    DeepSpeed's PipelineModule (`stack: dsforge`) balances parameters or splits uniformly, so an uneven
+    uniform split is only a warning. `first_stage_layers`/`last_stage_layers` are DSF305's."""
     d, par, m = ctx.plan.degrees, ctx.spec.parallel, ctx.spec.model
-    if d is None or isinstance(par.pipeline.partition, list):
+    pipe = par.pipeline
+    if d is None or isinstance(pipe.partition, list) or (pipe.first_stage_layers, pipe.last_stage_layers) != (None, None):
         return
     chunks = d.pp * par.pipeline.virtual_stages
     what = f"pp*virtual_stages = {d.pp}*{par.pipeline.virtual_stages} = {chunks}"
     if m.layers < chunks:
         yield Finding(f"layers={m.layers} cannot fill {what} pipeline chunks: some would hold no layer",
                       f"use pp*virtual_stages <= {m.layers}", ("parallel", "pp"))
+    elif m.layers % chunks and ctx.spec.stack == "megatron-te":
+        yield Finding(f"Megatron-Core splits layers evenly: layers={m.layers} are not divisible by {what}",
+                      f"use pp*virtual_stages in {choices(divisors(m.layers))}, or give the end stages their own "
+                      "counts (parallel.pipeline.first_stage_layers / last_stage_layers)", ("parallel", "pp"))
     elif m.layers % chunks and par.pipeline.schedule == "interleaved":
         yield Finding(f"the interleaved schedule needs layers={m.layers} divisible by {what}",
                       f"use pp*virtual_stages in {choices(divisors(m.layers))}", ("parallel", "pipeline",

@@ -17,6 +17,10 @@ PROFILE = StackProfile(
     # moments sharded over DP; docs/source/api-guide/dist_optimizer.md: 6 + 12/d bytes per parameter with
     # bf16 params and fp32 main grads (Megatron's default for bf16: accumulate_allreduce_grads_in_fp32)
     distributed_optimizer=True,
+    # the main-grad buffer's dtype (megatron/core/distributed/param_and_grad_buffer.py: grad_dtype = fp32 if
+    # grad_reduce_in_fp32 else the param dtype); megatron/training/arguments.py sets
+    # accumulate_allreduce_grads_in_fp32 for bf16 unless --grad-reduce-in-bf16 (the 16-bit buffer some
+    # published runs use, which no job key selects yet), so gradients accumulate and reduce in fp32
     fp32_main_grads=True,
     # TE fused kernels: LayerNormLinear reads its input once and writes ln_out (2e per norm), fused
     # bias-dropout-add reads two and writes one h-wide tensor (3e, twice), fused RoPE (2e): ~12e per h
@@ -31,5 +35,7 @@ PROFILE = StackProfile(
     sources=("activations: Korthikanti et al. 2022 Table 2 with flash attention (TE DotProductAttention)",
              "megatron/training/theoretical_memory_usage.py: (18 + 4 ffn/h) s b h per layer (selective, SP)",
              "pipeline: schedules.py deallocate_output_tensor",
-             "optimizer: docs/source/api-guide/dist_optimizer.md (6 + 12/d bytes per parameter)"),
+             "optimizer: docs/source/api-guide/dist_optimizer.md (6 + 12/d bytes per parameter)",
+             ("gradients: fp32 main-grad buffer, reduced in fp32 (training/arguments.py, bf16 default; "
+              "core/distributed/param_and_grad_buffer.py grad_dtype)")),
 )
