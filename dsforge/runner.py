@@ -293,8 +293,8 @@ def _relaid(target: Path, tmp: Path) -> tuple[list[str], list[str]] | None:
     if same_layout(old[0], new[0]):
         notes = ["each step is split differently (micro-batch or recomputation); the checkpoint loads as it is"]
     else:
-        notes = [f"the layout changes ({_layout(old[0])} -> {_layout(new[0])}): the newest checkpoint resumes "
-                 "through its layout-free state (fp32 weights and optimizer state, re-cut for the new ranks)"]
+        notes = [(f"the layout changes ({_layout(old[0])} -> {_layout(new[0])}): the newest checkpoint resumes "
+                  "through its layout-free state (fp32 weights and optimizer state, re-cut for the new ranks)")]
     if any(c.startswith("training.steps ") for c in changed):
         notes += _schedule_note(tmp)
     return notes, changed

@@ -46,7 +46,8 @@ def relaid(tp: int = 1, pp: int = 1, dp: int = 2, zero: int = 1, micro: int = 1,
 
 
 def test_a_layout_change_alone_resumes() -> None:
-    new = relaid(tp=1, pp=1, dp=2, zero=3, micro=2, training__steps=60, training__recompute="full")
+    new = relaid(tp=1, pp=1, dp=2, zero=3, micro=2, training__steps=60, training__recompute="full",
+                  training__checkpoint={"dir": "/elsewhere", "every": 5, "resume": "auto"})
     assert not same_layout(PLAN, new)
     assert resume_refusals(PLAN, new, DS, DS) == []
     assert same_layout(PLAN, copy.deepcopy(PLAN))

@@ -114,6 +114,10 @@ NOT_A_LAYOUT: dict[str, str] = {
     "export.py:export_checkpoint:ExportError": "`dsforge export`, not a training start: its job directory",
     "export.py:write_export:TargetError": "`dsforge export`, not a training start: its output directory",
     "weights_io.py:assemble:ValueError": "checkpoint content: the saved slices do not assemble",
+    "train_state.py:dense:TrainStateError": "checkpoint content: a layout-free piece missing (DSF642)",
+    "train_state.py:cut:TrainStateError": "checkpoint content: a layout-free piece of another shape (DSF642)",
+    "train_state.py:load_state:TrainStateError": ("checkpoint content: no layout-free state, or an optimizer whose "
+                                                  "state it cannot set (DSF641, DSF643)"),
 }
 
 #: Runtime refusals whose rule the runtime_support module adds, with the bad-corpus job that shows it.

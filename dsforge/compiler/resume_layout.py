@@ -20,7 +20,7 @@ from typing import Any
 #: Keys of plan.json's ``job`` a layout-changing resume may change (the rest must be equal).
 LAYOUT_JOB_KEYS: tuple[tuple[str, ...], ...] = (
     ("parallel",), ("hardware",), ("training", "micro_batch"), ("training", "recompute"),
-    ("training", "steps"), ("training", "checkpoint", "every"), ("launch",), ("search",), ("name",),
+    ("training", "steps"), ("training", "checkpoint"), ("launch",), ("search",), ("name",),
 )
 #: plan.json keys that describe how the ranks hold the model: when all agree, DeepSpeed's own checkpoint loads.
 LAYOUT_PLAN_KEYS = ("degrees", "zero", "world_size", "stage_layers", "placement", "virtual_stages")
@@ -125,8 +125,8 @@ def resume_refusals(old_plan: dict[str, Any], new_plan: dict[str, Any], old_ds: 
                            f"when the model, optimizer, schedule, precision, global batch, seed and data stay; "
                            f"this job changes {shown}",
                            "put those keys back as the checkpoint's run had them (only parallel:, hardware:, "
-                           "training.micro_batch, training.recompute, training.steps, training.checkpoint.every "
-                           "and launch: may change), or start over with `dsforge run --fresh`"))
+                           "training.micro_batch, training.recompute, training.steps, training.checkpoint and "
+                           "launch: may change), or start over with `dsforge run --fresh`"))
     old_vocab, new_vocab = padded_vocab_of(old_plan), padded_vocab_of(new_plan)
     if old_vocab != new_vocab:
         out.append(Refusal("DSF165", f"the embedding has {old_vocab} rows under the checkpoint's layout ({was}) and "

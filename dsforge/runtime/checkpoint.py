@@ -11,6 +11,10 @@ complete checkpoint as ``latest``: every rank writes into the temporary tag ``st
 then leaves a marker there; after a barrier rank 0 checks that every rank's marker is present,
 renames the directory to ``step<N>`` and replaces ``latest`` atomically (a temporary file renamed
 over it). A ``.partial`` directory is an incomplete checkpoint; the next save removes it.
+
+Each tag also holds the layout-free state (dsforge.runtime.train_state) and a copy of the plan.json
+and ds_config.json that wrote it: a run whose layout differs loads the former instead of
+DeepSpeed's files, once dsforge.compiler.resume_layout has found that only the layout changed.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ PARTIAL = ".partial"  # suffix of a tag being written
 REPLACED = ".replaced"  # suffix of a complete tag being replaced by a new save of the same step
 LATEST = "latest"
 COMMIT = "dsforge-checkpoint.json"  # written by the commit: step, world size
+JOB_FILES = ("plan.json", "ds_config.json")  # the compile that wrote the checkpoint, kept in each tag
 
 
 class CheckpointError(RuntimeError):
@@ -70,10 +75,13 @@ def tag_of(step: int) -> str:
     return f"step{step}"
 
 
-def save(engine: Any, policy: CheckpointPolicy, step: int, extra: dict[str, Any] | None = None) -> Path:
+def save(engine: Any, policy: CheckpointPolicy, step: int, extra: dict[str, Any] | None = None,
+         job_dir: Path | None = None) -> Path:
     """Save the engine after ``step`` optimizer steps and commit it (collective: every rank calls it).
 
-    Returns the committed tag's path. See the module docstring for the protocol.
+    Returns the committed tag's path. See the module docstring for the protocol. ``job_dir``: the
+    compiled job directory, whose plan.json and ds_config.json are kept in the tag (a run under
+    another layout reads from them how this one cut the model).
     """
     from dsforge.runtime.faults import fault
 
@@ -90,6 +98,13 @@ def save(engine: Any, policy: CheckpointPolicy, step: int, extra: dict[str, Any]
 
     # Layout-free copies of the weights (dsforge export): collective under ZeRO-3, like the save itself.
     save_rank_weights(engine, partial, rank)
+    from dsforge.runtime.train_state import save_state
+
+    save_state(engine, partial, rank, step)  # collective under ZeRO, like the save itself
+    if rank == 0 and job_dir is not None:
+        for name in JOB_FILES:
+            if (Path(job_dir) / name).is_file():
+                shutil.copyfile(Path(job_dir) / name, partial / name)
     fault("save", step)
     (partial / _marker(rank)).write_text(json.dumps({"rank": rank, "step": step}), encoding="utf-8")
     _barrier()
@@ -169,10 +184,14 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def resume(engine: Any, policy: CheckpointPolicy) -> int:
+def resume(engine: Any, policy: CheckpointPolicy, job: dict[str, Any] | None = None,
+           ds_config: dict[str, Any] | None = None) -> int:
     """Load the newest checkpoint when the policy resumes and one exists; the number of steps it had done.
 
     Collective: every rank must see the same checkpoint directory (a shared file system across nodes).
+    ``job`` / ``ds_config``: this run's plan.json and ds_config.json documents; when the checkpoint's own
+    copies show another layout, its layout-free state is loaded (dsforge.runtime.train_state), after
+    dsforge.compiler.resume_layout has found nothing but the layout changed.
     """
     if not policy.resume:
         return 0
@@ -182,12 +201,40 @@ def resume(engine: Any, policy: CheckpointPolicy) -> int:
     if not (policy.directory / tag).is_dir():
         raise CheckpointError(f"{policy.directory / LATEST} names {tag}, which is not there; move the checkpoint "
                               "directory away or set training.checkpoint.resume: never to start over")
+    saved = _saved_job(policy.directory / tag)
+    if job is not None and saved is not None:
+        from dsforge.compiler.resume_layout import resume_refusals, same_layout
+
+        if not same_layout(saved[0], job):
+            refusals = resume_refusals(saved[0], job, saved[1], ds_config)
+            if refusals:
+                raise CheckpointError(f"cannot resume {policy.directory / tag} under this layout: {refusals[0]}")
+            from dsforge.runtime.train_state import TrainStateError, load_state
+
+            try:
+                return load_state(engine, policy.directory / tag)
+            except TrainStateError as exc:
+                raise CheckpointError(f"cannot resume {policy.directory / tag} under this layout: {exc}") from None
     try:
         path, client = engine.load_checkpoint(str(policy.directory), tag=tag)
     except Exception as exc:  # DeepSpeed raises bare assertions and runtime errors of many kinds
         raise CheckpointError(f"cannot resume from {policy.directory / tag}: {type(exc).__name__}: {exc}. "
-                              "A checkpoint saved under another layout (degrees, ZeRO stage) does not load; "
+                              "A checkpoint saved under another layout (degrees, ZeRO stage) by a dsforge that kept "
+                              "no copy of its plan.json in the checkpoint loads only under that layout (DSF641); "
                               "set training.checkpoint.resume: never or move the directory away") from exc
     if path is None or not client or CLIENT_KEY not in client:
         raise CheckpointError(f"{policy.directory / tag} is not a dsforge checkpoint (no {CLIENT_KEY!r} client state)")
     return int(client[CLIENT_KEY]["step"])
+
+
+def _saved_job(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """The plan.json (and ds_config.json) of the compile that wrote the checkpoint ``path``; None if absent."""
+    try:
+        plan = json.loads((path / JOB_FILES[0]).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    try:
+        ds = json.loads((path / JOB_FILES[1]).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        ds = None
+    return (plan, ds) if isinstance(plan, dict) else None

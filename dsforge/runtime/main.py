@@ -288,11 +288,14 @@ def start_engine(job: JobDir) -> tuple[Any, Any]:
         return groups, build_engine(job.plan, config, groups)
 
 
-def resume_point(engine: Any, policy: Any, steps: int) -> int | None:
-    """Steps already done by the newest checkpoint (0 without one); None when nothing is left to train."""
+def resume_point(engine: Any, policy: Any, steps: int, job: JobDir | None = None) -> int | None:
+    """Steps already done by the newest checkpoint (0 without one); None when nothing is left to train.
+
+    ``job``: this run's compile, compared with the checkpoint's own copy (another layout loads its
+    layout-free state)."""
     from dsforge.runtime import checkpoint as ckpt
 
-    start = ckpt.resume(engine, policy)
+    start = ckpt.resume(engine, policy, job.doc if job else None, job.ds_config if job else None)
     if start:
         say(f"dsforge: resumed from {policy.directory / ckpt.tag_of(start)} after step {start}")
     if start >= steps:
@@ -333,7 +336,7 @@ def train_session(job: JobDir, groups: Any, engine: Any, status: Any) -> None:
     plan, rank, steps = job.plan, dist.get_rank(), job.plan.spec.training.steps
     policy = ckpt.CheckpointPolicy.from_spec(plan.spec.training.checkpoint, job.path)
     status.update("resuming")
-    start = resume_point(engine, policy, steps)
+    start = resume_point(engine, policy, steps, job)
     if start is None:
         return
     if rank == 0:
@@ -351,7 +354,7 @@ def train_session(job: JobDir, groups: Any, engine: Any, status: Any) -> None:
     def save(step: int) -> None:
         if policy.due(step, steps):
             status.update("saving", step)
-            ckpt.save(engine, policy, step)
+            ckpt.save(engine, policy, step, job_dir=job.path)
             status.update("training")
 
     progress = Progress(steps, start, job.ds_config.get("steps_per_print", 10), rank == 0)

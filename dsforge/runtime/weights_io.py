@@ -131,9 +131,10 @@ def load_slices(directory: Path) -> list[tuple[SliceTag, Tensor]]:
     return out
 
 
-def assemble(slices: list[tuple[SliceTag, Tensor]]) -> dict[str, Tensor]:
+def assemble(slices: list[tuple[SliceTag, Tensor]], first_copy_wins: bool = False) -> dict[str, Tensor]:
     """Dense tensors from their slices; a ValueError when a tensor is not covered exactly (gaps, or two
-    copies of a slice that differ)."""
+    copies of a slice that differ, unless ``first_copy_wins``: optimizer state of a tied weight, whose
+    copies on two pipeline stages may differ in the last bit)."""
     dense: dict[str, Tensor] = {}
     filled: dict[str, Tensor] = {}
     for t, piece in slices:
@@ -158,7 +159,9 @@ def assemble(slices: list[tuple[SliceTag, Tensor]]) -> dict[str, Tensor]:
             if tuple(region.shape) != tuple(value.shape):
                 raise ValueError(f"{t.dense}: a slice of {list(value.shape)} does not fit its place {list(region.shape)}")
             if seen.any():
-                if not (seen.all() and torch.equal(region, value.to(region.dtype))):
+                if not seen.all():
+                    raise ValueError(f"{t.dense}: two saved slices overlap in part")
+                if not first_copy_wins and not torch.equal(region, value.to(region.dtype)):
                     raise ValueError(f"{t.dense}: two ranks saved different values for the same elements")
                 continue
             region.copy_(value)
