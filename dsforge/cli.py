@@ -303,8 +303,8 @@ def _explain_plan(plan: object, fmt: str, plot_dir: str | None, html_path: str |
               "in place of `auto` (comments and key order kept).")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), help="Write memory against throughput of every "
               "fitting candidate, the frontier marked (PNG and SVG; estimates every candidate).")
-@click.option("--compare", is_flag=True, help="Search the degrees and ZeRO stage (tp, pp, dp, cp, ep, zero) and rank the "
-              "file's own layout among them.")
+@click.option("--compare", is_flag=True, help="Search every field the search sets (degrees, ZeRO, SP, CP kind, "
+              "schedule, chunks, micro-batch, recompute; the GPU count stays) and rank the file's own layout among them.")
 @click.option("--exhaustive", is_flag=True, help="Estimate every candidate (no bound pruning; same ranking, slower).")
 @click.option("--verify", type=click.IntRange(1, 100), metavar="K", help="Run the top K and the last-ranked "
               "candidate with `dsforge run` here; print predicted against measured step time and peak memory.")

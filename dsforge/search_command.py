@@ -7,11 +7,15 @@ from typing import Any
 
 from dsforge.compiler.parse import LoadedJob, load_job
 from dsforge.compiler.schema import JobSpec
-from dsforge.compiler.search.space import AUTO, auto_keys, written_layout
+from dsforge.compiler.search.space import AUTO, AUTO_KEYS, auto_keys, written_layout
 from dsforge.diagnostics import Diagnostic, InputError
 
-#: --compare leaves the degrees and the ZeRO stage to the search and ranks the file's own layout among them.
-COMPARED = tuple(("parallel", k) for k in ("tp", "pp", "dp", "cp", "ep", "zero"))
+#: The degrees and the ZeRO stage (what tests/test_search_exact.py's large examples compare over).
+DEGREES = tuple(("parallel", k) for k in ("tp", "pp", "dp", "cp", "ep", "zero"))
+#: --compare leaves every field the search can set to it, all but the GPU count (the written layout's own):
+#: degrees, ZeRO, sequence parallelism, CP kind, schedule, chunks, micro-batch, recompute; the report's first
+#: line names them.
+COMPARED = tuple(k for k in AUTO_KEYS if k != ("hardware", "nodes"))
 
 
 @dataclass
@@ -25,10 +29,10 @@ class Outcome:
     data: dict[str, Any] | None = None
 
 
-def all_auto(spec: JobSpec) -> JobSpec:
-    """The job with its degrees and ZeRO stage `auto` (for --compare)."""
+def all_auto(spec: JobSpec, keys: tuple[tuple[str, ...], ...] = COMPARED) -> JobSpec:
+    """The job with ``keys`` `auto` (for --compare: every field the search sets but the GPU count)."""
     out = spec
-    for path in COMPARED:
+    for path in keys:
         out = _set(out, path, AUTO)
     return out
 

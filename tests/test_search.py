@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dsforge.cli import cli
@@ -143,6 +143,9 @@ def test_compare_ranks_the_written_layout_among_all(write_job) -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     rank = doc["written"]["rank"]
+    # every field the search sets is searched, the GPU count excepted, and the document says so
+    assert {"parallel.tp", "parallel.zero", "parallel.pipeline.schedule", "training.micro_batch",
+            "training.recompute"} <= set(doc["auto"]) and "hardware.nodes" not in doc["auto"]
     assert rank >= 1 and doc["winner"]["value"] <= doc["written"]["value"]
     assert sum(1 for r in doc["ranked"] if r["value"] < doc["written"]["value"]) == min(rank - 1, len(doc["ranked"]))
     from dsforge.compiler.search.space import written_layout
@@ -228,3 +231,72 @@ def test_a_global_batch_range_is_searched_and_written(write_job, tmp_path: Path)
     assert CliRunner().invoke(cli, ["search", str(path), "--write", str(target)]).exit_code == 0
     written = validate_file(target)
     assert written.plan is not None and written.plan.spec.training.global_batch == best.layout.global_batch
+
+
+#: Where each `auto` of the extends test lives: the section, its key path below it, the job-file spelling.
+_EXT_KEYS = {"tp": ("parallel", ("tp",)), "pp": ("parallel", ("pp",)), "zero": ("parallel", ("zero",)),
+             "schedule": ("parallel", ("pipeline", "schedule")), "mb": ("training", ("micro_batch",)),
+             "rc": ("training", ("recompute",))}
+
+
+def _section(name: str, keys: list[tuple[str, ...]], fixed: dict[str, str], style: str) -> str:
+    """One section of the job file in block or flow style, its ``keys`` `auto`."""
+    tree: dict = {}
+    for path in keys:
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = "auto"
+    tree.update(fixed)
+
+    def flow(v) -> str:
+        return "{" + ", ".join(f"{k}: {flow(x)}" for k, x in v.items()) + "}" if isinstance(v, dict) else str(v)
+
+    def block(v: dict, indent: int) -> str:
+        return "".join(f"{' ' * indent}{k}:\n{block(x, indent + 2)}" if isinstance(x, dict)
+                       else f"{' ' * indent}{k}: {x}   # {k}\n" for k, x in v.items())
+
+    return f"{name}: {flow(tree)}\n" if style == "flow" else f"{name}:\n  # the {name}\n{block(tree, 2)}"
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(where=dict.fromkeys(_EXT_KEYS, "base"), styles={"parallel": "block", "training": "absent"})
+@example(where={"tp": "job", "pp": "base", "zero": "job", "schedule": "base", "mb": "job", "rc": "base"},
+         styles={"parallel": "flow", "training": "block"})
+@given(where=st.fixed_dictionaries({k: st.sampled_from(["base", "job"]) for k in _EXT_KEYS}),
+       styles=st.fixed_dictionaries({s: st.sampled_from(["block", "flow", "absent"]) for s in ("parallel", "training")}))
+def test_an_auto_from_an_extended_file_is_written_into_the_job_file(write_job, where, styles) -> None:
+    """--write sets an `auto` that a file named in `extends:` writes as an override in the job file (comments,
+    order and style of the job file kept, the extended file untouched); every ranked candidate written so
+    validates clean and plans exactly the candidate's values."""
+    placed = {k: ("base" if styles[_EXT_KEYS[k][0]] == "absent" else w) for k, w in where.items()}
+    per = {(sec, at): [p for k, (s, p) in _EXT_KEYS.items() if s == sec and placed[k] == at]
+           for sec in ("parallel", "training") for at in ("base", "job")}
+    base = ("version: 1\nmodel: {preset: tiny-llama}\nhardware: {preset: cpu-local, gpus_per_node: 4}\n"
+            + _section("parallel", per[("parallel", "base")], {"cp": "1"}, "block")
+            + _section("training", per[("training", "base")],
+                       {"global_batch": "8", "precision": "fp32", "steps": "10"}, "flow"))
+    write_job(base, "base.yaml")
+    text = "# the job\nextends: base.yaml\nname: child   # its name\n"
+    for sec, fixed in (("parallel", {"ep": "1"}), ("training", {"seed": "7"})):
+        if styles[sec] != "absent":
+            text += _section(sec, per[(sec, "job")], fixed, styles[sec])
+    path = write_job(text)
+    job, diags = load_job(path)
+    assert job is not None, diags
+    result = search(job, top=5)
+    assert result.ranked
+    comments = [line.split("#", 1)[1] for line in text.splitlines() if "#" in line]
+    for e in result.ranked:
+        out = write_job(rewrite_text(text, job, e.layout), "written.yaml")
+        written = out.read_text()
+        assert [line.split("#", 1)[1] for line in written.splitlines() if "#" in line] == comments  # kept, in order
+        assert written.startswith(text.splitlines()[0]) and (out.parent / "base.yaml").read_text() == base
+        checked = validate_file(out)
+        assert not [d for d in checked.diagnostics if d.severity is Severity.ERROR], (written, checked.diagnostics)
+        assert checked.plan is not None and checked.search is None, written  # nothing left `auto`
+        for path_key, attr in (("parallel", "tp"), ("parallel", "pp"), ("parallel", "zero")):
+            assert value_at(checked.plan.spec, (path_key, attr)) == getattr(e.layout, attr)
+        spec = checked.plan.spec
+        assert (spec.parallel.pipeline.schedule, spec.training.micro_batch, spec.training.recompute) == (
+            e.layout.schedule, e.layout.micro_batch, e.layout.recompute)

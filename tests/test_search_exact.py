@@ -132,13 +132,13 @@ LARGE = ["llama3-8b-dgx-h100.yaml", "llama3-70b-multinode.yaml", "mixtral-8x7b-e
 @pytest.mark.parametrize("name", LARGE)
 def test_each_large_example_with_auto_degrees_gets_a_layout_at_least_as_fast_as_its_own(name: str) -> None:
     from dsforge.compiler.search.space import written_layout
-    from dsforge.search_command import all_auto
+    from dsforge.search_command import DEGREES, all_auto
     from tests.conftest import ROOT
 
     job, _ = load_job(ROOT / "examples" / name)
     assert job is not None
     written = written_layout(job.spec)
-    r = search(job, compare=written, spec=all_auto(job.spec))
+    r = search(job, compare=written, spec=all_auto(job.spec, DEGREES))
     assert r.winner is not None and r.written is not None, r.written_miss
     assert r.winner.memory.utilization <= 0.9 and r.winner.value <= r.written.value
     assert r.written_rank is not None and r.written_rank >= 1

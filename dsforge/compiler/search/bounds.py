@@ -77,11 +77,16 @@ def compute_floor_s(plan: Plan, hardware_flops: float | None = None, speed: floa
     if peak <= 0:
         return 0.0
     total = hardware_flops if hardware_flops is not None else flops.hardware_flops_per_step(plan)
-    busy = total / (plan.world_size * peak)  # mean busy time of a rank
-    if d.pp == 1 or plan.virtual_stages > 1:
+    return chain_floor_s(total / (plan.world_size * peak), d.pp, m, plan.virtual_stages)
+
+
+def chain_floor_s(busy: float, pp: int, m: int, virtual_stages: int) -> float:
+    """The step-time floor of `compute_floor_s` from a rank's mean busy time: the analytic bubble over a
+    ``pp``-stage pipeline of ``m`` micro-batches (none for the interleaved schedule, which it does not bound)."""
+    if pp == 1 or virtual_stages > 1 or m < 1:
         return busy
-    per_micro_batch = busy * d.pp / m  # C: one micro-batch over every stage
-    return max(busy, per_micro_batch / (1.0 - (1.0 - 1.0 / m) ** d.pp))
+    per_micro_batch = busy * pp / m  # C: one micro-batch over every stage
+    return max(busy, per_micro_batch / (1.0 - (1.0 - 1.0 / m) ** pp))
 
 
 def edge_memory_bytes(plan: Plan, stop_above: float = float("inf"), cache: dict[Any, Any] | None = None) -> float:

@@ -29,7 +29,7 @@ from dsforge.compiler.resolved import ResolvedModel, resolve_model
 from dsforge.compiler.rules.registry import Context, Rule, checks, run_rules
 from dsforge.compiler.schema import JobSpec
 from dsforge.compiler.search.bounds import (
-    compute_floor_s,
+    chain_floor_s,
     compute_speed,
     edge_memory_bytes,
     model_state_bytes,
@@ -174,7 +174,7 @@ class _Search:
         self.limit = options(spec).memory_fraction
         self.capacity = spec.hardware.accelerator.memory_gb * 1e9
         self.violated = False
-        self._states: dict[tuple[int, ...], float] = {}
+        self._states_of: dict[tuple[int, ...], float] = {}
         self._flops: dict[tuple[Any, ...], float] = {}
         self._speed: float | None = None
         self._placements: dict[Any, Any] = {}
@@ -204,61 +204,109 @@ class _Search:
                         lay.global_batch)].append(lay)
             yield from groups.values()
 
-    def _staircase(self, members: list[tuple[Layout, Plan]]) -> set[Layout]:
+    def _plan(self, lay: Layout) -> Plan:
+        return _model_seeded(apply_layout(self.spec, lay), self.model, self._placements)
+
+    def _states(self, lay: Layout, plan: Plan | None = None) -> float:
+        """The busiest stage's model states, the same for every member of a memory group."""
+        key = (lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.zero, lay.virtual_stages)
+        if key not in self._states_of:
+            self._states_of[key] = model_state_bytes(plan if plan is not None else self._plan(lay))
+        return self._states_of[key]
+
+    def _staircase(self, group: list[Layout], plans: dict[Layout, Plan]) -> list[Layout]:
         """The members of one memory group whose memory lower bound (`edge_memory_bytes`) fits; the others are
-        counted as memory misses without their bound being computed where a smaller member already fails.
+        counted as memory misses, most without their bound being computed.
 
         Within a group the bound cannot fall when the micro-batch grows while two or more micro-batches
         accumulate (the model states stay the same and every activation term grows with the micro-batch, the
         micro-batches in flight times their size never shrink), nor when recomputation is lessened (full keeps
         each layer's input, selective all but the scores, none everything; the rematerialised working set of
         one layer never outweighs what the others keep). With one micro-batch per step DeepSpeed keeps no
-        accumulation buffer, so those members form their own chain. Each chain is walked from its smallest
-        member; the bounds it computes are checked against this order (`self.violated` otherwise).
+        accumulation buffer, so those members form their own chain. So the members that fit are, for each
+        recompute policy, the micro-batches below a threshold that only falls as recomputation lessens: found by
+        bisection under the previous policy's threshold. The bounds computed are checked against this order
+        (`self.violated` otherwise; tests/test_search_exact.py checks it over whole small spaces).
         """
+        order = {"full": 0, "selective": 1, "none": 2}
+        chains: dict[bool, dict[tuple[int, int], Layout]] = {True: {}, False: {}}
+        for lay in group:
+            chains[lay.global_batch // (lay.dp * lay.micro_batch) == 1][(lay.micro_batch, order[lay.recompute])] = lay
+        return [lay for grid in chains.values() if grid for lay in self._walk(grid, plans)]
+
+    def _walk(self, grid: dict[tuple[int, int], Layout], plans: dict[Layout, Plan]) -> list[Layout]:
+        """One chain of `_staircase`: ``grid`` maps (micro-batch, recompute order) to its member."""
         limit = self.limit * self.capacity
-        order = {rc: i for i, rc in enumerate(("full", "selective", "none"))}
-        chains: dict[bool, dict[tuple[int, int], tuple[Layout, Plan]]] = {True: {}, False: {}}
-        for lay, plan in members:
-            single = lay.global_batch // (lay.dp * lay.micro_batch) == 1
-            chains[single][(lay.micro_batch, order[lay.recompute])] = (lay, plan)
-        fits: set[Layout] = set()
-        for grid in chains.values():
-            mbs = sorted({k[0] for k in grid})
-            seen: dict[tuple[int, int], float] = {}
-            reach, reach_reason = len(mbs), "memory"  # from this micro-batch on, a lower recompute failed
-            for r in sorted({k[1] for k in grid}):
-                stop, reason = reach, reach_reason
-                for i in range(reach):
-                    entry = grid.get((mbs[i], r))
-                    if entry is None:
-                        continue
-                    got = seen[(i, r)] = edge_memory_bytes(entry[1], limit, self._memo)
-                    self.funnel.bounded += 1
-                    if got > limit:
-                        util = got / self.capacity
-                        reason = MEMORY_RULE if util > 1.0 else "memory"
-                        self._miss(entry[0], reason, f"peak {_gb(got)} is {util:.0%} of {_gb(self.capacity)}",
-                                   util)
-                        stop = i
-                        break
-                    fits.add(entry[0])
-                for j in range(stop, len(mbs)):  # each is at least the failed member at (stop, r or lower)
-                    if (mbs[j], r) in grid and (j, r) not in seen:
-                        self.funnel.removed[reason] += 1
-                reach, reach_reason = stop, reason
-            for (i1, r1), b1 in seen.items():  # the order the walk relies on, wherever it computed two bounds
-                for (i2, r2), b2 in seen.items():
-                    if i1 <= i2 and r1 <= r2 and b1 > b2 * (1 + BOUND_SLACK):
-                        self.violated = True
+        mbs = sorted({k[0] for k in grid})
+        seen: dict[tuple[int, int], float] = {}
+        fits: list[Layout] = []
+        if len(grid) != len(mbs) * len({k[1] for k in grid}):  # not a full grid: no order to walk, bound each
+            for lay in grid.values():
+                plans.setdefault(lay, self._plan(lay))
+                got = edge_memory_bytes(plans[lay], limit, self._memo)
+                self.funnel.bounded += 1
+                if got <= limit:
+                    fits.append(lay)
+                    continue
+                util = got / self.capacity
+                self._miss(lay, MEMORY_RULE if util > 1.0 else "memory",
+                           f"peak {_gb(got)} is {util:.0%} of {_gb(self.capacity)}", util)
+            return fits
+
+        def bound(i: int, r: int) -> float:
+            lay = grid[(mbs[i], r)]
+            if lay not in plans:
+                plans[lay] = self._plan(lay)
+            got = seen[(i, r)] = edge_memory_bytes(plans[lay], limit, self._memo)
+            self.funnel.bounded += 1
+            return got
+
+        reach, reach_bytes = len(mbs), limit  # from `reach` on, a member under more recompute failed
+        for r in sorted({k[1] for k in grid}):
+            lo, hi = 0, reach  # [0, lo) fit, [hi, ...) fail
+            if hi > 0 and bound(hi - 1, r) <= limit:
+                lo = hi
+            elif hi > 0:
+                hi -= 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if bound(mid, r) <= limit:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            fails = seen.get((hi, r), reach_bytes)  # the smallest failing member's bound
+            for i in range(len(mbs)):
+                lay = grid[(mbs[i], r)]
+                if i < hi:
+                    fits.append(lay)
+                    continue
+                got = seen.get((i, r), fails)
+                util = got / self.capacity
+                reason = MEMORY_RULE if util > 1.0 else "memory"
+                if (i, r) in seen:
+                    self._miss(lay, reason, f"peak {_gb(got)} is {util:.0%} of {_gb(self.capacity)}", util)
+                else:
+                    self.funnel.removed[reason] += 1
+            reach, reach_bytes = hi, fails
+        for (i1, r1), b1 in seen.items():  # the order the walk relies on, wherever it computed two bounds
+            for (i2, r2), b2 in seen.items():
+                if i1 <= i2 and r1 <= r2 and b1 > b2 * (1 + BOUND_SLACK):
+                    self.violated = True
         return fits
 
-    def _hardware_flops(self, plan: Plan, lay: Layout) -> float | None:
-        """The step's hardware FLOPs, shared by the candidates they cannot differ for (tp, recompute, batch)."""
+    def _floor(self, lay: Layout, plan: Plan | None = None) -> float:
+        """`compute_floor_s` of a candidate from its layout alone (its plan is built only when first needed)."""
         key = (lay.tp, lay.recompute, lay.global_batch)
-        if key not in self._flops:
-            self._flops[key] = flops.hardware_flops_per_step(plan)
-        return self._flops[key]
+        if key not in self._flops or self._speed is None:
+            plan = plan if plan is not None else self._plan(lay)
+            if self._speed is None:
+                self._speed = compute_speed(plan)  # one rate for every candidate of this node count
+            if key not in self._flops:
+                self._flops[key] = flops.hardware_flops_per_step(plan)
+        world = lay.nodes * self.spec.hardware.gpus_per_node
+        m = lay.global_batch // (lay.dp * lay.micro_batch)
+        return chain_floor_s(self._flops[key] / (world * self._speed), lay.pp, m, lay.virtual_stages) \
+            if self._speed > 0 else 0.0
 
     def _bound_value(self, step_floor: float, lay: Layout) -> float:
         return self.objective.value(step_floor, lay.global_batch * self.model.seq_len,
@@ -272,21 +320,15 @@ class _Search:
             del self.misses[2048:]
 
     def _level0(self, lay: Layout) -> tuple[float, Plan] | None:
-        spec = apply_layout(self.spec, lay)
-        plan = _model_seeded(spec, self.model, self._placements)
-        skel = (lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.zero, lay.virtual_stages)
-        states = self._states.get(skel)
-        if states is None:
-            states = self._states[skel] = model_state_bytes(plan)
+        """One candidate's model states and compute floor (the written layout of `--compare`)."""
+        plan = self._plan(lay)
+        states = self._states(lay, plan)
         if states > self.limit * self.capacity:
             self._miss(lay, "memory", f"model states alone need {_gb(states)} of "
                                       f"{_gb(self.capacity)}", states / self.capacity)
             return None
-        if self._speed is None:
-            self._speed = compute_speed(plan)  # one rate for every candidate of this node count
-        floor = 0.0 if self.exhaustive else compute_floor_s(plan, self._hardware_flops(plan, lay), self._speed)
-        tokens = lay.global_batch * self.model.seq_len
-        if floor > 0 and not self.objective.feasible(floor, tokens):
+        floor = 0.0 if self.exhaustive else self._floor(lay, plan)
+        if floor > 0 and not self.objective.feasible(floor, lay.global_batch * self.model.seq_len):
             self._miss(lay, "deadline", "its FLOPs alone miss the deadline")
             return None
         return floor, plan
@@ -341,18 +383,21 @@ class _Search:
         seq = 0
         for group in self._groups():
             self.funnel.considered += len(group)
-            members = []
-            for lay in group:
-                got = self._level0(lay)
-                if got is not None:
-                    members.append((lay, got[1], got[0]))
-            fits = None if self.exhaustive else self._staircase([(lay, plan) for lay, plan, _ in members])
-            for lay, plan, floor in members:
-                if fits is not None and lay not in fits:
+            states = self._states(group[0])
+            if states > self.limit * self.capacity:  # the same for every member
+                self._miss(group[0], "memory", f"model states alone need {_gb(states)} of "
+                                               f"{_gb(self.capacity)}", states / self.capacity)
+                self.funnel.removed["memory"] += len(group) - 1
+                continue
+            plans: dict[Layout, Plan] = {}
+            for lay in group if self.exhaustive else self._staircase(group, plans):
+                floor = 0.0 if self.exhaustive else self._floor(lay, plans.get(lay))
+                if floor > 0 and not self.objective.feasible(floor, lay.global_batch * self.model.seq_len):
+                    self._miss(lay, "deadline", "its FLOPs alone miss the deadline")
                     continue
                 seq += 1
-                heapq.heappush(heap, (self._bound_value(floor, lay), lay.tiebreak(), 0, seq, lay, plan, floor,
-                                      fits is not None))
+                heapq.heappush(heap, (self._bound_value(floor, lay), lay.tiebreak(), 0, seq, lay, plans.get(lay),
+                                      floor, not self.exhaustive))
         if self.violated:
             return [], []
         ranked: list[Evaluated] = []
@@ -363,6 +408,7 @@ class _Search:
                 heapq.heappush(heap, (value, tb, level, 0, lay, plan, floor, extra))
                 break
             if level == 0:
+                plan = plan if plan is not None else self._plan(lay)
                 got1 = self._level1(lay, plan, bool(extra))
                 if got1 is None:
                     continue
