@@ -53,12 +53,26 @@ def torch_optimizer(engine: Any) -> Any:
 
 
 def _mode(p: nn.Parameter) -> str:
-    """How DeepSpeed keeps this parameter's fp32 state: ZeRO-3 partitions, a fragment mapping, or the parameter."""
+    """How DeepSpeed keeps this parameter's fp32 state: ZeRO-3 partitions, a fragment mapping, or the parameter
+    (or, under the unfused 16-bit wrapper, an fp32 copy of it: see ``_copies``)."""
     if hasattr(p, "ds_id"):
         return "zero3"
     if hasattr(p, "_hp_mapping"):
         return "mapped"
     return "plain"
+
+
+def _copies(engine: Any) -> dict[int, Tensor]:
+    """The fp32 copy of each 16-bit parameter that DeepSpeed's unfused wrapper keeps (bf16 at ZeRO-0), by id.
+
+    The wrapper's fp16_groups and fp32_groups pair the model's parameters with the tensors its torch
+    optimizer steps; other engines have none.
+    """
+    wrapper = engine.optimizer
+    lows, highs = getattr(wrapper, "fp16_groups", None), getattr(wrapper, "fp32_groups", None)
+    if not isinstance(lows, list) or not isinstance(highs, list) or hasattr(wrapper, "bit16_groups"):
+        return {}
+    return {id(lp): hp for low, high in zip(lows, highs) for lp, hp in zip(low, high)}
 
 
 def unsupported(engine: Any, params: list[nn.Parameter]) -> str | None:
@@ -70,10 +84,13 @@ def unsupported(engine: Any, params: list[nn.Parameter]) -> str | None:
         return "ZeRO-3 swaps its optimizer state to NVMe"
     plain = [p for p in params if _mode(p) == "plain"]
     if plain:
+        copies = _copies(engine)
+        if copies and getattr(getattr(engine.optimizer, "loss_scale_config", None), "dynamic_loss_scale", False):
+            return f"{type(engine.optimizer).__name__} scales the loss dynamically (fp16 without ZeRO)"
         held = {id(q) for g in opt.param_groups for q in g["params"]}
-        if any(id(p) not in held for p in plain) or any(p.dtype != torch.float32 for p in plain):
+        if any(id(copies.get(id(p), p)) not in held or copies.get(id(p), p).dtype != torch.float32 for p in plain):
             return (f"{type(engine.optimizer).__name__} keeps fp32 copies outside DeepSpeed's fragment mapping "
-                    "(fp16 without ZeRO)")
+                    "that dsforge cannot pair with the model's parameters")
     return None
 
 
@@ -116,13 +133,14 @@ def _group_settings(opt: Any) -> dict[str, Any]:
     return out
 
 
-def _full(p: nn.Parameter, opt: Any, key: str | None) -> Tensor | None:
+def _full(p: nn.Parameter, opt: Any, key: str | None, copies: dict[int, Tensor]) -> Tensor | None:
     """The fp32 value (``key`` None) or one optimizer state of this rank's whole parameter (collective under ZeRO)."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     mode = _mode(p)
     if mode == "plain":
-        return p.detach() if key is None else opt.state[p][key].detach()
+        hp = copies.get(id(p), p)
+        return hp.detach() if key is None else opt.state[hp][key].detach()
     value = safe_get_full_fp32_param(p) if key is None else safe_get_full_optimizer_state(p, key)
     return None if value is None else value.detach()
 
@@ -148,12 +166,13 @@ def save_state(engine: Any, directory: Path, rank: int, step: int) -> Path | Non
     keys, scalars = ([], {}) if why else _state_names(engine, opt)
     keys = _agreed(keys)  # every rank gathers the same states: a rank without any would leave the others waiting
     if why is None:
+        copies = _copies(engine)
         tensors: dict[str, Tensor] = {}
         meta: dict[str, Any] = {}
         for i, (p, t) in enumerate(params):
             if not p.requires_grad:
                 continue
-            values = {name: _full(p, opt, None if name == FP32 else name) for name in (FP32, *keys)}
+            values = {name: _full(p, opt, None if name == FP32 else name, copies) for name in (FP32, *keys)}
             if replica_index(engine, p) != 0:
                 continue
             for name, value in values.items():
@@ -254,18 +273,21 @@ def _prime(engine: Any, opt: Any, keys: list[str], scalars: dict[str, Any]) -> N
         wrapper._lazy_init_hp_params_optimizer_state()
 
 
-def _set(p: nn.Parameter, opt: Any, values: dict[str, Tensor]) -> None:
+def _set(p: nn.Parameter, opt: Any, values: dict[str, Tensor], copies: dict[int, Tensor]) -> None:
     """Give one parameter its fp32 master value, optimizer state and model weight."""
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
     mode = _mode(p)
     master = values[FP32]
     if mode == "plain":
+        hp = copies.get(id(p), p)
         with torch.no_grad():
-            p.copy_(master)
+            hp.copy_(master)
+            if hp is not p:
+                p.copy_(master.to(p.dtype))  # what the wrapper's step copies back
         for k, v in values.items():
             if k != FP32:
-                opt.state[p][k].copy_(v)
+                opt.state[hp][k].copy_(v)
         return
     safe_set_full_fp32_param(p, master.to(torch.float32))
     for k, v in values.items():
@@ -322,6 +344,7 @@ def load_state(engine: Any, path: Path) -> int:
                               f"{type(opt).__name__}; resume under the checkpoint's layout or hardware kind")
     keys: list[str] = list(meta.get("keys", []))
     _prime(engine, opt, keys, meta.get("scalars", {}))
+    copies = _copies(engine)
     with contextlib.ExitStack() as stack:
         pieces = _Pieces(path / STATE_DIR, stack)
         order = sorted(((t.dense, i) for i, (_, t) in enumerate(params)))  # one dense tensor assembled at a time
@@ -330,7 +353,7 @@ def load_state(engine: Any, path: Path) -> int:
             if not p.requires_grad:
                 continue
             shape = _local_shape(p)
-            _set(p, opt, {s: cut(pieces.dense(t.dense, s), t, shape) for s in (FP32, *keys)})
+            _set(p, opt, {s: cut(pieces.dense(t.dense, s), t, shape) for s in (FP32, *keys)}, copies)
     if any(_mode(p) == "zero3" for p, _ in params):
         _zero3_weights(engine)
     _restore_settings(engine, opt, meta, path)
