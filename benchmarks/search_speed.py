@@ -63,7 +63,8 @@ def run_case(name: str, exhaustive: bool) -> str:
     f, w = r.funnel, r.winner
     line = (f"{name}: {cpu:.2f} s CPU ({wall:.2f} s wall), {f.considered:,} candidates, {f.estimated:,} estimated "
             f"in full, {f.pruned:,} pruned by bounds; winner {w.layout.label() if w else 'none'}"
-            + (f", {w.step.step_s:.2f} s/step, MFU {w.step.mfu:.1%}" if w else ""))
+            + (f", {w.step.step_s:.2f} s/step, MFU {w.step.mfu:.1%}" if w else "")
+            + ("; a bound failed its check, so it was searched without pruning" if r.exhaustive else ""))
     if exhaustive:
         t0 = time.perf_counter()
         e = search(job, exhaustive=True)

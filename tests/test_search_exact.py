@@ -66,6 +66,7 @@ def test_the_pruned_search_ranks_as_the_exhaustive_one(write_job, name: str) -> 
     pruned = search(job)
     full = search(job, exhaustive=True)
     top = len(pruned.ranked)
+    assert not pruned.exhaustive  # no bound or order check failed (which would repeat it without pruning)
     assert top > 0 and full.funnel.considered == pruned.funnel.considered
     assert [(e.layout, e.value) for e in pruned.ranked] == [(e.layout, e.value) for e in full.ranked[:top]]
     assert pruned.nodes == full.nodes
@@ -177,6 +178,7 @@ def test_the_memory_bound_grows_with_the_micro_batch_and_less_recompute(write_jo
 def test_the_memory_staircase_bounds_fewer_candidates_than_it_rules_out(write_job) -> None:
     job = _job(write_job, SPACES["memory-groups"])
     pruned, full = search(job), search(job, exhaustive=True)
+    assert not pruned.exhaustive
     assert [(e.layout, e.value) for e in pruned.ranked] == [(e.layout, e.value) for e in full.ranked[:len(pruned.ranked)]]
     removed = pruned.funnel.removed["memory"] + pruned.funnel.removed["DSF301"]
     assert removed > 0 and pruned.funnel.bounded < pruned.funnel.considered

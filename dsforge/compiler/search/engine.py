@@ -288,9 +288,11 @@ class _Search:
                 else:
                     self.funnel.removed[reason] += 1
             reach, reach_bytes = hi, fails
-        for (i1, r1), b1 in seen.items():  # the order the walk relies on, wherever it computed two bounds
+        # the order the walk relies on, wherever it computed two bounds (one above the limit may be its first
+        # stage's alone, a lower bound of the bound: only one within the limit is exact enough to compare with)
+        for (i1, r1), b1 in seen.items():
             for (i2, r2), b2 in seen.items():
-                if i1 <= i2 and r1 <= r2 and b1 > b2 * (1 + BOUND_SLACK):
+                if i1 <= i2 and r1 <= r2 and b2 <= limit and b1 > b2 * (1 + BOUND_SLACK):
                     self.violated = True
         return fits
 
@@ -389,15 +391,17 @@ class _Search:
                                                f"{_gb(self.capacity)}", states / self.capacity)
                 self.funnel.removed["memory"] += len(group) - 1
                 continue
-            plans: dict[Layout, Plan] = {}
-            for lay in group if self.exhaustive else self._staircase(group, plans):
-                floor = 0.0 if self.exhaustive else self._floor(lay, plans.get(lay))
-                if floor > 0 and not self.objective.feasible(floor, lay.global_batch * self.model.seq_len):
-                    self._miss(lay, "deadline", "its FLOPs alone miss the deadline")
-                    continue
-                seq += 1
-                heapq.heappush(heap, (self._bound_value(floor, lay), lay.tiebreak(), 0, seq, lay, plans.get(lay),
-                                      floor, not self.exhaustive))
+            if self.exhaustive:
+                for lay in group:
+                    seq += 1
+                    heapq.heappush(heap, (0.0, lay.tiebreak(), 0, seq, lay, None, 0.0, False))
+                continue
+            # the group waits in the heap under its best member's compute floor: its memory bounds are computed
+            # only if that floor can still rank (a group never popped is pruned whole)
+            floors = {lay: self._floor(lay) for lay in group}
+            best = min((self._bound_value(f, lay), lay.tiebreak()) for lay, f in floors.items())
+            seq += 1
+            heapq.heappush(heap, (best[0], best[1], -1, seq, None, None, 0.0, floors))
         if self.violated:
             return [], []
         ranked: list[Evaluated] = []
@@ -407,7 +411,19 @@ class _Search:
             if not self.exhaustive and len(ranked) >= self.top and (until is None or (value, tb) >= until):
                 heapq.heappush(heap, (value, tb, level, 0, lay, plan, floor, extra))
                 break
-            if level == 0:
+            if level == -1:  # a memory group: the members whose memory bound fits, each under its own floor
+                plans: dict[Layout, Plan] = {}
+                for member in self._staircase(list(extra), plans):
+                    floor = extra[member]
+                    if floor > 0 and not self.objective.feasible(floor, member.global_batch * self.model.seq_len):
+                        self._miss(member, "deadline", "its FLOPs alone miss the deadline")
+                        continue
+                    seq += 1
+                    heapq.heappush(heap, (self._bound_value(floor, member), member.tiebreak(), 0, seq, member,
+                                          plans.get(member), floor, True))
+                if self.violated:
+                    return [], []
+            elif level == 0:
                 plan = plan if plan is not None else self._plan(lay)
                 got1 = self._level1(lay, plan, bool(extra))
                 if got1 is None:
@@ -454,7 +470,7 @@ class _Search:
                 ranked.append(extra)
                 if self.exhaustive:
                     fitting.append(extra)
-        self.funnel.pruned += sum(1 for item in heap if item[2] < 2)
+        self.funnel.pruned += sum(len(item[7]) if item[2] == -1 else 1 for item in heap if item[2] < 2)
         return ranked, fitting
 
     def evaluate(self, lay: Layout) -> Evaluated | Miss:
