@@ -5,6 +5,9 @@ Each layout is a tiny Llama job on a calibrated hardware file (`dsforge calibrat
 step time (warm-up excluded) and every rank's peak resident size. The cost model's prediction comes from
 `estimate_step` and `estimate_memory` of the same job file. Prints one row per layout, the median and max
 relative error of the step time and the peak memory, and the Spearman rank correlation of step times.
+The machine may be shared: the load average is printed before and after each run, and the predicted /
+measured ratio of each layout, whose spread (max/min) says how well the model orders the layouts even when
+the load scales every measurement alike.
 
 Usage: python benchmarks/predict_vs_measure.py [--hardware calibrated.yaml] [--steps 8] [--only NAME ...]
        python benchmarks/predict_vs_measure.py --calibrate     (run `dsforge calibrate` first)
@@ -61,12 +64,19 @@ def job_file(directory: Path, name: str, hardware: Path, steps: int) -> Path:
     return path
 
 
-def predict(path: Path) -> tuple[float, float]:
-    """(step seconds, peak bytes of the busiest rank) the cost model predicts for a job file."""
+def predict(path: Path) -> tuple[float, float, float]:
+    """(step seconds, of which DeepSpeed engine host work, peak bytes of the busiest rank) the cost model
+    predicts for a job file."""
     result = validate_file(path)
     if result.plan is None or any(d.severity.name == "ERROR" for d in result.diagnostics):
         raise SystemExit(f"{path}: " + "; ".join(f"{d.rule} {d.message}" for d in result.diagnostics))
-    return estimate_step(result.plan).step_s, estimate_memory(result.plan).peak.device_bytes
+    step = estimate_step(result.plan)
+    return step.step_s, step.engine_s, estimate_memory(result.plan).peak.device_bytes
+
+
+def load() -> float:
+    """The 1-minute load average of this machine."""
+    return os.getloadavg()[0]
 
 
 def measure(path: Path, out: Path) -> tuple[float, float]:
@@ -120,20 +130,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="dsforge-pvm-") as tmp:
         for name in names:
             path = job_file(Path(tmp), name, args.hardware.resolve(), args.steps)
-            pred_s, pred_b = predict(path)
-            start = time.perf_counter()
+            pred_s, engine_s, pred_b = predict(path)
+            start, load_before = time.perf_counter(), load()
             meas_s, meas_b = measure(path, Path(tmp) / f"run-{name}")
-            rows.append({"layout": name, "predicted_s": pred_s, "measured_s": meas_s, "predicted_bytes": pred_b,
-                         "measured_bytes": meas_b, "wall_s": time.perf_counter() - start})
+            rows.append({"layout": name, "predicted_s": pred_s, "engine_s": engine_s, "measured_s": meas_s,
+                         "predicted_bytes": pred_b, "measured_bytes": meas_b, "wall_s": time.perf_counter() - start,
+                         "load_before": load_before, "load_after": load()})
             r = rows[-1]
-            print(f"{r['layout']:20s} step {pred_s * 1e3:8.1f} ms predicted {meas_s * 1e3:8.1f} ms measured "
-                  f"({(pred_s - meas_s) / meas_s:+.0%}); peak {pred_b / 2**20:7.0f} MiB predicted "
-                  f"{meas_b / 2**20:7.0f} MiB measured ({(pred_b - meas_b) / meas_b:+.0%})", flush=True)
+            print(f"{r['layout']:20s} step {pred_s * 1e3:8.1f} ms predicted (engine {engine_s * 1e3:6.1f}) "
+                  f"{meas_s * 1e3:8.1f} ms measured ({(pred_s - meas_s) / meas_s:+.0%}, ratio {pred_s / meas_s:.2f}); "
+                  f"peak {pred_b / 2**20:7.0f} MiB predicted {meas_b / 2**20:7.0f} MiB measured "
+                  f"({(pred_b - meas_b) / meas_b:+.0%}); load {r['load_before']:.1f} -> {r['load_after']:.1f}",
+                  flush=True)
     t_err = [abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in rows]
     m_err = [abs(r["predicted_bytes"] - r["measured_bytes"]) / r["measured_bytes"] for r in rows]
     rho = spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
     print(f"step time: median error {statistics.median(t_err):.0%}, max {max(t_err):.0%}; "
           f"rank correlation {rho:.2f} over {len(rows)} layouts")
+    ratios = [r["predicted_s"] / r["measured_s"] for r in rows]
+    print(f"predicted/measured ratio: median {statistics.median(ratios):.2f}, min {min(ratios):.2f}, "
+          f"max {max(ratios):.2f} (spread max/min {max(ratios) / min(ratios):.2f})")
     print(f"peak memory: median error {statistics.median(m_err):.0%}, max {max(m_err):.0%}")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "rank_correlation": rho}, indent=1), encoding="utf-8")

@@ -352,10 +352,13 @@ def plugins(fmt: str) -> None:
               help="The hardware file to write (a `hardware:` fragment for `extends:`).")
 @click.option("--ranks", type=click.IntRange(2, 64), default=2, show_default=True,
               help="Processes (or GPUs) the collectives are measured over, on this node.")
-def calibrate(out: str, ranks: int) -> None:
+@click.option("--links-only", is_flag=True, help="Measure only the links (intra- and inter-node) and write them.")
+def calibrate(out: str, ranks: int, links_only: bool) -> None:
     """Measure this machine's GEMM, memory and collective rates into a hardware file (needs torch).
 
-    A job uses the file with `extends: <file>`; see docs/cost-model.md for what each figure means.
+    A job uses the file with `extends: <file>` or `hardware.preset: <file>`; see docs/cost-model.md for
+    what each figure means. Started by torchrun on several nodes (one process per rank), it measures
+    the link inside a node and the link between nodes apart, and rank 0 writes the file.
     """
     from dsforge.runner import INSTALL_HINT, missing_runtime
 
@@ -367,7 +370,10 @@ def calibrate(out: str, ranks: int) -> None:
     from dsforge.runtime.calibrate import calibrate as measure
     from dsforge.runtime.calibrate import render
 
-    Path(out).write_text(render(measure(ranks)), encoding="utf-8")
+    result = measure(ranks, links_only=links_only)
+    if result is None:  # a rank other than 0 of a launched world: it took part in the link measurement
+        return
+    Path(out).write_text(render(result), encoding="utf-8")
     click.echo(f"dsforge calibrate: wrote {out}")
 
 

@@ -49,3 +49,33 @@ def test_the_calibrated_file_is_a_hardware_file_a_job_extends(tmp_path: Path) ->
     # four ranks on two cores time-share them: their compute takes twice as long as on four cores
     shared, own = _compute_s(tmp_path, 2, 4), _compute_s(tmp_path, 4, 4)
     assert shared == pytest.approx(2 * own)
+
+
+def test_launched_reads_the_launchers_world(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsforge.runtime.calibrate_links import Launch, launched
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    assert launched() is None
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert launched() is None  # one rank is no world to measure links in
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert launched() == Launch(5, 8, 1, 4, 1)  # node from rank // local world without GROUP_RANK
+    monkeypatch.setenv("GROUP_RANK", "0")
+    assert launched() == Launch(5, 8, 1, 4, 0)
+
+
+def test_a_links_only_file_states_both_links(tmp_path: Path) -> None:
+    fit = {"bandwidth_gbs": 0.3, "latency_us": 90.0, "bus_efficiency": 1.0, "ranks": 2, "rows": [(1024, 1e-3)]}
+    result = {"links_only": True, "measured": {"host": "h", "when": "now", "torch": "x", "intra_node": fit,
+                                               "inter_node": {**fit, "latency_us": 400.0}},
+              "hardware": {"nodes": 2, "gpus_per_node": 2,
+                           "intra_node": {k: fit[k] for k in ("bandwidth_gbs", "latency_us", "bus_efficiency")},
+                           "inter_node": {"bandwidth_gbs": 0.3, "latency_us": 400.0, "bus_efficiency": 1.0}}}
+    text = render(result)
+    assert "# intra_node: 2 ranks per group" in text and "# inter_node: 2 ranks per group" in text
+    assert yaml.safe_load(text)["hardware"]["inter_node"]["latency_us"] == 400.0

@@ -275,41 +275,87 @@ def _host_ram_gb() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
 
 
-def calibrate(ranks: int = 2) -> dict[str, Any]:
-    """Measure this machine (CPU ranks over gloo, or its GPUs over NCCL) and return the hardware mapping."""
+def _link_of(fit: dict[str, Any]) -> dict[str, Any]:
+    return {k: fit[k] for k in ("bandwidth_gbs", "latency_us", "bus_efficiency")}
+
+
+def calibrate(ranks: int = 2, links_only: bool = False) -> dict[str, Any] | None:
+    """Measure this machine (CPU ranks over gloo, or its GPUs over NCCL) and return the hardware mapping.
+
+    Launched as several ranks (torchrun over one or more nodes), the links are measured in that world
+    (`calibrate_links`: inside a node and across nodes, apart) and rank 0 alone goes on and returns the
+    mapping; the other ranks return None. ``links_only`` measures the links and nothing else."""
+    from dsforge.runtime.calibrate_links import launched, measure_links
+
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"
+    launch = launched()
+    world_links = measure_links(launch, "nccl" if on_gpu else "gloo") if launch is not None else None
+    if launch is not None and world_links is None:
+        return None
     if on_gpu:
         ranks = min(ranks, torch.cuda.device_count())
+    if world_links is not None:
+        ranks = world_links["ranks_per_node"]
+    if links_only:
+        return _links_only(ranks, world_links)
     fp32 = gemm_rates(torch.float32, device)
     bf16 = gemm_rates(torch.bfloat16, device, GEMM_SIZES if on_gpu else GEMM_SIZES[:4])  # CPU bf16 is slow
     bandwidth = memory_bandwidth(device)
     overhead = op_overhead(device)
     per_layer = layer_op_overhead() if not on_gpu else overhead
-    alpha, beta, rows = collective_fit(ranks, "nccl" if on_gpu else "gloo") if ranks > 1 else (0.0, 1e12, [])
+    if world_links is not None and world_links["intra_node"] is not None:
+        alpha, beta, rows = (world_links["intra_node"]["latency_us"] * 1e-6,
+                             world_links["intra_node"]["bandwidth_gbs"] * 1e9, world_links["intra_node"]["rows"])
+    elif world_links is None and ranks > 1:
+        alpha, beta, rows = collective_fit(ranks, "nccl" if on_gpu else "gloo")
+    else:
+        alpha, beta, rows = 0.0, 1e12, []
     engine = [] if on_gpu else engine_rows()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     name = torch.cuda.get_device_name(0) if on_gpu else "cpu"
     memory_gb = (torch.cuda.get_device_properties(0).total_memory / 1e9) if on_gpu else _host_ram_gb() / ranks
     link = {"bandwidth_gbs": round(beta / 1e9, 4), "latency_us": round(alpha * 1e6, 2), "bus_efficiency": 1.0}
+    inter = world_links["inter_node"] if world_links is not None else None
     return {
         "measured": {"fp32_gemm_tflops": {n: r / 1e12 for n, r in fp32.items()},
                      "bf16_gemm_tflops": {n: r / 1e12 for n, r in bf16.items()},
                      "copy_gbs": bandwidth / 1e9, "bare_op_us": overhead * 1e6, "op_overhead_us": per_layer * 1e6,
                      "all_reduce_seconds": rows, "engine_steps": engine, "ranks": ranks, "cores": cores,
+                     "nodes": world_links["nodes"] if world_links is not None else 1,
+                     "inter_node_all_reduce_seconds": inter["rows"] if inter is not None else None,
                      "host": platform.node(), "torch": torch.__version__,
                      "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
         "hardware": {
-            "nodes": 1, "gpus_per_node": ranks, "host_cores": cores, "host_ram_gb": round(_host_ram_gb(), 2),
+            "nodes": world_links["nodes"] if world_links is not None else 1, "gpus_per_node": ranks,
+            "host_cores": cores, "host_ram_gb": round(_host_ram_gb(), 2),
             "accelerator": {"name": name, "memory_gb": round(memory_gb, 2),
                             "fp32_tflops": round(max(fp32.values()) / 1e12, 6),
                             "bf16_tflops": round(max(bf16.values()) / 1e12, 6),
                             "fp16_tflops": 0 if not on_gpu else round(max(bf16.values()) / 1e12, 6),
                             "hbm_gbs": round(bandwidth / 1e9, 3), "gemm_efficiency": 1.0,
                             "memory_efficiency": 1.0, "op_overhead_us": round(per_layer * 1e6, 3)},
-            "intra_node": link, "inter_node": dict(link),
+            "intra_node": link, "inter_node": _link_of(inter) if inter is not None else dict(link),
             **({"engine_overhead": fit_engine(engine)} if engine else {})},
     }
+
+
+def _links_only(ranks: int, world_links: dict[str, Any] | None) -> dict[str, Any]:
+    """The `--links-only` result: the two links (measured in the launched world, or intra-node here)."""
+    if world_links is None:
+        alpha, beta, rows = collective_fit(ranks, "nccl" if torch.cuda.is_available() else "gloo")
+        world_links = {"nodes": 1, "ranks_per_node": ranks, "inter_node": None,
+                       "intra_node": {"bandwidth_gbs": round(beta / 1e9, 4), "latency_us": round(alpha * 1e6, 2),
+                                      "bus_efficiency": 1.0, "ranks": ranks, "rows": rows}}
+    intra, inter = world_links["intra_node"], world_links["inter_node"]
+    hardware: dict[str, Any] = {"nodes": world_links["nodes"], "gpus_per_node": world_links["ranks_per_node"]}
+    if intra is not None:
+        hardware["intra_node"] = _link_of(intra)
+    if inter is not None:
+        hardware["inter_node"] = _link_of(inter)
+    when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return {"links_only": True, "measured": {"host": platform.node(), "when": when, "torch": torch.__version__,
+                                             "intra_node": intra, "inter_node": inter}, "hardware": hardware}
 
 
 def render(result: dict[str, Any]) -> str:
@@ -317,6 +363,15 @@ def render(result: dict[str, Any]) -> str:
     import yaml
 
     m = result["measured"]
+    if result.get("links_only"):
+        lines = [f"# written by `dsforge calibrate --links-only` on {m['host']} at {m['when']} (torch {m['torch']})",
+                 "# the links alone: use it with `extends:` under a job whose accelerator is stated elsewhere"]
+        for name in ("intra_node", "inter_node"):
+            fit = m[name]
+            lines.append(f"# {name}: " + ("not measured (one rank per group)" if fit is None else
+                         f"{fit['ranks']} ranks per group, all-reduce seconds by bytes: "
+                         + ", ".join(f"{s}: {sec:.3g}" for s, sec in fit["rows"])))
+        return "\n".join(lines) + "\n" + yaml.safe_dump({"hardware": result["hardware"]}, sort_keys=False)
     lines = [(f"# written by `dsforge calibrate` on {m['host']} at {m['when']} (torch {m['torch']}, "
               f"{m['ranks']} ranks, {m['cores']} cores)"),
              "# use it from a job file: `extends: <this file>` (keys of the job override it)",
@@ -326,7 +381,9 @@ def render(result: dict[str, Any]) -> str:
              (f"# tensor copy {m['copy_gbs']:.2f} GB/s; {m['op_overhead_us']:.2f} us per operation of the HF layer "
               f"({m['bare_op_us']:.2f} us for a bare autograd op)"),
              "# all-reduce seconds by bytes: " + ", ".join(f"{s}: {sec:.3g}" for s, sec in m["all_reduce_seconds"]),
-             "# inter_node: one node was measured; it repeats intra_node"]
+             ("# inter_node: one node was measured; it repeats intra_node" if not m.get("inter_node_all_reduce_seconds")
+              else f"# inter_node: measured across {m['nodes']} nodes, all-reduce seconds by bytes: "
+              + ", ".join(f"{s}: {sec:.3g}" for s, sec in m["inter_node_all_reduce_seconds"]))]
     for r in m.get("engine_steps", []):
         lines.append(f"# engine ZeRO-{r['zero']}, {r['layers']} layers ({r['tensors']} tensors): bare micro-batch "
                      f"{r['bare_s'] * 1e3:.2f} ms, engine {r['micro_batch_s'] * 1e3:.2f} ms, the step's last "

@@ -1,0 +1,102 @@
+"""`dsforge calibrate` launched on several nodes: the link inside a node and the link between nodes, measured apart.
+
+Under a launcher that starts one process per rank on every node (torchrun: RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE and GROUP_RANK, the node's index), the ranks join one process group and build two kinds of
+group from where each rank says it runs: one group per node (its local ranks: what TP and the intra-node
+collectives cross) and one group per local rank holding that rank of every node (a group that spans nodes:
+what DP across nodes crosses). Every group of a kind runs its all-reduces at the same time, as a job's groups
+do, so the inter-node figure is per rank while the node's other ranks share the network. Each kind's timings
+are fitted to the ring model (`calibrate.fit_ring`) over its own group size: ``intra_node`` from the node
+groups, ``inter_node`` from the spanning groups. Rank 0 reports; the others only take part.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dsforge.runtime.calibrate import MESSAGE_BYTES, _median_seconds, fit_ring
+
+
+@dataclass(frozen=True)
+class Launch:
+    """This process's place in a launched multi-process world."""
+
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+    node: int
+
+
+def launched() -> Launch | None:
+    """The launcher's world this process belongs to, or None when it was not started as one of several ranks."""
+    try:
+        world = int(os.environ["WORLD_SIZE"])
+        rank = int(os.environ["RANK"])
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        node = int(os.environ.get("GROUP_RANK", str(rank // max(1, local_world))))
+    except (KeyError, ValueError):
+        return None
+    return Launch(rank, world, local_rank, local_world, node) if world > 1 else None
+
+
+def _rows(group: Any, device: str, nccl: bool) -> list[tuple[int, float]]:
+    """Median all-reduce seconds by message size over ``group`` (every member calls this together)."""
+    import torch.distributed as dist
+
+    rows = []
+    for size in MESSAGE_BYTES:
+        t = torch.ones(size // 4, dtype=torch.float32, device=device)
+
+        def call(t: torch.Tensor = t) -> None:
+            dist.all_reduce(t, group=group)
+            if nccl:
+                torch.cuda.synchronize()
+
+        dist.barrier(group=group)
+        rows.append((size, _median_seconds(call, 7, 3)))
+    return rows
+
+
+def _link(rows: list[tuple[int, float]], n: int) -> dict[str, Any]:
+    alpha, beta = fit_ring(rows, n)
+    return {"bandwidth_gbs": round(beta / 1e9, 4), "latency_us": round(alpha * 1e6, 2), "bus_efficiency": 1.0,
+            "ranks": n, "rows": rows}
+
+
+def measure_links(launch: Launch, backend: str) -> dict[str, Any] | None:
+    """Join the launched world, time all-reduce inside each node and across nodes; rank 0 gets
+    ``{"nodes", "ranks_per_node", "intra_node", "inter_node"}`` (a link is None where its groups have one
+    rank), the other ranks None."""
+    import torch.distributed as dist
+
+    nccl = backend == "nccl"
+    device = f"cuda:{launch.local_rank}" if nccl else "cpu"
+    if nccl:
+        torch.cuda.set_device(launch.local_rank)
+    dist.init_process_group(backend, rank=launch.rank, world_size=launch.world)
+    places: list[Any] = [None] * launch.world
+    dist.all_gather_object(places, (launch.node, launch.local_rank))
+    nodes = sorted({node for node, _ in places})
+    slots = sorted({slot for _, slot in places})
+    by_node = {n: [r for r, (node, _) in enumerate(places) if node == n] for n in nodes}
+    by_slot = {s: [r for r, (_, slot) in enumerate(places) if slot == s] for s in slots}
+    # every rank creates every group, in one order (new_group is collective over the world)
+    node_groups = {n: dist.new_group(ranks) for n, ranks in by_node.items()}
+    slot_groups = {s: dist.new_group(ranks) for s, ranks in by_slot.items()}
+    mine_node, mine_slot = by_node[launch.node], by_slot[launch.local_rank]
+    intra = _rows(node_groups[launch.node], device, nccl) if len(mine_node) > 1 else []
+    dist.barrier()
+    inter = _rows(slot_groups[launch.local_rank], device, nccl) if len(mine_slot) > 1 else []
+    dist.barrier()
+    dist.destroy_process_group()
+    if launch.rank != 0:
+        return None
+    return {"nodes": len(nodes), "ranks_per_node": len(mine_node),
+            "intra_node": _link(intra, len(mine_node)) if intra else None,
+            "inter_node": _link(inter, len(mine_slot)) if inter else None}
