@@ -263,7 +263,12 @@ def build_engine(plan: Plan, ds_config: dict[str, Any], groups: ParallelGroups, 
     torch.manual_seed(plan.spec.training.seed if seed is None else seed)
     ensure_deepspeed_comm()  # PipelineModule and DeepSpeed's MoE layers talk through deepspeed.comm
     if d.pp > 1:
-        return initialize_engine(build_pipeline_module(plan, groups, ds_config, seed), ds_config, None)
+        engine = initialize_engine(build_pipeline_module(plan, groups, ds_config, seed), ds_config, None)
+        if plan.spec.parallel.pipeline.schedule == "gpipe":  # DeepSpeed's own schedule is 1F1B
+            from dsforge.runtime.gpipe import use_gpipe
+
+            use_gpipe(engine)
+        return engine
     model = build_parallel_model(plan, groups, seed)
     apply_job_recompute(model, plan, groups, ds_config)
     return initialize_engine(CausalLMLoss(model, d.cp), ds_config, groups)

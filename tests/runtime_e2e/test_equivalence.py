@@ -93,6 +93,15 @@ def check_pipeline(engine: Any, groups: Any) -> None:
     assert any("embed" in n for n in names) == first and any("head" in n for n in names) == last, names
 
 
+def check_gpipe(engine: Any) -> None:
+    """The engine ran dsforge's GPipe schedule: every micro-batch's activations in a buffer of its own
+    (DeepSpeed's 1F1B would have reserved min(stages - stage, m) = 2 of them)."""
+    from dsforge.runtime.gpipe import GPipeSchedule
+
+    assert isinstance(engine._train_schedule(), GPipeSchedule)
+    assert engine.num_pipe_buffers == engine.micro_batches == 4, (engine.num_pipe_buffers, engine.micro_batches)
+
+
 def check_recompute(engine: Any, groups: Any) -> None:
     """Every decoder layer is checkpointed (pp = 1: through HF's hook, its input split over TP under
     partition_activations; pp > 1: the pipeline checkpoints decoder stages only)."""
@@ -127,6 +136,8 @@ def _check(name: str, engine: Any, groups: Any, spec: Any, check: str) -> None:
             check_experts(engine, groups)
         elif kind == "pp":
             check_pipeline(engine, groups)
+        elif kind == "gpipe":
+            check_gpipe(engine)
         elif kind == "recompute":
             check_recompute(engine, groups)
 
@@ -195,6 +206,9 @@ def test_two_rank_layouts_match_one_process(tmp_path: Path) -> None:
         ("tp2-zero0-clipped", spec("tp2", "tiny-llama", {"tp": 2}, **CLIPPED), "llama"),
         ("tp2-sp", spec("tp2sp", "tiny-llama", {"tp": 2, "zero": 1, "sequence_parallel": True}), "llama+sp"),
         ("pp2", spec("pp2", "tiny-llama", {"pp": 2, "zero": 1}), "pp"),
+        # GPipe: all 4 forwards, then all 4 backwards; the same losses and gradient norms as 1F1B's
+        ("pp2-gpipe", spec("pp2gpipe", "tiny-llama", {"pp": 2, "zero": 1, "pipeline": {"schedule": "gpipe"}}),
+         "pp+gpipe"),
         ("cp2-ring", spec("cpring", "tiny-llama", {"cp": 2, "zero": 1, "context_parallel": {"kind": "ring"}}),
          "llama+cp"),
         ("cp2-ulysses", spec("cpuly", "tiny-llama", {"cp": 2, "zero": 1, "context_parallel": {"kind": "ulysses"}}),

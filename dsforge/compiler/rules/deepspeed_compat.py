@@ -101,9 +101,11 @@ def pipeline_schedule(ctx: Context) -> Iterator[Finding]:
     rank; it also ships DualPipeV (DualPipeVModule + DualPipeVEngine: two stages per rank, micro-batches
     >= 2 x stages), a different module and engine that dsforge's pipeline stages do not build. No
     DeepSpeed engine runs GPipe or Megatron's interleaved 1F1B: those are estimated by `dsforge explain`
-    but run as 1F1B."""
+    but run as 1F1B. dsforge's own runtime (`stack: dsforge`) runs GPipe on the PipelineEngine with a
+    schedule of its own (dsforge/runtime/gpipe.py), so GPipe is not warned about there."""
     d, sched = ctx.plan.degrees, ctx.spec.parallel.pipeline.schedule
-    if d is not None and d.pp > 1 and sched not in ("1f1b", "auto"):
+    runs_gpipe = sched == "gpipe" and getattr(ctx.spec, "stack", "dsforge") == "dsforge"
+    if d is not None and d.pp > 1 and sched not in ("1f1b", "auto") and not runs_gpipe:
         yield Finding(f"schedule={sched}: DeepSpeed runs its pipelines with 1F1B (or DualPipeV, which dsforge does "
                       "not build), so the job will run 1F1B",
                       "set schedule: 1f1b (explain shows what the other schedule would gain)",
