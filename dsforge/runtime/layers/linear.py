@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dsforge.runtime.groups import ParallelGroups
+from dsforge.runtime.layers import gathered_input
 from dsforge.runtime.layers.mappings import (
     copy_to_tp,
     gather_from_sequence,
@@ -85,7 +86,8 @@ class ColumnParallelLinear(nn.Module):
             x = gather_from_sequence(x, self.pg, self.sequence_dim, grad_is_partial=True)
         else:
             x = copy_to_tp(x, self.pg)
-        y = F.linear(x, self.weight, self.bias)
+        # inside a sequence region, the gathered input is saved as this rank's shard (gathered_input.py)
+        y = gathered_input.linear(x, self.weight, self.bias)
         if not self.gather_output:
             return y
         y = gather_from_tp(y, self.pg, -1)

@@ -5,7 +5,8 @@ sequence. HF attention modules size their views from their *input's* sequence le
 RoPE tables sized by the model, so the all-gather cannot hide inside the q/k/v layers as in
 Megatron: each TP block (the parent of a column-parallel module, or an MoE block) becomes a
 ``SequenceRegion`` that gathers the sequence on entry, and its row-parallel layer reduce-scatters
-on exit. The embeddings stay whole (all-reduce), so HF computes positions for the whole sequence,
+on exit. For backward the block's column-parallel layers still keep only this rank's shard of the
+gathered input, as Megatron's do (dsforge.runtime.layers.gathered_input), and gather it again once. The embeddings stay whole (all-reduce), so HF computes positions for the whole sequence,
 and the first decoder layer splits them (``SequenceEntry``); the final norm gathers them again
 (``SequenceExit``) before HF reshapes them (GPT-2 views them as [-1, seq, hidden]) and the LM head.
 """
@@ -18,6 +19,7 @@ from torch import Tensor, nn
 
 from dsforge.runtime.groups import ParallelGroups
 from dsforge.runtime.layers import gather_from_sequence, scatter_to_sequence
+from dsforge.runtime.layers.gathered_input import gathered_input
 from dsforge.runtime.rewrite.planner import RewriteError, RewritePlan
 
 
@@ -42,7 +44,8 @@ class SequenceRegion(nn.Module):
         # Inside, every consumer enters the TP region through copy_to_tp (whose backward already
         # sums over the group), so the gather's backward only keeps this rank's slice.
         full = gather_from_sequence(hidden, self.pg, 1, grad_is_partial=False).contiguous()  # HF blocks .view() it
-        out = self.block(full, *args, **kwargs)
+        with gathered_input(full, hidden, self.pg, 1):  # its column-parallel layers save the shard, not `full`
+            out = self.block(full, *args, **kwargs)
         first = out[0] if isinstance(out, tuple) else out
         if first.shape[1] == full.shape[1] != hidden.shape[1]:
             first = scatter_to_sequence(first, self.pg, 1)  # no row-parallel exit: replicated result
