@@ -166,6 +166,7 @@ def save_state(engine: Any, directory: Path, rank: int, step: int) -> Path | Non
     keys, scalars = ([], {}) if why else _state_names(engine, opt)
     keys = _agreed(keys)  # every rank gathers the same states: a rank without any would leave the others waiting
     if why is None:
+        _relink(engine)
         copies = _copies(engine)
         tensors: dict[str, Tensor] = {}
         meta: dict[str, Any] = {}
@@ -267,6 +268,15 @@ def _prime(engine: Any, opt: Any, keys: list[str], scalars: dict[str, Any]) -> N
         for k, s in scalars.items():
             st[k] = (torch.tensor(s["value"], dtype=getattr(torch, s.get("dtype", "float32")))
                      if s["tensor"] else s["value"])
+    _relink(engine)
+
+
+def _relink(engine: Any) -> None:
+    """Point ZeRO-1/2's (and the bf16 wrapper's) fragment mapping at the optimizer state that exists now.
+
+    DeepSpeed links it once, right after the first param group's first step: with several groups
+    (MoE: experts apart) the later groups' state did not exist yet and their fragments hold no keys.
+    """
     wrapper = engine.optimizer
     if hasattr(wrapper, "_lazy_init_hp_params_optimizer_state"):
         wrapper._hp_optimizer_states_linked = False

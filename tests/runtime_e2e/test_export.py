@@ -1,10 +1,20 @@
-"""`dsforge export`: a trained checkpoint of each layout loads with from_pretrained and gives the parallel logits.
+"""`dsforge export` and resuming under another layout, on the same trained checkpoints.
 
-One 2-rank world trains each compiled job 4 steps (tp2 Llama, pp2 GPT-2 with the tied head on both
-stages, ZeRO-3 dp2 Llama, ep2 Mixtral; a 4-rank world tp2 x pp2 Llama), saves the checkpoint through dsforge's commit, computes the
-trained parallel model's logits on a fixed batch, and rank 0 exports the checkpoint and compares
-``AutoModelForCausalLM.from_pretrained(export)``'s logits with them (fp32, 1e-5 of their scale). Under
-tp x pp the comparison is of the pipeline's loss on that batch (see the comment in ``_world``).
+Export: one 2-rank world trains each compiled job 4 steps (tp2 Llama, pp2 GPT-2 with the tied head
+on both stages, ZeRO-3 dp2 Llama, ep2 Mixtral; a 4-rank world tp2 x pp2 Llama), saves the checkpoint
+through dsforge's commit, computes the trained parallel model's logits on a fixed batch, and rank 0
+exports the checkpoint and compares ``AutoModelForCausalLM.from_pretrained(export)``'s logits with
+them (fp32, 1e-5 of their scale). Under tp x pp the comparison is of the pipeline's loss on that
+batch (see the comment in ``_world``).
+
+Resume (issue 12 item 4): those checkpoints then resume under other layouts for 4 more steps, read
+through their layout-free state (dsforge.runtime.train_state): the tp2 x pp2 ZeRO-1 one under
+tp1 x dp2 with ZeRO-1 and with ZeRO-3 (a third, 2-rank world), and in the 4-rank world, after its
+own training, a dp2 ZeRO-1 AdamW run (trained in the first world) and the ZeRO-3 dp2 one under
+tp2 x pp2. Every step's loss, before and after the change, must equal the uninterrupted
+single-process run's (harness.reference_run, 8 steps) to the e2e tolerance: a lost momentum, Adam's
+step count restarted (its bias correction), a slice put in another rank's place or a learning rate
+read back wrong would not. Three launches in all (the export alone needs two).
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ import yaml
 from click.testing import CliRunner
 
 from tests.runtime.launcher import report, run
-from tests.runtime_e2e.harness import SGD_DEEPSPEED, training
+from tests.runtime_e2e.harness import ADAMW, RTOL, SGD_DEEPSPEED, compare, reference_run, training
 
 LOGITS_RTOL = 1e-5
 TP2_PP2 = {"llama-tp2xpp2": ("tiny-llama", {"tp": 2, "pp": 2, "zero": 1})}
@@ -27,12 +37,24 @@ LAYOUTS = {"llama-tp2": ("tiny-llama", {"tp": 2, "zero": 1}), "gpt2-pp2": ("tiny
            "llama-zero3-dp2": ("tiny-llama", {"zero": 3}), "mixtral-ep2": ("tiny-mixtral", {"ep": 2, "zero": 1})}
 
 
-def compile_job(tmp: Path, name: str, preset: str, parallel: dict[str, Any], ranks: int = 2) -> Path:
+#: A 2-rank job the first world only trains: the checkpoint the 4-rank world resumes under tp2 x pp2 with Adam.
+ADAM_SOURCE = {"llama-dp2-adamw": ("tiny-llama", {"zero": 1})}
+
+
+def compile_job(tmp: Path, name: str, preset: str, parallel: dict[str, Any], ranks: int = 2,
+                train: dict[str, Any] | None = None, steps: int = 4, resume_from: Path | None = None) -> Path:
+    """Compile a test job; ``resume_from``: a job directory whose checkpoints this one resumes (and never writes)."""
     from dsforge.cli import cli
 
-    doc = {"version": 1, "name": name, "model": {"preset": preset},
-           "hardware": {"preset": "cpu-local", "gpus_per_node": ranks}, "parallel": {"dp": "auto", **parallel},
-           "training": {**training(), "checkpoint": {"every": 4}}, "deepspeed": SGD_DEEPSPEED}
+    checkpoint: dict[str, Any] = {"every": 4}
+    if resume_from is not None:
+        checkpoint = {"dir": str(resume_from / "checkpoints"), "every": 0}
+    doc: dict[str, Any] = {"version": 1, "name": name, "model": {"preset": preset},
+                           "hardware": {"preset": "cpu-local", "gpus_per_node": ranks},
+                           "parallel": {"dp": "auto", **parallel},
+                           "training": {**training(steps=steps, **(train or {})), "checkpoint": checkpoint}}
+    if doc["training"]["optimizer"]["name"] == "sgd":
+        doc["deepspeed"] = SGD_DEEPSPEED
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     out = tmp / name
@@ -58,7 +80,15 @@ def parallel_logits(engine: Any, groups: Any, ids: torch.Tensor, pp: int) -> tor
     return logits
 
 
-def _world(rank: int, world: int, jobs: dict[str, str], tmp: str) -> None:
+def _losses(tmp: str, name: str, rank: int, results: list[Any]) -> None:
+    """Rank 0 leaves a job's losses for the test process, which compares them with the reference."""
+    if rank == 0:
+        (Path(tmp) / f"{name}.losses.json").write_text(json.dumps([r.loss for r in results]), encoding="utf-8")
+
+
+def _world(rank: int, world: int, jobs: dict[str, str], tmp: str, train_only: tuple[str, ...] = (),
+           resumed: dict[str, str] | None = None) -> None:
+    """Train, save and export each of ``jobs`` (only train and save those in ``train_only``), then ``resumed``."""
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
@@ -75,9 +105,14 @@ def _world(rank: int, world: int, jobs: dict[str, str], tmp: str) -> None:
         plan = job.plan
         groups = create_groups(plan)
         engine = build_engine(plan, job.ds_config, groups)
-        train(engine, batches_for(plan, groups, job.path), groups, steps=4, start=0, pipeline=plan.degrees.pp > 1)
+        results = train(engine, batches_for(plan, groups, job.path), groups, steps=4, start=0,
+                        pipeline=plan.degrees.pp > 1)
+        _losses(tmp, name, rank, results)
         policy = ckpt.CheckpointPolicy.from_spec(plan.spec.training.checkpoint, job.path)
-        ckpt.save(engine, policy, 4)
+        ckpt.save(engine, policy, 4, job_dir=job.path)
+        if name in train_only:
+            del engine
+            continue
         # the training micro-batch shape: the pipeline keeps the stage buffers it sized in training
         ids = torch.randint(0, plan.model.vocab, (1, plan.model.seq_len), generator=torch.Generator().manual_seed(9))
         if plan.degrees.pp > 1 and plan.degrees.tp > 1:
@@ -119,18 +154,89 @@ def _world(rank: int, world: int, jobs: dict[str, str], tmp: str) -> None:
             report(f"export {name}", want, logits, LOGITS_RTOL)
         dist.barrier()
         del engine
+    _resume_world(rank, world, resumed or {}, tmp)
+
+
+def _resume_world(rank: int, world: int, jobs: dict[str, str], tmp: str) -> None:
+    """Each job resumes the 4-step checkpoint it names (another layout's) and trains steps 5-8."""
+    from dsforge.runtime import checkpoint as ckpt
+    from dsforge.runtime.data import batches_for
+    from dsforge.runtime.engine import build_engine
+    from dsforge.runtime.groups import create_groups
+    from dsforge.runtime.main import JobDir
+    from dsforge.runtime.train_loop import train
+
+    for name, job_dir in jobs.items():
+        job = JobDir.load(job_dir)
+        plan = job.plan
+        groups = create_groups(plan)
+        engine = build_engine(plan, job.ds_config, groups)
+        policy = ckpt.CheckpointPolicy.from_spec(plan.spec.training.checkpoint, job.path)
+        start = ckpt.resume(engine, policy, job.doc, job.ds_config)
+        assert start == 4, f"{name}: resumed after step {start}"
+        results = train(engine, batches_for(plan, groups, job.path), groups, steps=8, start=start,
+                        pipeline=plan.degrees.pp > 1)
+        _losses(tmp, name, rank, results)
+        del engine
+
+
+def _logged(tmp: Path, name: str) -> list[float]:
+    return [float(x) for x in json.loads((tmp / f"{name}.losses.json").read_text(encoding="utf-8"))]
 
 
 @pytest.mark.slow
-def test_exported_checkpoints_give_the_parallel_logits(tmp_path: Path) -> None:
-    jobs = {name: str(compile_job(tmp_path, name, preset, par)) for name, (preset, par) in LAYOUTS.items()}
-    run(_world, 2, jobs, str(tmp_path))
+def test_exported_checkpoints_give_the_parallel_logits_and_resume_under_other_layouts(tmp_path: Path) -> None:
+    from dsforge.runtime.main import JobDir
+
+    tmp = str(tmp_path)
+    two = {name: compile_job(tmp_path, name, preset, par) for name, (preset, par) in LAYOUTS.items()}
+    two |= {name: compile_job(tmp_path, name, preset, par, train=ADAMW) for name, (preset, par) in ADAM_SOURCE.items()}
+    run(_world, 2, {k: str(v) for k, v in two.items()}, tmp, tuple(ADAM_SOURCE))
+
+    four = {name: compile_job(tmp_path, name, preset, par, 4) for name, (preset, par) in TP2_PP2.items()}
+    tp2pp2 = {"tp": 2, "pp": 2, "zero": 1}
+    # resumed job -> the job whose checkpoint it resumes
+    into_four = {"adamw-dp2-as-tp2xpp2": ("llama-dp2-adamw", ADAMW), "zero3-dp2-as-tp2xpp2": ("llama-zero3-dp2", {})}
+    resumed4 = {name: compile_job(tmp_path, name, "tiny-llama", tp2pp2, 4, train, 8, two[source])
+                for name, (source, train) in into_four.items()}
+    run(_world, 4, {k: str(v) for k, v in four.items()}, tmp, (), {k: str(v) for k, v in resumed4.items()})
+
+    into_two = {"tp2xpp2-as-dp2": {"zero": 1}, "tp2xpp2-as-zero3-dp2": {"zero": 3}}
+    resumed2 = {name: compile_job(tmp_path, name, "tiny-llama", par, 2, None, 8, four["llama-tp2xpp2"])
+                for name, par in into_two.items()}
+    run(_resume_world, 2, {k: str(v) for k, v in resumed2.items()}, tmp)
+
+    adam = reference_run(JobDir.load(resumed4["adamw-dp2-as-tp2xpp2"]).plan.spec, 8)[0]
+    sgd = reference_run(JobDir.load(resumed4["zero3-dp2-as-tp2xpp2"]).plan.spec, 8)[0]
+    pairs = {"adamw-dp2-as-tp2xpp2": "llama-dp2-adamw", "zero3-dp2-as-tp2xpp2": "llama-zero3-dp2",
+             "tp2xpp2-as-dp2": "llama-tp2xpp2", "tp2xpp2-as-zero3-dp2": "llama-tp2xpp2"}
+    for resumed, source in pairs.items():
+        want = adam if "adamw" in source else sgd
+        compare(f"{source} then {resumed}", "losses", _logged(tmp_path, source) + _logged(tmp_path, resumed), want,
+                RTOL)
+    _refusals(tmp_path, four["llama-tp2xpp2"])
 
 
-@pytest.mark.slow
-def test_tp2_pp2_export_gives_the_parallel_logits(tmp_path: Path) -> None:
-    jobs = {name: str(compile_job(tmp_path, name, preset, par, 4)) for name, (preset, par) in TP2_PP2.items()}
-    run(_world, 4, jobs, str(tmp_path))
+def _refusals(tmp: Path, source: Path) -> None:
+    """A run that cannot resume the checkpoint says why and how, before its engine is touched (engine None)."""
+    from dsforge.runtime import checkpoint as ckpt
+    from dsforge.runtime.main import JobDir
+    from dsforge.runtime.train_state import STATE_DIR
+
+    other_lr = JobDir.load(compile_job(tmp, "lr-changed", "tiny-llama", {"zero": 1}, 2, {"optimizer": {
+        "name": "sgd", "lr": 0.1, "weight_decay": 0.01}}, 8, source))
+    policy = ckpt.CheckpointPolicy.from_spec(other_lr.plan.spec.training.checkpoint, other_lr.path)
+    with pytest.raises(ckpt.CheckpointError, match=r"error\[DSF164\].*training.optimizer.lr 0.5 -> 0.1"):
+        ckpt.resume(None, policy, other_lr.doc, other_lr.ds_config)
+    old = tmp / "old-dsforge"
+    import shutil
+
+    shutil.copytree(source / "checkpoints", old / "checkpoints")
+    shutil.rmtree(old / "checkpoints" / "step4" / STATE_DIR)  # as a dsforge without layout-free state saved it
+    relaid = JobDir.load(compile_job(tmp, "no-state", "tiny-llama", {"zero": 1}, 2, None, 8, old))
+    policy = ckpt.CheckpointPolicy.from_spec(relaid.plan.spec.training.checkpoint, relaid.path)
+    with pytest.raises(ckpt.CheckpointError, match=r"DSF641: .* holds no layout-free state"):
+        ckpt.resume(None, policy, relaid.doc, relaid.ds_config)
 
 
 def test_export_refuses_what_it_cannot_export(tmp_path: Path) -> None:
