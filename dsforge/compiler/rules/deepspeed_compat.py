@@ -142,8 +142,10 @@ def _subsection(ds: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
       "runtime/precision_config.py, runtime/tensor_parallel/config.py (pydantic, extra=forbid)")
 def override_keys(ctx: Context) -> Iterator[Finding]:
     """Removed keys and unknown keys of the zero_optimization, bf16, fp16 and tensor_parallel sections
-    fail DeepSpeed's parse; unknown top-level and pipeline keys are silently ignored by DeepSpeed, so a
-    typo there would quietly not apply (a warning)."""
+    fail DeepSpeed's parse, and so does a field given under its own name beside its alias
+    (`max_live_parameters` with `stage3_max_live_parameters`): pydantic reads the alias and the name is an
+    extra key; unknown top-level and pipeline keys are silently ignored by DeepSpeed, so a typo there would
+    quietly not apply (a warning)."""
     ds = ctx.spec.deepspeed
     for key in ds:
         path = ("deepspeed", key)
@@ -165,6 +167,22 @@ def override_keys(ctx: Context) -> Iterator[Finding]:
                 yield Finding(f"{where}.{key} is not a {where} key: {effect}{suggest(key, sorted(known))}",
                               "fix the spelling or remove it", path, None if rejected else Severity.WARNING,
                               at_key=True)
+            elif (alias := _alias(section, key)) and alias in _subsection(ds, section):
+                # pydantic fills the field from its alias; the field's own name beside it is then an extra key
+                yield Finding(f"{where}.{key} and {where}.{alias} are two spellings of one setting, and DeepSpeed "
+                              f"rejects {key} at parse when {alias} is given", "keep only one of them", path,
+                              at_key=True)
+
+
+#: The pydantic model of each checked section whose fields may have an alias.
+_MODEL_OF = {("zero_optimization",): "zero", ("zero_optimization", "offload_optimizer"): "offload_optimizer",
+             ("zero_optimization", "offload_param"): "offload_param", ("bf16",): "bf16", ("fp16",): "fp16"}
+
+
+def _alias(section: tuple[str, ...], key: str) -> str:
+    """The alias DeepSpeed's model gives the field ``key`` of ``section`` ("" when it has none)."""
+    field = MODELS.get(_MODEL_OF.get(section, ""), {}).get(key)
+    return field.alias if field is not None else ""
 
 
 _PLANNED = {
