@@ -137,7 +137,7 @@ def measure_hf(preset: str, dtype: torch.dtype) -> dict[str, int]:
 #: The jobs of the "runtime" and "ring" measurements: tiny-llama as dsforge's runtime trains it.
 RUNTIME_JOB = """\
 version: 1
-model: {{preset: tiny-llama, seq_len: {seq}}}
+model: {{preset: {preset}, seq_len: {seq}}}
 hardware: {{preset: cpu-local, gpus_per_node: 2}}
 parallel: {{tp: {tp}, cp: {cp}, dp: auto, zero: {zero}, sequence_parallel: {sp}, context_parallel: {{kind: ring}}}}
 training: {{global_batch: 8, micro_batch: 2, precision: {precision}, recompute: {recompute}}}
@@ -145,10 +145,10 @@ training: {{global_batch: 8, micro_batch: 2, precision: {precision}, recompute: 
 
 
 def runtime_job_yaml(tp: int = 1, recompute: str = "none", sp: bool = False, cp: int = 1, seq: int = 64,
-                     precision: str = "fp32", zero: int = 0) -> str:
+                     precision: str = "fp32", zero: int = 0, preset: str = "tiny-llama") -> str:
     """The job file text of one runtime-model measurement."""
     return RUNTIME_JOB.format(tp=tp, recompute=recompute, sp=str(sp).lower(), cp=cp, seq=seq, precision=precision,
-                              zero=zero)
+                              zero=zero, preset=preset)
 
 
 def _plan(text: str) -> Any:
@@ -352,6 +352,8 @@ def main() -> None:
                 out["activations"][f"tp{tp}-{recompute}-{name}"] = measure_activations(tp, recompute, dtype)
     out["runtime"] = {f"tp{tp}{'-sp' if sp else ''}-{recompute}": measure_runtime(runtime_job_yaml(tp, recompute, sp))
                       for tp, sp in ((1, False), (2, False), (2, True)) for recompute in ("none", "selective", "full")}
+    out["moe"] = {f"tp2{'-sp' if sp else ''}-none": measure_runtime(runtime_job_yaml(2, sp=sp, preset="tiny-mixtral"))
+                  for sp in (False, True)}
     out["ring"] = {"cp2-ring": measure_runtime(runtime_job_yaml(cp=2, seq=1024)),
                    "cp1-sdpa": measure_runtime(runtime_job_yaml(seq=1024))}
     out["weights16"] = {f"{p}-zero{z}": measure_16bit_weights(z, p) for p, z in (("bf16", 1), ("fp32", 1))}

@@ -50,12 +50,15 @@ class Kernels:
     gelu_tensors: int  # f-wide tensors a GELU MLP saves (2: fused or exact GELU; 5: HF gelu_new)
     swiglu_tensors: int  # f-wide tensors a SwiGLU MLP saves (3: Megatron's fused SwiGLU; 4: plain ops)
     fp32_logits: bool  # the loss upcasts 16-bit logits to an fp32 copy
+    # Under sequence parallelism an MoE block's router reads (and saves) the whole gathered sequence: dsforge's
+    # runtime gathers it at the block boundary and runs the replicated router on it (Megatron routes the shard).
+    moe_input_gathered: bool = False
 
 
 MEGATRON = Kernels(fused_attention=False, dropout=True, byte_masks=True, causal_mask_saved=False,
                    hf_rmsnorm=False, gelu_tensors=2, swiglu_tensors=3, fp32_logits=True)
 HF_SDPA = Kernels(fused_attention=True, dropout=False, byte_masks=True, causal_mask_saved=False,
-                  hf_rmsnorm=True, gelu_tensors=5, swiglu_tensors=4, fp32_logits=True)
+                  hf_rmsnorm=True, gelu_tensors=5, swiglu_tensors=4, fp32_logits=True, moe_input_gathered=True)
 #: Megatron-Core with Transformer Engine (the `megatron-te` stack): TE's DotProductAttention runs a flash
 #: kernel (Q, K, V, output and the fp32 log-sum-exp saved, attention dropout inside the kernel), hidden
 #: dropout 0.1 with 1-byte masks (Megatron's default), TE LayerNormLinear saves input and ln_out, fused
@@ -157,7 +160,8 @@ def shared_expert_bytes(model: ResolvedModel, a: ActivationShape) -> float:
 def mlp_terms(model: ResolvedModel, a: ActivationShape, moe: bool) -> dict[str, float]:
     """Bytes one layer's MLP block (dense or MoE) saves for backward (one micro-batch)."""
     h, e, n = model.hidden, a.element_bytes, a.tokens
-    terms = {"norm": n * norm_bytes(model, a) / a.sp_div, "mlp_input": n * h * e / a.sp_div}
+    gathered = moe and model.moe is not None and a.kernels.moe_input_gathered
+    terms = {"norm": n * norm_bytes(model, a) / a.sp_div, "mlp_input": n * h * e / (1 if gathered else a.sp_div)}
     if moe and model.moe is not None:
         m = model.moe
         routed = n * m.top_k * m.capacity_factor  # token copies processed by the experts on this rank
