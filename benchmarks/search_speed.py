@@ -41,8 +41,12 @@ CASES = {
 
 
 def job_of(body: dict, where: Path) -> LoadedJob:
-    """A job with every search field `auto` over ``body`` (model, hardware, batch), written and loaded as a file."""
+    """A job with every search field `auto` over ``body`` (model, hardware, batch), written and loaded as a file;
+    a multi-node case launches with slurm (the default `local` launcher is single-machine: DSF609 would refuse
+    every candidate, and the search would estimate them all to say so)."""
     raw = deep_merge({"version": 1, "name": "bench", "training": {"precision": "bf16"}}, deep_merge(ALL_AUTO, body))
+    if raw["hardware"].get("nodes", 1) > 1:
+        raw["launch"] = {"launcher": "slurm"}
     path = where / "bench.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     job, diags = load_job(path)
