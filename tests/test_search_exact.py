@@ -6,8 +6,9 @@ import itertools
 
 import pytest
 
-from dsforge.compiler.estimate.memory import estimate_memory
+from dsforge.compiler.estimate.memory import estimate_memory, micro_batches, stage_memory
 from dsforge.compiler.estimate.steptime import estimate_step
+from dsforge.compiler.estimate.zero_config import zero_settings
 from dsforge.compiler.parse import load_job
 from dsforge.compiler.resolved import resolve_model
 from dsforge.compiler.search.bounds import compute_floor_s, edge_memory_bytes, model_state_bytes, pass_floor_s
@@ -85,7 +86,14 @@ def test_every_bound_lies_below_what_it_bounds(write_job, name: str) -> None:
             plan = _model_seeded(apply_layout(job.spec, lay), model)
             if not plan.layout_ok or plan.placement is None or not plan.stage_layers or plan.grad_accum is None:
                 continue
-            peak = estimate_memory(plan).peak.device_bytes
+            est = estimate_memory(plan)
+            peak = est.peak.device_bytes
+            # stages alike are estimated once (estimate.memory._stage_class): each as estimated on its own
+            z, m = zero_settings(plan), micro_batches(plan)
+            assert [(x.stage, x.rank, x.components, x.host, x.phase, x.moments) for x in est.stages] == [
+                (x.stage, x.rank, x.components, x.host, x.phase, x.moments)
+                for x in (stage_memory(plan, st, z, m) for st in range(plan.degrees.pp))], lay
+            assert estimate_memory(plan) is est  # asked again (the rules do), the plan's own
             assert model_state_bytes(plan, average=True) <= model_state_bytes(plan) <= peak
             assert edge_memory_bytes(plan) <= peak
             step = estimate_step(plan).step_s

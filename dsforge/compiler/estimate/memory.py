@@ -19,7 +19,7 @@ groups and the engine cost before the model does; importing torch and deepspeed 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from dsforge.compiler.ds_settings import emitted_checkpointing_block, on_cpu
@@ -190,14 +190,42 @@ def estimate_memory(plan: Plan) -> MemoryEstimate:
     """Estimate every pipeline stage's memory for a plan whose layout is valid (else ValueError)."""
     if not plan.layout_ok or plan.degrees is None or plan.placement is None or not plan.stage_layers:
         raise ValueError("estimate_memory needs a valid layout (degrees filling the world, a stage partition)")
+    cached = plan.__dict__.get("_memory_estimate")  # the plan is immutable: rules and the search ask again
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
     z = zero_settings(plan)
     m = micro_batches(plan)
     per = _PerLayer.of(plan, activation_shape(plan))
-    stages = [stage_memory(plan, s, z, m, per) for s in range(plan.degrees.pp)]
+    ranks = plan.placement.first_group("pp")
+    alike: dict[tuple[object, ...], StageMemory] = {}
+    stages = []
+    for s in range(plan.degrees.pp):
+        key = _stage_class(plan, s, m)
+        if key not in alike:
+            alike[key] = stage_memory(plan, s, z, m, per)
+            stages.append(alike[key])
+        else:
+            same = alike[key]
+            stages.append(replace(same, stage=s, rank=ranks[s], components=dict(same.components),
+                                  host=dict(same.host), moments={k: dict(v) for k, v in same.moments.items()}))
     stack = plan.spec.stack
     notes = (f"reserve: {'CPU 0.45 GB' if on_cpu(plan) else 'GPU 2 GB + 5 % fragmentation'}",
              "activations: dsforge's HF models (SDPA flash attention, no dropout, HF norms and activations)"
              if stack == "dsforge" else
              f"stack {stack}: TE flash attention, fused norms/SwiGLU/GELU, fused vocab-parallel cross-entropy, "
              "no pipeline output buffers, experts split over TP, distributed optimizer (zero: 1)")
-    return MemoryEstimate(stages, plan.spec.hardware.accelerator.memory_gb * 1e9, m, notes)
+    out = MemoryEstimate(stages, plan.spec.hardware.accelerator.memory_gb * 1e9, m, notes)
+    plan.__dict__["_memory_estimate"] = out
+    return out
+
+
+def _stage_class(plan: Plan, stage: int, m: int) -> tuple[object, ...]:
+    """Everything of a stage `stage_memory` reads besides its index: first or last (embedding, head, logits,
+    output buffers), its layers by kind and per chunk, and the micro-batches it holds in flight. Stages alike
+    in these have the same bytes (a deep pipeline's middle stages), so `estimate_memory` computes them once."""
+    assert plan.degrees is not None
+    d = plan.degrees
+    chunks = stage_chunks(plan, stage)
+    kinds = tuple(sorted(layer_kinds(plan, stage).items()))
+    flight = act.in_flight(plan.spec.parallel.pipeline.schedule, d.pp, stage, m, len(chunks))
+    return stage == 0, stage == d.pp - 1, kinds, tuple(count for _, count in chunks), flight
