@@ -1,11 +1,13 @@
-"""A finished `dsforge run`, continued by raising training.steps, from a shell without the venv on PATH.
+"""A finished `dsforge run`, continued by raising training.steps, then under another layout, without the venv on PATH.
 
 One tiny job (tiny-gpt2, DP2 with ZeRO-1 on 2 CPU ranks, SGD with momentum at a constant rate, the
 harness's training keys) runs 2 steps through `dsforge run`; the job file then asks for 4 and the same
-command trains only steps 3 and 4 from the step-2 checkpoint. Both runs start with PATH=/usr/bin:/bin,
-so the launcher must find its interpreter without PATH. Every step's loss must equal the
-single-process reference of an uninterrupted 4-step run (harness.reference_run) to the e2e tolerance:
-a resume that lost the momentum, re-read steps 1-2's samples or restarted the schedule would not.
+command trains only steps 3 and 4 from the step-2 checkpoint; then it asks for 6 under tp2 (ZeRO-0,
+micro-batch 2), and the same command re-writes the job directory and trains steps 5 and 6 from the
+step-4 checkpoint's layout-free state. Every run starts with PATH=/usr/bin:/bin, so the launcher must
+find its interpreter without PATH. Every step's loss must equal the single-process reference of an
+uninterrupted 6-step run (harness.reference_run) to the e2e tolerance: a resume that lost the
+momentum, re-read earlier samples, restarted the schedule or put a slice in another rank's place would not.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from tests.runtime_e2e.harness import RTOL, SGD_DEEPSPEED, reference_run, traini
 JOB = "continued"
 
 
-def write_job(path: Path, steps: int) -> None:
+def write_job(path: Path, steps: int, parallel: dict[str, int] | None = None, micro: int = 1) -> None:
     doc = {"version": 1, "name": JOB, "model": {"preset": "tiny-gpt2"},
-           "hardware": {"preset": "cpu-local", "gpus_per_node": 2}, "parallel": {"dp": "auto", "zero": 1},
-           "training": training(steps=steps), "deepspeed": SGD_DEEPSPEED}
+           "hardware": {"preset": "cpu-local", "gpus_per_node": 2},
+           "parallel": {"dp": "auto", **(parallel or {"zero": 1})},
+           "training": training(steps=steps, micro_batch=micro), "deepspeed": SGD_DEEPSPEED}
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
 
 
@@ -60,7 +63,16 @@ def test_raising_steps_continues_from_the_checkpoint_like_an_uninterrupted_run(
     assert [e["step"] for e in log] == [1, 2, 3, 4]  # the second run trained only steps 3 and 4
     assert (job_dir / "checkpoints" / "latest").read_text().strip() == "step4"
 
+    write_job(path, 6, {"tp": 2, "zero": 0}, micro=2)  # another layout: only the checkpoint's dense state carries
+    third = CliRunner().invoke(cli, ["run", "job.yaml"])
+    out = capfd.readouterr().out
+    assert third.exit_code == 0, third.output + out[-4000:]
+    assert "the layout changes (dp2 ZeRO-1 -> tp2 ZeRO-0)" in third.output, third.output
+    assert f"resumed from {job_dir / 'checkpoints' / 'step4'} after step 4" in out, out[-4000:]
+    log = logged(job_dir)
+    assert [e["step"] for e in log] == [1, 2, 3, 4, 5, 6]
+
     spec = load_job(path)[0]
     assert spec is not None
-    want, _ = reference_run(spec.spec, steps=4)
+    want, _ = reference_run(spec.spec, steps=6)
     assert [e["loss"] for e in log] == pytest.approx(want, rel=RTOL)
