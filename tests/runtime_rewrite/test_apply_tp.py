@@ -17,6 +17,9 @@ from __future__ import annotations
 import copy
 import os
 import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,7 +35,8 @@ from dsforge.runtime.layers import allreduce_sequence_parallel_grads
 from dsforge.runtime.models import build_model
 from dsforge.runtime.rewrite import plan_rewrite
 from dsforge.runtime.rewrite.apply import apply_rewrite
-from tests.runtime.launcher import report, run
+from tests.runtime.launcher import report
+from tests.runtime_rewrite.conftest import make_job
 
 RTOL = 1e-5
 
@@ -111,11 +115,15 @@ def _worker(rank: int, world: int, specs: list[tuple[JobSpec, dict[str, tuple[in
     _compare_ep(rank, ep)
 
 
-@pytest.mark.slow
-def test_tp2_and_ep2_rewrites_match_the_dense_model(job):
-    llama, _ = job({"preset": "tiny-llama"}, {"tp": 2})
-    gpt2, _ = job({"preset": "tiny-gpt2"}, {"tp": 2})
-    mixtral, _ = job({"preset": "tiny-mixtral"}, {"tp": 2})
+def worker_args(tmp: Path) -> tuple[Any, ...]:
+    """The jobs and shard checks of the TP/SP/EP rewrites, for the shared 2-rank launch (conftest.py)."""
+
+    def job(model: dict[str, Any], parallel: dict[str, Any]) -> JobSpec:
+        return make_job(tmp, model, parallel)
+
+    llama = job({"preset": "tiny-llama"}, {"tp": 2})
+    gpt2 = job({"preset": "tiny-gpt2"}, {"tp": 2})
+    mixtral = job({"preset": "tiny-mixtral"}, {"tp": 2})
     attn = "model.layers.1.self_attn"
     llama_checks = {f"{attn}.q_proj.weight": (0, 1), f"{attn}.k_proj.weight": (0, 1), f"{attn}.o_proj.weight": (1, 1),
                     "model.layers.0.mlp.down_proj.weight": (1, 1), "model.embed_tokens.weight": (0, 1),
@@ -127,9 +135,15 @@ def test_tp2_and_ep2_rewrites_match_the_dense_model(job):
                    "transformer.h.1.ln_2.weight": (-1, 1), "transformer.h.1.mlp.c_proj.bias": (-1, 1)}
     mixtral_checks = {"model.layers.0.mlp.experts.gate_up_proj": (-1, 1), "model.layers.0.mlp.gate.weight": (-1, 1),
                       f"{attn}.v_proj.weight": (0, 1)}
-    mixtral_ep, _ = job({"preset": "tiny-mixtral"}, {"dp": 2, "ep": 2})
-    llama_sp, _ = job({"preset": "tiny-llama"}, {"tp": 2, "sequence_parallel": True})
-    gpt2_sp, _ = job({"preset": "tiny-gpt2"}, {"tp": 2, "sequence_parallel": True})
-    mixtral_sp, _ = job({"preset": "tiny-mixtral"}, {"tp": 2, "sequence_parallel": True})
-    run(_worker, 2, [(llama, llama_checks), (gpt2, gpt2_checks), (mixtral, mixtral_checks), (llama_sp, llama_checks),
-                     (gpt2_sp, gpt2_checks), (mixtral_sp, mixtral_checks)], mixtral_ep)
+    mixtral_ep = job({"preset": "tiny-mixtral"}, {"dp": 2, "ep": 2})
+    llama_sp = job({"preset": "tiny-llama"}, {"tp": 2, "sequence_parallel": True})
+    gpt2_sp = job({"preset": "tiny-gpt2"}, {"tp": 2, "sequence_parallel": True})
+    mixtral_sp = job({"preset": "tiny-mixtral"}, {"tp": 2, "sequence_parallel": True})
+    return ([(llama, llama_checks), (gpt2, gpt2_checks), (mixtral, mixtral_checks), (llama_sp, llama_checks),
+             (gpt2_sp, gpt2_checks), (mixtral_sp, mixtral_checks)], mixtral_ep)
+
+
+@pytest.mark.slow
+def test_tp2_and_ep2_rewrites_match_the_dense_model(two_rank_rewrites: Callable[[str], None]) -> None:
+    # runs in the 2-rank launch this directory's rewrite tests share (conftest.py two_rank_rewrites)
+    two_rank_rewrites("apply_tp")

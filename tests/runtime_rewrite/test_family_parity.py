@@ -21,6 +21,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,7 +45,8 @@ from dsforge.runtime.models import build_model
 from dsforge.runtime.rewrite import describe, plan_rewrite
 from dsforge.runtime.rewrite.apply import apply_rewrite
 from dsforge.runtime.rewrite.planner import ModulePlan, RewritePlan
-from tests.runtime.launcher import report, run
+from tests.runtime.launcher import report
+from tests.runtime_rewrite.conftest import make_job
 from tests.runtime_rewrite.families import FAMILY_JOBS
 
 RTOL = 1e-5
@@ -259,13 +262,24 @@ EP_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral")
 GEMMA2_WIDE = {**FAMILY_JOBS["gemma2"], "factory": "tests.runtime_rewrite.families:gemma2_wide_heads"}
 
 
-@pytest.mark.slow
-def test_every_family_matches_its_dense_model_on_two_ranks(job):
+def worker_args(tmp: Path) -> tuple[Any, ...]:
+    """The family jobs, for the 2-rank launch this directory's rewrite tests share (conftest.py)."""
+
+    def job(model: dict[str, Any], parallel: dict[str, Any]) -> JobSpec:
+        return make_job(tmp, model, parallel)
+
     jobs: dict[str, Any] = {
-        "tp": [job(FAMILY_JOBS[f], {"tp": 2})[0] for f in TP_FAMILIES] + [job(GEMMA2_WIDE, {"tp": 2})[0]],
-        "corrupt": job(FAMILY_JOBS["qwen3"], {"tp": 2})[0],
-        "gemma2": job(FAMILY_JOBS["gemma2"], {"tp": 2})[0],
-        "ep": [job(FAMILY_JOBS[f], {"dp": 2, "ep": 2})[0] for f in EP_FAMILIES],
-        "cp": job(FAMILY_JOBS["qwen3"], {"cp": 2})[0],
+        "tp": [job(FAMILY_JOBS[f], {"tp": 2}) for f in TP_FAMILIES] + [job(GEMMA2_WIDE, {"tp": 2})],
+        "corrupt": job(FAMILY_JOBS["qwen3"], {"tp": 2}),
+        "gemma2": job(FAMILY_JOBS["gemma2"], {"tp": 2}),
+        "ep": [job(FAMILY_JOBS[f], {"dp": 2, "ep": 2}) for f in EP_FAMILIES],
+        "cp": job(FAMILY_JOBS["qwen3"], {"cp": 2}),
     }
-    run(_worker, 2, jobs)
+    return (jobs,)
+
+
+@pytest.mark.slow
+def test_every_family_matches_its_dense_model_on_two_ranks(two_rank_rewrites: Callable[[str], None]) -> None:
+    # one launch with test_apply_tp's rewrites (conftest.py two_rank_rewrites): the processes' start-up
+    # (torch, transformers, DeepSpeed) costs more than every family's 2 steps together
+    two_rank_rewrites("family_parity")
