@@ -36,12 +36,14 @@ def _check(case, ops, workdir: Path) -> None:
     assert outcome.kind not in FUZZ.FAILURES, f"{outcome.kind}: {outcome.detail} ({case.name} {ops})"
 
 
+@pytest.mark.slow  # over ~3 s: the fast tier stays near a minute
 @settings(SETTINGS, max_examples=600)
 @given(case=st.sampled_from(SEEDS), ops=st.lists(OPS, min_size=1, max_size=4))
 def test_any_mutation_of_any_seed_keeps_the_promises(case, ops, tmp_path_factory) -> None:
     _check(case, ops, tmp_path_factory.mktemp("fuzz"))
 
 
+@pytest.mark.slow  # over ~3 s: the fast tier stays near a minute
 @settings(SETTINGS, max_examples=300)
 @given(case=st.sampled_from(USABLE), ops=st.lists(PLAUSIBLE, min_size=1, max_size=3))
 def test_plausible_mutations_of_usable_jobs_explain_and_compile(case, ops, tmp_path_factory) -> None:

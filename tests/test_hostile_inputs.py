@@ -297,6 +297,7 @@ def test_an_fp32_job_without_an_fp32_peak_is_dsf503_not_an_explain_failure(tmp_p
     assert ("DSF503", 15) in _rules(path)
 
 
+@pytest.mark.slow  # over ~3 s: the fast tier stays near a minute
 @pytest.mark.parametrize("extra", ["", "  pipeline: {schedule: interleaved, virtual_stages: 9, partition: uniform}\n"],
                          ids=["1f1b", "interleaved-9-chunks"])
 def test_the_deepest_pipeline_the_schema_allows_costs_bounded_time(tmp_path: Path, extra: str) -> None:

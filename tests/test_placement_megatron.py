@@ -174,6 +174,7 @@ def run_comparison(examples: int, seen: Counter[str], max_world: int = 4096, der
     check()
 
 
+@pytest.mark.slow  # over ~3 s: the fast tier stays near a minute
 def test_place_equals_megatron_over_random_layouts(record_property: Callable[[str, Any], None]) -> None:
     seen: Counter[str] = Counter()
     run_comparison(2500, seen, max_world=512)

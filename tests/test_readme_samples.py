@@ -27,6 +27,7 @@ README = ROOT / "README.md"
 DSF104 = "tests/fixtures/bad/dsf104-tp-kv-heads.yaml"
 
 
+@pytest.mark.slow  # over ~3 s: the fast tier stays near a minute
 def test_samples_are_current() -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), "--check"], check=False, cwd=ROOT, capture_output=True,
                           text=True, timeout=120)

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # over ~3 s: the fast tier stays near a minute
 def test_compiler_passes_mypy_strict(tmp_path: Path) -> None:
     # A fresh cache: the result is the one a clean checkout gets (cold: ~4 s of CPU, the runtime and torch not
     # followed), and concurrent runs do not share state.

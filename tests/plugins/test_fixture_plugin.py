@@ -8,6 +8,8 @@ import os
 import shlex
 from pathlib import Path
 
+import pytest
+
 from tests.plugins.conftest import DSFORGE, no_traceback, run
 
 JOB = """\
@@ -67,6 +69,7 @@ def test_plugin_presets_are_listed_with_their_origin(plugin_env: dict[str, str])
     assert "fixture-nonsense" not in json.dumps(table)  # the refused preset registered nothing
 
 
+@pytest.mark.slow  # over ~3 s: the fast tier stays near a minute
 def test_launch_target_and_rewrite_policy_work_in_compile(plugin_env: dict[str, str], tmp_path: Path) -> None:
     """`launch.launcher: fixture-batch` writes the plugin's submit.sh; TinyNet (the plugin's model, built by its
     factory, `arch: auto`) is recognised as the plugin's family and sharded for tp=2 in plan.json's rewrite plan."""

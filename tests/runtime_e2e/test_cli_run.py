@@ -113,6 +113,7 @@ def test_a_token_file_missing_here_is_not_launched(tmp_path: Path, monkeypatch: 
     assert not (tmp_path / "runs" / "cli-run").exists()
 
 
+@pytest.mark.slow  # over ~3 s: the fast tier stays near a minute
 def test_gpu_check_without_a_gpu_runs_nothing() -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

@@ -18,6 +18,7 @@ from dsforge.runtime.rewrite import describe, plan_rewrite
 MODELS = sorted(presets("models"))
 
 
+@pytest.mark.slow  # over ~3 s: the fast tier stays near a minute
 def test_every_model_preset_counts_exactly_what_params_py_says(job):
     for name in MODELS:
         spec, plan = job({"preset": name})
