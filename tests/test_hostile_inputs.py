@@ -97,10 +97,10 @@ def test_a_huge_sparse_file_is_refused_from_its_size(tmp_path: Path) -> None:
     path = tmp_path / "sparse.yaml"
     with open(path, "wb") as fh:
         fh.truncate(3 * 1024**3)  # 3 GB of holes: reading it would take seconds and 3 GB of memory
-    began = time.perf_counter()
+    began = time.process_time()  # CPU seconds, which the machine's load does not inflate as it does wall time
     with pytest.raises(InputError) as err:
         read_text(path, "sparse.yaml")
-    assert time.perf_counter() - began < 1.0
+    assert time.process_time() - began < 1.0
     [diag] = err.value.diagnostics
     assert diag.rule == "DSF007" and str(3 * 1024**3) in diag.message
 

@@ -87,9 +87,9 @@ def test_a_step_of_a_trillion_micro_batches_takes_well_under_a_second(schedule: 
     m = 2**40 - (2**40 % p if v > 1 else 0)
     fwd = [[1.0 + 0.25 * (s == 0) + 0.5 * (s == p - 1)] * v for s in range(p)]
     bwd = [[2 * x for x in row] for row in fwd]
-    began = time.perf_counter()
+    began = time.process_time()  # CPU seconds: wall time on a loaded 2-core machine measured the load (2.8 s once)
     t = simulate(schedule, fwd, bwd, m, 0.01)
-    assert time.perf_counter() - began < 2.0  # ~0.1-0.5 s; generous for a loaded CI machine
+    assert time.process_time() - began < 2.0  # ~0.1-0.5 s
     slowest = max(sum(f) + sum(b) for f, b in zip(fwd, bwd))
     assert m * slowest <= t.makespan <= m * slowest * 1.01
     assert sum(len(row) for row in t.stages) <= MAX_PASSES
