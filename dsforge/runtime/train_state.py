@@ -336,9 +336,9 @@ def load_state(engine: Any, path: Path) -> int:
     """
     meta = read_meta(path)
     if meta is None or meta.get("format") != FORMAT:
-        raise TrainStateError(f"DSF641: {path} holds no layout-free state ({STATE_DIR}/{META}): it was saved by a "
-                              "dsforge before 0.x or from a model dsforge did not build; resume it under the layout "
-                              "that wrote it")
+        raise TrainStateError(f"DSF641: {path} holds no layout-free state ({STATE_DIR}/{META}): it was saved by an "
+                              "older dsforge or from a model dsforge did not build (model.factory); resume it under "
+                              "the layout that wrote it")
     if meta.get("unsupported"):
         raise TrainStateError(f"DSF643: {path} was saved by an engine whose optimizer state dsforge cannot read by "
                               f"tensor ({meta['unsupported']}); resume it under the layout that wrote it")
