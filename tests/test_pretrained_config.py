@@ -84,7 +84,9 @@ def test_a_preset_value_that_contradicts_points_at_the_preset(tmp_path: Path) ->
 @pytest.mark.parametrize(("cfg", "weights", "rule", "words"), [
     (None, None, "DSF011", "does not exist"),
     (llama_config(model_type="bert"), "model.safetensors", "DSF012", "model_type 'bert'"),
-    (llama_config(head_dim=32), "model.safetensors", "DSF012", "head_dim 32"),
+    (llama_config(head_dim=0), "model.safetensors", "DSF012", "head_dim is 0"),
+    (llama_config(attention_bias=True), "model.safetensors", "DSF012", "attention_bias"),
+    (llama_config(mlp_bias=True), "model.safetensors", "DSF012", "mlp_bias"),
     (llama_config(use_sliding_window=True, sliding_window=16), "model.safetensors", "DSF012", "sliding-window"),
     (llama_config(hidden_act="gelu"), "model.safetensors", "DSF012", "SwiGLU"),
     (llama_config(num_hidden_layers="4"), "model.safetensors", "DSF012", "num_hidden_layers"),
@@ -165,15 +167,20 @@ SIZES = st.integers(1, 64)
 @settings(max_examples=80, deadline=None)
 @given(layers=SIZES, kv=st.integers(1, 8), per_kv=st.integers(1, 4), head_dim=st.sampled_from([8, 16, 64]),
        ffn=st.integers(1, 50_000), vocab=st.integers(1, 300_000), positions=st.integers(1, 1 << 17),
-       tied=st.booleans(), family=st.sampled_from(["llama", "mistral", "qwen2"]))
+       tied=st.booleans(), family=st.sampled_from(["llama", "mistral", "qwen2"]),
+       width=st.none() | st.integers(1, 8192))
 def test_model_keys_describe_the_config(layers: int, kv: int, per_kv: int, head_dim: int, ffn: int, vocab: int,
-                                        positions: int, tied: bool, family: str) -> None:
+                                        positions: int, tied: bool, family: str, width: int | None) -> None:
+    # width None: config.json omits head_dim (hidden = heads x head_dim); else hidden is unrelated (Qwen3-style)
     heads = kv * per_kv
+    hidden = heads * head_dim if width is None else width
     cfg = llama_config(model_type=family, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-                       hidden_size=heads * head_dim, intermediate_size=ffn, vocab_size=vocab,
-                       max_position_embeddings=positions, tie_word_embeddings=tied, head_dim=head_dim)
+                       hidden_size=hidden, intermediate_size=ffn, vocab_size=vocab,
+                       max_position_embeddings=positions, tie_word_embeddings=tied,
+                       **({} if width is None else {"head_dim": head_dim}))
     keys = model_keys(cfg, Path("config.json"))
-    assert keys == {"arch": "llama", "layers": layers, "hidden": heads * head_dim, "heads": heads, "kv_heads": kv,
+    assert keys == {"arch": "llama", "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv,
+                    "head_dim": head_dim, "qkv_bias": family == "qwen2",
                     "ffn_hidden": ffn, "vocab": vocab, "seq_len": positions, "tied_embeddings": tied,
                     "activation": "swiglu", "position": "rope"}
 

@@ -18,9 +18,8 @@ def has_bias(model: ResolvedModel) -> bool:
     return model.arch in {"gpt2", "gpt_neox"} or (model.arch in {"custom", "auto"} and model.activation == "gelu")
 
 
-#: Families with extra per-layer weights beside Llama's: biases on q, k and v (Qwen2-MoE), per-head q/k
-#: norms (Qwen3, Gemma3), q/k norms over the whole projection (OLMo2), four norms per layer (Gemma).
-_QKV_BIAS = frozenset({"qwen2_moe"})
+#: Families with extra per-layer weights beside Llama's: per-head q/k norms (Qwen3, Gemma3), q/k norms over
+#: the whole projection (OLMo2), four norms per layer (Gemma). Biases on q, k and v follow model.qkv_bias.
 _HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3"})
 _FOUR_NORMS = frozenset({"gemma2", "gemma3"})
 
@@ -77,13 +76,14 @@ def is_moe_layer(model: ResolvedModel, index: int) -> bool:
 def layer_params(model: ResolvedModel, moe: bool = False) -> LayerParams:
     """Parameters of one layer (dense, or MoE with all of its experts)."""
     h, kv = model.hidden, model.kv_heads
-    head_dim = h // model.heads
-    kv_dim = kv * head_dim
+    head_dim = model.head_dim
+    q_dim, kv_dim = model.heads * head_dim, kv * head_dim
     bias = has_bias(model)
-    attention = 2 * h * h + 2 * h * kv_dim + ((h + 2 * kv_dim + h) if bias else 0)
-    attention += (h + 2 * kv_dim) if model.arch in _QKV_BIAS else 0
+    # Q is h x q_dim and O q_dim x h: with head_dim != hidden / heads (Qwen3, Gemma) they are not square
+    attention = 2 * h * q_dim + 2 * h * kv_dim + ((q_dim + 2 * kv_dim + h) if bias else 0)
+    attention += (q_dim + 2 * kv_dim) if model.qkv_bias and not bias else 0
     norms = (4 if model.arch in _FOUR_NORMS else 2) * (2 * h if bias else h)
-    norms += 2 * head_dim if model.arch in _HEAD_QK_NORMS else (h + kv_dim) if model.arch == "olmo2" else 0
+    norms += 2 * head_dim if model.arch in _HEAD_QK_NORMS else (q_dim + kv_dim) if model.arch == "olmo2" else 0
     if moe and model.moe is not None:
         return LayerParams(attention, model.moe.experts * mlp_params(model, model.moe.ffn_hidden)
                            + shared_expert_params(model), norms, h * model.moe.experts)

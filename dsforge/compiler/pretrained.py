@@ -9,7 +9,8 @@ reads each rank's slices of the weights.
 
 Supported families are those whose HF modules the rewrite policies place and whose tensors the
 runtime reads as stored: llama, mistral and qwen2 (the `llama` policy: the same module names;
-qwen2's q/k/v biases are cut with their weights) and gpt2. Mixtral's config is read, but its
+qwen2's q/k/v biases are cut with their weights, and stated as model.qkv_bias) and gpt2. A head_dim
+other than hidden / heads (Qwen3-style widths) fills model.head_dim. Mixtral's config is read, but its
 per-expert checkpoint tensors are refused (DSF012) until the runtime stacks them.
 """
 
@@ -143,6 +144,7 @@ def model_keys(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
         inner = cfg.get("n_inner")
         return {"arch": arch, "layers": _int(cfg, "n_layer", path), "hidden": hidden,
                 "heads": _int(cfg, "n_head", path), "kv_heads": _int(cfg, "n_head", path),
+                "head_dim": hidden // _int(cfg, "n_head", path), "qkv_bias": True,
                 "ffn_hidden": inner if isinstance(inner, int) and inner > 0 else 4 * hidden,
                 "vocab": _int(cfg, "vocab_size", path), "seq_len": _int(cfg, "n_positions", path),
                 "tied_embeddings": bool(cfg.get("tie_word_embeddings", True)), "activation": "gelu",
@@ -152,14 +154,12 @@ def model_keys(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
         raise PretrainedError("DSF012", f"{path}: hidden_act {act!r}: dsforge's {arch} models use a SwiGLU MLP "
                               "(silu)", "use a checkpoint with a SiLU-gated MLP")
     heads, hidden = _int(cfg, "num_attention_heads", path), _int(cfg, "hidden_size", path)
-    head_dim = cfg.get("head_dim")
-    if head_dim is not None and head_dim * heads != hidden:
-        raise PretrainedError("DSF012", f"{path}: head_dim {head_dim} x {heads} heads != hidden_size {hidden}; "
-                              "dsforge's model keys take head_dim = hidden / heads", "use a checkpoint with "
-                              "head_dim = hidden_size / num_attention_heads")
+    # transformers takes head_dim = hidden_size / num_attention_heads when config.json leaves it out (or null)
+    head_dim = _int(cfg, "head_dim", path) if cfg.get("head_dim") is not None else hidden // heads
     keys: dict[str, Any] = {
         "arch": arch, "layers": _int(cfg, "num_hidden_layers", path), "hidden": hidden, "heads": heads,
         "kv_heads": _int(cfg, "num_key_value_heads", path) if cfg.get("num_key_value_heads") is not None else heads,
+        "head_dim": head_dim, "qkv_bias": mtype == "qwen2",  # Qwen2 biases q, k and v (always); Llama, Mistral none
         "vocab": _int(cfg, "vocab_size", path), "seq_len": _int(cfg, "max_position_embeddings", path),
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)), "activation": "swiglu", "position": "rope"}
     if arch == "mixtral":
@@ -177,6 +177,10 @@ def _unsupported(cfg: dict[str, Any], mtype: str) -> str | None:
         return f"sliding-window attention (sliding_window {cfg.get('sliding_window')})"
     if int(cfg.get("pretraining_tp", 1) or 1) != 1:
         return f"pretraining_tp {cfg.get('pretraining_tp')} (Llama's sliced linear layers)"
+    if mtype == "llama" and cfg.get("attention_bias"):
+        return "attention_bias true (biases on q, k, v and o_proj; model.qkv_bias states q, k and v only)"
+    if mtype == "llama" and cfg.get("mlp_bias"):
+        return "mlp_bias true (biases on the MLP's projections)"
     if mtype == "gpt2" and cfg.get("add_cross_attention"):
         return "cross-attention layers"
     return None

@@ -24,6 +24,8 @@ _GATED_ARCHS = frozenset({"llama", "mixtral", "qwen3", "gemma2", "gemma3", "olmo
                           "deepseek_v3"})
 #: GPT-NeoX: a GELU MLP with rotary positions.
 _ROPE_ARCHS = _GATED_ARCHS | {"gpt_neox"}
+#: Archs whose q, k and v projections carry biases by default (GPT-2 and GPT-NeoX bias their fused QKV).
+_QKV_BIAS_ARCHS = frozenset({"gpt2", "gpt_neox", "qwen2_moe"})
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,12 @@ class ResolvedModel:
     hidden: int
     heads: int
     kv_heads: int
+    head_dim: int  # one head's width: hidden / heads unless the job (or config.json) says otherwise
     ffn_hidden: int
     vocab: int
     seq_len: int
     tied_embeddings: bool
+    qkv_bias: bool  # biases on q, k and v (beside those of an arch that biases every linear layer)
     activation: Activation
     position: Position
     vocab_multiple_of: int | None  # None: the vocabulary is not padded
@@ -72,7 +76,8 @@ def _resolve_moe(moe: MoESpec, ffn_hidden: int) -> ResolvedMoE:
 
 
 def resolve_model(model: ModelSpec | ResolvedModel) -> ResolvedModel:
-    """The model with its defaults filled: kv_heads = heads, ffn_hidden = 4 x hidden, moe.ffn_hidden =
+    """The model with its defaults filled: kv_heads = heads, head_dim = hidden / heads, qkv_bias by arch,
+    ffn_hidden = 4 x hidden, moe.ffn_hidden =
     ffn_hidden, and for llama/mixtral a SwiGLU MLP with RoPE, for every other arch GELU with learned
     positions. A ResolvedModel is returned as it is."""
     if isinstance(model, ResolvedModel):
@@ -84,7 +89,10 @@ def resolve_model(model: ModelSpec | ResolvedModel) -> ResolvedModel:
         "rope" if model.arch in _ROPE_ARCHS else "learned")
     return ResolvedModel(
         arch=model.arch, layers=model.layers, hidden=model.hidden, heads=model.heads,
-        kv_heads=model.kv_heads if model.kv_heads is not None else model.heads, ffn_hidden=ffn, vocab=model.vocab,
-        seq_len=model.seq_len, tied_embeddings=model.tied_embeddings, activation=activation, position=position,
+        kv_heads=model.kv_heads if model.kv_heads is not None else model.heads,
+        head_dim=model.head_dim if model.head_dim is not None else model.hidden // model.heads,
+        ffn_hidden=ffn, vocab=model.vocab, seq_len=model.seq_len, tied_embeddings=model.tied_embeddings,
+        qkv_bias=model.qkv_bias if model.qkv_bias is not None else model.arch in _QKV_BIAS_ARCHS,
+        activation=activation, position=position,
         vocab_multiple_of=model.vocab_multiple_of, moe=_resolve_moe(model.moe, ffn) if model.moe is not None else None,
         factory=model.factory, preset=model.preset, pretrained=model.pretrained)

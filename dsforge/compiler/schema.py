@@ -45,6 +45,8 @@ MAX_HIDDEN = 2**20
 MAX_FFN = 2**22
 #: Attention heads (and KV heads): 128 in the largest models; 2^16.
 MAX_HEADS = 2**16
+#: Width of one attention head: 64-256 in published models (Gemma 2/3 use 256); 2^16 is 256x.
+MAX_HEAD_DIM = 2**16
 #: Vocabulary: 256,000 tokens (Gemma); 2^24 is ~65x.
 MAX_VOCAB = 2**24
 #: Sequence: 10M tokens (Llama 4 Scout's context); 2^27 (134M) is ~13x.
@@ -121,6 +123,14 @@ class ModelSpec(Section):
     hidden: int = field(Int(ge=1, le=MAX_HIDDEN), description="Model (embedding) width.")
     heads: int = field(Int(ge=1, le=MAX_HEADS), description="Attention (query) heads.")
     kv_heads: int | None = field(Optional(Int(ge=1, le=MAX_HEADS)), None, "Key/value heads (GQA); default: heads.")
+    head_dim: int | None = field(
+        Optional(Int(ge=1, le=MAX_HEAD_DIM)), None,
+        "Width of one attention head (Q/O are hidden x heads*head_dim, K/V hidden x kv_heads*head_dim); "
+        "default: hidden / heads.")
+    qkv_bias: bool | None = field(
+        Optional(Bool()), None,
+        "The q, k and v projections carry biases (Qwen2, Qwen2-MoE); default by arch (gpt2 and gpt_neox: their "
+        "fused QKV has one; qwen2_moe: true; others: false).")
     ffn_hidden: int | None = field(Optional(Int(ge=1, le=MAX_FFN)), None, "MLP inner width; default: 4 x hidden.")
     vocab: int = field(Int(ge=1, le=MAX_VOCAB), description="Vocabulary size (tokens).")
     seq_len: int = field(Int(ge=1, le=MAX_SEQ_LEN), description="Sequence length of a training sample (tokens).")

@@ -61,6 +61,9 @@ def hf_config(model: ModelSpec | ResolvedModel, tp: int = 1) -> Any:
         _require(model.activation == "gelu" and model.position == "learned", arch,
                  "GPT-2 uses a GELU MLP and learned positions")
         _require(model.moe is None, arch, "GPT-2 has no MoE layers (use a factory)")
+        _require(model.head_dim * model.heads == model.hidden and model.qkv_bias, arch,
+                 f"GPT-2's fused QKV (with its bias) is hidden x 3 hidden (head_dim {model.head_dim} x heads "
+                 f"{model.heads} != hidden {model.hidden}, or qkv_bias false)")
         cfg = GPT2Config(n_positions=model.seq_len, n_embd=model.hidden, n_layer=model.layers, n_head=model.heads,
                          n_inner=ffn, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
                          attn_pdrop=0.0, **_common(model, tp))
@@ -68,9 +71,14 @@ def hf_config(model: ModelSpec | ResolvedModel, tp: int = 1) -> Any:
         _require(model.activation == "swiglu" and model.position == "rope", arch,
                  "Llama-style models use a SwiGLU MLP and RoPE")
         common = dict(hidden_size=model.hidden, num_hidden_layers=model.layers, num_attention_heads=model.heads,
-                      num_key_value_heads=kv, max_position_embeddings=model.seq_len, attention_dropout=0.0,
-                      **_common(model, tp))
-        if arch == "llama":
+                      num_key_value_heads=kv, head_dim=model.head_dim, max_position_embeddings=model.seq_len,
+                      attention_dropout=0.0, **_common(model, tp))
+        if arch == "llama" and model.qkv_bias:
+            # Llama's attention_bias would bias o_proj too; Qwen2 is Llama with biases on q, k and v only
+            from transformers import Qwen2Config
+            _require(model.moe is None, arch, "Llama has no MoE layers (use arch: mixtral)")
+            cfg = Qwen2Config(intermediate_size=ffn, use_sliding_window=False, **common)
+        elif arch == "llama":
             from transformers import LlamaConfig
             _require(model.moe is None, arch, "Llama has no MoE layers (use arch: mixtral)")
             cfg = LlamaConfig(intermediate_size=ffn, attention_bias=False, mlp_bias=False, **common)
@@ -80,6 +88,7 @@ def hf_config(model: ModelSpec | ResolvedModel, tp: int = 1) -> Any:
             if moe is None or moe.every != 1:
                 raise ModelBuildError("the HF mixtral model cannot express this spec: it needs `moe:` with "
                                       "every: 1 (every layer is a sparse MoE block)")
+            _require(not model.qkv_bias, arch, "Mixtral's q, k and v projections have no biases (qkv_bias: false)")
             cfg = MixtralConfig(intermediate_size=moe.ffn_hidden, num_local_experts=moe.experts,
                                 num_experts_per_tok=moe.top_k, output_router_logits=False, **common)
     cfg._attn_implementation = "sdpa"

@@ -114,13 +114,14 @@ def norm_bytes(model: ResolvedModel, a: ActivationShape) -> float:
 def attention_terms(model: ResolvedModel, a: ActivationShape) -> dict[str, float]:
     """Bytes one layer's attention block saves for backward (one micro-batch), by tensor group."""
     h, t, e, n, k = model.hidden, a.tp, a.element_bytes, a.tokens, a.kernels
-    kv_dim = kv_heads_per_rank(model, t) * (h // model.heads)
+    kv_dim = kv_heads_per_rank(model, t) * model.head_dim
+    q_dim = model.heads * model.head_dim  # heads x head_dim need not equal hidden (Qwen3, Gemma)
     heads = model.heads / t
     terms = {
         "norm": n * norm_bytes(model, a) / a.sp_div,
         "qkv_input": n * h * e / a.sp_div,
-        "q_k_v": n * (h / t + 2 * kv_dim) * e,
-        "attn_output": n * h / t * e,  # input of the output projection (also the fused kernel's output)
+        "q_k_v": n * (q_dim / t + 2 * kv_dim) * e,
+        "attn_output": n * q_dim / t * e,  # input of the output projection (also the fused kernel's output)
     }
     if k.fused_attention:
         # Also what dsforge's ring attention keeps under cp > 1 (dsforge/runtime/attention/ring.py): q, k, v

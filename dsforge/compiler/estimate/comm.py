@@ -163,7 +163,8 @@ def context_parallel(plan: Plan) -> list[Collective]:
     if d.cp <= 1:
         return []
     link = link_of(plan, "cp")
-    act = _activation_bytes(plan) / d.tp  # the heads this tp rank owns
+    hid = _activation_bytes(plan) / d.tp  # the heads this tp rank owns
+    act = hid * (m.heads * m.head_dim / m.hidden)  # Q (and the output): heads x head_dim, not always hidden
     kv = act * m.kv_heads / m.heads
     if plan.spec.parallel.context_parallel.kind == "ring":
         return [Collective("cp", "p2p", "K/V chunk around the ring", "forward", "layer", 2 * kv, d.cp, link,

@@ -95,12 +95,13 @@ def _layer(model: ResolvedModel, moe: bool, tokens: float, tp: int, ep: int, sp_
            prof: StackProfile, r: Rates) -> tuple[float, float, float]:
     """(GEMM seconds, attention-core seconds, memory-bound seconds) of one layer's forward on one rank."""
     h, s = model.hidden, model.seq_len
-    kv = kv_heads_per_rank(model, tp) * (h // model.heads)
+    kv = kv_heads_per_rank(model, tp) * model.head_dim
+    q = model.heads * model.head_dim  # heads x head_dim need not equal hidden (Qwen3, Gemma)
     mats = 3 if model.activation == "swiglu" else 2
-    gemm = _gemm(tokens, h, h / tp + 2 * kv, e, r) + _gemm(tokens, h / tp, h, e, r)
-    core_flops = 4.0 * tokens * s * h / tp
+    gemm = _gemm(tokens, h, q / tp + 2 * kv, e, r) + _gemm(tokens, q / tp, h, e, r)
+    core_flops = 4.0 * tokens * s * q / tp
     attention = max(core_flops / (r.peak_flops * r.gemm_efficiency),
-                    e * tokens * (2 * h / tp + 2 * kv) / r.memory_Bps)
+                    e * tokens * (2 * q / tp + 2 * kv) / r.memory_Bps)
     elementwise = tokens * (prof.h_bytes * e + prof.h_fp32_bytes) * h / sp_div
     if moe and model.moe is not None:
         m = model.moe

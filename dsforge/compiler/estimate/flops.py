@@ -49,13 +49,13 @@ def _mlp_flops(model: ResolvedModel, ffn: int) -> float:
 def layer_forward_flops(model: ResolvedModel, moe: bool = False) -> LayerFlops:
     """Forward FLOPs per token of one layer (Narayanan et al. 2021 eq. 3 terms, extended to GQA and MoE).
 
-    Attention: Q and O are h x h, K and V are h x (kv_heads·head_dim); scores and the weighted sum
-    each cost 2·s·h per token. MoE: top_k experts per token and an h x experts router.
+    Attention: Q and O are h x (heads·head_dim), K and V are h x (kv_heads·head_dim); scores and the
+    weighted sum each cost 2·s·heads·head_dim per token. MoE: top_k experts per token and an h x experts router.
     """
     h, s = model.hidden, model.seq_len
-    kv_dim = model.kv_heads * (h // model.heads)
-    proj = 2.0 * (2 * h * h + 2 * h * kv_dim)
-    core = 4.0 * s * h
+    q_dim, kv_dim = model.heads * model.head_dim, model.kv_heads * model.head_dim
+    proj = 2.0 * (2 * h * q_dim + 2 * h * kv_dim)
+    core = 4.0 * s * q_dim
     if moe and model.moe is not None:
         # every token also passes through the shared experts (Qwen2-MoE, DeepSeek)
         shared = model.moe.shared_experts * _mlp_flops(model, model.moe.shared_ffn_hidden)

@@ -49,13 +49,15 @@ def _tensor_sizes(model: ResolvedModel, moe: bool, tp: int, ep: int,
     threshold, which keeps whole any tensor at or below it.
     """
     h = model.hidden
-    head_dim = h // model.heads
-    kv_dim = kv_heads_per_rank(model, tp) * head_dim
+    q = model.heads * model.head_dim  # heads x head_dim need not equal hidden (Qwen3, Gemma)
+    kv_dim = kv_heads_per_rank(model, tp) * model.head_dim
     if has_bias(model):
-        dense = [h * (h / tp + 2 * kv_dim), h / tp + 2 * kv_dim, h * h / tp, h]  # QKV, its bias, O, O bias
+        dense = [h * (q / tp + 2 * kv_dim), q / tp + 2 * kv_dim, h * q / tp, h]  # QKV, its bias, O, O bias
         dense += [h, h, h, h]  # two LayerNorms: weight and bias each
     else:
-        dense = [h * h / tp, h * kv_dim, h * kv_dim, h * h / tp, h, h]  # q, k, v, o, two RMSNorms
+        dense = [h * q / tp, h * kv_dim, h * kv_dim, h * q / tp, h, h]  # q, k, v, o, two RMSNorms
+        if model.qkv_bias:
+            dense += [q / tp, kv_dim, kv_dim]  # column-parallel biases, split with their weights
     expert: list[float] = []
     experts = 0
     if moe and model.moe is not None:

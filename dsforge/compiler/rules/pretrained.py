@@ -23,7 +23,8 @@ report_id("DSF012", "config.json describes a model dsforge can rewrite exactly",
           "Its model_type must be a family whose modules the rewrite policies place and whose tensors load as "
           "stored (llama, mistral, qwen2, gpt2; not yet mixtral, whose per-expert tensors transformers stacks on "
           "load), with the shape fields present and nothing the job's model keys cannot state (sliding-window "
-          "attention, a head_dim other than hidden / heads, Llama's pretraining_tp slicing).", _SRC)
+          "attention, Llama's attention_bias or mlp_bias, which bias o_proj and the MLP too, Llama's pretraining_tp "
+          "slicing). head_dim and qwen2's q/k/v biases are read into model.head_dim and model.qkv_bias.", _SRC)
 report_id("DSF013", "stated model keys agree with config.json",
           "A `model:` key written in the job file (or supplied by its preset) that differs from the checkpoint's "
           "config.json would plan one model and load another; both values are named. seq_len may be shorter "
