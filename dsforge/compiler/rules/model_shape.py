@@ -14,10 +14,10 @@ SHOEYBI = "Shoeybi et al. 2019 (Megatron-LM) sec. 3"
 
 @rule("DSF121", "hidden is a multiple of heads", source="Vaswani et al. 2017 (head_dim = hidden / heads)")
 def hidden_by_heads(ctx: Context) -> Iterator[Finding]:
-    """Each attention head has hidden/heads channels; a remainder leaves channels no head owns. A stated
-    model.head_dim sets the heads' width itself (Q is hidden x heads*head_dim), so no remainder arises."""
+    """Each attention head has hidden/heads channels; a remainder leaves channels no head owns (with a stated
+    model.head_dim too: transformers' Llama and Mixtral configs refuse such a hidden size)."""
     m = ctx.plan.model
-    if m.hidden % m.heads and ctx.plan.spec.model.head_dim is None:
+    if m.hidden % m.heads:
         yield Finding(f"hidden={m.hidden} is not a multiple of heads={m.heads}",
                       f"use heads in {choices(divisors(m.hidden, 256))}", ("model", "heads"))
 
