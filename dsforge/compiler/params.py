@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsforge.compiler.resolved import ResolvedModel
+from dsforge.compiler.resolved import ResolvedModel, resolve_model
 
 
 def has_bias(model: ResolvedModel) -> bool:
@@ -75,6 +75,7 @@ def is_moe_layer(model: ResolvedModel, index: int) -> bool:
 
 def layer_params(model: ResolvedModel, moe: bool = False) -> LayerParams:
     """Parameters of one layer (dense, or MoE with all of its experts)."""
+    model = resolve_model(model)  # a job's ModelSpec leaves head_dim and qkv_bias unset: their defaults apply
     h, kv = model.hidden, model.kv_heads
     head_dim = model.head_dim
     q_dim, kv_dim = model.heads * head_dim, kv * head_dim
@@ -104,5 +105,6 @@ def head_params(model: ResolvedModel, tp: int = 1) -> int:
 
 def total_params(model: ResolvedModel, tp: int = 1) -> int:
     """All parameters of the model (every expert counted)."""
+    model = resolve_model(model)
     layers = sum(layer_params(model, is_moe_layer(model, i)).total for i in range(model.layers))
     return embedding_params(model, tp) + layers + head_params(model, tp)
