@@ -126,3 +126,17 @@ def test_a_wider_head_moves_every_attention_term(tmp_path: Path) -> None:
     assert all(w > n for w, n in zip([st["components"]["activations"] for st in wide["memory"]["stages"]], act))
     assert wide["time"]["compute_s"] > narrow["time"]["compute_s"]
     assert wide["flops"]["model_per_token"] > narrow["flops"]["model_per_token"]
+
+
+@settings(max_examples=15, deadline=None)
+@given(head_dim=st.sampled_from([8, 16, 48]), bias=st.booleans(), kv=st.sampled_from([1, 2, 4]))
+def test_one_rank_holds_every_parameter_params_py_counts(head_dim: int, bias: bool, kv: int) -> None:
+    # shares.py lists each tensor (q, k, v, o, their biases) apart from params.py's sums: at tp 1 they agree
+    from dsforge.compiler.estimate.shares import stage_share
+    from dsforge.compiler.params import total_params
+
+    model = {"arch": "llama", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": kv, "vocab": 256, "seq_len": 64,
+             "head_dim": head_dim, "qkv_bias": bias}
+    with tempfile.TemporaryDirectory(prefix="h5-headdim-") as d:
+        plan = _plan(Path(d), model, {"tp": 1, "dp": 8}, "one")
+    assert stage_share(plan, 0, 0.0).total == total_params(plan.model)
