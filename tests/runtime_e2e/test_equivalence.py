@@ -102,9 +102,9 @@ def check_gpipe(engine: Any) -> None:
     assert engine.num_pipe_buffers == engine.micro_batches == 4, (engine.num_pipe_buffers, engine.micro_batches)
 
 
-def check_recompute(engine: Any, groups: Any) -> None:
+def check_recompute(engine: Any, groups: Any, spec: Any) -> None:
     """Every decoder layer is checkpointed (pp = 1: through HF's hook, its input split over TP under
-    partition_activations; pp > 1: the pipeline checkpoints decoder stages only)."""
+    partition_activations unless SP already split it; pp > 1: the pipeline checkpoints decoder stages only)."""
     from dsforge.runtime.recompute import checkpoint, decoder_layers
 
     if groups.size("pp") > 1:
@@ -112,9 +112,10 @@ def check_recompute(engine: Any, groups: Any) -> None:
         assert engine.module.checkpointable_layers == ["DecoderStage"]
         return
     layers = decoder_layers(engine.module)
-    assert len(layers) == 4 and all(layer.gradient_checkpointing for layer in layers), layers
+    assert len(layers) == spec.model.layers and all(layer.gradient_checkpointing for layer in layers), layers
     func = layers[0]._gradient_checkpointing_func
-    assert func.func is checkpoint and (func.keywords["group"] is not None) == (groups.size("tp") > 1)
+    split = groups.size("tp") > 1 and not spec.parallel.sequence_parallel  # SP inputs are already this rank's
+    assert func.func is checkpoint and (func.keywords["group"] is not None) == split
 
 
 def _check(name: str, engine: Any, groups: Any, spec: Any, check: str) -> None:
@@ -139,7 +140,7 @@ def _check(name: str, engine: Any, groups: Any, spec: Any, check: str) -> None:
         elif kind == "gpipe":
             check_gpipe(engine)
         elif kind == "recompute":
-            check_recompute(engine, groups)
+            check_recompute(engine, groups, spec)
 
 
 def hand_written_loop(spec: Any) -> tuple[Any, Any, list[float], list[float]]:
@@ -221,6 +222,10 @@ def test_two_rank_layouts_match_one_process(tmp_path: Path) -> None:
          "pp+recompute"),
         ("cp2-ring-recompute-full", spec("cpfull", "tiny-llama", {"cp": 2, "zero": 1}, recompute="full"),
          "llama+cp+recompute"),
+        ("tp2-sp-recompute-full", spec("tp2spfull", "tiny-llama", {"tp": 2, "zero": 1, "sequence_parallel": True},
+                                        recompute="full"), "llama+sp+recompute"),
+        ("ep2-recompute-full", spec("ep2full", "tiny-mixtral", {"ep": 2, "zero": 1}, recompute="full"),
+         "ep+recompute"),
         # Resuming restores weights, ZeRO-partitioned optimizer state (momentum) and the data position.
         ("dp2-zero2-resumed", spec("resume", "tiny-gpt2", {"zero": 2}), f"resume:{tmp_path / 'ckpt'}"),
     ]
