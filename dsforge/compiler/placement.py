@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from math import prod
+from math import gcd, prod
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -125,6 +125,58 @@ def member_offsets(axes: list[str], sizes: dict[str, int], members: set[str]) ->
     return _offsets(dims, strides, [i for i, a in enumerate(axes) if a in members])
 
 
+#: Work (residues x coordinates) above which `node_view` enumerates the base ranks instead.
+_RESIDUE_WORK = 200_000
+
+
+def node_view(axes: list[str], sizes: dict[str, int], members: set[str], per: int) -> tuple[int, dict[int, int]]:
+    """(span, {base rank mod ``per``: the smallest base rank with it}) of the groups along ``members``.
+
+    Whether a group leaves its node depends only on its base's position inside a node (nodes hold ``per``
+    consecutive ranks, and every group is its base plus the same offsets, the last ``span`` away), so the
+    node questions need the residues, not the bases: at 2^20 ranks there are up to a million bases but at
+    most ``per`` residues. Bases are sums of coordinate x stride over the other axes; a coordinate past the
+    residue's period repeats a residue with a larger base, so each axis contributes at most its period.
+    """
+    dims = [sizes[a] for a in axes]
+    strides = [prod(dims[:i]) for i in range(len(dims))]
+    span = sum((dims[i] - 1) * strides[i] for i, a in enumerate(axes) if a in members)
+    best = {0: 0}
+    for i, a in enumerate(axes):
+        if a in members or dims[i] == 1 or strides[i] % per == 0:
+            continue  # this axis moves whole nodes: every residue keeps its smallest base
+        choices = min(dims[i], per // gcd(strides[i], per))
+        if len(best) * choices > _RESIDUE_WORK:
+            bases = _offsets(dims, strides, [j for j, b in enumerate(axes) if b not in members])
+            out: dict[int, int] = {}
+            for b in bases:  # ascending: the first base of each residue is its smallest
+                out.setdefault(b % per, b)
+            return span, out
+        nxt: dict[int, int] = {}
+        for r, b in best.items():
+            for c in range(choices):
+                r2, b2 = (r + c * strides[i]) % per, b + c * strides[i]
+                if b2 < nxt.get(r2, b2 + 1):
+                    nxt[r2] = b2
+        best = nxt
+    return span, best
+
+
+def max_gap(axes: list[str], sizes: dict[str, int], members: set[str]) -> int:
+    """The largest difference between two consecutive ranks of a group along ``members`` (0 for one rank).
+
+    With the member axes by stride, each one's first step lands ``stride - (the extent of the smaller
+    axes)`` past the last rank so far; a step no larger than that extent lands inside it (no new gap).
+    """
+    dims = [sizes[a] for a in axes]
+    strides = [prod(dims[:i]) for i in range(len(dims))]
+    gap, extent = 0, 0
+    for i in sorted((i for i, a in enumerate(axes) if a in members and dims[i] > 1), key=lambda i: strides[i]):
+        gap = max(gap, strides[i] - extent)
+        extent += (dims[i] - 1) * strides[i]
+    return gap
+
+
 def rank_groups(axes: list[str], sizes: dict[str, int], members: set[str]) -> list[list[int]]:
     """All groups whose ranks differ only along the ``members`` axes, ordered by their first rank.
 
@@ -141,10 +193,16 @@ class GroupTable(Mapping[str, list[list[int]]]):
 
     def __init__(self, builders: Mapping[str, Callable[[], list[list[int]]]],
                  shapes: Mapping[str, Callable[[], tuple[list[int], list[int]]]] | None = None,
-                 firsts: Mapping[str, Callable[[], list[int]]] | None = None):
+                 firsts: Mapping[str, Callable[[], list[int]]] | None = None,
+                 views: Mapping[str, Callable[[], tuple[int, dict[int, int]]]] | None = None,
+                 gaps: Mapping[str, Callable[[], int]] | None = None):
         self._builders = builders
         self._shapes = shapes or {}
         self._firsts = firsts or {}
+        self._views = views or {}
+        self._viewed: dict[str, tuple[int, dict[int, int]]] = {}
+        self._gaps = gaps or {}
+        self._first: dict[str, list[int]] = {}
         self._built: dict[str, list[list[int]]] = {}
         self._shaped: dict[str, tuple[list[int], list[int]]] = {}
 
@@ -164,11 +222,29 @@ class GroupTable(Mapping[str, list[list[int]]]):
                 self._shaped[kind] = ([r - first[0] for r in first], [g[0] for g in groups])
         return self._shaped[kind]
 
-    def first(self, kind: str) -> list[int]:
-        """The group holding rank 0, built alone."""
+    def view(self, kind: str) -> tuple[int, dict[int, int]] | None:
+        """`node_view` of this kind's groups (None for a table built from plain lists)."""
+        if kind not in self._views:
+            return None
+        if kind not in self._viewed:
+            self._viewed[kind] = self._views[kind]()
+        return self._viewed[kind]
+
+    def first_ranks(self, kind: str, head: int | None = None) -> list[int]:
+        """The first ``head`` ranks (all when None) of the group holding rank 0, without copying the rest."""
         if kind in self._shaped or kind not in self._firsts:
-            return list(self.shape(kind)[0])
-        return self._firsts[kind]()
+            return list(self.shape(kind)[0][:head])
+        if kind not in self._first:
+            self._first[kind] = self._firsts[kind]()
+        return self._first[kind][:head]
+
+    def gap(self, kind: str) -> int:
+        """`max_gap` of this kind's groups (their size when the table was built from plain lists)."""
+        return self._gaps[kind]() if kind in self._gaps else max(len(self.first(kind)), 1) * 2**62
+
+    def first(self, kind: str) -> list[int]:
+        """The group holding rank 0, built alone (once)."""
+        return self.first_ranks(kind)
 
     def __contains__(self, kind: object) -> bool:
         return kind in self._builders  # Mapping's default would build the groups to find out
@@ -218,8 +294,27 @@ class Placement:
             return self.groups.first(kind)
         return list(self.groups[kind][0])
 
+    def _table(self, kind: str) -> GroupTable | None:
+        """The lazy table, when this kind's groups are in one (plain lists answer by scanning)."""
+        return self.groups if isinstance(self.groups, GroupTable) and kind in self.groups else None
+
+    def _view(self, kind: str) -> tuple[int, dict[int, int]] | None:
+        table = self._table(kind)
+        return table.view(kind) if table is not None else None
+
     def nodes_spanned(self, kind: str) -> int:
         """The most nodes any one group of this kind spans (1: the group stays inside a node)."""
+        table = self._table(kind)
+        view = table.view(kind) if table is not None else None
+        if table is not None and view is not None:
+            span, residues = view
+            per = self.gpus_per_node
+            if table.gap(kind) <= per:
+                # no node lies between two consecutive members: the group touches every node from its first
+                # to its last rank
+                return max(((r + span) // per + 1 for r in residues), default=1)
+            offsets = self.first_group(kind)
+            return max((len({(r + o) // per for o in offsets}) for r in residues), default=1)
         shape = self.shape(kind)
         if shape is None:
             return 1
@@ -234,6 +329,11 @@ class Placement:
         known = self._crossing.get(kind)
         if known is not None:
             return known
+        view = self._view(kind)
+        if view is not None:
+            span, residues = view
+            self._crossing[kind] = any(r + span >= self.gpus_per_node for r in residues)
+            return self._crossing[kind]
         shape = self.shape(kind)
         if shape is None:
             return False
@@ -243,15 +343,22 @@ class Placement:
         self._crossing[kind] = any(b // per != (b + span) // per for b in bases)
         return self._crossing[kind]
 
-    def crossing_group(self, kind: str) -> list[int] | None:
-        """The first group of this kind with members on two or more nodes, or None."""
+    def crossing_group(self, kind: str, head: int | None = None) -> list[int] | None:
+        """The first group of this kind with members on two or more nodes (its first ``head`` ranks), or None."""
+        table = self._table(kind)
+        view = table.view(kind) if table is not None else None
+        if table is not None and view is not None:
+            span, residues = view
+            base = min((b for r, b in residues.items() if r + span >= self.gpus_per_node), default=None)
+            offsets = table.first_ranks(kind, head)
+            return None if base is None else [base + o for o in offsets]
         shape = self.shape(kind)
         if shape is None:
             return None
         offsets, bases = shape
         per = self.gpus_per_node
         base = next((b for b in bases if b // per != (b + offsets[-1]) // per), None)
-        return None if base is None else [base + o for o in offsets]
+        return None if base is None else [base + o for o in offsets[:head]]
 
     def group_of(self, kind: str, rank: int) -> list[int]:
         """The group of this kind that contains ``rank``."""
@@ -289,4 +396,6 @@ def place(tp: int, pp: int, dp: int, cp: int, ep: int, gpus_per_node: int,
     builders = {kind: partial(rank_groups, axes, sizes, kinds) for kind, (sizes, kinds) in members.items()}
     shapes = {kind: partial(group_shape, axes, sizes, kinds) for kind, (sizes, kinds) in members.items()}
     firsts = {kind: partial(member_offsets, axes, sizes, kinds) for kind, (sizes, kinds) in members.items()}
-    return Placement(world, gpus_per_node, tuple(axes), GroupTable(builders, shapes, firsts), note)
+    views = {kind: partial(node_view, axes, sizes, kinds, gpus_per_node) for kind, (sizes, kinds) in members.items()}
+    gaps = {kind: partial(max_gap, axes, sizes, kinds) for kind, (sizes, kinds) in members.items()}
+    return Placement(world, gpus_per_node, tuple(axes), GroupTable(builders, shapes, firsts, views, gaps), note)

@@ -19,10 +19,10 @@ def _crossing(ctx: Context, kind: str, key: str) -> Iterator[Finding]:
     if placement is None or d is None or getattr(d, kind) == 1 or not placement.crosses_nodes(kind):
         return  # a group of one rank never leaves its node (and its groups need not be built)
     hw = ctx.spec.hardware
-    group = placement.crossing_group(kind)
+    group = placement.crossing_group(kind, head=8)  # a million-rank cp group is shown by its first ranks
     assert group is not None  # crosses_nodes said one does
     intra, inter = hw.intra_node.bandwidth_gbs, hw.inter_node.bandwidth_gbs
-    size = len(group)
+    size = getattr(d, kind)
     fix = (f"keep {key} <= gpus_per_node={hw.gpus_per_node} and first in parallel.order"
            if size > hw.gpus_per_node else f"put {key} first in parallel.order so its ranks share a node")
     yield Finding(f"{key}={size} group {group[:8]}{'...' if size > 8 else ''} spans "
