@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsforge.compiler.resume_layout import flat_leaves
+
 RUNTIME_MODULES = ("torch", "deepspeed", "transformers")
 INSTALL_HINT = ("pip install torch==2.13.0 (the CPU build: pip install torch==2.13.0 --index-url "
                 "https://download.pytorch.org/whl/cpu), then pip install 'dsforge[runtime]'")
@@ -128,19 +130,9 @@ def _same_compile(old: Path, new: Path) -> bool:
     return meaning is not None and meaning == _meaning(new)
 
 
-def _flat(doc: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a.b.c": leaf}`` for every leaf of nested mappings (lists are leaves)."""
-    if not isinstance(doc, dict) or not doc:
-        return {prefix: doc}
-    out: dict[str, Any] = {}
-    for key, value in doc.items():
-        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """``key old -> new`` for every leaf that differs (keys of plan.json's job without their ``job.`` prefix)."""
-    a, b = _flat(old), _flat(new)
+    a, b = flat_leaves(old), flat_leaves(new)
     out = []
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):

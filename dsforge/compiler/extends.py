@@ -31,7 +31,8 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _display(path: Path) -> str:
+def display_path(path: Path) -> str:
+    """The path as diagnostics name files: relative to the working directory when below it."""
     try:
         rel = os.path.relpath(path)
     except ValueError:  # another drive on Windows
@@ -78,10 +79,10 @@ def _exists(target: Path) -> bool:
 
 
 def _load(path: Path, chain: list[Path]) -> tuple[dict[str, Any], SourceMap]:
-    display = _display(path)
+    display = display_path(path)
     data, smap = load_yaml(read_text(path, display), display)
     here = chain + [path.resolve()]
-    return _with_bases(data, smap, path.parent, here, [_display(p) for p in here], display)
+    return _with_bases(data, smap, path.parent, here, [display_path(p) for p in here], display)
 
 
 def _with_bases(data: dict[str, Any], smap: SourceMap, folder: Path, here: list[Path], trail: list[str],
@@ -100,7 +101,7 @@ def _with_bases(data: dict[str, Any], smap: SourceMap, folder: Path, here: list[
     msmap = SourceMap(display)
     for name in names:
         target = _target(folder, name, loc, trail)
-        shown = " -> ".join([*trail, _display(target)])
+        shown = " -> ".join([*trail, display_path(target)])
         if target in here:
             raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` forms a cycle: {shown}", loc,
                                          "remove one link of the chain", ("extends",))])

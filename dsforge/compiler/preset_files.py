@@ -12,9 +12,9 @@ other section, and no `preset:` of its own (chains belong in the job's `extends:
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
+from dsforge.compiler.extends import display_path
 from dsforge.compiler.job_paths import base_directory
 from dsforge.compiler.source import SourceMap, load_yaml, read_text
 from dsforge.diagnostics import Diagnostic, Location, Severity
@@ -48,13 +48,13 @@ def load_preset_file(name: str, smap: SourceMap) -> tuple[dict[str, Any] | None,
                                   f"({getattr(exc, 'strerror', None) or exc})", loc,
                                   "name a hardware file by a plain path, or a preset from `dsforge presets`")]
     if not exists:
-        return None, name, [_diag(f"hardware.preset names a file that does not exist: {_display(target)}", loc,
+        return None, name, [_diag(f"hardware.preset names a file that does not exist: {display_path(target)}", loc,
                                   f"run `dsforge calibrate -o {shown}` or fix the path (it is relative to "
-                                  f"{_display(folder) if loc.file and not loc.file.startswith('<') else 'the working directory'})")]
+                                  f"{display_path(folder) if loc.file and not loc.file.startswith('<') else 'the working directory'})")]
     if not regular:
-        return None, name, [_diag(f"hardware.preset names something that is not a regular file: {_display(target)}", loc,
+        return None, name, [_diag(f"hardware.preset names something that is not a regular file: {display_path(target)}", loc,
                                   "name a YAML hardware file such as the one `dsforge calibrate` writes")]
-    display = _display(target)
+    display = display_path(target)
     data, fsmap = load_yaml(read_text(target, display), display)
     top = fsmap.locate((), value=False)
     others = [k for k in data if k != "hardware"]
@@ -81,10 +81,3 @@ def load_preset_file(name: str, smap: SourceMap) -> tuple[dict[str, Any] | None,
     return body, str(target), []
 
 
-def _display(path: Path) -> str:
-    """The path as diagnostics name files: relative to the working directory when below it."""
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:  # another drive on Windows
-        return str(path)
-    return rel if not rel.startswith("..") else str(path)

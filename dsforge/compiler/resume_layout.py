@@ -57,18 +57,19 @@ def _drop(doc: Any, key: tuple[str, ...]) -> None:
         doc.pop(last, None)
 
 
-def _flat(doc: Any, prefix: str = "") -> dict[str, Any]:
+def flat_leaves(doc: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b.c": leaf}`` for every leaf of nested mappings (lists are leaves)."""
     if not isinstance(doc, dict) or not doc:
         return {prefix: doc}
     out: dict[str, Any] = {}
     for key, value in doc.items():
-        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+        out.update(flat_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
     return out
 
 
 def differences(old: Any, new: Any) -> list[str]:
     """``key old -> new`` for every leaf of two nested mappings that differs, sorted by key."""
-    a, b = _flat(old), _flat(new)
+    a, b = flat_leaves(old), flat_leaves(new)
     return [f"{k} {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}" for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k)]
 
