@@ -38,12 +38,12 @@ def base_directory(file: str) -> Path:
     return Path(os.path.abspath(file)).parent
 
 
-def written_value(raw: dict[str, Any], key: Key) -> Any:
-    """The value the job file (or an `extends:` base) wrote at ``key``, or None."""
+def written_value(raw: dict[str, Any], key: Key, missing: Any = None) -> Any:
+    """The value the job file (or an `extends:` base) wrote at ``key``, or ``missing`` where it wrote none."""
     node: Any = raw
     for part in key:
         if not isinstance(node, dict) or part not in node:
-            return None
+            return missing
         node = node[part]
     return node
 

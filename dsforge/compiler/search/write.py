@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dsforge.compiler.job_paths import written_value
 from dsforge.compiler.parse import LoadedJob
 from dsforge.compiler.search.space import AUTO, Layout
 from dsforge.compiler.source import SourceMap, load_yaml
@@ -38,22 +39,11 @@ def yaml_value(value: Any) -> str:
     return str(value)
 
 
+_ABSENT = object()
+
+
 def _has(raw: dict[str, Any], path: tuple[str, ...]) -> bool:
-    node: Any = raw
-    for part in path:
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
-
-
-def _raw_at(raw: dict[str, Any], path: tuple[str, ...]) -> Any:
-    node: Any = raw
-    for part in path:
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
+    return written_value(raw, path, _ABSENT) is not _ABSENT
 
 
 def _needed(job: LoadedJob, lay: Layout) -> list[tuple[tuple[str, ...], Any, Any]]:
@@ -61,7 +51,7 @@ def _needed(job: LoadedJob, lay: Layout) -> list[tuple[tuple[str, ...], Any, Any
     the search changed."""
     out: list[tuple[tuple[str, ...], Any, Any]] = []
     for path, attr in FIELD_OF.items():
-        written, new = _raw_at(job.raw, path), getattr(lay, attr)
+        written, new = written_value(job.raw, path), getattr(lay, attr)
         if path == ("training", "global_batch"):
             if new != job.spec.training.global_batch:
                 out.append((path, written, new))
@@ -88,7 +78,7 @@ def replacements(job: LoadedJob, lay: Layout, text: str | None = None) -> list[t
         loc = smap.values.get(path)
         if loc is None:
             raise WriteError(f"{'.'.join(path)}: no position recorded in {job.source.file}")
-        out.append((path, loc.line, loc.column, yaml_value(_raw_at(own, path)), yaml_value(new)))
+        out.append((path, loc.line, loc.column, yaml_value(written_value(own, path)), yaml_value(new)))
     return out
 
 
@@ -169,7 +159,7 @@ def add_overrides(text: str, job: LoadedJob, values: dict[tuple[str, ...], Any])
     groups: dict[tuple[str, ...], list[tuple[tuple[str, ...], Any]]] = {}
     for path, value in values.items():
         cut = 0  # the deepest section of the key the file writes
-        while cut < len(path) - 1 and isinstance(_raw_at(own, path[:cut + 1]), dict):
+        while cut < len(path) - 1 and isinstance(written_value(own, path[:cut + 1]), dict):
             cut += 1
         if _has(own, path[:cut + 1]):
             raise WriteError(f"{'.'.join(path[:cut + 1])} in {job.source.file} is not a mapping, so "
