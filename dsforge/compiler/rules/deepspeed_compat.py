@@ -27,7 +27,7 @@ DS = "deepspeed 0.19.8 "
 
 
 @rule("DSF501", "ZeRO-2/3 is refused with pipeline parallelism",
-      source=DS + "runtime/pipe/engine.py PipelineEngine.__init__")
+      source=DS + "runtime/pipe/engine.py PipelineEngine.__init__", reads=("pp", "zero"))
 def zero_with_pipeline(ctx: Context) -> Iterator[Finding]:
     """DeepSpeed's PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
     on every rank at initialize (observed on CPU: PP2 x DP2 with ZeRO-2 fails; ZeRO-1 trains)."""
@@ -38,7 +38,7 @@ def zero_with_pipeline(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF502", "DeepSpeed's MoE layer is refused with ZeRO-3",
-      source=DS + "runtime/engine.py _validate_zero3_moe_compatibility")
+      source=DS + "runtime/engine.py _validate_zero3_moe_compatibility", reads=("zero",))
 def moe_with_zero3(ctx: Context) -> Iterator[Finding]:
     """The native MoE layer asserts "Native DeepSpeed MoE is not supported with ZeRO Stage 3" at
     initialize (observed on CPU with ep_size=2)."""
@@ -48,7 +48,7 @@ def moe_with_zero3(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF503", "the accelerator supports the chosen precision",
-      source=DS + "runtime/engine.py DeepSpeedEngine._do_sanity_check; accelerator is_bf16/fp16_supported")
+      source=DS + "runtime/engine.py DeepSpeedEngine._do_sanity_check; accelerator is_bf16/fp16_supported", reads=())
 def precision_supported(ctx: Context) -> Iterator[Finding]:
     """bf16 needs Ampere or newer (a V100 has none); DeepSpeed checks the accelerator only at start-up.
     An fp32 job needs the accelerator's fp32 peak (`fp32_tflops`): without it no step time can be
@@ -68,7 +68,8 @@ def precision_supported(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF504", "optimizer offload needs ZeRO (NVMe needs ZeRO-3)",
-      source=DS + "runtime/zero/config.py offload_optimizer; ZeRO-Infinity (Rajbhandari et al. 2021)")
+      source=DS + "runtime/zero/config.py offload_optimizer; ZeRO-Infinity (Rajbhandari et al. 2021)",
+      reads=("zero",))
 def offload_needs_zero(ctx: Context) -> Iterator[Finding]:
     """Optimizer offload is part of the ZeRO optimizers: with stage 0 the section is ignored and the
     states stay on the device; offload to NVMe is implemented only by ZeRO-3 (ZeRO-Infinity)."""
@@ -82,7 +83,7 @@ def offload_needs_zero(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF505", "ZeRO supports the optimizer", source=DS + "runtime/zero/utils.py ZERO_SUPPORTED_OPTIMIZERS; "
-      "runtime/engine.py _configure_zero_optimizer")
+      "runtime/engine.py _configure_zero_optimizer", reads=("zero",))
 def zero_optimizer(ctx: Context) -> Iterator[Finding]:
     """ZeRO accepts Adam, AdamW, Adagrad and Lion; others (LAMB, SGD) need `zero_allow_untested_optimizer`
     or the engine asserts at initialize."""
@@ -95,7 +96,8 @@ def zero_optimizer(ctx: Context) -> Iterator[Finding]:
 
 @rule("DSF506", "DeepSpeed's pipeline engines run 1F1B (PipelineEngine) and DualPipeV, not GPipe or interleaved",
       severity=Severity.WARNING,
-      source=DS + "runtime/pipe/schedule.py TrainSchedule, DualPipeVSchedule; runtime/pipe/dualpipev.py")
+      source=DS + "runtime/pipe/schedule.py TrainSchedule, DualPipeVSchedule; runtime/pipe/dualpipev.py",
+      reads=("pp", "schedule"))
 def pipeline_schedule(ctx: Context) -> Iterator[Finding]:
     """DeepSpeed 0.19.8's PipelineEngine executes its TrainSchedule, a 1F1B schedule with one chunk per
     rank; it also ships DualPipeV (DualPipeVModule + DualPipeVEngine: two stages per rank, micro-batches

@@ -117,7 +117,7 @@ def _image(ctx: Context) -> Iterator[Finding]:
 
 @rule("DSF606", "DeepSpeed does not re-shard what dsforge.runtime shards",
       source=("deepspeed 0.19.8 runtime/engine.py _apply_autotp_partitioning, _configure_expert_parallel; "
-        "deepspeed/__init__.py initialize (mesh_device)"))
+        "deepspeed/__init__.py initialize (mesh_device)"), reads=())
 def _runtime_owned(ctx: Context) -> Iterator[Finding]:
     """dsforge.runtime shards tensor-parallel layers and experts itself and hands DeepSpeed an mpu with the
     plan's groups. AutoTP (runtime/engine.py _apply_autotp_partitioning) or AutoEP
@@ -140,7 +140,8 @@ def _runtime_owned(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF608", "pipeline transfers are not partitioned under sequence parallelism",
-      source="deepspeed 0.19.8 runtime/pipe/engine.py is_pipe_partitioned, is_grad_partitioned")
+      source="deepspeed 0.19.8 runtime/pipe/engine.py is_pipe_partitioned, is_grad_partitioned",
+      reads=("tp", "pp", "sequence_parallel"))
 def _pipe_partitioning(ctx: Context) -> Iterator[Finding]:
     """With sequence parallelism each TP rank's stage activation is its own sequence slice, so compile turns
     DeepSpeed's partitioned pipeline transfers off (they assume the activation is replicated over the TP
@@ -157,7 +158,7 @@ def _pipe_partitioning(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF609", "a single-machine launcher runs a single-node job",
-      source="dsforge/templates/launch/local.sh.j2 (torch.distributed.run --standalone)")
+      source="dsforge/templates/launch/local.sh.j2 (torch.distributed.run --standalone)", reads=("nodes",))
 def _single_machine(ctx: Context) -> Iterator[Finding]:
     """The `local` launcher starts every rank on the machine it runs on (torchrun --standalone); a job with
     several nodes would put all of their ranks on one machine, oversubscribing it and measuring nothing the

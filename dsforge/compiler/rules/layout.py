@@ -12,7 +12,7 @@ from dsforge.diagnostics import Severity
 MEGATRON_PS = "Megatron-LM megatron/core/parallel_state.py (initialize_model_parallel, RankGenerator)"
 
 
-@rule("DSF101", "the parallel degrees multiply to the world size", source=MEGATRON_PS)
+@rule("DSF101", "the parallel degrees multiply to the world size", source=MEGATRON_PS, reads=("tp", "pp", "dp", "cp"))
 def degrees_fill_world(ctx: Context) -> Iterator[Finding]:
     """Every rank belongs to exactly one (tp, cp, dp, pp) coordinate, so tp x pp x dp x cp must equal
     nodes x gpus_per_node. Otherwise ranks are left idle or the layout needs ranks that do not exist;
@@ -28,7 +28,7 @@ def degrees_fill_world(ctx: Context) -> Iterator[Finding]:
                   f"{p.nodes} node(s) x {p.gpus_per_node} = {p.world_size}", fix, ("parallel", "dp"))
 
 
-@rule("DSF102", "dp: auto needs tp*pp*cp to divide the world size", source=MEGATRON_PS)
+@rule("DSF102", "dp: auto needs tp*pp*cp to divide the world size", source=MEGATRON_PS, reads=("tp", "pp", "cp"))
 def auto_dp_divides(ctx: Context) -> Iterator[Finding]:
     """With `dp: auto` the data-parallel degree is world / (tp x pp x cp); it must be a whole number >= 1."""
     p, d = ctx.plan, ctx.plan.degrees
@@ -44,7 +44,8 @@ def auto_dp_divides(ctx: Context) -> Iterator[Finding]:
                       f"choose tp*pp*cp in {choices(opts)}, or change the node count", ("parallel", key))
 
 
-@rule("DSF120", "an `auto` field the layout search cannot resolve", source="dsforge/compiler/search")
+@rule("DSF120", "an `auto` field the layout search cannot resolve", source="dsforge/compiler/search",
+      reads=("tp", "pp", "cp", "ep", "zero"))
 def other_auto(ctx: Context) -> Iterator[Finding]:
     """validate, explain and compile resolve `auto` with the layout search (dsforge/compiler/search) before the
     rules run, so a check meets `auto` only where no search ran (a job checked directly, without validate's
@@ -76,7 +77,8 @@ def _order_findings(ctx: Context, rule_id: str, fix: str) -> Iterator[Finding]:
         yield Finding(str(refusal), fix, ("parallel", "order"))
 
 
-@rule("DSF117", "parallel.order names each axis once, every axis above 1 included", source=MEGATRON_PS)
+@rule("DSF117", "parallel.order names each axis once, every axis above 1 included", source=MEGATRON_PS,
+      reads=("tp", "pp", "dp", "cp", "ep"))
 def order_valid(ctx: Context) -> Iterator[Finding]:
     """The order string lists the axes fastest-varying first (Megatron's RankGenerator), each once; it may
     omit axes of size 1 only (they are appended, as Megatron appends them), and dp counts as above 1 when
@@ -87,7 +89,8 @@ def order_valid(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF124", "pp is last in parallel.order unless the expert data-parallel size equals dp",
-      source="Megatron-LM megatron/core/parallel_state.py initialize_model_parallel (pp-last assertion)")
+      source="Megatron-LM megatron/core/parallel_state.py initialize_model_parallel (pp-last assertion)",
+      reads=("tp", "pp", "dp", "cp", "ep"))
 def order_pp_last(ctx: Context) -> Iterator[Finding]:
     """Megatron lays the expert layers out on a second grid over the same order (cp = 1, ep, dp*cp/ep) and
     asserts that the order ends with pp, or pp = 1, or dp*cp/ep = dp: otherwise the two grids can put the
@@ -99,7 +102,8 @@ def order_pp_last(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF125", "the expert and dense layers get the same pipeline groups",
-      source="Megatron-LM megatron/core/parallel_state.py initialize_model_parallel (pipeline-group assertion)")
+      source="Megatron-LM megatron/core/parallel_state.py initialize_model_parallel (pipeline-group assertion)",
+      reads=("tp", "pp", "dp", "cp", "ep"))
 def order_same_pipeline(ctx: Context) -> Iterator[Finding]:
     """With pp not last, the axes before pp have other sizes in the expert grid (cp = 1, ep, dp*cp/ep) than
     in the dense grid (cp, ep = 1, dp), so a stage's ranks would differ between expert and dense layers;
@@ -109,7 +113,7 @@ def order_same_pipeline(ctx: Context) -> Iterator[Finding]:
 
 @rule("DSF126", "MoE layers keep the dense tensor-parallel groups (no expert tensor parallelism)",
       source="Megatron-LM parallel_state.py expert RankGenerator (expert_tensor_parallel_size, MoE parallel "
-             "folding); dsforge/runtime/moe.py")
+             "folding); dsforge/runtime/moe.py", reads=("tp", "pp", "dp", "cp", "ep"))
 def order_expert_tp(ctx: Context) -> Iterator[Finding]:
     """With cp, ep or dp before tp in the order, Megatron's expert grid (cp = 1) gives the expert layers
     other tensor-parallel groups than the attention layers: expert tensor parallelism apart from tp, which
@@ -124,7 +128,7 @@ def order_expert_tp(ctx: Context) -> Iterator[Finding]:
         yield Finding(f"{p.expert_note}; the model has `moe:` layers", fix, ("parallel", "order"))
 
 
-@rule("DSF113", "ep divides the number of experts", source="deepspeed/moe/layer.py MoE.__init__")
+@rule("DSF113", "ep divides the number of experts", source="deepspeed/moe/layer.py MoE.__init__", reads=("ep",))
 def ep_divides_experts(ctx: Context) -> Iterator[Finding]:
     """Each expert-parallel rank holds experts/ep whole experts; DeepSpeed's MoE asserts
     `num_experts % ep_size == 0` when the model is built."""
@@ -137,7 +141,8 @@ def ep_divides_experts(ctx: Context) -> Iterator[Finding]:
 
 @rule("DSF114", "ep fits inside the data-parallel ranks (divides dp x cp)",
       source="deepspeed/utils/groups.py _create_expert_and_data_parallel; Megatron-Core parallel_state.py "
-      "initialize_model_parallel (world % (expert_tp x ep x pp), expert_tp = tp by default)")
+      "initialize_model_parallel (world % (expert_tp x ep x pp), expert_tp = tp by default)",
+      reads=("dp", "cp", "ep"))
 def ep_divides_dp(ctx: Context) -> Iterator[Finding]:
     """Expert parallelism reuses data-parallel (and context-parallel) ranks: ep must divide dp x cp.
     DeepSpeed checks `(world / pp) % ep_size` with a bare "is not divisible" only at initialize. Both
@@ -151,7 +156,7 @@ def ep_divides_dp(ctx: Context) -> Iterator[Finding]:
                   "of the data-parallel ranks", f"use ep in {choices(divisors(d.dp * d.cp))}", ("parallel", "ep"))
 
 
-@rule("DSF115", "ep > 1 needs a mixture-of-experts model", source="dsforge")
+@rule("DSF115", "ep > 1 needs a mixture-of-experts model", source="dsforge", reads=("ep",))
 def ep_without_moe(ctx: Context) -> Iterator[Finding]:
     """Expert parallelism shards experts; a dense model has none, so ep > 1 would only waste ranks."""
     d = ctx.plan.degrees
@@ -161,7 +166,8 @@ def ep_without_moe(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF109", "layers split over pp x virtual_stages", source="Narayanan et al. 2021 sec. 2.2; Megatron-LM "
-      "megatron/training/arguments.py (num_layers % pp, and per stage % vp, unless the ends are uneven)")
+      "megatron/training/arguments.py (num_layers % pp, and per stage % vp, unless the ends are uneven)",
+      reads=("pp", "virtual_stages", "schedule"))
 def layers_split(ctx: Context) -> Iterator[Finding]:
     """Every pipeline chunk needs at least one layer; the interleaved schedule needs an equal number of
     layers per chunk, and an uneven split elsewhere leaves the slowest stage setting the pace. By stack:
@@ -194,7 +200,7 @@ def layers_split(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF119", "an explicit partition lists layers per chunk and sums to the layers",
-      source="deepspeed/runtime/pipe/module.py PipelineModule._partition_layers")
+      source="deepspeed/runtime/pipe/module.py PipelineModule._partition_layers", reads=("pp", "virtual_stages"))
 def explicit_partition(ctx: Context) -> Iterator[Finding]:
     """`pipeline.partition` as a list gives the layer count of each pipeline chunk in order; it needs one
     entry per chunk (pp x virtual_stages) and must account for every layer exactly once."""
@@ -212,7 +218,7 @@ def explicit_partition(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF110", "sequence parallelism needs tp > 1", severity=Severity.WARNING,
-      source="Korthikanti et al. 2022 sec. 4.2.2")
+      source="Korthikanti et al. 2022 sec. 4.2.2", reads=("tp", "sequence_parallel"))
 def sp_without_tp(ctx: Context) -> Iterator[Finding]:
     """Megatron sequence parallelism splits the norm and dropout regions over the tensor-parallel group;
     with tp = 1 there is no group and the flag does nothing."""

@@ -12,7 +12,7 @@ from dsforge.diagnostics import Severity
 SHOEYBI = "Shoeybi et al. 2019 (Megatron-LM) sec. 3"
 
 
-@rule("DSF121", "hidden is a multiple of heads", source="Vaswani et al. 2017 (head_dim = hidden / heads)")
+@rule("DSF121", "hidden is a multiple of heads", source="Vaswani et al. 2017 (head_dim = hidden / heads)", reads=())
 def hidden_by_heads(ctx: Context) -> Iterator[Finding]:
     """Each attention head has hidden/heads channels; a remainder leaves channels no head owns (with a stated
     model.head_dim too: transformers' Llama and Mixtral configs refuse such a hidden size)."""
@@ -22,7 +22,7 @@ def hidden_by_heads(ctx: Context) -> Iterator[Finding]:
                       f"use heads in {choices(divisors(m.hidden, 256))}", ("model", "heads"))
 
 
-@rule("DSF122", "heads is a multiple of kv_heads", source="Ainslie et al. 2023 (GQA)")
+@rule("DSF122", "heads is a multiple of kv_heads", source="Ainslie et al. 2023 (GQA)", reads=())
 def heads_by_kv(ctx: Context) -> Iterator[Finding]:
     """Grouped-query attention shares each KV head among heads/kv_heads query heads."""
     m = ctx.plan.model
@@ -32,7 +32,7 @@ def heads_by_kv(ctx: Context) -> Iterator[Finding]:
                       f"use kv_heads in {choices(divisors(m.heads))}", ("model", "kv_heads"))
 
 
-@rule("DSF103", "tp divides heads", source=SHOEYBI)
+@rule("DSF103", "tp divides heads", source=SHOEYBI, reads=("tp",))
 def tp_divides_heads(ctx: Context) -> Iterator[Finding]:
     """Tensor parallelism splits attention by heads; each rank must own whole query heads."""
     d, m = ctx.plan.degrees, ctx.plan.model
@@ -41,7 +41,8 @@ def tp_divides_heads(ctx: Context) -> Iterator[Finding]:
                       f"use tp in {choices(divisors(m.heads, 64))}", ("parallel", "tp"))
 
 
-@rule("DSF104", "tp divides kv_heads, or KV replication is stated", source=SHOEYBI + "; Ainslie et al. 2023")
+@rule("DSF104", "tp divides kv_heads, or KV replication is stated", source=SHOEYBI + "; Ainslie et al. 2023",
+      reads=("tp",))
 def tp_divides_kv_heads(ctx: Context) -> Iterator[Finding]:
     """Each tensor-parallel rank must own whole KV heads. With tp > kv_heads the KV heads can instead be
     replicated (tp a multiple of kv_heads), which `parallel.replicate_kv_heads: true` states explicitly;
@@ -61,7 +62,7 @@ def tp_divides_kv_heads(ctx: Context) -> Iterator[Finding]:
                   fix, ("parallel", "tp"))
 
 
-@rule("DSF105", "tp divides ffn_hidden (and the expert FFN)", source=SHOEYBI)
+@rule("DSF105", "tp divides ffn_hidden (and the expert FFN)", source=SHOEYBI, reads=("tp",))
 def tp_divides_ffn(ctx: Context) -> Iterator[Finding]:
     """The MLP's first matrix is split by columns and the second by rows over tp ranks."""
     d, m = ctx.plan.degrees, ctx.plan.model
@@ -77,7 +78,7 @@ def tp_divides_ffn(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF106", "tp divides vocab, or vocabulary padding is stated", source="Megatron-LM "
-      "megatron/training/tokenizer (make-vocab-size-divisible-by); " + SHOEYBI)
+      "megatron/training/tokenizer (make-vocab-size-divisible-by); " + SHOEYBI, reads=("tp",))
 def tp_divides_vocab(ctx: Context) -> Iterator[Finding]:
     """The embedding and LM head are split by vocabulary rows over tp ranks; with a vocabulary that tp
     does not divide, pad it (`model.vocab_multiple_of`) as Megatron does."""
@@ -90,7 +91,7 @@ def tp_divides_vocab(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF107", "vocab is a multiple of 8", severity=Severity.INFO,
-      source="deepspeed/runtime/config.py _do_warning_check (vocabulary_size)")
+      source="deepspeed/runtime/config.py _do_warning_check (vocabulary_size)", reads=("tp",))
 def vocab_multiple_of_8(ctx: Context) -> Iterator[Finding]:
     """Tensor cores run the embedding and LM-head matmuls fastest with dimensions in multiples of 8;
     DeepSpeed logs the same warning."""
@@ -101,7 +102,8 @@ def vocab_multiple_of_8(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF111", "cp splits the sequence into 2 x cp load-balanced chunks",
-      source="Liu et al. 2023 (Ring Attention); Megatron-LM context parallelism (load-balanced causal chunks)")
+      source="Liu et al. 2023 (Ring Attention); Megatron-LM context parallelism (load-balanced causal chunks)",
+      reads=("tp", "cp", "cp_kind", "sequence_parallel"))
 def cp_divides_sequence(ctx: Context) -> Iterator[Finding]:
     """Ring context parallelism under a causal mask cuts the sequence into 2 x cp chunks and gives rank i
     chunks i and 2cp-1-i so every rank does equal work; seq_len must divide into those chunks (and by tp
@@ -119,7 +121,8 @@ def cp_divides_sequence(ctx: Context) -> Iterator[Finding]:
 
 @rule("DSF112", "Ulysses needs heads divisible by tp x cp, and whole or replicated KV heads",
       source="Jacobs et al. 2023 (DeepSpeed-Ulysses); deepspeed/sequence/layer.py _generate_layout_params; "
-      "deepspeed/runtime/sequence_parallel/ulysses_sp.py UlyssesSPAttentionHF.__init__")
+      "deepspeed/runtime/sequence_parallel/ulysses_sp.py UlyssesSPAttentionHF.__init__",
+      reads=("tp", "cp", "cp_kind"))
 def ulysses_heads(ctx: Context) -> Iterator[Finding]:
     """Ulysses swaps the sequence split for a head split with an all-to-all, so every context-parallel
     rank of a tensor-parallel shard needs whole query heads (heads divisible by tp x cp). KV heads may
@@ -146,7 +149,8 @@ def ulysses_heads(ctx: Context) -> Iterator[Finding]:
                       f"use seq_len={next_multiple(m.seq_len, d.cp)}", ("model", "seq_len"))
 
 
-@rule("DSF123", "sequence parallelism needs seq_len divisible by tp", source="Korthikanti et al. 2022 sec. 4.2.2")
+@rule("DSF123", "sequence parallelism needs seq_len divisible by tp", source="Korthikanti et al. 2022 sec. 4.2.2",
+      reads=("tp", "cp", "sequence_parallel"))
 def sp_divides_sequence(ctx: Context) -> Iterator[Finding]:
     """Sequence parallelism scatters each sequence over the tensor-parallel ranks in the norm regions."""
     d, m, par = ctx.plan.degrees, ctx.plan.model, ctx.spec.parallel
@@ -159,7 +163,8 @@ def sp_divides_sequence(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF116", "MoE routing fits: top_k <= experts, every <= layers, a top-1 Mixtral has ep 1",
-      source="Shazeer et al. 2017; deepspeed/moe/sharded_moe.py TopKGate.forward (top1/top2/topkgating)")
+      source="Shazeer et al. 2017; deepspeed/moe/sharded_moe.py TopKGate.forward (top1/top2/topkgating)",
+      reads=("ep",))
 def moe_top_k(ctx: Context) -> Iterator[Finding]:
     """A token cannot be routed to more experts than exist; an MoE interval longer than the model makes no
     layer an MoE layer. DeepSpeed 0.19.8's gate routes any top-k (top1gating, top2gating, and topkgating
@@ -194,7 +199,7 @@ ROUTED_ONLY_FAMILIES = ("mixtral", "qwen3_moe")
 SEQUENCE_PARALLEL_FAMILIES = ("gpt2", "llama", "mixtral")
 
 
-@rule("DSF150", "dropping tokens over capacity needs expert parallelism", source=MOE_SOURCE)
+@rule("DSF150", "dropping tokens over capacity needs expert parallelism", source=MOE_SOURCE, reads=("ep",))
 def drop_tokens_needs_ep(ctx: Context) -> Iterator[Finding]:
     """With ep = 1 the model's own HF MoE block routes every token to its experts (dropless); only
     DeepSpeed's gate, which dsforge runs for ep > 1, drops the tokens over an expert's capacity."""
@@ -206,7 +211,7 @@ def drop_tokens_needs_ep(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF151", "capacity_factor takes effect only when tokens are dropped", severity=Severity.WARNING,
-      source=MOE_SOURCE)
+      source=MOE_SOURCE, reads=())
 def capacity_unused(ctx: Context) -> Iterator[Finding]:
     """Dropless routing (drop_tokens: false) gives every expert the capacity of the busiest one, so a
     capacity_factor the job sets changes nothing that runs."""
@@ -218,7 +223,7 @@ def capacity_unused(ctx: Context) -> Iterator[Finding]:
                       ("model", "moe", "capacity_factor"))
 
 
-@rule("DSF152", "DeepSeek-V3's router has no expert-parallel twin in DeepSpeed", source=MOE_SOURCE)
+@rule("DSF152", "DeepSeek-V3's router has no expert-parallel twin in DeepSpeed", source=MOE_SOURCE, reads=("ep",))
 def deepseek_router(ctx: Context) -> Iterator[Finding]:
     """DeepSeek-V3 scores experts with a sigmoid plus a load-balancing bias and picks the top-k within the
     best expert groups; DeepSpeed's gate is a softmax top-k, so the expert-parallel layer would route
@@ -231,7 +236,7 @@ def deepseek_router(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF153", "MLA attention is replicated on every tensor-parallel rank", severity=Severity.WARNING,
-      source="dsforge/compiler/rewrite_policies.py DEEPSEEK_V3")
+      source="dsforge/compiler/rewrite_policies.py DEEPSEEK_V3", reads=("tp",))
 def mla_replicated(ctx: Context) -> Iterator[Finding]:
     """MLA (DeepSeek-V3) compresses keys and values into one low-rank latent shared by all heads, plus one
     rotary key shared by every head; the policy keeps the attention whole on every TP rank, which is exact
@@ -244,7 +249,7 @@ def mla_replicated(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF154", "sequence parallelism is implemented for gpt2, llama and mixtral",
-      source="dsforge/runtime/rewrite/sequence.py wrap_sequence_parallel")
+      source="dsforge/runtime/rewrite/sequence.py wrap_sequence_parallel", reads=("tp", "sequence_parallel"))
 def sequence_parallel_family(ctx: Context) -> Iterator[Finding]:
     """The sequence-parallel regions wrap each decoder block's attention and MLP; they were checked against
     the GPT-2, Llama (Mistral, Qwen2) and Mixtral forwards only, so other families refuse it."""
@@ -256,7 +261,7 @@ def sequence_parallel_family(ctx: Context) -> Iterator[Finding]:
                       ("parallel", "sequence_parallel"))
 
 
-@rule("DSF155", "moe.shared_experts matches the family", source="HF Qwen2MoeSparseMoeBlock, DeepseekV3MoE")
+@rule("DSF155", "moe.shared_experts matches the family", source="HF Qwen2MoeSparseMoeBlock, DeepseekV3MoE", reads=())
 def shared_experts_family(ctx: Context) -> Iterator[Finding]:
     """Qwen2-MoE and DeepSeek-V3 pass every token through shared experts beside the routed ones; Mixtral
     and Qwen3-MoE have none. The count decides the parameters and FLOPs explain reports."""
@@ -273,7 +278,7 @@ def shared_experts_family(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF156", "Gemma2's soft-capped attention has no context-parallel form",
-      source="HF Gemma2Attention (attn_logit_softcapping); dsforge/runtime/hf_attention.py")
+      source="HF Gemma2Attention (attn_logit_softcapping); dsforge/runtime/hf_attention.py", reads=("cp",))
 def gemma_softcap_cp(ctx: Context) -> Iterator[Finding]:
     """Gemma2 squashes every attention score through tanh (soft-capping) before the softmax; ring and Ulysses
     attention compute plain causal softmax attention, so the capping would be dropped."""

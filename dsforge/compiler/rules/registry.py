@@ -129,6 +129,11 @@ class Rule:
     why: str = ""
     exit_code: int = 1
     suppressible: bool = False
+    #: The layout-search fields (`search.space.Layout`'s names) whose values alone decide whether this check
+    #: reports an error, everything else of the job fixed; None: any field may. The search asks such a check
+    #: once per class of candidates equal in these fields, before estimating any of them
+    #: (tests/test_search_rule_classes.py runs each on whole spaces and finds one verdict per class).
+    reads: tuple[str, ...] | None = None
 
     @property
     def rationale(self) -> str:
@@ -162,13 +167,15 @@ def register(entry: Rule) -> Rule:
 
 
 def rule(rule_id: str, summary: str, *, severity: Severity = Severity.ERROR, source: str = "",
-         origin: str = "dsforge", phase: str = "validate", suppressible: bool = False) -> Callable[[Check], Check]:
-    """Register a check function under a stable id."""
+         origin: str = "dsforge", phase: str = "validate", suppressible: bool = False,
+         reads: tuple[str, ...] | None = None) -> Callable[[Check], Check]:
+    """Register a check function under a stable id (``reads``: the layout fields its verdict depends on)."""
 
     def wrap(fn: Check) -> Check:
         if _RULES.get(rule_id, None) is not None and _RULES[rule_id].check is fn:
             return fn
-        register(Rule(rule_id, severity, summary, source, fn, origin, phase, suppressible=suppressible))
+        register(Rule(rule_id, severity, summary, source, fn, origin, phase, suppressible=suppressible,
+                      reads=reads))
         return fn
 
     return wrap

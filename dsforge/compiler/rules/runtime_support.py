@@ -25,7 +25,8 @@ def _dsforge_runtime(ctx: Context) -> bool:
 
 
 @rule("DSF140", "dsforge's runtime does not combine context and pipeline parallelism",
-      source="dsforge.runtime.engine build_pipeline_module; dsforge/runtime/pipeline_stages.py DecoderStage")
+      source="dsforge.runtime.engine build_pipeline_module; dsforge/runtime/pipeline_stages.py DecoderStage",
+      reads=("cp", "pp"))
 def cp_with_pp(ctx: Context) -> Iterator[Finding]:
     """The pipeline stages pass only hidden states between them and number token positions from 0 in
     each stage, while ring and Ulysses attention need every rank's global positions and a causal mask over
@@ -41,7 +42,8 @@ def cp_with_pp(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF141", "pipeline parallelism needs a family the runtime can cut into stages",
-      source="dsforge/runtime/pipeline_stages.py STRUCTURES, layer_list; " + DS + "runtime/pipe/module.py")
+      source="dsforge/runtime/pipeline_stages.py STRUCTURES, layer_list; " + DS + "runtime/pipe/module.py",
+      reads=("pp",))
 def pipeline_family(ctx: Context) -> Iterator[Finding]:
     """For pp > 1 the runtime hands DeepSpeed a flat layer list (embedding, one entry per decoder layer,
     final norm and head), which it knows how to build for the families in its structure table only; for
@@ -56,7 +58,8 @@ def pipeline_family(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF142", "dsforge's runtime runs one model chunk per pipeline stage",
-      source="dsforge/runtime/pipeline_stages.py boundaries; " + DS + "runtime/pipe/module.py PipelineModule")
+      source="dsforge/runtime/pipeline_stages.py boundaries; " + DS + "runtime/pipe/module.py PipelineModule",
+      reads=("pp", "virtual_stages"))
 def one_chunk_per_stage(ctx: Context) -> Iterator[Finding]:
     """DeepSpeed's PipelineModule gives each stage one contiguous run of layers; interleaved model chunks
     (virtual_stages > 1, Narayanan et al. 2021 sec. 2.2) have no form there, so the runtime refuses them
@@ -70,7 +73,7 @@ def one_chunk_per_stage(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF143", "dsforge's runtime shards whole KV heads (no KV-head replication)",
-      source="dsforge/runtime/rewrite/apply.py _even; Ainslie et al. 2023 (GQA)")
+      source="dsforge/runtime/rewrite/apply.py _even; Ainslie et al. 2023 (GQA)", reads=("tp",))
 def replicated_kv_heads(ctx: Context) -> Iterator[Finding]:
     """`parallel.replicate_kv_heads: true` lets tp exceed kv_heads (each KV head copied onto tp/kv_heads
     ranks), which the cost model and DeepSpeed's AutoTP know; dsforge's tensor-parallel layers cut every

@@ -32,7 +32,7 @@ def _crossing(ctx: Context, kind: str, key: str) -> Iterator[Finding]:
 
 
 @rule("DSF401", "tensor parallelism stays inside a node", severity=Severity.WARNING,
-      source="Narayanan et al. 2021 sec. 3.2 (TP within a node, takeaway #1)")
+      source="Narayanan et al. 2021 sec. 3.2 (TP within a node, takeaway #1)", reads=("tp", "pp", "dp", "cp", "ep"))
 def tp_in_node(ctx: Context) -> Iterator[Finding]:
     """Tensor parallelism all-reduces activations twice per layer per direction; across nodes it runs at
     network rather than NVLink bandwidth and usually dominates the step."""
@@ -40,7 +40,8 @@ def tp_in_node(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF402", "context parallelism stays inside a node", severity=Severity.WARNING,
-      source="Liu et al. 2023 (Ring Attention): overlap needs block compute >= K/V transfer")
+      source="Liu et al. 2023 (Ring Attention): overlap needs block compute >= K/V transfer",
+      reads=("tp", "pp", "dp", "cp", "ep"))
 def cp_in_node(ctx: Context) -> Iterator[Finding]:
     """Ring attention hides the K/V transfer behind block compute only when the link is fast enough;
     across nodes the exchange is usually exposed."""
@@ -48,7 +49,8 @@ def cp_in_node(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF403", "expert parallelism crossing nodes is costed", severity=Severity.INFO,
-      source="Lepikhin et al. 2020 (GShard); Rajbhandari et al. 2022 (DeepSpeed-MoE)")
+      source="Lepikhin et al. 2020 (GShard); Rajbhandari et al. 2022 (DeepSpeed-MoE)",
+      reads=("tp", "pp", "dp", "cp", "ep"))
 def ep_in_node(ctx: Context) -> Iterator[Finding]:
     """Every MoE layer sends each token to its experts and back with all-to-alls; across nodes these run
     at network bandwidth. Common for large MoE runs, so reported as information."""

@@ -57,6 +57,10 @@ MAX_CANDIDATES = 500_000
 BOUND_SLACK = 1e-9
 
 Errors = Callable[[JobSpec, Plan], list[Diagnostic]]
+#: The fields of a degree combination (a skeleton) and of a memory group: a check that reads only these is asked
+#: once per skeleton or per group, before any candidate of it is bounded or estimated.
+SKELETON_FIELDS = frozenset({"tp", "pp", "dp", "cp", "ep", "zero", "nodes"})
+GROUP_FIELDS = SKELETON_FIELDS | {"sequence_parallel", "cp_kind", "schedule", "virtual_stages", "global_batch"}
 
 
 class SpaceTooLarge(ValueError):
@@ -151,15 +155,42 @@ def _model_seeded(spec: JobSpec, model: ResolvedModel, placements: dict[Any, Any
     return plan
 
 
-def rule_errors(job: LoadedJob, rules: list[Rule] | None = None) -> Errors:
-    """validate's checks (all but the memory rule, which the engine applies itself) as an error filter."""
-    chosen = [r for r in (rules if rules is not None else checks("validate")) if r.id != MEMORY_RULE]
+@dataclass(frozen=True)
+class RuleFilter:
+    """validate's checks as the search's error filter: the errors ``rules`` report for a candidate, after
+    ``keep`` (validate's selection and inline suppressions, which judge each diagnostic on its own, so a
+    subset of the rules reports exactly its share of the whole set's errors)."""
 
-    def errors(spec: JobSpec, plan: Plan) -> list[Diagnostic]:
-        found = run_rules(Context(spec, plan, job.source, job.raw), chosen)
+    job: LoadedJob
+    rules: tuple[Rule, ...]
+    keep: Callable[[list[Diagnostic]], list[Diagnostic]] | None = None
+
+    def __call__(self, spec: JobSpec, plan: Plan) -> list[Diagnostic]:
+        found = run_rules(Context(spec, plan, self.job.source, self.job.raw), list(self.rules))
+        if self.keep is not None:
+            found = self.keep(found)
         return [d for d in found if d.severity is Severity.ERROR]
 
-    return errors
+    def subset(self, rules: list[Rule]) -> RuleFilter:
+        """The same filter over some of its rules."""
+        return RuleFilter(self.job, tuple(rules), self.keep)
+
+
+def rule_errors(job: LoadedJob, rules: list[Rule] | None = None,
+                keep: Callable[[list[Diagnostic]], list[Diagnostic]] | None = None) -> RuleFilter:
+    """validate's checks (all but the memory rule, which the engine applies itself) as an error filter."""
+    chosen = [r for r in (rules if rules is not None else checks("validate")) if r.id != MEMORY_RULE]
+    return RuleFilter(job, tuple(chosen), keep)
+
+
+def rule_tier(rule: Rule) -> str | None:
+    """When the search can ask a check: "skeleton" (once per degree combination), "group" (once per memory
+    group), or None (per candidate, after its estimate: a check that does not say what it reads, or reads the
+    micro-batch or the recomputation)."""
+    if rule.reads is None:
+        return None
+    reads = set(rule.reads)
+    return "skeleton" if reads <= SKELETON_FIELDS else "group" if reads <= GROUP_FIELDS else None
 
 
 class _Search:
@@ -180,6 +211,17 @@ class _Search:
         self._placements: dict[Any, Any] = {}
         self._memo: dict[Any, Any] = {}  # the memory bound's shared inputs (bounds.edge_memory_bytes)
         self._count = 0
+        # the checks whose verdict a skeleton or a memory group decides are asked once for it, before any of its
+        # candidates is bounded; the others once per candidate that fits (exhaustive: all per candidate, the
+        # reference tests/test_search_exact.py compares with)
+        self.early: dict[str, Errors] = {}
+        self.late: Errors = errors
+        if isinstance(errors, RuleFilter) and not exhaustive:
+            tiers: dict[str | None, list[Rule]] = defaultdict(list)
+            for r in errors.rules:
+                tiers[rule_tier(r)].append(r)
+            self.early = {tier: errors.subset(rules) for tier, rules in tiers.items() if tier is not None}
+            self.late = errors.subset(tiers[None])
 
     def _groups(self) -> Iterator[list[Layout]]:
         """The candidates in memory groups: one degree combination with one SP, CP kind, schedule, chunk count
@@ -198,11 +240,32 @@ class _Search:
                 self.misses.append(Miss(first, "memory", f"model states alone need {_gb(states)} of "
                                                          f"{_gb(self.capacity)}", states / self.capacity))
                 continue
+            members = [first, *children]
+            if "skeleton" in self.early and self._class_refused(first, self.early["skeleton"], len(members)):
+                continue
             groups: dict[tuple[Any, ...], list[Layout]] = defaultdict(list)
-            for lay in (first, *children):
+            for lay in members:
                 groups[(lay.sequence_parallel, lay.cp_kind, lay.schedule, lay.virtual_stages,
                         lay.global_batch)].append(lay)
-            yield from groups.values()
+            for group in groups.values():
+                if "group" not in self.early or not self._class_refused(group[0], self.early["group"], len(group)):
+                    yield group
+
+    def _class_refused(self, lay: Layout, errors: Errors, size: int) -> bool:
+        """True (and its ``size`` members counted under each id found, ``lay`` kept as the miss) when the checks
+        of a class find an error for its first member, so for every member (`rule_tier`)."""
+        found = errors(*self._spec_plan(lay))
+        if not found:
+            return False
+        self.funnel.considered += size
+        for rid in sorted({d.rule for d in found}):
+            self.funnel.removed[rid] += size
+        self._keep_miss(Miss(lay, found[0].rule, found[0].message))
+        return True
+
+    def _spec_plan(self, lay: Layout) -> tuple[JobSpec, Plan]:
+        plan = self._plan(lay)
+        return plan.spec, plan
 
     def _plan(self, lay: Layout) -> Plan:
         return _model_seeded(apply_layout(self.spec, lay), self.model, self._placements)
@@ -316,7 +379,10 @@ class _Search:
 
     def _miss(self, lay: Layout, reason: str, detail: str, utilization: float | None = None) -> None:
         self.funnel.removed[reason] += 1
-        self.misses.append(Miss(lay, reason, detail, utilization))
+        self._keep_miss(Miss(lay, reason, detail, utilization))
+
+    def _keep_miss(self, miss: Miss) -> None:
+        self.misses.append(miss)
         if len(self.misses) > 4096:  # keep the closest: memory misses by utilization, then the first of each rule
             self.misses.sort(key=lambda m: (m.utilization is None, m.utilization or 0.0))
             del self.misses[2048:]
@@ -365,14 +431,15 @@ class _Search:
             return None
         return mem
 
-    def _rules_pass(self, lay: Layout, plan: Plan) -> bool:
-        """validate's rules: False (and counted under each id found) when any reports an error."""
-        found = self.errors(plan.spec, plan)
+    def _rules_pass(self, lay: Layout, plan: Plan, every: bool = False) -> bool:
+        """validate's rules (those not asked of its class already, unless ``every``): False (and counted under
+        each id found) when any reports an error."""
+        found = (self.errors if every else self.late)(plan.spec, plan)
         if not found:
             return True
         for rid in sorted({d.rule for d in found}):
             self.funnel.removed[rid] += 1
-        self.misses.append(Miss(lay, found[0].rule, found[0].message))
+        self._keep_miss(Miss(lay, found[0].rule, found[0].message))
         return False
 
     def run(self, until: tuple[Any, ...] | None = None) -> tuple[list[Evaluated], list[Evaluated]]:
@@ -481,7 +548,7 @@ class _Search:
             got = self._level0(lay)
             got1 = self._level1(lay, got[1]) if got is not None else None
             mem = self._memory(lay, got[1]) if got is not None and got1 is not None else None
-            if got is None or mem is None or not self._rules_pass(lay, got[1]):
+            if got is None or mem is None or not self._rules_pass(lay, got[1], every=True):
                 return self.misses[-1]
             plan = got[1]
             step = estimate_step(plan)

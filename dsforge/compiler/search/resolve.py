@@ -8,10 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsforge.compiler.parse import LoadedJob
-from dsforge.compiler.plan import Plan
-from dsforge.compiler.rules.registry import Context, checks, run_rules
-from dsforge.compiler.schema import JobSpec
-from dsforge.compiler.search.engine import MEMORY_RULE, Evaluated, SearchResult, SpaceTooLarge, search
+from dsforge.compiler.search.engine import (
+    Evaluated,
+    RuleFilter,
+    SearchResult,
+    SpaceTooLarge,
+    rule_errors,
+    search,
+)
 from dsforge.compiler.search.space import auto_keys, is_auto, options, value_at
 from dsforge.compiler.suppress import Selection, apply
 from dsforge.diagnostics import Diagnostic, Severity
@@ -51,16 +55,13 @@ def unresolvable(job: LoadedJob) -> list[Diagnostic]:
     return out
 
 
-def rule_filter(job: LoadedJob, selection: Selection) -> Any:
+def rule_filter(job: LoadedJob, selection: Selection) -> RuleFilter:
     """validate's checks under validate's selection and inline comments, as the engine's error filter."""
-    chosen = [r for r in checks("validate") if r.id != MEMORY_RULE]
 
-    def errors(spec: JobSpec, plan: Plan) -> list[Diagnostic]:
-        found = run_rules(Context(spec, plan, job.source, job.raw), chosen)
-        kept = apply(found, selection, job.source.ignores, notes=False).diagnostics
-        return [d for d in kept if d.severity is Severity.ERROR]
+    def keep(found: list[Diagnostic]) -> list[Diagnostic]:
+        return apply(found, selection, job.source.ignores, notes=False).diagnostics
 
-    return errors
+    return rule_errors(job, keep=keep)
 
 
 def _lacks(result: SearchResult) -> str:
