@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from dsforge.compiler.estimate.memory import estimate_memory
 from dsforge.compiler.estimate.steptime import estimate_step
 from dsforge.compiler.validate import validate_file
+from dsforge.search_verify import spearman
 
 #: name -> (ranks, parallel, training overrides): dp, tp, pp, ZeRO 0-3, recompute, micro-batch sizes
 LAYOUTS: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {
@@ -90,27 +91,6 @@ def measure(path: Path, out: Path) -> tuple[float, float]:
     report = json.loads((out / "memory_report.json").read_text(encoding="utf-8"))
     peaks = [r["measured"]["peak"] for r in report["ranks"] if "measured" in r]
     return report["step_seconds_mean"], max(peaks) if peaks else float("nan")
-
-
-def spearman(xs: list[float], ys: list[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=v.__getitem__)
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(v):
-            j = i
-            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
-    return cov / var if var else float("nan")
 
 
 def main() -> None:
