@@ -106,6 +106,21 @@ def measure_activations(tp: int, recompute: str, dtype: torch.dtype) -> dict[str
     return saved.by_region()
 
 
+def record_blocks(saved: SavedTensors, layers: Any) -> None:
+    """Count what the decoder layers save as region "blocks": entered before the first layer's forward, left
+    after the last's."""
+    blocks = saved.record("blocks")
+
+    def enter(*_: Any) -> None:  # hooks must return None (a forward hook's value replaces the output)
+        blocks.__enter__()
+
+    def leave(*_: Any) -> None:
+        blocks.__exit__(None, None, None)
+
+    layers[0].register_forward_pre_hook(enter)
+    layers[-1].register_forward_hook(leave)
+
+
 def measure_hf(preset: str, dtype: torch.dtype) -> dict[str, int]:
     """Saved bytes of one forward of the HF model dsforge's runtime builds for a preset (tp 1), split into
     the decoder layers ("blocks") and everything else ("outside": embedding, final norm, head, loss)."""
@@ -117,16 +132,7 @@ def measure_hf(preset: str, dtype: torch.dtype) -> dict[str, int]:
     model = build_model(spec, device="cpu", seed=0).to(dtype).train()
     layers = model.model.layers if hasattr(model, "model") else model.transformer.h
     saved = SavedTensors(model.parameters())
-    blocks = saved.record("blocks")
-
-    def enter(*_: Any) -> None:  # hooks must return None (a forward hook's value replaces the output)
-        blocks.__enter__()
-
-    def leave(*_: Any) -> None:
-        blocks.__exit__(None, None, None)
-
-    layers[0].register_forward_pre_hook(enter)
-    layers[-1].register_forward_hook(leave)
+    record_blocks(saved, layers)
     idx, _ = batch(2)
     with saved.record("outside"):
         loss = model(idx, labels=idx).loss
@@ -186,16 +192,7 @@ def measure_runtime(text: str) -> dict[str, int]:
         idx, targets = shard_sequence(idx, me, cp), shard_sequence(targets, me, cp)
     layers = model.model.layers
     saved = SavedTensors(model.parameters())
-    blocks = saved.record("blocks")
-
-    def enter(*_: Any) -> None:  # hooks must return None (a forward hook's value replaces the output)
-        blocks.__enter__()
-
-    def leave(*_: Any) -> None:
-        blocks.__exit__(None, None, None)
-
-    layers[0].register_forward_pre_hook(enter)
-    layers[-1].register_forward_hook(leave)
+    record_blocks(saved, layers)
     with saved.record("outside"):
         loss = task(idx, targets, pos)
     loss.backward()
