@@ -87,7 +87,14 @@ def test_a_preset_value_that_contradicts_points_at_the_preset(tmp_path: Path) ->
     (llama_config(head_dim=0), "model.safetensors", "DSF012", "head_dim is 0"),
     (llama_config(attention_bias=True), "model.safetensors", "DSF012", "attention_bias"),
     (llama_config(mlp_bias=True), "model.safetensors", "DSF012", "mlp_bias"),
-    (llama_config(use_sliding_window=True, sliding_window=16), "model.safetensors", "DSF012", "sliding-window"),
+    (llama_config(model_type="qwen2", use_sliding_window=True, sliding_window=16), "model.safetensors", "DSF012",
+     "sliding_window 16 is shorter than model.seq_len 64 (config.json's max_position_embeddings"),
+    (llama_config(model_type="mistral", sliding_window=63), "model.safetensors", "DSF012",
+     "sliding_window 63 is shorter than model.seq_len 64"),
+    (llama_config(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.1),
+     "model.safetensors", "DSF015", "router_jitter_noise is 0.1"),
+    (llama_config(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, output_router_logits=True,
+                  router_aux_loss_coef=0.02), "model.safetensors", "DSF015", "router_aux_loss_coef 0.02"),
     (llama_config(hidden_act="gelu"), "model.safetensors", "DSF012", "SwiGLU"),
     (llama_config(num_hidden_layers="4"), "model.safetensors", "DSF012", "num_hidden_layers"),
     (llama_config(), None, "DSF014", "holds no weights"),
@@ -199,13 +206,78 @@ def test_any_stated_value_is_kept_when_equal_and_refused_when_not(key: str, delt
         assert problems[0][0] == (key,) and str(found[key]) in problems[0][1] and str(found[key] + delta) in problems[0][1]
 
 
-def test_gpt2_config_and_the_mixtral_refusal() -> None:
+def test_gpt2_config() -> None:
     gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, "vocab_size": 256}
     keys = model_keys(gpt2, Path("c"))
     assert keys["arch"] == "gpt2" and keys["ffn_hidden"] == 256 and keys["tied_embeddings"] is True
     assert keys["position"] == "learned" and keys["seq_len"] == 64
-    mix = llama_config(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)
-    with pytest.raises(PretrainedError, match="Mixtral checkpoints are not loaded yet"):
-        model_keys(mix, Path("c"))
     with pytest.raises(PretrainedError):
         model_keys({**gpt2, "activation_function": "relu"}, Path("c"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(experts=st.integers(1, 256), top_k=st.integers(1, 8), ffn=st.integers(1, 50_000), tied=st.booleans(),
+       aux=st.floats(0, 1), logits=st.booleans())
+def test_mixtral_config_fills_the_moe_section(experts: int, top_k: int, ffn: int, tied: bool, aux: float,
+                                              logits: bool) -> None:
+    """Experts, top-k and the expert width come from config.json; the aux loss is refused only when HF adds it."""
+    cfg = llama_config(model_type="mixtral", num_local_experts=experts, num_experts_per_tok=top_k,
+                       intermediate_size=ffn, tie_word_embeddings=tied, router_aux_loss_coef=aux,
+                       output_router_logits=logits, router_jitter_noise=0.0, sliding_window=None)
+    if logits and aux != 0:
+        with pytest.raises(PretrainedError, match="output_router_logits") as err:
+            model_keys(cfg, Path("c"))
+        assert err.value.rule == "DSF015"
+        return
+    keys = model_keys(cfg, Path("c"))
+    assert keys == {"arch": "mixtral", "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16,
+                    "qkv_bias": False, "ffn_hidden": ffn, "vocab": 256, "seq_len": 64, "tied_embeddings": tied,
+                    "activation": "swiglu", "position": "rope",
+                    "moe": {"experts": experts, "top_k": top_k, "ffn_hidden": ffn, "every": 1}}
+
+
+def test_a_mixtral_checkpoint_validates_under_expert_parallelism(tmp_path: Path) -> None:
+    cfg = llama_config(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
+                       router_jitter_noise=0.0, output_router_logits=False, router_aux_loss_coef=0.02)
+    checkpoint_dir(tmp_path, cfg)
+    path = job_file(tmp_path, {"pretrained": "ckpt", "seq_len": 32})
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    path.write_text(yaml.safe_dump({**doc, "parallel": {"ep": 2}}, sort_keys=False), encoding="utf-8")
+    job, diags = load_job(path)
+    assert job is not None, diags
+    m = job.spec.model
+    assert m.arch == "mixtral" and m.moe is not None and (m.moe.experts, m.moe.top_k, m.moe.ffn_hidden) == (4, 2, 128)
+    assert rules_of(path) == []
+    path.write_text(path.read_text(encoding="utf-8").replace("seq_len: 32", "seq_len: 32\n  moe: {top_k: 1}"))
+    found = rules_of(path)
+    assert [r for r, _ in found] == ["DSF013"] and "model.moe.top_k 1" in found[0][1]
+
+
+@settings(max_examples=80, deadline=None)
+@given(window=st.integers(1, 256), seq_len=st.none() | st.integers(1, 128),
+       family=st.sampled_from(["mistral", "mixtral", "qwen2", "qwen2-off", "qwen2-layer-types", "llama"]))
+def test_a_sliding_window_is_refused_only_where_it_bites(tmp_path_factory: pytest.TempPathFactory, window: int,
+                                                         seq_len: int | None, family: str) -> None:
+    """Accepted (a DSF016 note) when the window covers seq_len (config.json's 128 when unstated), DSF012 when
+    shorter; Qwen2 windows only with use_sliding_window or a sliding layer, Llama never."""
+    tmp = tmp_path_factory.mktemp("window")
+    extra: dict[str, Any] = {"sliding_window": window, "max_position_embeddings": 128}
+    mtype = family.split("-")[0]
+    if family == "qwen2":
+        extra["use_sliding_window"] = True
+    elif family == "qwen2-layer-types":
+        extra["layer_types"] = ["full_attention", "sliding_attention", "full_attention", "full_attention"]
+    if mtype == "mixtral":
+        extra |= {"num_local_experts": 4, "num_experts_per_tok": 2}
+    checkpoint_dir(tmp, llama_config(model_type=mtype, **extra))
+    found = rules_of(job_file(tmp, {"pretrained": "ckpt", **({} if seq_len is None else {"seq_len": seq_len})}))
+    applies = family not in ("qwen2-off", "llama")
+    length = 128 if seq_len is None else seq_len
+    if not applies:
+        assert found == []
+    elif window >= length:
+        assert [r for r, _ in found] == ["DSF016"] and f"sliding_window {window} covers model.seq_len {length}" \
+            in found[0][1]
+    else:
+        assert [r for r, _ in found] == ["DSF012"], found
+        assert f"sliding_window {window} is shorter than model.seq_len {length}" in found[0][1]

@@ -59,8 +59,8 @@ BY_RULE: dict[str, tuple[str, ...]] = {
     "recompute.py:apply_recompute:RecomputeError": ("DSF607",),  # a factory model without decoder layers
     "hf_attention.py:install_context_parallel:ContextParallelError": ("DSF023",),  # also a factory model's
     # soft-capping, a sliding window shorter than the sequence, attention dropout under cp > 1: read from the model
-    # compile builds on the meta device (DSF144; Gemma2 at validate, DSF156), refused again when each rank starts
-    "hf_attention.py:check_plain_causal:ContextParallelError": ("DSF144", "DSF156"),
+    # compile builds on the meta device (DSF144), refused again when each rank starts
+    "hf_attention.py:check_plain_causal:ContextParallelError": ("DSF144",),
 }
 
 #: Refusals no job layout causes, and why.
@@ -107,6 +107,10 @@ NOT_A_LAYOUT: dict[str, str] = {
     "materialize.py:materialize:MaterializeError": "programming error: a slice of another shape than planned",
     "materialize.py:check_real:MaterializeError": "programming error: a parameter left on the meta device",
     "pretrained.py:__init__:PretrainedLoadError": "checkpoint content: model.pretrained unreadable (DSF011-DSF014)",
+    "pretrained.py:resolve:PretrainedLoadError": "checkpoint content: an expert missing from the per-expert tensors "
+                                                 "(DSF640)",
+    "pretrained.py:_read_stacked:PretrainedLoadError": "programming error: a cut of an expert stack the build "
+                                                       "never plans",
     "precision.py:match_precision:PrecisionError": "model content: weights of a dtype the job cannot train",
     "materialize.py:submodule:AttributeError": "programming error: a module the build did not plan",
     "export.py:_checkpoint:ExportError": "`dsforge export`, not a training start: the checkpoint directory's state",
@@ -250,6 +254,12 @@ def test_attention_context_parallelism_would_change_is_refused_at_compile_and_at
         with pytest.raises(ContextParallelError, match="sliding window of 8 tokens"):
             check_plain_causal(build_model(job.spec.model, "meta"), job.spec.model.seq_len)
     rules, _ = compiled({**FAMILY_JOBS["mistral"], "seq_len": 8}, "mistral-in-window")
+    assert "DSF144" not in rules and not [r for r in rules if r.startswith("DSF6")], rules
+    # Gemma2 is refused for what its config does (soft-capping, its window of 8), not for being Gemma2
+    rules, messages = compiled(FAMILY_JOBS["gemma2"], "gemma2")
+    assert "DSF144" in rules and "soft-capped attention scores (attn_logit_softcapping=5.0)" in messages[0], messages
+    plain = {**FAMILY_JOBS["gemma2"], "factory": "tests.runtime_rewrite.families:gemma2_plain_attention"}
+    rules, _ = compiled(plain, "gemma2-plain")
     assert "DSF144" not in rules and not [r for r in rules if r.startswith("DSF6")], rules
     rules, _ = compiled(FAMILY_JOBS["qwen3"], "qwen3")
     assert "DSF144" not in rules, rules

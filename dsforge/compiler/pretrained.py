@@ -8,10 +8,14 @@ explain and compile plan a 70B checkpoint in milliseconds; the runtime (dsforge.
 reads each rank's slices of the weights.
 
 Supported families are those whose HF modules the rewrite policies place and whose tensors the
-runtime reads as stored: llama, mistral and qwen2 (the `llama` policy: the same module names;
-qwen2's q/k/v biases are cut with their weights, and stated as model.qkv_bias) and gpt2. A head_dim
-other than hidden / heads (Qwen3-style widths) fills model.head_dim. Mixtral's config is read, but its
-per-expert checkpoint tensors are refused (DSF012) until the runtime stacks them.
+runtime reads: llama, mistral and qwen2 (the `llama` policy: the same module names; qwen2's q/k/v
+biases are cut with their weights, and stated as model.qkv_bias), gpt2, and mixtral (its per-expert
+tensors are read as the stacks transformers builds of them, each rank only its experts'; see
+dsforge.runtime.pretrained). A head_dim other than hidden / heads (Qwen3-style widths) fills
+model.head_dim. A sliding window is accepted where it does not bite: when it covers model.seq_len,
+attention over the sequence is exactly full causal attention (DSF016 says so); a shorter window is
+refused (DSF012). A Mixtral router that trains otherwise than dsforge's MoE layers (jitter noise, an
+auxiliary loss added to the loss) is refused (DSF015).
 """
 
 from __future__ import annotations
@@ -125,12 +129,9 @@ def model_keys(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
                               "model.factory with `rewrite:` rules for another")
     arch = FAMILIES[str(mtype)]
     if arch == "mixtral":
-        # transformers writes Mixtral's experts one tensor per expert (w1/w2/w3) and stacks them on load; the
-        # runtime's sliced reads address the stacked tensors, so such a checkpoint would not load.
-        raise PretrainedError("DSF012", f"{path}: Mixtral checkpoints are not loaded yet (their per-expert tensors "
-                              "are stacked by transformers on load, which dsforge's sliced reads do not do)",
-                              "fine-tune a dense checkpoint (llama, mistral, qwen2, gpt2), or train Mixtral from "
-                              "the seed with the model keys")
+        router = router_problem(cfg)
+        if router is not None:
+            raise PretrainedError("DSF015", f"{path}: {router[0]}", router[1])
     unsupported = _unsupported(cfg, str(mtype))
     if unsupported:
         raise PretrainedError("DSF012", f"{path}: {unsupported}; dsforge's model keys cannot describe it exactly",
@@ -171,10 +172,49 @@ def model_keys(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
     return keys
 
 
+def router_problem(cfg: dict[str, Any]) -> tuple[str, str] | None:
+    """(what, fix) for a Mixtral router setting under which HF would train otherwise than dsforge does, if any.
+
+    dsforge's MoE layers (HF's own block at ep 1, DeepSpeed's gate under ep > 1: dsforge.runtime.moe)
+    route without noise and train on the language-model loss alone; HF multiplies the router's input by
+    uniform noise in training when router_jitter_noise > 0, and adds router_aux_loss_coef x the
+    load-balancing loss when output_router_logits is true. Mixtral has no capacity: both are dropless.
+    """
+    jitter = cfg.get("router_jitter_noise", 0.0)
+    if not isinstance(jitter, (int, float)) or isinstance(jitter, bool) or jitter != 0:
+        return ((f"router_jitter_noise is {jitter!r}: HF multiplies each router input by random noise in training, "
+                 "which dsforge's MoE layers do not (their routing is exact and repeatable)"),
+                "set router_jitter_noise to 0.0 in a copy of config.json (Mixtral's own checkpoints use 0.0)")
+    coef = cfg.get("router_aux_loss_coef", 0.0)
+    if cfg.get("output_router_logits") and coef != 0:
+        return ((f"output_router_logits is true with router_aux_loss_coef {coef!r}: HF adds that multiple of the "
+                 "load-balancing loss to the training loss, dsforge trains on the language-model loss alone"),
+                "set output_router_logits to false in a copy of config.json (as Mixtral's own checkpoints do)")
+    return None
+
+
+def sliding_window(cfg: dict[str, Any]) -> int | None:
+    """The sliding window (tokens a query sees, itself included) config.json's attention applies, None if none.
+
+    Mistral and Mixtral window every layer when ``sliding_window`` is set; Qwen2 only with
+    ``use_sliding_window`` (or a ``layer_types`` entry ``sliding_attention``), whatever ``sliding_window`` says.
+    A value that is not a positive integer is returned as 0, which no sequence fits.
+    """
+    mtype = cfg.get("model_type")
+    window = cfg.get("sliding_window")
+    if mtype == "qwen2":
+        layer_types = cfg.get("layer_types")
+        used = bool(cfg.get("use_sliding_window")) or (
+            isinstance(layer_types, list) and "sliding_attention" in layer_types)
+    else:
+        used = mtype in ("mistral", "mixtral") or bool(cfg.get("use_sliding_window"))
+    if not used or window is None:
+        return None
+    return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 0
+
+
 def _unsupported(cfg: dict[str, Any], mtype: str) -> str | None:
     """A config feature the job's model keys (and so the estimates and the plan) cannot state, if any."""
-    if cfg.get("use_sliding_window") or (mtype == "mistral" and cfg.get("sliding_window")):
-        return f"sliding-window attention (sliding_window {cfg.get('sliding_window')})"
     if int(cfg.get("pretraining_tp", 1) or 1) != 1:
         return f"pretraining_tp {cfg.get('pretraining_tp')} (Llama's sliced linear layers)"
     if mtype == "llama" and cfg.get("attention_bias"):
@@ -190,7 +230,8 @@ def _unsupported(cfg: dict[str, Any], mtype: str) -> str | None:
 _AT_MOST = {"seq_len"}
 
 
-def _contradictions(stated: dict[str, Any], found: dict[str, Any], cfg_name: str) -> list[tuple[tuple[str, ...], str]]:
+def _contradictions(stated: dict[str, Any], found: dict[str, Any], cfg_name: str,
+                    section: str = "model") -> list[tuple[tuple[str, ...], str]]:
     """(key path, sentence) for each stated key whose value differs from config.json's."""
     out: list[tuple[tuple[str, ...], str]] = []
     for key, want in found.items():
@@ -200,21 +241,22 @@ def _contradictions(stated: dict[str, Any], found: dict[str, Any], cfg_name: str
         if key == "moe":
             if not isinstance(have, dict):
                 continue
-            out += [(("moe", *p), s) for p, s in _contradictions(have, want, cfg_name)]
+            out += [(("moe", *p), s) for p, s in _contradictions(have, want, cfg_name, f"{section}.moe")]
             continue
         if key == "arch" and have == "auto":
             continue
         if key in _AT_MOST and isinstance(have, int) and not isinstance(have, bool):
             if found.get("position") == "learned" and have != want:
-                out.append(((key,), f"model.{key} {have} contradicts {cfg_name}: the checkpoint's learned position "
-                                    f"table has {want} rows (n_positions)"))
+                out.append(((key,), (f"{section}.{key} {have} contradicts {cfg_name}: the checkpoint's learned "
+                                     f"position table has {want} rows (n_positions)")))
             elif have > want:
-                out.append(((key,), f"model.{key} {have} contradicts {cfg_name}: max_position_embeddings is {want}"))
+                out.append(((key,), (f"{section}.{key} {have} contradicts {cfg_name}: max_position_embeddings "
+                                     f"is {want}")))
             continue
         if have != want:
-            out.append(((key,), f"model.{key} {have!r} contradicts {cfg_name}, which says {want!r}"))
+            out.append(((key,), f"{section}.{key} {have!r} contradicts {cfg_name}, which says {want!r}"))
     if "moe" in stated and stated["moe"] is not None and "moe" not in found:
-        out.append((("moe",), f"model.moe is set but {cfg_name} describes a dense model"))
+        out.append((("moe",), f"{section}.moe is set but {cfg_name} describes a dense model"))
     return out
 
 
@@ -253,6 +295,16 @@ def expand_pretrained(data: dict[str, Any], raw: dict[str, Any], smap: SourceMap
             filled["moe"] = {**moe, **value}
         elif value is not None or key not in found:
             filled[key] = value
+    window, seq_len = sliding_window(cfg), filled.get("seq_len")
+    if window is not None and isinstance(seq_len, int) and window < seq_len:
+        stated = _written(written, ("seq_len",))
+        loc = smap.locate(("model", "seq_len"), value=True) if stated else where
+        said = "" if stated else " (config.json's max_position_embeddings: the job states no seq_len)"
+        return data, [Diagnostic("DSF012", Severity.ERROR, f"{directory / CONFIG}: sliding_window {window} is "
+                                 f"shorter than model.seq_len {seq_len}{said}: each token would attend to only the last {window}, "
+                                 "which the job's model keys (estimates, context parallelism) cannot state", loc,
+                                 f"set model.seq_len to at most {window}: the window then covers the whole sequence "
+                                 "and attention is exactly full causal attention", ("model", "seq_len"))]
     return {**data, "model": filled}, []
 
 

@@ -5,8 +5,12 @@ named by the dense parameter they cut (dsforge.runtime.weights_io). Export assem
 tensors from them (TP cuts of fused and unfused weights, pipeline stages, experts, ZeRO-3 partitions
 gathered at save, tied weights once), checks that they are exactly the parameters of the job's
 dense model, and writes config.json and model.safetensors that ``from_pretrained`` loads: the
-model the parallel run trained, in the dtype it trained in. The directory appears whole or not at
-all, as `dsforge compile` writes a job directory (dsforge.compiler.emit.writer).
+model the parallel run trained, in the dtype it trained in. MoE experts are written as
+``save_pretrained`` writes them (one tensor per expert and projection: Mixtral's
+``block_sparse_moe.experts.E.w1/w2/w3``), not as the stacks the transformers 5 model holds, so the
+directory is what the checkpoint's other readers expect (and `model.pretrained` reads it back). The
+directory appears whole or not at all, as `dsforge compile` writes a job directory
+(dsforge.compiler.emit.writer).
 """
 
 from __future__ import annotations
@@ -101,6 +105,46 @@ def export_checkpoint(job_dir: str | os.PathLike[str], out: str | os.PathLike[st
                     ", ".join(dtypes))
 
 
+#: model_type -> (the block name on disk for the model's ``mlp``, the per-expert names of the stacked gate_up rows,
+#: of down_proj): the inverse of transformers 5's load-time conversion (transformers/conversion_mapping.py).
+ON_DISK_EXPERTS: dict[str, tuple[str, tuple[str, str], str]] = {
+    "mixtral": ("block_sparse_moe", ("w1", "w3"), "w2"),
+    "qwen2_moe": ("mlp", ("gate_proj", "up_proj"), "down_proj"),
+    "qwen3_moe": ("mlp", ("gate_proj", "up_proj"), "down_proj"),
+}
+
+
+def on_disk(dense: dict[str, Any], model_type: str | None) -> dict[str, Any]:
+    """The dense state dict under the names and shapes ``save_pretrained`` writes for ``model_type``.
+
+    The model's ``<block>.mlp.experts.gate_up_proj`` [E, 2F, H] becomes E gate and E up tensors of [F, H]
+    (the first F rows are the gate, as transformers concatenates them), ``down_proj`` [E, H, F] E tensors;
+    Mixtral's router and experts live under ``block_sparse_moe``. Other families are returned as they are.
+    """
+    layout = ON_DISK_EXPERTS.get(model_type or "")
+    if layout is None:
+        return dense
+    block_name, (gate, up), down = layout
+    out: dict[str, Any] = {}
+    for name, tensor in dense.items():
+        head, sep, tail = name.partition(".mlp.")
+        if not sep or not tail.startswith(("experts.", "gate.")):
+            out[name] = tensor
+            continue
+        block = f"{head}.{block_name}"
+        if tail == "experts.gate_up_proj":
+            half = tensor.shape[1] // 2
+            for e in range(tensor.shape[0]):
+                out[f"{block}.experts.{e}.{gate}.weight"] = tensor[e, :half]
+                out[f"{block}.experts.{e}.{up}.weight"] = tensor[e, half:]
+        elif tail == "experts.down_proj":
+            for e in range(tensor.shape[0]):
+                out[f"{block}.experts.{e}.{down}.weight"] = tensor[e]
+        else:
+            out[f"{block}.{tail}"] = tensor
+    return out
+
+
 def _write_hf(tmp: Path, job: Any, dense: dict[str, Any], dtypes: list[str], source: Path, step: int) -> None:
     """config.json, model.safetensors and a note of where they came from, into ``tmp``."""
     from safetensors.torch import save_file
@@ -112,7 +156,9 @@ def _write_hf(tmp: Path, job: Any, dense: dict[str, Any], dtypes: list[str], sou
         cfg.dtype = dtypes[0]
     cfg.architectures = [type(cfg).__name__.replace("Config", "ForCausalLM")]
     cfg.save_pretrained(str(tmp))
-    save_file({k: v.contiguous() for k, v in dense.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    tensors = on_disk(dense, getattr(cfg, "model_type", None))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
+              metadata={"format": "pt"})
     d = job.degrees
     note = {"job": job.plan.spec.name, "checkpoint": str(source), "step": step,
             "layout": {k: getattr(d, k) for k in ("tp", "pp", "dp", "cp", "ep")}, "zero": job.plan.zero,

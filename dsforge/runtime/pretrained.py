@@ -5,6 +5,15 @@ safetensors' ``get_slice`` reads only those bytes (a torch ``.bin`` is memory-ma
 pages of the slice are touched). Every request is recorded (``reads``; with ``DSFORGE_READ_LOG``
 set, appended to that file as JSON lines), which is how the tests prove that no rank read a slice
 it does not own. Tensors come back in their stored dtype; the caller converts them.
+
+MoE checkpoints store each expert's projections as tensors of their own (Mixtral:
+``block_sparse_moe.experts.E.w1/w2/w3.weight``; Qwen2-MoE and Qwen3-MoE: ``mlp.experts.E.gate_proj/
+up_proj/down_proj.weight``), which transformers stacks on load into the model's ``experts.gate_up_proj``
+[E, 2F, H] (gate rows, then up rows) and ``experts.down_proj`` [E, H, F], and Mixtral's
+``block_sparse_moe`` is the model's ``mlp`` (transformers/conversion_mapping.py). The reader offers those
+model names as well: a request for experts [e, e + n) of a stacked tensor reads only those experts'
+tensors (and, for a cut along another dimension, only the rows or columns asked for), each read
+recorded under the checkpoint's own name.
 """
 
 from __future__ import annotations
@@ -12,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +51,30 @@ class PretrainedLoadError(ModelBuildError):
     A ModelBuildError, so a rank reports it in one line (dsforge.runtime.main.known_errors)."""
 
 
+#: A checkpoint tensor of one expert's projection: (block, expert index, projection).
+_EXPERT_KEY = re.compile(r"^(?P<block>.+)\.experts\.(?P<expert>\d+)\.(?P<proj>[A-Za-z0-9_]+)\.weight$")
+#: Stacked model tensor -> the per-expert projections it concatenates along its rows, per family's naming
+#: (transformers' conversion_mapping.py: Mixtral w1 = gate, w3 = up, w2 = down; Qwen-MoE's names as in a dense MLP).
+STACKS: dict[str, tuple[tuple[str, ...], ...]] = {"gate_up_proj": (("w1", "w3"), ("gate_proj", "up_proj")),
+                                                  "down_proj": (("w2",), ("down_proj",))}
+#: Block names a checkpoint uses for what the transformers 5 model calls ``mlp`` (Mixtral's).
+RENAMES = ((".block_sparse_moe.", ".mlp."),)
+
+
+@dataclass(frozen=True)
+class Stacked:
+    """A model tensor [E, rows, cols] the checkpoint stores as E x len(parts) tensors of [part rows, cols]."""
+
+    parts: tuple[tuple[str, ...], ...]  # per expert, the checkpoint tensors stacked along its rows
+    rows: tuple[int, ...]  # rows of each part
+    cols: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """The stacked model tensor's shape."""
+        return (len(self.parts), sum(self.rows), self.cols)
+
+
 class CheckpointReader:
     """Sliced reads from the tensors of one HF model directory."""
 
@@ -58,13 +93,57 @@ class CheckpointReader:
                 from safetensors import safe_open
 
                 handle = self._stack.enter_context(safe_open(str(path), framework="pt"))
-                for key in handle.keys():
+                for key in handle.keys():  # noqa: SIM118  # a safe_open handle is not iterable
                     self._where[key] = handle
             else:
                 state = torch.load(str(path), map_location="cpu", mmap=True, weights_only=True)
-                for key, value in state.items():
+                for key in state:
                     self._where[key] = state
         self._log = os.environ.get(READ_LOG_ENV)
+        self._renamed: dict[str, str] = {}  # model name -> the checkpoint's
+        self._stacked: dict[str, Stacked] = {}
+        self._broken: dict[str, str] = {}  # model name -> why the checkpoint's experts cannot form it
+        self._alias_experts()
+
+    def _alias_experts(self) -> None:
+        """Offer the model's names for renamed blocks and for experts stored one tensor each."""
+        for key in self._where:
+            for old, new in RENAMES:
+                if old in key and key.replace(old, new) not in self._where:
+                    self._renamed[key.replace(old, new)] = key
+        experts: dict[str, dict[str, dict[int, str]]] = {}  # block (model naming) -> projection -> expert -> key
+        for key in self._where:
+            m = _EXPERT_KEY.match(key)
+            if m:
+                block = m["block"] + "."
+                for old, new in RENAMES:
+                    block = block.replace(old, new)
+                block = block[:-1]
+                experts.setdefault(block, {}).setdefault(m["proj"], {})[int(m["expert"])] = key
+        for block, projs in experts.items():
+            for stacked, namings in STACKS.items():
+                naming = next((n for n in namings if all(p in projs for p in n)), None)
+                if naming is None:
+                    continue
+                name = f"{block}.experts.{stacked}"
+                if name in self._where:
+                    continue
+                found = [projs[p] for p in naming]
+                count = max(max(f) for f in found) + 1
+                gaps = sorted({e for f in found for e in range(count) if e not in f})
+                shapes = {(e, p): self.shape(f[e]) for p, f in zip(naming, found, strict=True) for e in f}
+                per_part = [{shapes[e, p] for e in range(count) if (e, p) in shapes} for p in naming]
+                if gaps:
+                    self._broken[name] = (f"the checkpoint lacks expert(s) {gaps[:8]} of {block} "
+                                          f"({', '.join(naming)}), which holds {count}")
+                elif any(len(s) != 1 or len(next(iter(s))) != 2 for s in per_part) or \
+                        len({next(iter(s))[1] for s in per_part}) != 1:
+                    self._broken[name] = (f"the experts of {block} ({', '.join(naming)}) are not all 2-D tensors of "
+                                          f"one width: {sorted({tuple(v) for v in shapes.values()})[:4]}")
+                else:
+                    rows = tuple(next(iter(s))[0] for s in per_part)
+                    self._stacked[name] = Stacked(tuple(tuple(f[e] for f in found) for e in range(count)), rows,
+                                                  next(iter(per_part[0]))[1])
 
     def close(self) -> None:
         """Close the open files."""
@@ -75,15 +154,25 @@ class CheckpointReader:
         return set(self._where)
 
     def resolve(self, name: str, prefix: str = "") -> str | None:
-        """The checkpoint's name for a model parameter: the same, or without the base model's prefix."""
-        if name in self._where:
-            return name
-        if prefix and name.startswith(prefix + ".") and name[len(prefix) + 1:] in self._where:
-            return name[len(prefix) + 1:]
+        """The key to read a model parameter by: its own name, or without the base model's prefix; a renamed
+        block or an expert stack (see the module docstring) under the model's name. None: not in the checkpoint."""
+        names = [name]
+        if prefix and name.startswith(prefix + "."):
+            names.append(name[len(prefix) + 1:])
+        for n in names:
+            if n in self._where or n in self._stacked or n in self._renamed:
+                return n
+        for n in names:
+            if n in self._broken:
+                raise PretrainedLoadError(f"DSF640: {self.directory}: {self._broken[n]}; the model's parameter "
+                                          f"{name} stacks them")
         return None
 
     def shape(self, key: str) -> tuple[int, ...]:
-        """The stored shape of a tensor."""
+        """The stored shape of a tensor (a stack's: [experts, rows, cols])."""
+        if key in self._stacked:
+            return self._stacked[key].shape
+        key = self._renamed.get(key, key)
         src = self._where[key]
         if isinstance(src, dict):
             return tuple(src[key].shape)
@@ -91,6 +180,9 @@ class CheckpointReader:
 
     def read(self, key: str, dim: int | None = None, ranges: Ranges = ()) -> Tensor:
         """The tensor ``key`` (whole, or its ``ranges`` along ``dim`` concatenated there), in its stored dtype."""
+        if key in self._stacked:
+            return self._read_stacked(self._stacked[key], dim, ranges)
+        key = self._renamed.get(key, key)
         src = self._where[key]
         shape = self.shape(key)
         if dim is None:
@@ -114,6 +206,30 @@ class CheckpointReader:
                 out = torch.cat([sl[(*lead, slice(s, s + n))] for s, n in parts], dim=dim_used)
         self.stored[str(out.dtype).replace("torch.", "")] += 1
         return out
+
+    def _read_stacked(self, st: Stacked, dim: int | None, ranges: Ranges) -> Tensor:
+        """Experts of a stack read from their own tensors: only the experts (dim 0), rows (1) or columns (2) asked."""
+        if dim not in (None, 0, 1, 2):
+            raise PretrainedLoadError(f"a stack of experts has 3 dimensions, not a cut along dimension {dim}")
+        chosen = [e for s, n in ranges for e in range(s, s + n)] if dim == 0 else range(len(st.parts))
+        out = []
+        for e in chosen:
+            if dim in (None, 0):
+                pieces = [self.read(k) for k in st.parts[e]]
+            elif dim == 2:
+                pieces = [self.read(k, 1, ranges) for k in st.parts[e]]
+            else:  # rows of the concatenated parts: each range split over the parts it spans
+                if list(ranges) != sorted(ranges):  # parts are read in order: the ranges must be too
+                    raise PretrainedLoadError("rows of a stack of experts must be asked for in increasing order")
+                pieces, offset = [], 0
+                for k, rows in zip(st.parts[e], st.rows, strict=True):
+                    mine = [(max(s, offset) - offset, min(s + n, offset + rows) - max(s, offset)) for s, n in ranges
+                            if s < offset + rows and s + n > offset]
+                    if mine:
+                        pieces.append(self.read(k, 0, mine))
+                    offset += rows
+            out.append(torch.cat(pieces, dim=0))
+        return torch.stack(out)
 
     def _record(self, key: str, dim: int | None, parts: list[tuple[int, int]], shape: tuple[int, ...]) -> None:
         entry = {"rank": _rank(), "key": key, "dim": dim, "ranges": [list(p) for p in parts], "shape": list(shape)}

@@ -52,6 +52,14 @@ def gemma2(m: ResolvedModel) -> nn.Module:
                                          attn_logit_softcapping=5.0)), "eager")
 
 
+def gemma2_plain_attention(m: ResolvedModel) -> nn.Module:
+    """Gemma2 whose attention is plain causal at the job's length: no score soft-capping, a window covering seq_len."""
+    from transformers import Gemma2Config
+    return _build(Gemma2Config(**_common(m, head_dim=m.hidden // m.heads, query_pre_attn_scalar=m.hidden // m.heads,
+                                         sliding_window=m.seq_len, final_logit_softcapping=3.0,
+                                         attn_logit_softcapping=None)), "eager")
+
+
 def gemma2_wide_heads(m: ResolvedModel) -> nn.Module:
     """Gemma2 with heads wider than hidden / heads (as Gemma2-2B: 8 heads of 256 channels on hidden 2304)."""
     from transformers import Gemma2Config

@@ -1,6 +1,6 @@
-"""DSF011-DSF014, DSF160-DSF163 and DSF640: a job that starts from `model.pretrained` (an HF model directory).
+"""DSF011-DSF016, DSF160-DSF163 and DSF640: a job that starts from `model.pretrained` (an HF model directory).
 
-The loader reports DSF011-DSF014 while it fills `model:` from config.json (dsforge/compiler/pretrained.py);
+The loader reports DSF011-DSF015 while it fills `model:` from config.json (dsforge/compiler/pretrained.py);
 the checks below see the filled job. A run never writes into its input, never pads a checkpoint's
 vocabulary with rows it has no weights for, and says when it converts the stored dtype.
 """
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dsforge.compiler.params import padded_vocab
-from dsforge.compiler.pretrained import checkpoint_dtype
+from dsforge.compiler.pretrained import PretrainedError, checkpoint_dtype, read_config, sliding_window
 from dsforge.compiler.rules.registry import Context, Finding, report_id, rule
 from dsforge.diagnostics import Severity
 
@@ -20,11 +20,12 @@ _SRC = "dsforge (HF save_pretrained directory layout: config.json, model.safeten
 report_id("DSF011", "model.pretrained names a readable HF model directory",
           "The directory must exist and hold a config.json that is a JSON object (at most 4 MiB).", _SRC)
 report_id("DSF012", "config.json describes a model dsforge can rewrite exactly",
-          "Its model_type must be a family whose modules the rewrite policies place and whose tensors load as "
-          "stored (llama, mistral, qwen2, gpt2; not yet mixtral, whose per-expert tensors transformers stacks on "
-          "load), with the shape fields present and nothing the job's model keys cannot state (sliding-window "
-          "attention, Llama's attention_bias or mlp_bias, which bias o_proj and the MLP too, Llama's pretraining_tp "
-          "slicing). head_dim and qwen2's q/k/v biases are read into model.head_dim and model.qkv_bias.", _SRC)
+          "Its model_type must be a family whose modules the rewrite policies place and whose tensors the runtime "
+          "reads (llama, mistral, qwen2, gpt2, and mixtral, whose per-expert tensors are read as the stacks "
+          "transformers builds of them), with the shape fields present and nothing the job's model keys cannot "
+          "state (a sliding window shorter than model.seq_len, Llama's attention_bias or mlp_bias, which bias "
+          "o_proj and the MLP too, Llama's pretraining_tp slicing). head_dim and qwen2's q/k/v biases are read "
+          "into model.head_dim and model.qkv_bias.", _SRC)
 report_id("DSF013", "stated model keys agree with config.json",
           "A `model:` key written in the job file (or supplied by its preset) that differs from the checkpoint's "
           "config.json would plan one model and load another; both values are named. seq_len may be shorter "
@@ -32,6 +33,14 @@ report_id("DSF013", "stated model keys agree with config.json",
 report_id("DSF014", "the pretrained directory holds its weights",
           "model.safetensors, a safetensors index whose shards are all present, or a torch state dict "
           "(pytorch_model.bin or its index); only the names are checked, no weight is read.", _SRC)
+report_id("DSF015", "a pretrained MoE router trains as dsforge's MoE layers do",
+          "dsforge's expert layers (HF's block at ep 1, DeepSpeed's gate under ep > 1) route without noise, drop "
+          "no token, and train on the language-model loss alone. A Mixtral config.json with router_jitter_noise "
+          "> 0 (random noise on the router's input in training) or output_router_logits true with a non-zero "
+          "router_aux_loss_coef (the load-balancing loss added to the loss) would train another model than "
+          "HF's under the same config, so it is refused naming the key.",
+          "HF MixtralSparseMoeBlock (jitter_noise), MixtralForCausalLM (router_aux_loss_coef); "
+          "dsforge/runtime/moe.py")
 report_id("DSF640", "the pretrained checkpoint holds every parameter of the model, in its shape",
           "Reported by each rank at start-up (dsforge.runtime.materialize) when model.pretrained's weights lack a "
           "tensor the model built from its config.json has, or hold it in another shape: the rank stops in one "
@@ -89,6 +98,27 @@ def pretrained_or_factory(ctx: Context) -> Iterator[Finding]:
         yield Finding("model.factory and model.pretrained both build the model", "remove model.factory (the "
                       "pretrained directory's config.json builds it), or load the weights inside the factory",
                       ("model", "factory"))
+
+
+@rule("DSF016", "a sliding window that covers the sequence is full causal attention", severity=Severity.INFO,
+      source="HF sliding-window masks (transformers masking_utils: q - kv < sliding_window); Mistral, Mixtral, "
+             "Qwen2 configs")
+def pretrained_window_covers_sequence(ctx: Context) -> Iterator[Finding]:
+    """A query attends to the last `sliding_window` tokens, itself included; when that is at least
+    model.seq_len every token sees the whole causal prefix, so the model trains exactly as with full
+    causal attention (and context parallelism may split it). A shorter window is refused (DSF012)."""
+    pretrained = ctx.spec.model.pretrained
+    if not pretrained:
+        return
+    try:
+        window = sliding_window(read_config(Path(pretrained)))
+    except PretrainedError:
+        return
+    seq_len = ctx.spec.model.seq_len
+    if window is not None and window >= seq_len:
+        yield Finding(f"the checkpoint's sliding_window {window} covers model.seq_len {seq_len}: every token "
+                      "attends to its whole prefix, exactly full causal attention",
+                      f"nothing to do; a model.seq_len above {window} would be refused (DSF012)", PRETRAINED)
 
 
 _PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

@@ -96,10 +96,11 @@ def context_parallel_attention(ctx: Context) -> Iterator[Finding]:
     `model.seq_len` (Mistral, Phi3, Gemma2/3's local layers, Qwen2 with use_sliding_window) or drops
     attention weights would train as another model, so every rank refuses it at start-up. Whether a model
     does so is in its config, which for `model.factory` only the built module knows: compile builds it on
-    the meta device (the rewrite plan, as DSF607) and reads every attention module. Validate sees it
-    earlier where the job says so: Gemma2 always soft-caps (DSF156); dsforge's own gpt2/llama/mixtral
-    models have none of these, and a `model.pretrained` config with a sliding window is refused (DSF012).
-    Where compile cannot build the model (`--no-rewrite`, no torch, a factory not importable there) the
+    the meta device (the rewrite plan, as DSF607) and reads every attention module, so a Gemma2 whose
+    config sets attn_logit_softcapping null (and a window covering the sequence) is let through. dsforge's
+    own gpt2/llama/mixtral models have none of these, and a `model.pretrained` config with a sliding window
+    shorter than model.seq_len is refused at validate (DSF012). Where compile cannot build the model
+    (`--no-rewrite`, no torch, a factory not importable there) the
     ranks refuse it at start-up with the same message."""
     desc = getattr(ctx, "rewrite", None)
     d = ctx.plan.degrees
