@@ -102,7 +102,7 @@ def test_asking_per_class_ranks_as_asking_every_candidate(write_job, name: str) 
     assert not pruned.exhaustive and top > 0
     assert [(e.layout, e.value) for e in pruned.ranked] == [(e.layout, e.value) for e in full.ranked[:top]]
     f = pruned.funnel
-    assert f.considered == full.funnel.considered
+    assert f.considered == full.funnel.considered == sum(f.removed.values()) + f.pruned + f.fitting
 
 
 _FIELDS = st.fixed_dictionaries({

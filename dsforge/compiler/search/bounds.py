@@ -9,9 +9,10 @@
   stages 0..k-1, so the step lasts at least max_k (sum_{s<k} c_s + m c_k), which over all splits of the work is at
   least C / (1 - (1 - 1/m)^p), C the work of one micro-batch over all stages: the analytic bubble for uneven stages
   (for equal stages it is (m + p - 1) c, Narayanan et al. 2021).
-* Step time, tight: the same chain with the cost model's own pass durations (compute and exposed communication):
-  max_k (sum_{s<k} (F_s + B_s) of chunk 0 + m x the passes of stage k), which the simulated schedule can only
-  exceed (transfers and dependencies add waiting, never remove work).
+* Step time, tight: the same chain with the estimate's own pass durations (compute and exposed communication)
+  and point-to-point transfers: max_k (sum_{s<k} (F_s + B_s) of chunk 0 + 2k transfers + m x the passes of
+  stage k), which the simulated schedule can only exceed (dependencies add waiting, never remove work), plus
+  rank 0's step tail (exposed reductions, optimizer, engine), which the step adds after rank 0's last pass.
 
 The engine checks every bound against the estimate it later computes and, should one ever exceed it, repeats the
 search without pruning (so a change of the cost model can make the search slower, never wrong).
@@ -123,33 +124,46 @@ def edge_memory_bytes(plan: Plan, stop_above: float = float("inf"), cache: dict[
 
 
 def pass_floor_s(plan: Plan, stages: str = "all") -> float:
-    """A lower bound of the step time from the cost model's pass durations (the critical chain of the schedule);
-    0 when the passes cannot be computed (the full estimate then decides alone). ``stages="edges"`` prices the
-    first and last stage only: max(busy_0, F_0 + B_0 + busy_last), the chain through them alone; ``"each"``
-    prices every stage on its own (what `_passes` shares between alike stages, for the tests)."""
+    """A lower bound of the step time from the estimate's own pass durations (`estimate_step` prices them with
+    the same rates and simulates the schedule over them): rank 0 finishes its last backward no earlier than
+    max_k (sum_{s<k} (F_s + B_s) + 2k t + m busy_k) (micro-batch 1's forward reaches stage k over k transfers of
+    t seconds, stage k works m busy_k, the last backward returns over k more; F, B of chunk 0), and the step
+    ends no earlier than that plus rank 0's tail (its exposed reductions, optimizer and engine step, the same
+    `stage_tail`). 0 when the passes cannot be computed (the full estimate then decides alone).
+    ``stages="edges"`` prices the first and last stage only: max(busy_0, F_0 + B_0 + 2(p-1)t + busy_last),
+    the chain through them alone; ``"each"`` prices every stage on its own (what `_passes` shares between alike
+    stages, for the tests)."""
     try:
-        from dsforge.compiler.estimate.steptime import achievable_fraction, stage_passes
+        from dsforge.compiler.estimate import comm
+        from dsforge.compiler.estimate.compute import rates
+        from dsforge.compiler.estimate.steptime import stage_passes, stage_tail
 
         d, m = plan.degrees, plan.grad_accum
         assert d is not None and m is not None
         peak = flops.dense_peak_flops(plan.spec.hardware.accelerator, plan.spec.training.precision)
-        speed = peak * achievable_fraction(plan)[0]
+        if peak <= 0:
+            return 0.0
+        rate = rates(plan, peak)
+        pp_ops = [o for o in comm.pipeline_parallel(plan) if o.overlap == "dependency"] if d.pp > 1 else []
+        t = pp_ops[0].seconds if pp_ops else 0.0  # what estimate_step's simulation adds per crossing
         if stages == "edges" and d.pp > 2:
-            (f0, b0), (fl, bl) = stage_passes(plan, 0, speed), stage_passes(plan, d.pp - 1, speed)
-            return max(m * sum(x.seconds for x in f0 + b0), f0[0].seconds + b0[0].seconds
+            (f0, b0), (fl, bl) = stage_passes(plan, 0, rate), stage_passes(plan, d.pp - 1, rate)
+            best = max(m * sum(x.seconds for x in f0 + b0), f0[0].seconds + b0[0].seconds + 2 * (d.pp - 1) * t
                        + m * sum(x.seconds for x in fl + bl))
-        passes = [stage_passes(plan, s, speed) for s in range(d.pp)] if stages == "each" else _passes(plan, speed)
-        best, lead = 0.0, 0.0
-        for fwd, bwd in passes:
-            busy = m * sum(x.seconds for x in fwd + bwd)
-            best = max(best, lead + busy)
-            lead += fwd[0].seconds + bwd[0].seconds
-        return best
+        else:
+            passes = [stage_passes(plan, s, rate) for s in range(d.pp)] if stages == "each" else _passes(plan, rate)
+            best, lead = 0.0, 0.0
+            for k, (fwd, bwd) in enumerate(passes):
+                busy = m * sum(x.seconds for x in fwd + bwd)
+                best = max(best, lead + 2 * k * t + busy)
+                lead += fwd[0].seconds + bwd[0].seconds
+            b0 = passes[0][1]
+        return best + sum(stage_tail(plan, 0, b0[0].compute_s, rate.slowdown).values())
     except Exception:  # noqa: BLE001 - a bound is an optimisation: without it the search is slower, not wrong
         return 0.0
 
 
-def _passes(plan: Plan, speed: float) -> list[Any]:
+def _passes(plan: Plan, speed: Any) -> list[Any]:
     """`stage_passes` of every stage, priced once per kind of stage: a stage's passes follow from whether it
     is the first or the last (embedding, head, their parameters) and from the layers of each of its chunks
     (how many, how many MoE); the collectives of the other layers are the same on every stage

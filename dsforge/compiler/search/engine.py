@@ -63,6 +63,12 @@ SKELETON_FIELDS = frozenset({"tp", "pp", "dp", "cp", "ep", "zero", "nodes"})
 GROUP_FIELDS = SKELETON_FIELDS | {"sequence_parallel", "cp_kind", "schedule", "virtual_stages", "global_batch"}
 
 
+def _below(bound: float) -> float:
+    """A bound lowered by the slack: the pass floor sums the estimate's own terms in another order, so where it
+    is tight it can exceed the estimate by a rounding error, which would misorder near-ties."""
+    return bound * (1 - BOUND_SLACK)
+
+
 class SpaceTooLarge(ValueError):
     """The space holds more than MAX_CANDIDATES candidates."""
 
@@ -252,14 +258,13 @@ class _Search:
                     yield group
 
     def _class_refused(self, lay: Layout, errors: Errors, size: int) -> bool:
-        """True (and its ``size`` members counted under each id found, ``lay`` kept as the miss) when the checks
-        of a class find an error for its first member, so for every member (`rule_tier`)."""
+        """True (and its ``size`` members counted under the first id found, ``lay`` kept as the miss) when the
+        checks of a class find an error for its first member, so for every member (`rule_tier`)."""
         found = errors(*self._spec_plan(lay))
         if not found:
             return False
         self.funnel.considered += size
-        for rid in sorted({d.rule for d in found}):
-            self.funnel.removed[rid] += size
+        self.funnel.removed[found[0].rule] += size  # once each: the funnel's counts add up to the candidates
         self._keep_miss(Miss(lay, found[0].rule, found[0].message))
         return True
 
@@ -419,7 +424,7 @@ class _Search:
             self._miss(lay, MEMORY_RULE if util > 1.0 else "memory",
                        f"peak {_gb(edge)} is {util:.0%} of {_gb(self.capacity)}", util)
             return None
-        return pass_floor_s(plan, "edges"), None
+        return _below(pass_floor_s(plan, "edges")), None
 
     def _memory(self, lay: Layout, plan: Plan) -> MemoryEstimate | None:
         """The memory estimate, or None (and the miss counted) when it exceeds search.memory_fraction."""
@@ -433,13 +438,11 @@ class _Search:
 
     def _rules_pass(self, lay: Layout, plan: Plan, every: bool = False) -> bool:
         """validate's rules (those not asked of its class already, unless ``every``): False (and counted under
-        each id found) when any reports an error."""
+        the first id found, as its miss) when any reports an error."""
         found = (self.errors if every else self.late)(plan.spec, plan)
         if not found:
             return True
-        for rid in sorted({d.rule for d in found}):
-            self.funnel.removed[rid] += 1
-        self._keep_miss(Miss(lay, found[0].rule, found[0].message))
+        self._miss(lay, found[0].rule, found[0].message)
         return False
 
     def run(self, until: tuple[Any, ...] | None = None) -> tuple[list[Evaluated], list[Evaluated]]:
@@ -510,7 +513,7 @@ class _Search:
                     if extra is None:
                         continue
                     if not self.exhaustive:
-                        floor1 = pass_floor_s(plan)
+                        floor1 = _below(pass_floor_s(plan))
                         if floor1 > floor:  # the whole chain: back into the heap under its tighter bound
                             seq += 1
                             heapq.heappush(heap, (self._bound_value(floor1, lay), tb, 1, seq, lay, plan, floor1,

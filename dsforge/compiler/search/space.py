@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from typing import Any
 
 from dsforge.compiler.resolved import ResolvedModel
@@ -55,7 +56,12 @@ def wants_search(spec: JobSpec) -> bool:
 
 def options(spec: JobSpec) -> SearchSpec:
     """The job's `search:` section, or its defaults."""
-    return spec.search if spec.search is not None else SearchSpec.model_validate({})
+    return spec.search if spec.search is not None else _defaults()
+
+
+@lru_cache(maxsize=1)
+def _defaults() -> SearchSpec:
+    return SearchSpec.model_validate({})  # validated once: the space asks for it per degree combination
 
 
 @dataclass(frozen=True, order=True)
@@ -193,19 +199,19 @@ def layouts(spec: JobSpec, model: ResolvedModel, skeleton: tuple[int, int, int, 
     tp, pp, dp, cp, ep, zero = skeleton
     par, t = spec.parallel, spec.training
     part = par.pipeline.partition
+    # the innermost choices, the same for every SP, CP kind and schedule of this skeleton: listed once
+    batches = [(gb, [mb for mb in _pick(t.micro_batch, powers_of_two(gb // dp)) if (gb // dp) % mb == 0])
+               for gb in batch_choices(spec) if gb % dp == 0]
+    recomputes = _pick(t.recompute, list(RECOMPUTE))
     for sp in _pick(par.sequence_parallel, [False, True] if tp > 1 else [False]):
         for kind in _pick(par.context_parallel.kind, ["ring", "ulysses"] if cp > 1 else ["ring"]):
             if par.context_parallel.kind == AUTO and kind == "ulysses" and (model.heads // tp) % cp:
                 continue
             for schedule in _pick(par.pipeline.schedule, list(SCHEDULES) if pp > 1 else ["1f1b"]):
                 for v in _virtual(par.pipeline.virtual_stages, schedule, pp, model.layers, part):
-                    for gb in batch_choices(spec):
-                        if gb % dp:
-                            continue
-                        for mb in _pick(t.micro_batch, powers_of_two(gb // dp)):
-                            if (gb // dp) % mb:
-                                continue
-                            for rc in _pick(t.recompute, list(RECOMPUTE)):
+                    for gb, mbs in batches:
+                        for mb in mbs:
+                            for rc in recomputes:
                                 yield Layout(tp, pp, dp, cp, ep, zero, sp, kind, schedule, v, mb, rc, gb, nodes)
 
 
