@@ -73,6 +73,21 @@ def is_moe_layer(model: ResolvedModel, index: int) -> bool:
     return model.moe is not None and (index + 1) % model.moe.every == 0
 
 
+def moe_layers_in(model: ResolvedModel, first: int, count: int) -> int:
+    """How many of layers [first, first + count) are MoE layers: the multiples of ``every`` among their
+    1-based indices first + 1 .. first + count (what counting `is_moe_layer` over the range gives)."""
+    if model.moe is None or count <= 0:
+        return 0
+    every = model.moe.every
+    return (first + count) // every - first // every
+
+
+def kv_heads_per_rank(model: ResolvedModel, tp: int) -> float:
+    """KV heads a tp rank holds: kv_heads / tp, or one replicated head when tp exceeds kv_heads."""
+    kv = model.kv_heads
+    return kv / tp if kv >= tp else 1.0
+
+
 def layer_params(model: ResolvedModel, moe: bool = False) -> LayerParams:
     """Parameters of one layer (dense, or MoE with all of its experts)."""
     model = resolve_model(model)  # a job's ModelSpec leaves head_dim and qkv_bias unset: their defaults apply

@@ -30,8 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsforge.compiler.estimate.shares import kv_heads_per_rank
-from dsforge.compiler.params import has_bias, shared_gate
+from dsforge.compiler.params import has_bias, kv_heads_per_rank, shared_gate
 from dsforge.compiler.resolved import ResolvedModel
 
 FP32 = 4

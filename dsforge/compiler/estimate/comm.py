@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsforge.compiler.estimate.memo import plan_memo
 from dsforge.compiler.estimate.shares import (
     embedding_share,
     gathered_tensors,
@@ -296,10 +297,17 @@ def data_parallel(plan: Plan, stage: int) -> list[Collective]:
     """
     assert plan.degrees is not None
     d = plan.degrees
-    share = stage_share(plan, stage, 0.0)
-    dense_g, expert_g = _zero3_gathers(plan, stage) if plan.zero == 3 else ((0.0, 0), (0.0, 0))
-    return (_dp_ops("dp-cp", d.dp * d.cp, share.dense, plan, dense_g)
-            + _dp_ops("edp", d.expert_dp, share.expert, plan, expert_g))
+    # a stage's collectives follow from its parameters: whether it is first or last and its layers by kind
+    kinds = layer_kinds(plan, stage)
+    key = ("data_parallel", stage == 0, stage == d.pp - 1, kinds[False], kinds[True])
+    memo = plan_memo(plan)
+    ops = memo.get(key)
+    if ops is None:
+        share = stage_share(plan, stage, 0.0)
+        dense_g, expert_g = _zero3_gathers(plan, stage) if plan.zero == 3 else ((0.0, 0), (0.0, 0))
+        ops = memo[key] = tuple(_dp_ops("dp-cp", d.dp * d.cp, share.dense, plan, dense_g)
+                                + _dp_ops("edp", d.expert_dp, share.expert, plan, expert_g))
+    return list(ops)
 
 
 def _zero3_gathers(plan: Plan, stage: int) -> tuple[tuple[float, int], tuple[float, int]]:
@@ -323,5 +331,11 @@ def _zero3_gathers(plan: Plan, stage: int) -> tuple[tuple[float, int], tuple[flo
 
 
 def model_parallel(plan: Plan) -> list[Collective]:
-    """The collectives every stage runs alike: TP, CP, EP and PP (DP differs by stage: `data_parallel`)."""
-    return tensor_parallel(plan) + context_parallel(plan) + expert_parallel(plan) + pipeline_parallel(plan)
+    """The collectives every stage runs alike: TP, CP, EP and PP (DP differs by stage: `data_parallel`); built
+    once per plan, since every stage's passes ask."""
+    memo = plan_memo(plan)
+    ops = memo.get("model_parallel")
+    if ops is None:
+        ops = memo["model_parallel"] = tuple(tensor_parallel(plan) + context_parallel(plan) + expert_parallel(plan)
+                                             + pipeline_parallel(plan))
+    return list(ops)

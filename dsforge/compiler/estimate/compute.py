@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from dsforge.compiler.ds_settings import on_cpu
 from dsforge.compiler.estimate import flops
+from dsforge.compiler.estimate.memo import bounded
 from dsforge.compiler.estimate.shares import kv_heads_per_rank
 from dsforge.compiler.estimate.stacks import StackProfile, profile_of
 from dsforge.compiler.params import is_moe_layer, padded_vocab
@@ -124,32 +125,41 @@ def chunk_time(plan: Plan, first_layer: int, layers: int, first: bool, last: boo
     """Seconds of one micro-batch through layers [first_layer, first_layer + layers) on one rank."""
     assert plan.degrees is not None
     d, model, t = plan.degrees, plan.model, plan.spec.training
-    prof = profile_of(plan.spec.stack)
-    e = 4 if t.precision == "fp32" else 2
-    tokens = t.micro_batch * model.seq_len / d.cp
-    sp_div = d.tp if plan.spec.parallel.sequence_parallel and d.tp > 1 else 1
     if r.override is not None:
         f = flops.chunk_flops(plan, first_layer, layers, first, last)
         speed = r.peak_flops * r.override
         return ChunkTime(f.forward / speed * r.slowdown, f.backward / speed * r.slowdown,
                          f.attention_forward / speed * r.slowdown)
+    e = 4 if t.precision == "fp32" else 2
+    tokens = t.micro_batch * model.seq_len / d.cp
+    sp_div = d.tp if plan.spec.parallel.sequence_parallel and d.tp > 1 else 1
+    return _chunk_time(model, d.tp, d.ep, sp_div, e, tokens, plan.spec.stack, t.recompute, r,
+                       flops.moe_phase(model, first_layer), layers, last)
+
+
+@bounded(maxsize=4096)
+def _chunk_time(model: ResolvedModel, tp: int, ep: int, sp_div: int, e: int, tokens: float, stack: str,
+                recompute: str, r: Rates, phase: int, layers: int, last: bool) -> ChunkTime:
+    """`chunk_time` from what it reads: the layers from period ``phase`` (`flops.moe_phase`) are summed one by
+    one, the order the per-chunk sum always had, so the seconds are the same floats."""
+    prof = profile_of(stack)
     fwd = bwd = attn = 0.0
     cache: dict[bool, tuple[float, float, float]] = {}
-    for i in range(first_layer, first_layer + layers):
+    for i in range(phase, phase + layers):
         moe = is_moe_layer(model, i)
         if moe not in cache:
-            cache[moe] = _layer(model, moe, tokens, d.tp, d.ep, sp_div, e, prof, r)
+            cache[moe] = _layer(model, moe, tokens, tp, ep, sp_div, e, prof, r)
         gemm, core, mem = cache[moe]
         layer_fwd = gemm + core + mem + prof.ops_forward * r.op_overhead_s
         fwd += layer_fwd
         attn += core
         bwd += 2 * (gemm + core + mem) + prof.ops_backward * r.op_overhead_s
-        if t.recompute == "full":
+        if recompute == "full":
             bwd += layer_fwd
-        elif t.recompute == "selective":
+        elif recompute == "selective":
             bwd += core
     if last:
-        vocab = padded_vocab(model, d.tp) / d.tp
+        vocab = padded_vocab(model, tp) / tp
         head = _gemm(tokens, model.hidden, vocab, e, r)
         loss = tokens * vocab * prof.ce_bytes / r.memory_Bps
         fwd += head + loss / 2

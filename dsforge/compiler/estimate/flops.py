@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsforge.compiler.estimate.memo import bounded
 from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.params import is_moe_layer, padded_vocab
 from dsforge.compiler.plan import Plan
@@ -79,6 +80,7 @@ def _model_layer(model: ResolvedModel, moe: bool) -> float:
     return f.total
 
 
+@bounded(maxsize=256)
 def model_flops_per_token(model: ResolvedModel, tp: int = 1) -> float:
     """Model FLOPs per trained token, forward plus backward (3x forward; Narayanan et al. 2021 eq. 3)."""
     kinds = {moe: sum(is_moe_layer(model, i) == moe for i in range(model.layers)) for moe in (False, True)}
@@ -102,6 +104,7 @@ def _recompute_flops(f: LayerFlops, recompute: str) -> float:
     return 0.0
 
 
+@bounded(maxsize=256)
 def _hardware_layer(model: ResolvedModel, moe: bool) -> LayerFlops:
     """Forward FLOPs per token the GPU executes: expert work padded to capacity (DeepSpeed top-k gating)."""
     f = layer_forward_flops(model, moe)
@@ -142,34 +145,56 @@ def chunk_flops(plan: Plan, first_layer: int, layers: int, first: bool, last: bo
     tokens = t.micro_batch * model.seq_len / plan.degrees.cp
     split = profile_of(plan.spec.stack).experts_split_over_tp
     per_rank = tokens / plan.degrees.tp
+    fwd, core, extra = _chunk_per_token(model, plan.degrees.tp, split, t.recompute, moe_phase(model, first_layer),
+                                        layers, last)
+    return ChunkFlops(forward=fwd * per_rank, backward=(2.0 * fwd + extra) * per_rank,
+                      attention_forward=core * per_rank)
+
+
+def moe_phase(model: ResolvedModel, first_layer: int) -> int:
+    """Where ``first_layer`` falls in the model's dense/MoE period: two runs of layers of one length and one
+    phase hold the same kinds in the same order (what per-chunk caches key on instead of the layer index)."""
+    return first_layer % model.moe.every if model.moe is not None else 0
+
+
+@bounded(maxsize=4096)
+def _chunk_per_token(model: ResolvedModel, tp: int, split: bool, recompute: str, phase: int, layers: int,
+                     last: bool) -> tuple[float, float, float]:
+    """(forward, attention core, recomputed) FLOPs per split token of ``layers`` layers from period ``phase``,
+    summed layer by layer (the order `chunk_flops` always summed them in, so the floats are the same)."""
     fwd = core = extra = 0.0
-    for i in range(first_layer, first_layer + layers):
+    for i in range(phase, phase + layers):
         moe = is_moe_layer(model, i)
         hw = _hardware_layer(model, moe)
         whole = _unsplit_by_tp(hw, moe, split)
         # Work every TP rank repeats counts tp times when expressed per split token.
-        scale = 1.0 + (plan.degrees.tp - 1) * whole / hw.total if hw.total else 1.0
+        scale = 1.0 + (tp - 1) * whole / hw.total if hw.total else 1.0
         fwd += hw.total * scale
         core += hw.attention_core
-        extra += _recompute_flops(hw, t.recompute) * scale
+        extra += _recompute_flops(hw, recompute) * scale
     if last:
-        fwd += logits_forward_flops(model, plan.degrees.tp)
-    return ChunkFlops(forward=fwd * per_rank, backward=(2.0 * fwd + extra) * per_rank,
-                      attention_forward=core * per_rank)
+        fwd += logits_forward_flops(model, tp)
+    return fwd, core, extra
 
 
 def hardware_flops_per_step(plan: Plan) -> float:
     """All FLOPs the GPUs execute in one step: model FLOPs plus recomputation and MoE capacity padding."""
     model, t = plan.model, plan.spec.training
     tp = plan.degrees.tp if plan.degrees else 1
-    per_token = 3.0 * logits_forward_flops(model, tp)
     split = profile_of(plan.spec.stack).experts_split_over_tp
+    return _hardware_per_token(model, tp, split, t.recompute) * t.global_batch * model.seq_len
+
+
+@bounded(maxsize=256)
+def _hardware_per_token(model: ResolvedModel, tp: int, split: bool, recompute: str) -> float:
+    """Hardware FLOPs per trained token of `hardware_flops_per_step`, summed layer by layer as it always was."""
+    per_token = 3.0 * logits_forward_flops(model, tp)
     for i in range(model.layers):
         moe = is_moe_layer(model, i)
         hw = _hardware_layer(model, moe)
         scale = 1.0 + (tp - 1) * _unsplit_by_tp(hw, moe, split) / hw.total if hw.total else 1.0
-        per_token += (3.0 * hw.total + _recompute_flops(hw, t.recompute)) * scale
-    return per_token * t.global_batch * model.seq_len
+        per_token += (3.0 * hw.total + _recompute_flops(hw, recompute)) * scale
+    return per_token
 
 
 def dense_peak_flops(accelerator: AcceleratorSpec, precision: str) -> float:

@@ -24,12 +24,14 @@ from functools import cached_property
 
 from dsforge.compiler.ds_settings import emitted_checkpointing_block, on_cpu
 from dsforge.compiler.estimate import activations as act
-from dsforge.compiler.estimate.model_states import megatron_states, model_states
-from dsforge.compiler.estimate.shares import layer_kinds, stage_chunks, stage_share
+from dsforge.compiler.estimate.memo import bounded, plan_memo
+from dsforge.compiler.estimate.model_states import ModelStates, megatron_states, model_states
+from dsforge.compiler.estimate.shares import RankParams, layer_kinds, stage_chunks, stage_share
 from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.estimate.zero_config import ZeroSettings, zero_settings
 from dsforge.compiler.params import padded_vocab
 from dsforge.compiler.plan import Plan
+from dsforge.compiler.resolved import ResolvedModel
 
 GPU_RESERVE_BYTES = 2.0e9
 CPU_RESERVE_BYTES = 0.45e9
@@ -88,7 +90,16 @@ class MemoryEstimate:
 
 
 def activation_shape(plan: Plan) -> act.ActivationShape:
-    """The activation-sizing inputs of a plan: micro-batch, sequence, tp/cp/sp, precision, kernels."""
+    """The activation-sizing inputs of a plan: micro-batch, sequence, tp/cp/sp, precision, kernels (once per plan:
+    every stage asks, and the emitted checkpointing block it reads merges the job's overrides)."""
+    memo = plan_memo(plan)
+    shape = memo.get("activation_shape")
+    if shape is None:
+        shape = memo["activation_shape"] = _activation_shape(plan)
+    return shape
+
+
+def _activation_shape(plan: Plan) -> act.ActivationShape:
     assert plan.degrees is not None
     t, p = plan.spec.training, plan.spec.parallel
     return act.ActivationShape(
@@ -123,9 +134,14 @@ class _PerLayer:
 
     @classmethod
     def of(cls, plan: Plan, shape: act.ActivationShape) -> _PerLayer:
-        model, recompute = plan.model, plan.spec.training.recompute
-        return cls({moe: act.layer_bytes(model, shape, moe, recompute) for moe in (False, True)},
-                   {moe: act.recompute_working_set(model, shape, moe, recompute) for moe in (False, True)})
+        return _per_layer(plan.model, shape, plan.spec.training.recompute)
+
+
+@bounded(maxsize=1024)
+def _per_layer(model: ResolvedModel, shape: act.ActivationShape, recompute: str) -> _PerLayer:
+    """`_PerLayer.of` from what it reads (the result is shared: its readers never change it)."""
+    return _PerLayer({moe: act.layer_bytes(model, shape, moe, recompute) for moe in (False, True)},
+                     {moe: act.recompute_working_set(model, shape, moe, recompute) for moe in (False, True)})
 
 
 def _activations(plan: Plan, stage: int, shape: act.ActivationShape, m: int, per: _PerLayer,
@@ -154,10 +170,29 @@ def _activations(plan: Plan, stage: int, shape: act.ActivationShape, m: int, per
     return total, logits
 
 
-def _reserve(plan: Plan, tensor_bytes: float) -> float:
-    if on_cpu(plan):
+def _reserve(plan: Plan, tensor_bytes: float, cpu: bool | None = None) -> float:
+    if on_cpu(plan) if cpu is None else cpu:
         return CPU_RESERVE_BYTES
     return GPU_RESERVE_BYTES + FRAGMENTATION * tensor_bytes
+
+
+@bounded(maxsize=4096)
+def _model_states(stack: str, share: RankParams, z: ZeroSettings, n_dense: int, n_expert: int, m: int) -> ModelStates:
+    """The model states of a stage's share under the stack's optimizer layout (shared: read, never changed)."""
+    prof = profile_of(stack)
+    if prof.name == "dsforge":
+        return model_states(share, z, n_dense, n_expert, m)
+    return megatron_states(share, z, n_dense, n_expert, prof.fp32_main_grads, prof.distributed_optimizer)
+
+
+def _pp_ranks(plan: Plan) -> list[int]:
+    """The first rank of every pipeline stage (the group of rank 0), once per plan."""
+    memo = plan_memo(plan)
+    ranks = memo.get("pp_ranks")
+    if ranks is None:
+        assert plan.placement is not None
+        ranks = memo["pp_ranks"] = plan.placement.first_group("pp")
+    return ranks
 
 
 def stage_memory(plan: Plan, stage: int, z: ZeroSettings, m: int, per: _PerLayer | None = None) -> StageMemory:
@@ -166,24 +201,20 @@ def stage_memory(plan: Plan, stage: int, z: ZeroSettings, m: int, per: _PerLayer
     d = plan.degrees
     kinds = layer_kinds(plan, stage)
     share = stage_share(plan, stage, z.persistence_threshold, kinds)
-    prof = profile_of(plan.spec.stack)
-    if prof.name == "dsforge":
-        states = model_states(share, z, d.dp * d.cp, max(1, d.expert_dp), m)
-    else:
-        states = megatron_states(share, z, d.dp * d.cp, max(1, d.expert_dp), prof.fp32_main_grads,
-                                 prof.distributed_optimizer)
+    states = _model_states(plan.spec.stack, share, z, d.dp * d.cp, max(1, d.expert_dp), m)
     shape = activation_shape(plan)
     activ, logits = _activations(plan, stage, shape, m, per or _PerLayer.of(plan, shape), kinds)
-    moments = {name: _with_reserve(plan, {**dict.fromkeys(DEVICE_COMPONENTS[:-1], 0.0), **values})
+    cpu = on_cpu(plan)
+    moments = {name: _with_reserve(plan, {**dict.fromkeys(DEVICE_COMPONENTS[:-1], 0.0), **values}, cpu)
                for name, values in (("backward", {**states.backward, "activations": activ, "logits": logits}),
                                     ("update", states.update), ("step", states.step))}
     phase = max(("backward", "update"), key=lambda name: sum(moments[name].values()))
-    rank = plan.placement.first_group("pp")[stage]
+    rank = _pp_ranks(plan)[stage]
     return StageMemory(stage, rank, dict(moments[phase]), dict(states.host), phase, moments)
 
 
-def _with_reserve(plan: Plan, comps: dict[str, float]) -> dict[str, float]:
-    return {**comps, "reserve": _reserve(plan, sum(comps.values()))}
+def _with_reserve(plan: Plan, comps: dict[str, float], cpu: bool | None = None) -> dict[str, float]:
+    return {**comps, "reserve": _reserve(plan, sum(comps.values()), cpu)}
 
 
 def estimate_memory(plan: Plan) -> MemoryEstimate:
@@ -196,7 +227,7 @@ def estimate_memory(plan: Plan) -> MemoryEstimate:
     z = zero_settings(plan)
     m = micro_batches(plan)
     per = _PerLayer.of(plan, activation_shape(plan))
-    ranks = plan.placement.first_group("pp")
+    ranks = _pp_ranks(plan)
     alike: dict[tuple[object, ...], StageMemory] = {}
     stages = []
     for s in range(plan.degrees.pp):

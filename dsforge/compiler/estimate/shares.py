@@ -13,9 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
-from dsforge.compiler.params import has_bias, is_moe_layer, padded_vocab, shared_gate
+from dsforge.compiler.estimate.memo import bounded, plan_memo
+from dsforge.compiler.estimate.stacks import profile_of
+from dsforge.compiler.params import has_bias, kv_heads_per_rank, moe_layers_in, padded_vocab, shared_gate
 from dsforge.compiler.plan import Plan
 from dsforge.compiler.resolved import ResolvedModel
+
+__all__ = ["RankParams", "embedding_share", "gathered_tensors", "head_share", "kind_share", "kv_heads_per_rank",
+           "layer_kinds", "stage_chunks", "stage_share"]
 
 
 @dataclass(frozen=True)
@@ -31,12 +36,6 @@ class RankParams:
     def total(self) -> float:
         """All parameters on the rank."""
         return self.dense + self.expert
-
-
-def kv_heads_per_rank(model: ResolvedModel, tp: int) -> float:
-    """KV heads a tp rank holds: kv_heads / tp, or one replicated head when tp exceeds kv_heads."""
-    kv = model.kv_heads
-    return kv / tp if kv >= tp else 1.0
 
 
 def _tensor_sizes(model: ResolvedModel, moe: bool, tp: int, ep: int,
@@ -83,6 +82,7 @@ def _mlp_sizes(model: ResolvedModel, ffn: int, tp: int) -> list[float]:
     return sizes
 
 
+@bounded(maxsize=1024)
 def kind_share(model: ResolvedModel, moe: bool, tp: int, ep: int, threshold: float, expert_tp: int = 1) -> RankParams:
     """Rank-local parameters of a dense or an MoE layer (every layer of one kind is the same); ``expert_tp``
     splits each expert's matrices (Megatron-Core's expert tensor parallelism; 1 in dsforge's runtime)."""
@@ -92,6 +92,7 @@ def kind_share(model: ResolvedModel, moe: bool, tp: int, ep: int, threshold: flo
     return RankParams(sum(dense), expert, sum(dense) + expert, small)
 
 
+@bounded(maxsize=1024)
 def gathered_tensors(model: ResolvedModel, moe: bool, tp: int, ep: int, threshold: float) -> tuple[int, int]:
     """(dense, expert) tensors of one layer above ZeRO-3's persistence threshold: each is fetched by its own
     all-gather call (DeepSpeed stage3 fetches parameters module by module; persistent ones stay whole)."""
@@ -101,12 +102,22 @@ def gathered_tensors(model: ResolvedModel, moe: bool, tp: int, ep: int, threshol
 
 def layer_kinds(plan: Plan, stage: int) -> dict[bool, int]:
     """How many dense (False) and MoE (True) layers one rank of ``stage`` holds."""
-    model = plan.model
-    counts = {False: 0, True: 0}
-    for first, count in stage_chunks(plan, stage):
-        for i in range(first, first + count):
-            counts[is_moe_layer(model, i)] += 1
-    return counts
+    dense, moe = _stage_kinds(plan)[stage]
+    return {False: dense, True: moe}
+
+
+def _stage_kinds(plan: Plan) -> tuple[tuple[int, int], ...]:
+    """(dense, MoE) layers of every stage, counted per chunk from its bounds (`moe_layers_in`), once per plan."""
+    memo = plan_memo(plan)
+    kinds = memo.get("kinds")
+    if kinds is None:
+        model = plan.model
+        out = []
+        for chunks in _chunks(plan):
+            moe = sum(moe_layers_in(model, first, count) for first, count in chunks)
+            out.append((sum(count for _, count in chunks) - moe, moe))
+        kinds = memo["kinds"] = tuple(out)
+    return kinds
 
 
 def embedding_share(model: ResolvedModel, tp: int) -> float:
@@ -134,28 +145,20 @@ def stage_chunks(plan: Plan, stage: int) -> list[tuple[int, int]]:
     Chunk j of rank i is global chunk j * pp + i (Megatron's interleaved assignment; one chunk when
     not interleaved).
     """
-    assert plan.degrees is not None
-    pp = plan.degrees.pp
-    starts = _starts(plan.stage_layers)
-    return [(starts[c], plan.stage_layers[c]) for c in range(stage, len(plan.stage_layers), pp)]
+    return list(_chunks(plan)[stage])
 
 
-_last_starts: tuple[list[int], list[int]] | None = None
-
-
-def _starts(layers: list[int]) -> list[int]:
-    """First layer of every chunk; the last partition's are kept, since every stage of a plan asks for them
-    (recomputing them per stage made 1,024 stages of 9 chunks cost seconds)."""
-    global _last_starts
-    if _last_starts is None or _last_starts[0] is not layers:
-        _last_starts = (layers, list(accumulate(layers, initial=0)))
-    return _last_starts[1]
-
-
-def _experts_split(plan: Plan) -> bool:
-    from dsforge.compiler.estimate.stacks import profile_of  # stacks imports activations, which imports this
-
-    return profile_of(plan.spec.stack).experts_split_over_tp
+def _chunks(plan: Plan) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """`stage_chunks` of every stage, computed once per plan (every stage's estimate asks for them, often)."""
+    memo = plan_memo(plan)
+    chunks = memo.get("chunks")
+    if chunks is None:
+        assert plan.degrees is not None
+        pp, layers = plan.degrees.pp, plan.stage_layers
+        starts = list(accumulate(layers, initial=0))
+        chunks = memo["chunks"] = tuple(tuple((starts[c], layers[c]) for c in range(stage, len(layers), pp))
+                                        for stage in range(pp))
+    return chunks
 
 
 def stage_share(plan: Plan, stage: int, threshold: float, kinds: dict[bool, int] | None = None) -> RankParams:
@@ -164,21 +167,30 @@ def stage_share(plan: Plan, stage: int, threshold: float, kinds: dict[bool, int]
     ``kinds`` may pass `layer_kinds(plan, stage)` when the caller already has it.
     """
     assert plan.degrees is not None
-    d, model = plan.degrees, plan.model
+    d = plan.degrees
+    dense, moe = (kinds.get(False, 0), kinds.get(True, 0)) if kinds else _stage_kinds(plan)[stage]
+    return _stage_share(plan.model, d.tp, d.ep, d.pp, profile_of(plan.spec.stack).experts_split_over_tp,
+                        threshold, stage == 0, stage == d.pp - 1, dense, moe)
+
+
+@bounded(maxsize=4096)
+def _stage_share(model: ResolvedModel, tp: int, ep: int, pp: int, experts_split: bool, threshold: float,
+                 first: bool, last: bool, dense_layers: int, moe_layers: int) -> RankParams:
+    """`stage_share` from what it depends on: the degrees, the stage's position and its layers by kind."""
     dense = expert = small = largest = 0.0
-    for moe, count in (kinds or layer_kinds(plan, stage)).items():
+    for moe, count in ((False, dense_layers), (True, moe_layers)):
         if count:
-            s = kind_share(model, moe, d.tp, d.ep, threshold, d.tp if _experts_split(plan) else 1)
+            s = kind_share(model, moe, tp, ep, threshold, tp if experts_split else 1)
             dense, expert, small = dense + count * s.dense, expert + count * s.expert, small + count * s.small
             largest = max(largest, s.total)
     norms = [float(model.hidden)] * (2 if has_bias(model) else 1)
-    if stage == 0:
-        emb = embedding_share(model, d.tp)
-        pos = emb - padded_vocab(model, d.tp) * model.hidden / d.tp
+    if first:
+        emb = embedding_share(model, tp)
+        pos = emb - padded_vocab(model, tp) * model.hidden / tp
         dense, largest = dense + emb, max(largest, emb)
         small += pos if 0 < pos <= threshold else 0.0
-    if stage == d.pp - 1:
-        head = head_share(model, d.tp, d.pp)
+    if last:
+        head = head_share(model, tp, pp)
         dense, largest = dense + head, max(largest, head)
         small += sum(n for n in norms if n <= threshold)
     return RankParams(dense, expert, largest, small)

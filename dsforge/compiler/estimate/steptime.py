@@ -40,7 +40,7 @@ from dsforge.compiler.estimate.engine_overhead import engine_overhead
 from dsforge.compiler.estimate.schedule import Timeline, simulate
 from dsforge.compiler.estimate.shares import stage_chunks, stage_share
 from dsforge.compiler.estimate.zero_config import zero_settings
-from dsforge.compiler.params import is_moe_layer
+from dsforge.compiler.params import moe_layers_in
 from dsforge.compiler.plan import Plan
 
 #: Kept for callers of the old constant: the GEMM efficiency an accelerator that states none is given.
@@ -135,7 +135,7 @@ def stage_passes(plan: Plan, stage: int, speed: float | Rates) -> tuple[list[Pas
     for j, (first_layer, count) in enumerate(chunks):
         k = j * d.pp + stage
         c = chunk_time(plan, first_layer, count, k == 0, k == last_chunk, r)
-        moe = sum(is_moe_layer(model, i) for i in range(first_layer, first_layer + count))
+        moe = moe_layers_in(model, first_layer, count)
         counts: _ChunkCounts = (count, moe, k == 0, k == last_chunk, 1.0 / len(chunks))
         fwd.append(replace(_pass(ops, "forward", c.forward_s, c.attention_s, counts), engine_s=engine_fwd))
         bwd.append(replace(_pass(ops, "backward", c.backward_s, 2 * c.attention_s, counts),

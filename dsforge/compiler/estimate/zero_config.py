@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsforge.compiler.ds_settings import emitted_zero_block
+from dsforge.compiler.estimate.memo import plan_memo
 from dsforge.compiler.plan import Plan
 
 #: Bytes of optimizer state per parameter kept in fp32 (torch and DeepSpeed implementations).
@@ -68,8 +69,17 @@ def zero_settings(plan: Plan) -> ZeroSettings:
 
     The estimate must size the buffers of the config that will really run, so it reads dsforge's own
     choices (`ds_settings.emitted_zero_block`: buckets scaled to the model width, overlap_comm on
-    accelerators) instead of DeepSpeed's defaults, which apply only to keys neither sets.
+    accelerators) instead of DeepSpeed's defaults, which apply only to keys neither sets. Resolved once per
+    plan (the memory and communication estimates of every stage ask).
     """
+    memo = plan_memo(plan)
+    z = memo.get("zero_settings")
+    if z is None:
+        z = memo["zero_settings"] = _zero_settings(plan)
+    return z
+
+
+def _zero_settings(plan: Plan) -> ZeroSettings:
     spec, stage = plan.spec, plan.zero
     ds = spec.deepspeed if isinstance(spec.deepspeed, dict) else {}
     zo = emitted_zero_block(plan)

@@ -9,6 +9,7 @@ gradient dtype, and the memory-bound traffic and framework operations of a layer
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from dsforge.compiler.estimate.activations import Kernels
 
@@ -34,8 +35,10 @@ class StackProfile:
     sources: tuple[str, ...]
 
 
+@lru_cache(maxsize=8)
 def profile_of(stack: str) -> StackProfile:
-    """The profile of a `stack:` value (the schema admits only known names)."""
+    """The profile of a `stack:` value (the schema admits only known names); the import runs once per name,
+    inside the function because the profiles' modules import `StackProfile` from this one."""
     from dsforge.compiler.estimate.stacks import dsforge_runtime, megatron_te
 
     return {"dsforge": dsforge_runtime.PROFILE, "megatron-te": megatron_te.PROFILE}[stack]
