@@ -90,7 +90,7 @@ def measure(path: Path, out: Path) -> tuple[float, float]:
         raise SystemExit(f"{path.name}: dsforge run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     report = json.loads((out / "memory_report.json").read_text(encoding="utf-8"))
     peaks = [r["measured"]["peak"] for r in report["ranks"] if "measured" in r]
-    return report["step_seconds_mean"], max(peaks) if peaks else float("nan")
+    return report["step_seconds_median"], max(peaks) if peaks else float("nan")
 
 
 def main() -> None:

@@ -81,7 +81,7 @@ def run_one(job: LoadedJob, rank: int, cand: Evaluated, work: Path) -> Verified:
             return Verified(rank, cand, None, None, f"dsforge run exited {proc.returncode}: {tail[0]}")
         doc = json.loads(report.read_text(encoding="utf-8"))
         peak = max(r["measured"]["peak"] for r in doc["ranks"])
-        return Verified(rank, cand, float(doc["step_seconds_mean"]), float(peak))
+        return Verified(rank, cand, float(doc["step_seconds_median"]), float(peak))
     except subprocess.TimeoutExpired:
         return Verified(rank, cand, None, None, f"dsforge run took more than {RUN_TIMEOUT_S} s")
     finally:

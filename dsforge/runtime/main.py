@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import statistics
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -422,7 +423,8 @@ def write_report(job: JobDir, rows: list[dict[str, Any]], results: list[Any], ti
 
     mean_s = sum(r.seconds for r in timed) / len(timed)
     doc = {"job": job.plan.spec.name, "units": "bytes", "ranks": rows,
-           "step_seconds_mean": mean_s, "tokens_per_s_mean": sum(r.tokens_per_s for r in timed) / len(timed),
+           "step_seconds_mean": mean_s, "step_seconds_median": statistics.median(r.seconds for r in timed),
+           "tokens_per_s_mean": sum(r.tokens_per_s for r in timed) / len(timed),
            "final_loss": results[-1].loss,
            "notes": REPORT_NOTES}
     (job.path / "memory_report.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
