@@ -281,3 +281,44 @@ def test_a_sliding_window_is_refused_only_where_it_bites(tmp_path_factory: pytes
     else:
         assert [r for r, _ in found] == ["DSF012"], found
         assert f"sliding_window {window} is shorter than model.seq_len {length}" in found[0][1]
+
+
+def _qwen_moe_config(mtype: str, **over: Any) -> dict[str, Any]:
+    cfg = llama_config(model_type=mtype, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                       decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=False, output_router_logits=False,
+                       router_aux_loss_coef=0.001, use_sliding_window=False, sliding_window=None)
+    if mtype == "qwen2_moe":
+        cfg |= {"shared_expert_intermediate_size": 48, "qkv_bias": True}
+    cfg.update(over)
+    return cfg
+
+
+def test_qwen_families_fill_their_keys() -> None:
+    """Qwen3 (head_dim its own, no biases), Qwen2-MoE (a shared expert, q/k/v biases), Qwen3-MoE (routed only)."""
+    qwen3 = model_keys(llama_config(model_type="qwen3", head_dim=32, tie_word_embeddings=True), Path("c"))
+    assert (qwen3["arch"], qwen3["head_dim"], qwen3["qkv_bias"], qwen3["tied_embeddings"]) == ("qwen3", 32, False, True)
+    assert "moe" not in qwen3
+    q2 = model_keys(_qwen_moe_config("qwen2_moe"), Path("c"))
+    assert (q2["arch"], q2["qkv_bias"], q2["ffn_hidden"]) == ("qwen2_moe", True, 128)
+    assert q2["moe"] == {"experts": 8, "top_k": 2, "ffn_hidden": 32, "every": 1, "shared_experts": 1,
+                         "shared_ffn_hidden": 48}
+    assert model_keys(_qwen_moe_config("qwen2_moe", qkv_bias=False), Path("c"))["qkv_bias"] is False
+    q3 = model_keys(_qwen_moe_config("qwen3_moe"), Path("c"))
+    assert (q3["arch"], q3["qkv_bias"]) == ("qwen3_moe", False)
+    assert q3["moe"] == {"experts": 8, "top_k": 2, "ffn_hidden": 32, "every": 1}
+    renamed = _qwen_moe_config("qwen3_moe", num_local_experts=8)  # transformers' own name for the count
+    del renamed["num_experts"]
+    assert model_keys(renamed, Path("c"))["moe"]["experts"] == 8
+
+
+@pytest.mark.parametrize(("cfg", "rule", "words"), [
+    (_qwen_moe_config("qwen2_moe", decoder_sparse_step=2), "DSF012", "decoder_sparse_step 2"),
+    (_qwen_moe_config("qwen3_moe", mlp_only_layers=[0]), "DSF012", "mlp_only_layers [0]"),
+    (_qwen_moe_config("qwen3_moe", output_router_logits=True), "DSF015", "router_aux_loss_coef 0.001"),
+    (llama_config(model_type="qwen3", attention_bias=True), "DSF012", "attention_bias"),
+    (_qwen_moe_config("qwen2_moe", use_sliding_window=True, sliding_window=16), "DSF012", "sliding_window 16"),
+])
+def test_qwen_refusals(tmp_path: Path, cfg: dict[str, Any], rule: str, words: str) -> None:
+    checkpoint_dir(tmp_path, cfg)
+    found = rules_of(job_file(tmp_path, {"pretrained": "ckpt"}))
+    assert [(r, words in m) for r, m in found] == [(rule, True)], found

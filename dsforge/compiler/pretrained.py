@@ -9,12 +9,13 @@ reads each rank's slices of the weights.
 
 Supported families are those whose HF modules the rewrite policies place and whose tensors the
 runtime reads: llama, mistral and qwen2 (the `llama` policy: the same module names; qwen2's q/k/v
-biases are cut with their weights, and stated as model.qkv_bias), gpt2, and mixtral (its per-expert
-tensors are read as the stacks transformers builds of them, each rank only its experts'; see
+biases are cut with their weights, and stated as model.qkv_bias), gpt2, qwen3 (per-head q/k norms),
+and the MoE families mixtral, qwen2_moe (a gated shared expert) and qwen3_moe, whose per-expert
+tensors are read as the stacks transformers builds of them, each rank only its experts' (see
 dsforge.runtime.pretrained). A head_dim other than hidden / heads (Qwen3-style widths) fills
 model.head_dim. A sliding window is accepted where it does not bite: when it covers model.seq_len,
 attention over the sequence is exactly full causal attention (DSF016 says so); a shorter window is
-refused (DSF012). A Mixtral router that trains otherwise than dsforge's MoE layers (jitter noise, an
+refused (DSF012). A router that trains otherwise than dsforge's MoE layers (jitter noise, an
 auxiliary loss added to the loss) is refused (DSF015).
 """
 
@@ -39,7 +40,14 @@ MAX_CONFIG_BYTES = 4 << 20  # config.json files are a few kB; an index of 10^5 s
 KEY = ("model", "pretrained")
 
 #: model_type -> the dsforge arch whose rewrite policy places its modules.
-FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2", "mixtral": "mixtral"}
+FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2", "mixtral": "mixtral",
+            "qwen3": "qwen3", "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe"}
+#: Families whose MoE blocks route tokens to experts (their config.json keys for the moe: section differ).
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+#: Families that bias q, k and v (and not o_proj): Qwen2 and Qwen2-MoE, always.
+_QKV_BIASED = ("qwen2", "qwen2_moe")
+#: Families whose window applies only with use_sliding_window (or a sliding layer in layer_types).
+_OPT_IN_WINDOW = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 _SWIGLU_ACTS = ("silu", "swish")
 _GELU_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
@@ -128,7 +136,7 @@ def model_keys(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
                               f"({', '.join(sorted(FAMILIES))})", "use a checkpoint of a supported family, or "
                               "model.factory with `rewrite:` rules for another")
     arch = FAMILIES[str(mtype)]
-    if arch == "mixtral":
+    if arch in MOE_FAMILIES:
         router = router_problem(cfg)
         if router is not None:
             raise PretrainedError("DSF015", f"{path}: {router[0]}", router[1])
@@ -160,20 +168,42 @@ def model_keys(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
     keys: dict[str, Any] = {
         "arch": arch, "layers": _int(cfg, "num_hidden_layers", path), "hidden": hidden, "heads": heads,
         "kv_heads": _int(cfg, "num_key_value_heads", path) if cfg.get("num_key_value_heads") is not None else heads,
-        "head_dim": head_dim, "qkv_bias": mtype == "qwen2",  # Qwen2 biases q, k and v (always); Llama, Mistral none
+        # Qwen2 biases q, k and v always, Qwen2-MoE unless its qkv_bias says not; the others never
+        "head_dim": head_dim, "qkv_bias": mtype in _QKV_BIASED and bool(cfg.get("qkv_bias", True)),
         "vocab": _int(cfg, "vocab_size", path), "seq_len": _int(cfg, "max_position_embeddings", path),
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)), "activation": "swiglu", "position": "rope"}
+    keys["ffn_hidden"] = _int(cfg, "intermediate_size", path)
     if arch == "mixtral":
-        keys["ffn_hidden"] = _int(cfg, "intermediate_size", path)
         keys["moe"] = {"experts": _int(cfg, "num_local_experts", path), "top_k": _int(cfg, "num_experts_per_tok", path),
                        "ffn_hidden": keys["ffn_hidden"], "every": 1}
-    else:
-        keys["ffn_hidden"] = _int(cfg, "intermediate_size", path)
+    elif arch in MOE_FAMILIES:
+        keys["moe"] = _qwen_moe(cfg, path, arch)
     return keys
 
 
+def _qwen_moe(cfg: dict[str, Any], path: Path, arch: str) -> dict[str, Any]:
+    """The moe: section of a Qwen2-MoE / Qwen3-MoE config.json (Qwen2-MoE: one gated shared expert).
+
+    Only checkpoints whose every decoder layer is sparse are read: decoder_sparse_step 1 and no
+    mlp_only_layers (HF's rule (i + 1) % step == 0 is model.moe.every's, but dsforge's MoE runtime
+    is proven on all-sparse stacks only).
+    """
+    step, dense_layers = cfg.get("decoder_sparse_step", 1), cfg.get("mlp_only_layers") or []
+    if step != 1 or dense_layers:
+        raise PretrainedError("DSF012", f"{path}: decoder_sparse_step {step!r}, mlp_only_layers {dense_layers!r}: "
+                              "dense MLP layers between the sparse ones are not loaded", "use a checkpoint whose "
+                              "every layer is a sparse MoE block (decoder_sparse_step 1, mlp_only_layers [])")
+    # Qwen3-MoE's transformers config writes num_local_experts, the hub's config.json files num_experts
+    experts = _int(cfg, "num_experts" if cfg.get("num_experts") is not None else "num_local_experts", path)
+    moe: dict[str, Any] = {"experts": experts, "top_k": _int(cfg, "num_experts_per_tok", path),
+                           "ffn_hidden": _int(cfg, "moe_intermediate_size", path), "every": 1}
+    if arch == "qwen2_moe":
+        moe |= {"shared_experts": 1, "shared_ffn_hidden": _int(cfg, "shared_expert_intermediate_size", path)}
+    return moe
+
+
 def router_problem(cfg: dict[str, Any]) -> tuple[str, str] | None:
-    """(what, fix) for a Mixtral router setting under which HF would train otherwise than dsforge does, if any.
+    """(what, fix) for a MoE router setting (Mixtral, Qwen-MoE) under which HF would train otherwise than dsforge.
 
     dsforge's MoE layers (HF's own block at ep 1, DeepSpeed's gate under ep > 1: dsforge.runtime.moe)
     route without noise and train on the language-model loss alone; HF multiplies the router's input by
@@ -196,13 +226,13 @@ def router_problem(cfg: dict[str, Any]) -> tuple[str, str] | None:
 def sliding_window(cfg: dict[str, Any]) -> int | None:
     """The sliding window (tokens a query sees, itself included) config.json's attention applies, None if none.
 
-    Mistral and Mixtral window every layer when ``sliding_window`` is set; Qwen2 only with
+    Mistral and Mixtral window every layer when ``sliding_window`` is set; the Qwen families only with
     ``use_sliding_window`` (or a ``layer_types`` entry ``sliding_attention``), whatever ``sliding_window`` says.
     A value that is not a positive integer is returned as 0, which no sequence fits.
     """
     mtype = cfg.get("model_type")
     window = cfg.get("sliding_window")
-    if mtype == "qwen2":
+    if mtype in _OPT_IN_WINDOW:
         layer_types = cfg.get("layer_types")
         used = bool(cfg.get("use_sliding_window")) or (
             isinstance(layer_types, list) and "sliding_attention" in layer_types)
@@ -217,7 +247,7 @@ def _unsupported(cfg: dict[str, Any], mtype: str) -> str | None:
     """A config feature the job's model keys (and so the estimates and the plan) cannot state, if any."""
     if int(cfg.get("pretraining_tp", 1) or 1) != 1:
         return f"pretraining_tp {cfg.get('pretraining_tp')} (Llama's sliced linear layers)"
-    if mtype == "llama" and cfg.get("attention_bias"):
+    if mtype in ("llama", "qwen3", "qwen3_moe") and cfg.get("attention_bias"):
         return "attention_bias true (biases on q, k, v and o_proj; model.qkv_bias states q, k and v only)"
     if mtype == "llama" and cfg.get("mlp_bias"):
         return "mlp_bias true (biases on the MLP's projections)"

@@ -22,10 +22,11 @@ from dsforge.runtime.export import on_disk
 from dsforge.runtime.pretrained import CheckpointReader, PretrainedLoadError
 
 EXPERTS, HIDDEN, FFN = 4, 32, 24
+KINDS = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 
 def _tiny(kind: str) -> Any:
-    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig
+    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
     common: dict[str, Any] = {"vocab_size": 64, "hidden_size": HIDDEN, "num_hidden_layers": 2,
                               "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts_per_tok": 2,
@@ -33,6 +34,8 @@ def _tiny(kind: str) -> Any:
     torch.manual_seed(3)
     if kind == "mixtral":
         cfg = MixtralConfig(intermediate_size=FFN, num_local_experts=EXPERTS, **common)
+    elif kind == "qwen3_moe":
+        cfg = Qwen3MoeConfig(intermediate_size=48, moe_intermediate_size=FFN, num_experts=EXPERTS, **common)
     else:
         cfg = Qwen2MoeConfig(intermediate_size=48, moe_intermediate_size=FFN, shared_expert_intermediate_size=40,
                              num_experts=EXPERTS, **common)
@@ -52,7 +55,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
     from transformers import AutoModelForCausalLM
 
     out = Saved()
-    for kind in ("mixtral", "qwen2_moe"):
+    for kind in KINDS:
         d = tmp_path_factory.mktemp(kind)
         _tiny(kind).save_pretrained(d)
         loaded = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
@@ -60,7 +63,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
     return out
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_every_parameter_reads_as_from_pretrained_builds_it(saved: Any, kind: str) -> None:
     directory, params = saved[kind]
     reader = CheckpointReader(directory)
@@ -83,7 +86,7 @@ def _ranges(draw: Any, size: int) -> list[tuple[int, int]]:
 
 
 @settings(max_examples=40, deadline=None)
-@given(data=st.data(), kind=st.sampled_from(["mixtral", "qwen2_moe"]), layer=st.integers(0, 1),
+@given(data=st.data(), kind=st.sampled_from(KINDS), layer=st.integers(0, 1),
        which=st.sampled_from(["gate_up_proj", "down_proj"]), dim=st.integers(0, 2))
 def test_a_slice_of_a_stack_reads_only_what_it_holds(saved: Any, data: Any, kind: str, layer: int, which: str,
                                                      dim: int) -> None:
@@ -120,7 +123,7 @@ def test_a_missing_expert_is_named(saved: Any, tmp_path: Path) -> None:
         reader.resolve("model.layers.1.mlp.experts.gate_up_proj")
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_export_writes_what_save_pretrained_writes(saved: Any, kind: str, tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM

@@ -21,8 +21,8 @@ report_id("DSF011", "model.pretrained names a readable HF model directory",
           "The directory must exist and hold a config.json that is a JSON object (at most 4 MiB).", _SRC)
 report_id("DSF012", "config.json describes a model dsforge can rewrite exactly",
           "Its model_type must be a family whose modules the rewrite policies place and whose tensors the runtime "
-          "reads (llama, mistral, qwen2, gpt2, and mixtral, whose per-expert tensors are read as the stacks "
-          "transformers builds of them), with the shape fields present and nothing the job's model keys cannot "
+          "reads (llama, mistral, qwen2, gpt2, qwen3, and the MoE families mixtral, qwen2_moe and qwen3_moe, whose "
+          "per-expert tensors are read as the stacks transformers builds of them; their every layer sparse), with the shape fields present and nothing the job's model keys cannot "
           "state (a sliding window shorter than model.seq_len, Llama's attention_bias or mlp_bias, which bias "
           "o_proj and the MLP too, Llama's pretraining_tp slicing). head_dim and qwen2's q/k/v biases are read "
           "into model.head_dim and model.qkv_bias.", _SRC)
@@ -35,11 +35,11 @@ report_id("DSF014", "the pretrained directory holds its weights",
           "(pytorch_model.bin or its index); only the names are checked, no weight is read.", _SRC)
 report_id("DSF015", "a pretrained MoE router trains as dsforge's MoE layers do",
           "dsforge's expert layers (HF's block at ep 1, DeepSpeed's gate under ep > 1) route without noise, drop "
-          "no token, and train on the language-model loss alone. A Mixtral config.json with router_jitter_noise "
+          "no token, and train on the language-model loss alone. A Mixtral or Qwen-MoE config.json with router_jitter_noise "
           "> 0 (random noise on the router's input in training) or output_router_logits true with a non-zero "
           "router_aux_loss_coef (the load-balancing loss added to the loss) would train another model than "
           "HF's under the same config, so it is refused naming the key.",
-          "HF MixtralSparseMoeBlock (jitter_noise), MixtralForCausalLM (router_aux_loss_coef); "
+          "HF MixtralSparseMoeBlock (jitter_noise), MixtralForCausalLM / Qwen2MoeForCausalLM (router_aux_loss_coef); "
           "dsforge/runtime/moe.py")
 report_id("DSF640", "the pretrained checkpoint holds every parameter of the model, in its shape",
           "Reported by each rank at start-up (dsforge.runtime.materialize) when model.pretrained's weights lack a "
