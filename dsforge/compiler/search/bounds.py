@@ -90,6 +90,28 @@ def chain_floor_s(busy: float, pp: int, m: int, virtual_stages: int) -> float:
     return max(busy, per_micro_batch / (1.0 - (1.0 - 1.0 / m) ** pp))
 
 
+def micro_batch_dp_s(plan: Plan) -> float:
+    """A lower bound of one micro-batch's passes (forward plus backward, over its chunks) on pipeline rank 0
+    from the data-parallel collectives it runs every micro-batch alone (ZeRO-2's gradient reduce-scatter,
+    ZeRO-3's parameter gathers; none under ZeRO 0-1): a pass lasts at least the busy time of each link it
+    uses, whatever of that overlaps its compute (`steptime._exposed_per_link`: compute plus the part of a
+    link's busy time that compute does not cover), and other collectives on the link only add to it. Rank 0
+    runs every pass of the step in turn, so the step lasts at least m times this. The same for every
+    micro-batch size and recompute policy of a degree combination (the collectives carry parameters and
+    gradients, not activations)."""
+    from dsforge.compiler.estimate import comm
+
+    ops = [o for o in comm.data_parallel(plan, 0) if o.scope == "micro-batch" and o.overlap != "dependency"]
+    total = 0.0
+    for phase in ("forward", "backward"):
+        busy: dict[str, float] = {}
+        for o in ops:
+            if o.phase == phase:
+                busy[o.link.name] = busy.get(o.link.name, 0.0) + o.seconds
+        total += max(busy.values(), default=0.0)
+    return total
+
+
 def edge_memory_bytes(plan: Plan, stop_above: float = float("inf"), cache: dict[Any, Any] | None = None) -> float:
     """A lower bound of the busiest rank's device bytes: the larger of the first and the last pipeline stage's
     estimate (the peak is the largest stage; these two hold the embedding, the logits and, in 1F1B, the most

@@ -32,6 +32,7 @@ from dsforge.compiler.search.bounds import (
     chain_floor_s,
     compute_speed,
     edge_memory_bytes,
+    micro_batch_dp_s,
     model_state_bytes,
     pass_floor_s,
 )
@@ -213,6 +214,7 @@ class _Search:
         self.violated = False
         self._states_of: dict[tuple[int, ...], float] = {}
         self._flops: dict[tuple[Any, ...], float] = {}
+        self._dp_floor: dict[tuple[Any, ...], float] = {}  # micro_batch_dp_s per degree combination and chunks
         self._speed: float | None = None
         self._placements: dict[Any, Any] = {}
         self._memo: dict[Any, Any] = {}  # the memory bound's shared inputs (bounds.edge_memory_bytes)
@@ -375,8 +377,14 @@ class _Search:
                 self._flops[key] = flops.hardware_flops_per_step(plan)
         world = lay.nodes * self.spec.hardware.gpus_per_node
         m = lay.global_batch // (lay.dp * lay.micro_batch)
-        return chain_floor_s(self._flops[key] / (world * self._speed), lay.pp, m, lay.virtual_stages) \
+        floor = chain_floor_s(self._flops[key] / (world * self._speed), lay.pp, m, lay.virtual_stages) \
             if self._speed > 0 else 0.0
+        if lay.zero >= 2:  # collectives every micro-batch: ZeRO-3's gathers outweigh the compute of many layouts
+            dkey = (lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.zero, lay.virtual_stages)
+            if dkey not in self._dp_floor:
+                self._dp_floor[dkey] = _below(micro_batch_dp_s(plan if plan is not None else self._plan(lay)))
+            floor = max(floor, m * self._dp_floor[dkey])
+        return floor
 
     def _bound_value(self, step_floor: float, lay: Layout) -> float:
         return self.objective.value(step_floor, lay.global_batch * self.model.seq_len,

@@ -61,7 +61,8 @@ def options(spec: JobSpec) -> SearchSpec:
 
 @lru_cache(maxsize=1)
 def _defaults() -> SearchSpec:
-    return SearchSpec.model_validate({})  # validated once: the space asks for it per degree combination
+    out: SearchSpec = SearchSpec.model_validate({})  # validated once: the space asks for it per skeleton
+    return out
 
 
 @dataclass(frozen=True, order=True)

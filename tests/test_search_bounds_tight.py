@@ -1,0 +1,81 @@
+"""The search's tighter step-time bounds lie below the estimate on whole small spaces: the pass floor (the
+estimate's own passes, transfers and rank 0's tail) and the per-micro-batch data-parallel floor of ZeRO-2/3,
+which one computation serves for a whole degree combination."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from dsforge.compiler.estimate.steptime import estimate_step
+from dsforge.compiler.parse import load_job
+from dsforge.compiler.resolved import resolve_model
+from dsforge.compiler.search.bounds import compute_floor_s, micro_batch_dp_s, pass_floor_s
+from dsforge.compiler.search.engine import _model_seeded
+from dsforge.compiler.search.space import apply_layout, layouts, skeletons
+
+SPACES = {
+    # GPUs over two nodes: ZeRO-2/3 gathers and reductions on NVLink and the network, TP, CP, SP, pipelines
+    "gpus": """version: 1
+model: {preset: llama3-8b, layers: 4, seq_len: 2048}
+hardware: {preset: dgx-a100-40gb, nodes: 2}
+parallel: {tp: auto, pp: auto, cp: auto, zero: auto, sequence_parallel: auto}
+training: {global_batch: 32, micro_batch: auto, recompute: auto, steps: 10}
+launch: {launcher: slurm}
+""",
+    # experts over their own data-parallel groups (edp), ZeRO-2 written with pipelines refused elsewhere
+    "moe": """version: 1
+model: {preset: tiny-mixtral}
+hardware: {preset: cpu-local, gpus_per_node: 8}
+parallel: {tp: auto, pp: 1, cp: auto, ep: auto, zero: auto}
+training: {global_batch: 16, micro_batch: auto, recompute: auto, precision: fp32, steps: 10}
+""",
+}
+
+
+def _plans(write_job, text: str):
+    job, diags = load_job(write_job(text))
+    assert job is not None, diags
+    model = resolve_model(job.spec.model)
+    nodes = job.spec.hardware.nodes
+    for skel in skeletons(job.spec, model, nodes):
+        for lay in layouts(job.spec, model, skel, nodes):
+            plan = _model_seeded(apply_layout(job.spec, lay), model)
+            if plan.layout_ok and plan.placement is not None and plan.stage_layers and plan.grad_accum:
+                yield lay, plan
+
+
+@pytest.mark.parametrize("name", sorted(SPACES))
+def test_the_data_parallel_floor_lies_below_the_step_and_is_one_per_degree_combination(write_job, name: str) -> None:
+    per_class: dict[tuple, set[float]] = defaultdict(set)
+    tighter = checked = 0
+    for lay, plan in _plans(write_job, SPACES[name]):
+        if lay.zero < 2:
+            assert micro_batch_dp_s(plan) == 0.0  # ZeRO 0-1 reduce once per step, in the tail
+            continue
+        floor = plan.grad_accum * micro_batch_dp_s(plan)
+        step = estimate_step(plan).step_s
+        assert 0 < floor <= step * (1 + 1e-9), lay
+        tighter += floor > compute_floor_s(plan)
+        per_class[(lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.zero, lay.virtual_stages)].add(micro_batch_dp_s(plan))
+        checked += 1
+    assert checked >= 40 and tighter > 0
+    assert all(len(v) == 1 for v in per_class.values()), per_class  # the engine computes it once per class
+
+
+def test_the_pass_floor_is_the_step_without_a_pipeline(write_job) -> None:
+    """One stage: the floor is the estimate's passes back to back plus its tail, the step itself (what makes
+    the search estimate only the candidates that rank); with pipelines it stays below the simulated step."""
+    exact = piped = 0
+    for lay, plan in _plans(write_job, SPACES["gpus"]):
+        step = estimate_step(plan).step_s
+        floor = pass_floor_s(plan)
+        assert floor <= step * (1 + 1e-9), lay
+        if lay.pp == 1:
+            assert floor == pytest.approx(step, rel=1e-9), lay
+            exact += 1
+        else:
+            assert pass_floor_s(plan, "edges") <= floor
+            piped += 1
+    assert exact >= 20 and piped >= 20
