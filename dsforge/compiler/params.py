@@ -76,9 +76,13 @@ def is_moe_layer(model: ResolvedModel, index: int) -> bool:
 def moe_layers_in(model: ResolvedModel, first: int, count: int) -> int:
     """How many of layers [first, first + count) are MoE layers: the multiples of ``every`` among their
     1-based indices first + 1 .. first + count (what counting `is_moe_layer` over the range gives)."""
-    if model.moe is None or count <= 0:
+    return moe_count(model.moe.every if model.moe is not None else 0, first, count)
+
+
+def moe_count(every: int, first: int, count: int) -> int:
+    """`moe_layers_in` for MoE layers every ``every`` layers (0: a dense model)."""
+    if every <= 0 or count <= 0:
         return 0
-    every = model.moe.every
     return (first + count) // every - first // every
 
 

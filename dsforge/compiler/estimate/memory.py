@@ -26,7 +26,7 @@ from dsforge.compiler.ds_settings import emitted_checkpointing_block, on_cpu
 from dsforge.compiler.estimate import activations as act
 from dsforge.compiler.estimate.memo import bounded, plan_memo
 from dsforge.compiler.estimate.model_states import ModelStates, megatron_states, model_states
-from dsforge.compiler.estimate.shares import RankParams, layer_kinds, stage_chunks, stage_share
+from dsforge.compiler.estimate.shares import RankParams, chunk_table, kind_table, layer_kinds, stage_share
 from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.estimate.zero_config import ZeroSettings, zero_settings
 from dsforge.compiler.params import padded_vocab
@@ -39,6 +39,7 @@ FRAGMENTATION = 0.05
 
 #: Stable component names, in display order.
 DEVICE_COMPONENTS = ("parameters", "gradients", "optimizer", "buffers", "activations", "logits", "reserve")
+_ZEROS = dict.fromkeys(DEVICE_COMPONENTS[:-1], 0.0)  # every moment lists every component, in this order
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def _activations(plan: Plan, stage: int, shape: act.ActivationShape, m: int, per
     """(activations, logits) bytes one rank of ``stage`` holds at its peak under the schedule."""
     assert plan.degrees is not None
     model, d = plan.model, plan.degrees
-    chunks = len(stage_chunks(plan, stage))
+    chunks = len(chunk_table(plan)[stage])
     kinds = {moe: count for moe, count in layers.items() if count}
     per_mb = sum(count * per.kept[moe] for moe, count in kinds.items())
     flight = act.in_flight(plan.spec.parallel.pipeline.schedule, d.pp, stage, m, chunks)
@@ -205,7 +206,7 @@ def stage_memory(plan: Plan, stage: int, z: ZeroSettings, m: int, per: _PerLayer
     shape = activation_shape(plan)
     activ, logits = _activations(plan, stage, shape, m, per or _PerLayer.of(plan, shape), kinds)
     cpu = on_cpu(plan)
-    moments = {name: _with_reserve(plan, {**dict.fromkeys(DEVICE_COMPONENTS[:-1], 0.0), **values}, cpu)
+    moments = {name: _with_reserve(plan, {**_ZEROS, **values}, cpu)
                for name, values in (("backward", {**states.backward, "activations": activ, "logits": logits}),
                                     ("update", states.update), ("step", states.step))}
     phase = max(("backward", "update"), key=lambda name: sum(moments[name].values()))
@@ -256,7 +257,6 @@ def _stage_class(plan: Plan, stage: int, m: int) -> tuple[object, ...]:
     in these have the same bytes (a deep pipeline's middle stages), so `estimate_memory` computes them once."""
     assert plan.degrees is not None
     d = plan.degrees
-    chunks = stage_chunks(plan, stage)
-    kinds = tuple(sorted(layer_kinds(plan, stage).items()))
+    chunks = chunk_table(plan)[stage]
     flight = act.in_flight(plan.spec.parallel.pipeline.schedule, d.pp, stage, m, len(chunks))
-    return stage == 0, stage == d.pp - 1, kinds, tuple(count for _, count in chunks), flight
+    return stage == 0, stage == d.pp - 1, kind_table(plan)[stage], tuple(count for _, count in chunks), flight

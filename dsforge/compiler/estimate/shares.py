@@ -15,12 +15,12 @@ from itertools import accumulate
 
 from dsforge.compiler.estimate.memo import bounded, plan_memo
 from dsforge.compiler.estimate.stacks import profile_of
-from dsforge.compiler.params import has_bias, kv_heads_per_rank, moe_layers_in, padded_vocab, shared_gate
+from dsforge.compiler.params import has_bias, kv_heads_per_rank, moe_count, padded_vocab, shared_gate
 from dsforge.compiler.plan import Plan
 from dsforge.compiler.resolved import ResolvedModel
 
-__all__ = ["RankParams", "embedding_share", "gathered_tensors", "head_share", "kind_share", "kv_heads_per_rank",
-           "layer_kinds", "stage_chunks", "stage_share"]
+__all__ = ["RankParams", "chunk_table", "embedding_share", "gathered_tensors", "head_share", "kind_share",
+           "kind_table", "kv_heads_per_rank", "layer_kinds", "stage_chunks", "stage_share"]
 
 
 @dataclass(frozen=True)
@@ -102,22 +102,30 @@ def gathered_tensors(model: ResolvedModel, moe: bool, tp: int, ep: int, threshol
 
 def layer_kinds(plan: Plan, stage: int) -> dict[bool, int]:
     """How many dense (False) and MoE (True) layers one rank of ``stage`` holds."""
-    dense, moe = _stage_kinds(plan)[stage]
+    dense, moe = kind_table(plan)[stage]
     return {False: dense, True: moe}
 
 
-def _stage_kinds(plan: Plan) -> tuple[tuple[int, int], ...]:
-    """(dense, MoE) layers of every stage, counted per chunk from its bounds (`moe_layers_in`), once per plan."""
+def kind_table(plan: Plan) -> tuple[tuple[int, int], ...]:
+    """(dense, MoE) layers of every stage, once per plan (from the partition alone: `_kind_table`)."""
     memo = plan_memo(plan)
     kinds = memo.get("kinds")
     if kinds is None:
-        model = plan.model
-        out = []
-        for chunks in _chunks(plan):
-            moe = sum(moe_layers_in(model, first, count) for first, count in chunks)
-            out.append((sum(count for _, count in chunks) - moe, moe))
-        kinds = memo["kinds"] = tuple(out)
+        assert plan.degrees is not None
+        moe = plan.model.moe
+        kinds = memo["kinds"] = _kind_table(tuple(plan.stage_layers), plan.degrees.pp, moe.every if moe else 0)
     return kinds
+
+
+@bounded(maxsize=1024)
+def _kind_table(layers: tuple[int, ...], pp: int, every: int) -> tuple[tuple[int, int], ...]:
+    """(dense, MoE) layers of each of ``pp`` stages holding chunks ``layers`` (pipeline order), MoE layers
+    every ``every`` layers (0: none), counted per chunk from its bounds (`params.moe_count`)."""
+    out = []
+    for chunks in _chunk_table(layers, pp):
+        moe = sum(moe_count(every, first, count) for first, count in chunks)
+        out.append((sum(count for _, count in chunks) - moe, moe))
+    return tuple(out)
 
 
 def embedding_share(model: ResolvedModel, tp: int) -> float:
@@ -145,20 +153,25 @@ def stage_chunks(plan: Plan, stage: int) -> list[tuple[int, int]]:
     Chunk j of rank i is global chunk j * pp + i (Megatron's interleaved assignment; one chunk when
     not interleaved).
     """
-    return list(_chunks(plan)[stage])
+    return list(chunk_table(plan)[stage])
 
 
-def _chunks(plan: Plan) -> tuple[tuple[tuple[int, int], ...], ...]:
-    """`stage_chunks` of every stage, computed once per plan (every stage's estimate asks for them, often)."""
+def chunk_table(plan: Plan) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """`stage_chunks` of every stage, once per plan (every stage's estimate asks for them, often)."""
     memo = plan_memo(plan)
     chunks = memo.get("chunks")
     if chunks is None:
         assert plan.degrees is not None
-        pp, layers = plan.degrees.pp, plan.stage_layers
-        starts = list(accumulate(layers, initial=0))
-        chunks = memo["chunks"] = tuple(tuple((starts[c], layers[c]) for c in range(stage, len(layers), pp))
-                                        for stage in range(pp))
+        chunks = memo["chunks"] = _chunk_table(tuple(plan.stage_layers), plan.degrees.pp)
     return chunks
+
+
+@bounded(maxsize=1024)
+def _chunk_table(layers: tuple[int, ...], pp: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """The (first layer, count) chunks of each of ``pp`` stages given the layers of every chunk (pipeline
+    order; chunk j of stage s is j * pp + s): many plans share one partition."""
+    starts = list(accumulate(layers, initial=0))
+    return tuple(tuple((starts[c], layers[c]) for c in range(stage, len(layers), pp)) for stage in range(pp))
 
 
 def stage_share(plan: Plan, stage: int, threshold: float, kinds: dict[bool, int] | None = None) -> RankParams:
@@ -168,7 +181,7 @@ def stage_share(plan: Plan, stage: int, threshold: float, kinds: dict[bool, int]
     """
     assert plan.degrees is not None
     d = plan.degrees
-    dense, moe = (kinds.get(False, 0), kinds.get(True, 0)) if kinds else _stage_kinds(plan)[stage]
+    dense, moe = (kinds.get(False, 0), kinds.get(True, 0)) if kinds else kind_table(plan)[stage]
     return _stage_share(plan.model, d.tp, d.ep, d.pp, profile_of(plan.spec.stack).experts_split_over_tp,
                         threshold, stage == 0, stage == d.pp - 1, dense, moe)
 
