@@ -222,9 +222,10 @@ def estimate_memory(plan: Plan) -> MemoryEstimate:
     """Estimate every pipeline stage's memory for a plan whose layout is valid (else ValueError)."""
     if not plan.layout_ok or plan.degrees is None or plan.placement is None or not plan.stage_layers:
         raise ValueError("estimate_memory needs a valid layout (degrees filling the world, a stage partition)")
-    cached = plan.__dict__.get("_memory_estimate")  # the plan is immutable: rules and the search ask again
+    memo = plan_memo(plan)  # the plan is immutable: rules and the search ask again
+    cached: MemoryEstimate | None = memo.get("memory_estimate")
     if cached is not None:
-        return cached  # type: ignore[no-any-return]
+        return cached
     z = zero_settings(plan)
     m = micro_batches(plan)
     per = _PerLayer.of(plan, activation_shape(plan))
@@ -247,7 +248,7 @@ def estimate_memory(plan: Plan) -> MemoryEstimate:
              f"stack {stack}: TE flash attention, fused norms/SwiGLU/GELU, fused vocab-parallel cross-entropy, "
              "no pipeline output buffers, experts split over TP, distributed optimizer (zero: 1)")
     out = MemoryEstimate(stages, plan.spec.hardware.accelerator.memory_gb * 1e9, m, notes)
-    plan.__dict__["_memory_estimate"] = out
+    memo["memory_estimate"] = out
     return out
 
 

@@ -14,7 +14,7 @@ from dsforge.compiler.estimate.comm import Collective
 from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
 from dsforge.compiler.estimate.shares import stage_chunks, stage_share
 from dsforge.compiler.estimate.steptime import StepTime, estimate_step, refetched
-from dsforge.compiler.params import is_moe_layer, layer_params, mlp_params, total_params
+from dsforge.compiler.params import is_moe_layer, layer_params, mlp_params, moe_layers_in, total_params
 from dsforge.compiler.plan import Plan
 
 #: Layer-scoped collectives that a full recompute repeats during the backward pass.
@@ -29,7 +29,7 @@ def active_params(plan: Plan) -> int:
     if model.moe is None:
         return total
     idle = (model.moe.experts - model.moe.top_k) * mlp_params(model, model.moe.ffn_hidden)
-    return total - idle * sum(is_moe_layer(model, i) for i in range(model.layers))
+    return total - idle * moe_layers_in(model, 0, model.layers)
 
 
 def _units(plan: Plan, stage: int, op: Collective, m: int) -> float:
@@ -42,7 +42,7 @@ def _units(plan: Plan, stage: int, op: Collective, m: int) -> float:
     if op.scope == "layer":
         per_mb = float(sum(n for _, _, n in chunks))
     elif op.scope == "moe-layer":
-        per_mb = float(sum(is_moe_layer(model, i) for _, f, n in chunks for i in range(f, f + n)))
+        per_mb = float(sum(moe_layers_in(model, f, n) for _, f, n in chunks))
     elif op.scope in ("first", "last"):
         per_mb = float(any(k == (0 if op.scope == "first" else last) for k, _, _ in chunks))
     elif op.scope == "boundary":  # sends: forward out of every chunk but the last, backward out of all but the first
