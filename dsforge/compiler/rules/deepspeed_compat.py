@@ -97,7 +97,7 @@ def zero_optimizer(ctx: Context) -> Iterator[Finding]:
 @rule("DSF506", "DeepSpeed's pipeline engines run 1F1B (PipelineEngine) and DualPipeV, not GPipe or interleaved",
       severity=Severity.WARNING,
       source=DS + "runtime/pipe/schedule.py TrainSchedule, DualPipeVSchedule; runtime/pipe/dualpipev.py",
-      reads=("pp", "schedule"))
+      reads=())
 def pipeline_schedule(ctx: Context) -> Iterator[Finding]:
     """DeepSpeed 0.19.8's PipelineEngine executes its TrainSchedule, a 1F1B schedule with one chunk per
     rank; it also ships DualPipeV (DualPipeVModule + DualPipeVEngine: two stages per rank, micro-batches

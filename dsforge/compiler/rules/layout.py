@@ -218,7 +218,7 @@ def explicit_partition(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF110", "sequence parallelism needs tp > 1", severity=Severity.WARNING,
-      source="Korthikanti et al. 2022 sec. 4.2.2", reads=("tp", "sequence_parallel"))
+      source="Korthikanti et al. 2022 sec. 4.2.2", reads=())
 def sp_without_tp(ctx: Context) -> Iterator[Finding]:
     """Megatron sequence parallelism splits the norm and dropout regions over the tensor-parallel group;
     with tp = 1 there is no group and the flag does nothing."""

@@ -91,7 +91,7 @@ def tp_divides_vocab(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF107", "vocab is a multiple of 8", severity=Severity.INFO,
-      source="deepspeed/runtime/config.py _do_warning_check (vocabulary_size)", reads=("tp",))
+      source="deepspeed/runtime/config.py _do_warning_check (vocabulary_size)", reads=())
 def vocab_multiple_of_8(ctx: Context) -> Iterator[Finding]:
     """Tensor cores run the embedding and LM-head matmuls fastest with dimensions in multiples of 8;
     DeepSpeed logs the same warning."""
@@ -236,7 +236,7 @@ def deepseek_router(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF153", "MLA attention is replicated on every tensor-parallel rank", severity=Severity.WARNING,
-      source="dsforge/compiler/rewrite_policies.py DEEPSEEK_V3", reads=("tp",))
+      source="dsforge/compiler/rewrite_policies.py DEEPSEEK_V3", reads=())
 def mla_replicated(ctx: Context) -> Iterator[Finding]:
     """MLA (DeepSeek-V3) compresses keys and values into one low-rank latent shared by all heads, plus one
     rotary key shared by every head; the policy keeps the attention whole on every TP rank, which is exact

@@ -31,8 +31,12 @@ def _crossing(ctx: Context, kind: str, key: str) -> Iterator[Finding]:
                   fix, ("parallel", key), details={"intra_gbs": intra, "inter_gbs": inter})
 
 
+# These three warn or inform and never refuse a layout, so no field decides their verdict (reads=()): the layout
+# search asks them once, not for every degree combination (a million-rank cp group's placement is not cheap).
+
+
 @rule("DSF401", "tensor parallelism stays inside a node", severity=Severity.WARNING,
-      source="Narayanan et al. 2021 sec. 3.2 (TP within a node, takeaway #1)", reads=("tp", "pp", "dp", "cp", "ep"))
+      source="Narayanan et al. 2021 sec. 3.2 (TP within a node, takeaway #1)", reads=())
 def tp_in_node(ctx: Context) -> Iterator[Finding]:
     """Tensor parallelism all-reduces activations twice per layer per direction; across nodes it runs at
     network rather than NVLink bandwidth and usually dominates the step."""
@@ -41,7 +45,7 @@ def tp_in_node(ctx: Context) -> Iterator[Finding]:
 
 @rule("DSF402", "context parallelism stays inside a node", severity=Severity.WARNING,
       source="Liu et al. 2023 (Ring Attention): overlap needs block compute >= K/V transfer",
-      reads=("tp", "pp", "dp", "cp", "ep"))
+      reads=())
 def cp_in_node(ctx: Context) -> Iterator[Finding]:
     """Ring attention hides the K/V transfer behind block compute only when the link is fast enough;
     across nodes the exchange is usually exposed."""
@@ -50,7 +54,7 @@ def cp_in_node(ctx: Context) -> Iterator[Finding]:
 
 @rule("DSF403", "expert parallelism crossing nodes is costed", severity=Severity.INFO,
       source="Lepikhin et al. 2020 (GShard); Rajbhandari et al. 2022 (DeepSpeed-MoE)",
-      reads=("tp", "pp", "dp", "cp", "ep"))
+      reads=())
 def ep_in_node(ctx: Context) -> Iterator[Finding]:
     """Every MoE layer sends each token to its experts and back with all-to-alls; across nodes these run
     at network bandwidth. Common for large MoE runs, so reported as information."""

@@ -18,6 +18,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from dsforge.compiler.estimate import flops
@@ -44,6 +45,7 @@ from dsforge.compiler.search.space import (
     is_auto,
     layouts,
     options,
+    skeleton_size,
     skeletons,
     space_size,
 )
@@ -222,14 +224,18 @@ class _Search:
         # the checks whose verdict a skeleton or a memory group decides are asked once for it, before any of its
         # candidates is bounded; the others once per candidate that fits (exhaustive: all per candidate, the
         # reference tests/test_search_exact.py compares with)
-        self.early: dict[str, Errors] = {}
+        self.early: dict[str, list[tuple[Rule, RuleFilter]]] = {"skeleton": [], "group": []}
         self.late: Errors = errors
+        self._verdicts: dict[tuple[Any, ...], bool] = {}  # (rule id, the fields it reads) -> refused
         if isinstance(errors, RuleFilter) and not exhaustive:
-            tiers: dict[str | None, list[Rule]] = defaultdict(list)
+            late = []
             for r in errors.rules:
-                tiers[rule_tier(r)].append(r)
-            self.early = {tier: errors.subset(rules) for tier, rules in tiers.items() if tier is not None}
-            self.late = errors.subset(tiers[None])
+                tier = rule_tier(r)
+                if tier is None:
+                    late.append(r)
+                else:
+                    self.early[tier].append((r, errors.subset([r])))
+            self.late = errors.subset(late)
 
     def _groups(self) -> Iterator[list[Layout]]:
         """The candidates in memory groups: one degree combination with one SP, CP kind, schedule, chunk count
@@ -239,40 +245,47 @@ class _Search:
             first = next(children, None)
             if first is None:
                 continue
-            # one bound for the whole degree combination: its model states, averaged over the stages
+            # the checks a degree combination decides, then one memory bound for all of it: its model states,
+            # averaged over the stages (both count its members without listing them)
+            if self._class_refused(first, "skeleton", partial(skeleton_size, self.spec, self.model, skel)):
+                continue
             states = model_state_bytes(_model_seeded(apply_layout(self.spec, first), self.model), average=True)
             if states > self.limit * self.capacity:
-                n = 1 + sum(1 for _ in children)
+                n = skeleton_size(self.spec, self.model, skel)
                 self.funnel.considered += n
                 self.funnel.removed["memory"] += n
-                self.misses.append(Miss(first, "memory", f"model states alone need {_gb(states)} of "
-                                                         f"{_gb(self.capacity)}", states / self.capacity))
-                continue
-            members = [first, *children]
-            if "skeleton" in self.early and self._class_refused(first, self.early["skeleton"], len(members)):
+                self._keep_miss(Miss(first, "memory", f"model states alone need {_gb(states)} of "
+                                                      f"{_gb(self.capacity)}", states / self.capacity))
                 continue
             groups: dict[tuple[Any, ...], list[Layout]] = defaultdict(list)
-            for lay in members:
+            for lay in (first, *children):
                 groups[(lay.sequence_parallel, lay.cp_kind, lay.schedule, lay.virtual_stages,
                         lay.global_batch)].append(lay)
             for group in groups.values():
-                if "group" not in self.early or not self._class_refused(group[0], self.early["group"], len(group)):
+                if not self._class_refused(group[0], "group", group.__len__):
                     yield group
 
-    def _class_refused(self, lay: Layout, errors: Errors, size: int) -> bool:
-        """True (and its ``size`` members counted under the first id found, ``lay`` kept as the miss) when the
-        checks of a class find an error for its first member, so for every member (`rule_tier`)."""
-        found = errors(*self._spec_plan(lay))
-        if not found:
-            return False
-        self.funnel.considered += size
-        self.funnel.removed[found[0].rule] += size  # once each: the funnel's counts add up to the candidates
-        self._keep_miss(Miss(lay, found[0].rule, found[0].message))
-        return True
-
-    def _spec_plan(self, lay: Layout) -> tuple[JobSpec, Plan]:
-        plan = self._plan(lay)
-        return plan.spec, plan
+    def _class_refused(self, lay: Layout, tier: str, size: Callable[[], int]) -> bool:
+        """True (and the class's ``size()`` members counted under the refusing id, ``lay`` kept as the miss)
+        when a check of this tier finds an error for ``lay``, so for every member of its class (`rule_tier`).
+        A check's verdict is kept per value of the fields it reads: asked again only for new values; a refused
+        class gets its own diagnostic (the message may name values of fields the check does not decide on)."""
+        plan: Plan | None = None
+        for r, errors in self.early[tier]:
+            key = (r.id, *(getattr(lay, f) for f in r.reads or ()))
+            refused = self._verdicts.get(key)
+            found: list[Diagnostic] = []
+            if refused is None or refused:
+                plan = plan if plan is not None else self._plan(lay)
+                found = errors(plan.spec, plan)
+                refused = self._verdicts[key] = bool(found)
+            if refused:
+                n = size()
+                self.funnel.considered += n
+                self.funnel.removed[r.id] += n  # once each: the funnel's counts add up to the candidates
+                self._keep_miss(Miss(lay, r.id, found[0].message))
+                return True
+        return False
 
     def _plan(self, lay: Layout) -> Plan:
         return _model_seeded(apply_layout(self.spec, lay), self.model, self._placements)

@@ -217,20 +217,24 @@ def layouts(spec: JobSpec, model: ResolvedModel, skeleton: tuple[int, int, int, 
 
 
 def space_size(spec: JobSpec, model: ResolvedModel, nodes: int) -> int:
-    """How many candidates `layouts` yields over every skeleton, counted without building them (the innermost
-    choices, micro-batch and recompute, multiply)."""
+    """How many candidates `layouts` yields over every skeleton, counted without building them."""
+    return sum(skeleton_size(spec, model, skel) for skel in skeletons(spec, model, nodes))
+
+
+def skeleton_size(spec: JobSpec, model: ResolvedModel, skeleton: tuple[int, int, int, int, int, int]) -> int:
+    """How many candidates `layouts` yields for one skeleton, counted without building them (the choices of
+    SP, CP kind, schedule and chunks, batch and micro-batch, and recompute multiply)."""
     par, t = spec.parallel, spec.training
+    tp, pp, dp, cp, _ep, _zero = skeleton
     rc = len(_pick(t.recompute, list(RECOMPUTE)))
-    total = 0
-    for tp, pp, dp, cp, _ep, _zero in skeletons(spec, model, nodes):
-        sps = len(_pick(par.sequence_parallel, [False, True] if tp > 1 else [False]))
-        kinds = [k for k in _pick(par.context_parallel.kind, ["ring", "ulysses"] if cp > 1 else ["ring"])
-                 if not (par.context_parallel.kind == AUTO and k == "ulysses" and (model.heads // tp) % cp)]
-        chunks = sum(len(_virtual(par.pipeline.virtual_stages, s, pp, model.layers, par.pipeline.partition))
-                     for s in _pick(par.pipeline.schedule, list(SCHEDULES) if pp > 1 else ["1f1b"]))
-        mbs = sum(len(_pick(t.micro_batch, powers_of_two(gb // dp))) for gb in batch_choices(spec) if gb % dp == 0)
-        total += sps * len(kinds) * chunks * mbs * rc
-    return total
+    sps = len(_pick(par.sequence_parallel, [False, True] if tp > 1 else [False]))
+    kinds = [k for k in _pick(par.context_parallel.kind, ["ring", "ulysses"] if cp > 1 else ["ring"])
+             if not (par.context_parallel.kind == AUTO and k == "ulysses" and (model.heads // tp) % cp)]
+    chunks = sum(len(_virtual(par.pipeline.virtual_stages, s, pp, model.layers, par.pipeline.partition))
+                 for s in _pick(par.pipeline.schedule, list(SCHEDULES) if pp > 1 else ["1f1b"]))
+    mbs = sum(sum(1 for mb in _pick(t.micro_batch, powers_of_two(gb // dp)) if (gb // dp) % mb == 0)
+              for gb in batch_choices(spec) if gb % dp == 0)
+    return sps * len(kinds) * chunks * mbs * rc
 
 
 def _virtual(value: Any, schedule: str, pp: int, layers: int, part: Any) -> list[int]:
