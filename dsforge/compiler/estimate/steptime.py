@@ -25,7 +25,7 @@ published runs (see their comments) and a job can override it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from dsforge.compiler.estimate import comm, flops
 from dsforge.compiler.estimate.comm import Collective
@@ -104,8 +104,10 @@ def _exposed_per_link(timed: list[tuple[Collective, float]], compute_s: float, a
     return exposed
 
 
-def _pass(ops: list[Collective], phase: str, compute_s: float, attention_s: float, counts: _ChunkCounts) -> Pass:
-    """Build one pass: its compute plus the exposed time of the ops of this phase (summed per link)."""
+def _pass(ops: list[Collective], phase: str, compute_s: float, attention_s: float, counts: _ChunkCounts,
+          engine_s: float = 0.0) -> Pass:
+    """Build one pass: its compute plus the exposed time of the ops of this phase (summed per link), and the
+    engine's host work ``engine_s``."""
     timed = []
     for op in ops:
         if op.phase != phase or op.overlap == "dependency":
@@ -113,7 +115,7 @@ def _pass(ops: list[Collective], phase: str, compute_s: float, attention_s: floa
         n = _units(op, *counts)
         if n > 0:
             timed.append((op, op.seconds * n))
-    return Pass(compute_s, _exposed_per_link(timed, compute_s, attention_s))
+    return Pass(compute_s, _exposed_per_link(timed, compute_s, attention_s), engine_s)
 
 
 def stage_passes(plan: Plan, stage: int, speed: float | Rates) -> tuple[list[Pass], list[Pass]]:
@@ -137,9 +139,8 @@ def stage_passes(plan: Plan, stage: int, speed: float | Rates) -> tuple[list[Pas
         c = chunk_time(plan, first_layer, count, k == 0, k == last_chunk, r)
         moe = moe_layers_in(model, first_layer, count)
         counts: _ChunkCounts = (count, moe, k == 0, k == last_chunk, 1.0 / len(chunks))
-        fwd.append(replace(_pass(ops, "forward", c.forward_s, c.attention_s, counts), engine_s=engine_fwd))
-        bwd.append(replace(_pass(ops, "backward", c.backward_s, 2 * c.attention_s, counts),
-                           engine_s=engine - engine_fwd))
+        fwd.append(_pass(ops, "forward", c.forward_s, c.attention_s, counts, engine_fwd))
+        bwd.append(_pass(ops, "backward", c.backward_s, 2 * c.attention_s, counts, engine - engine_fwd))
     return fwd, bwd
 
 
