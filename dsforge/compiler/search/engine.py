@@ -2,10 +2,15 @@
 by the objective with the cost model; best-first over exact lower bounds, so that only the candidates that could
 still rank are estimated (`exhaustive=True` estimates all of them; tests/test_search_exact.py shows both agree).
 
-A candidate moves through three levels, each behind a heap ordered by (bound of the objective, tiebreak):
-  0. legal by construction, bounded by its model states (memory) and FLOPs at peak with the analytic bubble;
-  1. its memory estimate fits `search.memory_fraction`; bounded by the chain of its pass durations;
-  2. validate's rules find no error, and it is estimated: its value is exact.
+Before any candidate is bounded, the checks that declare the layout fields their verdict reads (`Rule.reads`)
+are asked once per degree combination or memory group (and kept per value of those fields): a refusal removes
+the whole class. A candidate then moves through three levels, each behind a heap ordered by (bound of the
+objective, tiebreak):
+  0. legal by construction, bounded by its model states (memory), FLOPs at peak with the analytic bubble and,
+     under ZeRO-2/3, its per-micro-batch data-parallel collectives;
+  1. its memory estimate fits `search.memory_fraction`; bounded by the chain of its own pass durations,
+     transfers and rank 0's step tail;
+  2. the remaining checks find no error, and it is estimated: its value is exact.
 A candidate that never reaches a level is counted as pruned, not under the rule or memory test it would have met.
 The k-th candidate popped at level 2 is the k-th best, because every candidate still in the heap has a bound
 (and so a value) at least as large.
