@@ -33,7 +33,7 @@ def test_good_fixtures_validate_clean(path: Path) -> None:
 def test_chain_of_three_merges_mappings_and_replaces_lists() -> None:
     data, smap = load_document(GOOD / "chain-of-three.yaml")
     assert data["name"] == "chain-of-three"
-    assert data["model"] == {"preset": "tiny-gpt2", "arch": "custom"}  # from the middle file
+    assert data["model"] == {"preset": "tiny-gpt2", "arch": "custom", "factory": "my_models.tiny:build"}  # from the middle file
     assert data["hardware"]["gpus_per_node"] == 4  # from the bottom file, two directories away
     opt = data["training"]["optimizer"]
     assert opt == {"name": "adamw", "lr": 5.0e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}

@@ -45,11 +45,11 @@ BY_RULE: dict[str, tuple[str, ...]] = {
     "groups.py:_placement_of:LayoutError": ("DSF101", "DSF600"),
     "groups.py:pipe_axes:LayoutError": ("DSF140", "DSF117"),  # cp apart from dp matters only with cp > 1 and pp > 1
     "moe.py:__init__:LayoutError": ("DSF113",),
-    # Building the model and planning its rewrite run at compile time on the meta device (plan.json's
-    # `rewrite`): a spec the HF family cannot express, a failing factory or a module no rule places is DSF607.
-    "models.py:family:ModelBuildError": ("DSF607",),
-    "models.py:_require:ModelBuildError": ("DSF607",),
-    "models.py:hf_config:ModelBuildError": ("DSF607",),
+    # A spec dsforge's own HF families cannot express is refused at validate (DSF145, the same torch-free check);
+    # building the model and planning its rewrite run at compile time on the meta device (plan.json's
+    # `rewrite`): a failing factory or a module no rule places is DSF607.
+    "models.py:family:ModelBuildError": ("DSF145",),
+    "models.py:_require:ModelBuildError": ("DSF145",),
     "models.py:load_factory:ModelBuildError": ("DSF607",),
     "models.py:call_factory:ModelBuildError": ("DSF607",),
     "rewrite/__init__.py:resolve_arch:RewriteError": ("DSF607",),

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dsforge.compiler.builtin_models import NotBuiltIn, builtin_family, family_problem
 from dsforge.compiler.params import padded_vocab
 from dsforge.compiler.resolved import ResolvedModel, resolve_model
 from dsforge.compiler.schema import ModelSpec
@@ -27,20 +28,16 @@ class ModelBuildError(ValueError):
 
 def family(model: ResolvedModel) -> str:
     """The HF family that builds this spec: its arch, or for `auto` the one its fields describe."""
-    if model.arch in ("gpt2", "llama", "mixtral"):
-        return model.arch
-    if model.arch == "custom":
-        raise ModelBuildError("arch: custom needs model.factory (\"package.module:callable\") to build the model")
-    if model.arch != "auto":  # the other families' rewrite policies exist; dsforge builds none of them itself
-        raise ModelBuildError(f"arch: {model.arch} is built from model.factory (\"package.module:callable\") or an "
-                              "HF directory (model.pretrained); dsforge builds only gpt2, llama and mixtral itself")
-    if model.moe is not None:
-        return "mixtral"
-    return "gpt2" if model.activation == "gelu" and model.position == "learned" else "llama"
+    try:
+        return builtin_family(model)
+    except NotBuiltIn as exc:
+        raise ModelBuildError(str(exc)) from None
 
 
-def _require(ok: bool, arch: str, what: str) -> None:
-    if not ok:
+def _require(arch: str, model: ResolvedModel) -> None:
+    """Refuse a spec the HF config of ``arch`` cannot express (validate refuses the same first: DSF145)."""
+    what = family_problem(arch, model)
+    if what:
         raise ModelBuildError(f"the HF {arch} model cannot express this spec: {what}")
 
 
@@ -53,42 +50,29 @@ def hf_config(model: ModelSpec | ResolvedModel, tp: int = 1) -> Any:
     """The transformers config of the spec (vocabulary padded for ``tp`` as the compiler counts it)."""
     model = resolve_model(model)
     arch = family(model)
+    _require(arch, model)
     kv, ffn = model.kv_heads, model.ffn_hidden
     cfg: Any
     if arch == "gpt2":
         from transformers import GPT2Config
-        _require(kv == model.heads, arch, f"GPT-2 has no grouped-query attention (kv_heads={kv}, heads={model.heads})")
-        _require(model.activation == "gelu" and model.position == "learned", arch,
-                 "GPT-2 uses a GELU MLP and learned positions")
-        _require(model.moe is None, arch, "GPT-2 has no MoE layers (use a factory)")
-        _require(model.head_dim * model.heads == model.hidden and model.qkv_bias, arch,
-                 f"GPT-2's fused QKV (with its bias) is hidden x 3 hidden (head_dim {model.head_dim} x heads "
-                 f"{model.heads} != hidden {model.hidden}, or qkv_bias false)")
         cfg = GPT2Config(n_positions=model.seq_len, n_embd=model.hidden, n_layer=model.layers, n_head=model.heads,
                          n_inner=ffn, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
                          attn_pdrop=0.0, **_common(model, tp))
     else:
-        _require(model.activation == "swiglu" and model.position == "rope", arch,
-                 "Llama-style models use a SwiGLU MLP and RoPE")
         common = dict(hidden_size=model.hidden, num_hidden_layers=model.layers, num_attention_heads=model.heads,
                       num_key_value_heads=kv, head_dim=model.head_dim, max_position_embeddings=model.seq_len,
                       attention_dropout=0.0, **_common(model, tp))
         if arch == "llama" and model.qkv_bias:
             # Llama's attention_bias would bias o_proj too; Qwen2 is Llama with biases on q, k and v only
             from transformers import Qwen2Config
-            _require(model.moe is None, arch, "Llama has no MoE layers (use arch: mixtral)")
             cfg = Qwen2Config(intermediate_size=ffn, use_sliding_window=False, **common)
         elif arch == "llama":
             from transformers import LlamaConfig
-            _require(model.moe is None, arch, "Llama has no MoE layers (use arch: mixtral)")
             cfg = LlamaConfig(intermediate_size=ffn, attention_bias=False, mlp_bias=False, **common)
         else:
             from transformers import MixtralConfig
             moe = model.moe
-            if moe is None or moe.every != 1:
-                raise ModelBuildError("the HF mixtral model cannot express this spec: it needs `moe:` with "
-                                      "every: 1 (every layer is a sparse MoE block)")
-            _require(not model.qkv_bias, arch, "Mixtral's q, k and v projections have no biases (qkv_bias: false)")
+            assert moe is not None  # _require: Mixtral needs `moe:`
             cfg = MixtralConfig(intermediate_size=moe.ffn_hidden, num_local_experts=moe.experts,
                                 num_experts_per_tok=moe.top_k, output_router_logits=False, **common)
     cfg._attn_implementation = "sdpa"

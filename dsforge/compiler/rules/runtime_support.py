@@ -1,4 +1,4 @@
-"""DSF140-DSF143: layouts dsforge's own runtime refuses at start-up, refused at validate time instead.
+"""DSF140-DSF145: layouts and models dsforge's own runtime refuses at start-up, refused at validate time instead.
 
 Each rule mirrors one refusal of `dsforge.runtime` (tests/test_runtime_refusals.py lists every
 `raise` of the runtime and checks that each start-up limitation names a rule here or elsewhere). They
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from dsforge.compiler.builtin_models import NotBuiltIn, builtin_problem
 from dsforge.compiler.rules.registry import Context, Finding, rule
 
 DS = "deepspeed/"
@@ -110,3 +111,28 @@ def context_parallel_attention(ctx: Context) -> Iterator[Finding]:
         yield Finding(f"cp={d.cp}: context-parallel attention is plain causal softmax attention, but the model has "
                       f"{problem}, which it would drop", f"use cp: 1 (tp, pp or recompute for the memory of "
                       f"seq_len={ctx.plan.model.seq_len}), or a model without it", ("parallel", "cp"))
+
+
+@rule("DSF145", "dsforge's built-in model families can express the model keys",
+      source="dsforge/compiler/builtin_models.py (the checks dsforge.runtime.models.hf_config makes); "
+             "transformers GPT2Config, LlamaConfig, Qwen2Config, MixtralConfig", reads=())
+def builtin_model(ctx: Context) -> Iterator[Finding]:
+    """Without `model.factory` or `model.pretrained`, dsforge builds the model itself as an HF GPT-2, Llama
+    (Qwen2 with q/k/v biases) or Mixtral from the model keys, and each of those configs holds some shapes only
+    (GPT-2: no grouped-query attention, a fused QKV of hidden x 3 hidden with its bias; Llama: SwiGLU and
+    RoPE, dense; Mixtral: every layer sparse, no q/k/v biases). A spec outside them cannot be built: compile
+    would stop at DSF607 and `--no-rewrite` ranks at start-up, so validate refuses it first, naming the key."""
+    if not _dsforge_runtime(ctx):
+        return
+    m = ctx.plan.model
+    try:
+        found = builtin_problem(m)
+    except NotBuiltIn as exc:
+        yield Finding(f"model.arch {m.arch}: {exc}", "set model.factory or model.pretrained, or use arch gpt2, llama, "
+                      "mixtral or auto with the shape keys", ("model", "arch"))
+        return
+    if found is not None:
+        family, what = found
+        yield Finding(f"dsforge builds this model as an HF {family} (model.arch {m.arch}), which cannot express it: "
+                      f"{what}", f"change the model keys to fit {family}, or set model.factory to a callable that "
+                      "builds the module", ("model", "arch") if ctx.written(("model", "arch")) else ("model",))
