@@ -79,3 +79,33 @@ def test_the_pass_floor_is_the_step_without_a_pipeline(write_job) -> None:
             assert pass_floor_s(plan, "edges") <= floor
             piped += 1
     assert exact >= 20 and piped >= 20
+
+
+def test_model_states_by_classes_of_alike_stages_equal_every_stage_on_its_own(write_job) -> None:
+    """`model_state_bytes` prices one stage per class of alike ones (`bounds.stage_classes`): the busiest stage
+    is the same as over every stage, the mean the same up to rounding, with MoE layers every other layer,
+    uneven and interleaved splits."""
+    from dsforge.compiler.estimate.shares import stage_share
+    from dsforge.compiler.search.bounds import model_state_bytes, stage_classes
+
+    text = """version: 1
+model: {preset: tiny-mixtral, layers: 10, moe: {experts: 4, top_k: 2, ffn_hidden: 128, every: 2}}
+hardware: {preset: cpu-local, gpus_per_node: 8}
+parallel: {tp: auto, pp: auto, ep: auto, zero: auto, pipeline: {schedule: auto, virtual_stages: auto}}
+training: {global_batch: 16, precision: fp32, steps: 10}
+"""
+    seen = set()
+    for lay, plan in _plans(write_job, text):
+        d = plan.degrees
+        classes = stage_classes(plan.model, tuple(plan.stage_layers), d.pp)
+        assert sum(n for _, n in classes) == d.pp
+        shares = [stage_share(plan, s, 0.0) for s in range(d.pp)]
+        assert len({(s.total, s.dense, s.expert) for s in shares}) <= len(classes), lay
+        per_stage = []
+        for share in shares:
+            part = share.total if lay.zero == 0 else share.dense / (d.dp * d.cp) + share.expert / max(1, d.expert_dp)
+            per_stage.append(4 * (part if lay.zero == 3 else share.total) + 8 * part)  # fp32 weights, Adam moments
+        assert model_state_bytes(plan) == max(per_stage), lay
+        assert model_state_bytes(plan, average=True) == pytest.approx(sum(per_stage) / d.pp, rel=1e-12), lay
+        seen.add((d.pp, lay.virtual_stages, len(classes)))
+    assert any(pp >= 4 and n < pp for pp, _, n in seen) and any(v > 1 for _, v, _ in seen), seen

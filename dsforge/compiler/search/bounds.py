@@ -20,12 +20,16 @@ search without pruning (so a change of the cost model can make the search slower
 
 from __future__ import annotations
 
+from functools import lru_cache
+from itertools import accumulate
 from typing import Any
 
 from dsforge.compiler.estimate import flops
 from dsforge.compiler.estimate.shares import stage_share
 from dsforge.compiler.estimate.zero_config import OPTIMIZER_STATE_BYTES
+from dsforge.compiler.params import is_moe_layer
 from dsforge.compiler.plan import Plan
+from dsforge.compiler.resolved import ResolvedModel
 
 
 def model_state_bytes(plan: Plan, average: bool = False) -> float:
@@ -41,14 +45,30 @@ def model_state_bytes(plan: Plan, average: bool = False) -> float:
     k = OPTIMIZER_STATE_BYTES.get(t.optimizer.name, 4)
     zero = plan.zero
     offload = t.optimizer.offload != "none"
-    each = []
-    for stage in range(d.pp):
+    total, most = 0.0, 0.0
+    for stage, alike in stage_classes(plan.model, tuple(plan.stage_layers), d.pp):
         share = stage_share(plan, stage, 0.0)
         part = share.total if zero == 0 else share.dense / (d.dp * d.cp) + share.expert / max(1, d.expert_dp)
         weights = b * (part if zero == 3 else share.total)
         states = 0.0 if offload else (master + k) * part
-        each.append(weights + states)
-    return sum(each) / len(each) if average else max(each)
+        total, most = total + alike * (weights + states), max(most, weights + states)
+    return total / d.pp if average else most
+
+
+@lru_cache(maxsize=512)
+def stage_classes(model: ResolvedModel, layers: tuple[int, ...], pp: int) -> tuple[tuple[int, int], ...]:
+    """The pipeline stages in classes of alike ones, as (first stage of the class, stages in it): a stage's
+    parameters follow from whether it is the first or the last (embedding, head) and from the layers of each
+    of its chunks (how many, how many MoE), chunk j of stage s being j x pp + s of ``layers`` (the layers per
+    chunk, `Plan.stage_layers`); a pipeline of 1,024 stages has three classes, not 1,024."""
+    starts = [0, *accumulate(layers)]
+    moe = [0, *accumulate(int(is_moe_layer(model, i)) for i in range(starts[-1]))]
+    found: dict[tuple[Any, ...], list[int]] = {}
+    for s in range(pp):
+        chunks = tuple((layers[c], moe[starts[c] + layers[c]] - moe[starts[c]]) for c in range(s, len(layers), pp))
+        entry = found.setdefault((s == 0, s == pp - 1, chunks), [s, 0])
+        entry[1] += 1
+    return tuple((first, count) for first, count in found.values())
 
 
 def compute_speed(plan: Plan) -> float:
