@@ -6,7 +6,8 @@ pp > 1: a ``PipelineModule`` whose stages hold this rank's layers (dsforge.runti
 with the plan's ``pipe_topology``; DeepSpeed refuses an mpu there and builds the same groups itself.
 Every rank builds the dense model on the meta device, rewrites it there and makes only its own
 slices real (dsforge.runtime.rank_build): from the job's seed, drawn so that each slice equals the
-single-process model's (the equivalence tests rely on it), or read from `model.pretrained`.
+single-process model's (the equivalence tests rely on it), or read from `model.pretrained`; under
+ZeRO-3 each parameter is partitioned as soon as it is filled, before ``deepspeed.initialize``.
 """
 
 from __future__ import annotations
@@ -83,13 +84,14 @@ def _sequence_parallel_hooks(model: nn.Module, group: dist.ProcessGroup) -> int:
 
 
 def parallelize(model: nn.Module, plan: Plan, groups: ParallelGroups, gather_logits: bool = False,
-                source: Any = None) -> nn.Module:
+                source: Any = None, ds_config: dict[str, Any] | None = None) -> nn.Module:
     """Rewrite a dense model in place into this rank's parallel variant: experts, TP/SP layers, CP attention.
 
     ``gather_logits=False`` leaves the LM head's logits split over the vocabulary (CausalLMLoss
     computes a vocab-parallel cross entropy); True gives every rank whole logits (HF's own loss).
     ``source`` (a dsforge.runtime.materialize.WeightSource): the model's parameters are on the meta
-    device and this rank's slices take their values from it after the rewrite.
+    device and this rank's slices take their values from it after the rewrite; with a ZeRO-3 ``ds_config``
+    each is partitioned as soon as it is filled (dsforge.runtime.rank_build.fill_rank).
     """
     d = plan.degrees
     if d is None:
@@ -106,7 +108,7 @@ def parallelize(model: nn.Module, plan: Plan, groups: ParallelGroups, gather_log
         from dsforge.runtime.materialize import check_real
         from dsforge.runtime.rank_build import fill_rank
 
-        fill_rank(model, rp, groups, source, plan)
+        fill_rank(model, rp, groups, source, plan, ds_config=ds_config)
         check_real(model, "this rank's model")
     if d.cp > 1:
         from dsforge.runtime.hf_attention import check_plain_causal, install_context_parallel
@@ -123,9 +125,13 @@ def _finish_sequence_parallel(model: nn.Module, plan: Plan, groups: ParallelGrou
     _sequence_parallel_hooks(model, groups.tp)
 
 
-def build_parallel_model(plan: Plan, groups: ParallelGroups, seed: int | None = None) -> nn.Module:
+def build_parallel_model(plan: Plan, groups: ParallelGroups, seed: int | None = None,
+                         ds_config: dict[str, Any] | None = None) -> nn.Module:
     """This rank's shard of the job's model: built on the meta device, rewritten, only its slices made real.
 
+    With a ZeRO-3 ``ds_config`` (the one the engine will be built with) every parameter is partitioned
+    over the data-parallel group as it is filled: no rank ever holds the whole model. Without one the
+    parameters stay whole (callers that change the module before ``deepspeed.initialize``).
     A `model.factory` module has its own initialisation, so it is built whole from the seed and sliced.
     """
     d = plan.degrees
@@ -135,7 +141,7 @@ def build_parallel_model(plan: Plan, groups: ParallelGroups, seed: int | None = 
     from dsforge.runtime.rank_build import rank_skeleton
 
     skeleton, source = rank_skeleton(plan, seed)
-    return parallelize(skeleton, plan, groups, source=source)
+    return parallelize(skeleton, plan, groups, source=source, ds_config=ds_config)
 
 
 def pipeline_loss(logits: Tensor, targets: Tensor) -> Tensor:
@@ -269,6 +275,6 @@ def build_engine(plan: Plan, ds_config: dict[str, Any], groups: ParallelGroups, 
 
             use_gpipe(engine)
         return engine
-    model = build_parallel_model(plan, groups, seed)
+    model = build_parallel_model(plan, groups, seed, ds_config)
     apply_job_recompute(model, plan, groups, ds_config)
     return initialize_engine(CausalLMLoss(model, d.cp), ds_config, groups)

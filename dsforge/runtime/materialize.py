@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -110,12 +110,13 @@ def _chunk_seed(seed: int, index: int, chunk: int) -> int:
 
 
 def chunked_init(seed: int, spec: InitSpec, shape: tuple[int, ...], dim: int | None = None,
-                 ranges: Ranges | None = None) -> Tensor:
-    """``spec``'s values for the parameter of ``shape`` (fp32), whole or only ``ranges`` along ``dim``.
+                 ranges: Ranges | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+    """``spec``'s values for the parameter of ``shape`` in ``dtype``, whole or only ``ranges`` along ``dim``.
 
-    Rows (dimension 0) are drawn in chunks of about CHUNK_ELEMENTS elements, chunk ``c`` from a
+    Rows (dimension 0) are drawn in fp32 in chunks of about CHUNK_ELEMENTS elements, chunk ``c`` from a
     generator seeded by (seed, index, c); a slice draws only the chunks it overlaps (all of them,
     one at a time, for a cut along another dimension), so it equals that slice of the whole tensor.
+    Each chunk is cast into the result as it is drawn: the result plus one fp32 chunk is all it holds.
     """
     if not shape:
         shape = ()
@@ -123,11 +124,10 @@ def chunked_init(seed: int, spec: InitSpec, shape: tuple[int, ...], dim: int | N
         full_shape = list(shape)
         if dim is not None and ranges is not None:
             full_shape[dim] = sum(n for _, n in ranges)
-        fill = torch.ones if spec.fill == "ones" else torch.zeros
         if spec.fill == "normal":  # a 0-d parameter
             g = torch.Generator().manual_seed(_chunk_seed(seed, spec.index, 0))
-            return torch.empty(full_shape).normal_(0.0, spec.std, generator=g)
-        return fill(full_shape)
+            return torch.empty(full_shape).normal_(0.0, spec.std, generator=g).to(dtype)
+        return (torch.ones if spec.fill == "ones" else torch.zeros)(full_shape, dtype=dtype)
     rows, per_row = shape[0], math.prod(shape[1:])
     step = max(1, CHUNK_ELEMENTS // max(per_row, 1))
 
@@ -137,26 +137,38 @@ def chunked_init(seed: int, spec: InitSpec, shape: tuple[int, ...], dim: int | N
         return torch.empty((n, *shape[1:])).normal_(0.0, spec.std, generator=g)
 
     if dim is None or ranges is None:
-        return torch.cat([chunk(c) for c in range(-(-rows // step))]) if rows else torch.empty(shape)
+        out = torch.empty(shape, dtype=dtype)
+        for c in range(-(-rows // step)):
+            out[c * step:(c + 1) * step].copy_(chunk(c))
+        return out
     if dim == 0:
-        pieces = []
+        out = torch.empty((sum(n for _, n in ranges), *shape[1:]), dtype=dtype)
+        at = 0
         for start, length in ranges:
             for c in range(start // step, (start + length - 1) // step + 1):
                 lo, hi = max(start, c * step) - c * step, min(start + length, (c + 1) * step) - c * step
-                pieces.append(chunk(c)[lo:hi])
-        return torch.cat(pieces)
-    out = []
+                out[at:at + hi - lo].copy_(chunk(c)[lo:hi])
+                at += hi - lo
+        return out
+    sliced = list(shape)
+    sliced[dim] = sum(n for _, n in ranges)
+    out = torch.empty(sliced, dtype=dtype)
     for c in range(-(-rows // step)):
-        block = chunk(c)
-        out.append(torch.cat([block.narrow(dim, s, n) for s, n in ranges], dim=dim))
-    return torch.cat(out)
+        block, rows_here = chunk(c), out[c * step:(c + 1) * step]
+        at = 0
+        for s0, n in ranges:
+            rows_here.narrow(dim, at, n).copy_(block.narrow(dim, s0, n))
+            at += n
+    return out
 
 
 class WeightSource(Protocol):
     """Where parameter values come from: a seeded initialisation or a checkpoint."""
 
-    def values(self, name: str, shape: tuple[int, ...], dim: int | None, ranges: Ranges | None) -> Tensor:
-        """The dense parameter ``name`` of ``shape``, whole or its ``ranges`` along ``dim``."""
+    def values(self, name: str, shape: tuple[int, ...], dim: int | None, ranges: Ranges | None,
+               dtype: torch.dtype = torch.float32) -> Tensor:
+        """The dense parameter ``name`` of ``shape``, whole or its ``ranges`` along ``dim`` (``dtype``: the
+        dtype wanted, which a source may produce directly; the caller converts whatever comes)."""
         ...
 
 
@@ -167,12 +179,13 @@ class SeededInit:
     seed: int
     specs: dict[str, InitSpec]
 
-    def values(self, name: str, shape: tuple[int, ...], dim: int | None, ranges: Ranges | None) -> Tensor:
-        """This parameter's seeded values (or slice)."""
+    def values(self, name: str, shape: tuple[int, ...], dim: int | None, ranges: Ranges | None,
+               dtype: torch.dtype = torch.float32) -> Tensor:
+        """This parameter's seeded values (or slice), drawn in fp32 and cast to ``dtype`` chunk by chunk."""
         spec = self.specs.get(name)
         if spec is None:
             raise MaterializeError(f"{name}: not a parameter of the dense model the initialisation was planned on")
-        return chunked_init(self.seed, spec, shape, dim, ranges)
+        return chunked_init(self.seed, spec, shape, dim, ranges, dtype)
 
 
 @dataclass
@@ -182,8 +195,10 @@ class PretrainedWeights:
     reader: Any  # dsforge.runtime.pretrained.CheckpointReader
     prefix: str = ""
 
-    def values(self, name: str, shape: tuple[int, ...], dim: int | None, ranges: Ranges | None) -> Tensor:
-        """This parameter's slice of the checkpoint's tensor; an error when it is missing or shaped otherwise."""
+    def values(self, name: str, shape: tuple[int, ...], dim: int | None, ranges: Ranges | None,
+               dtype: torch.dtype = torch.float32) -> Tensor:
+        """This parameter's slice of the checkpoint's tensor in its stored dtype (the caller converts it, and
+        the reader counts what was stored); an error when it is missing or shaped otherwise."""
         from dsforge.runtime.pretrained import PretrainedLoadError
 
         key = self.reader.resolve(name, self.prefix)
@@ -329,12 +344,33 @@ def _moe_targets(entry: ModulePlan, block_name: str, moe: Any, seen: dict[str, n
     return out
 
 
-def materialize(targets: list[Target], source: WeightSource, dtype: torch.dtype, root: nn.Module) -> int:
+#: Called as ``fn(root, target, param)`` after each parameter is placed (see ``watch_fill``).
+_WATCHERS: list[Callable[[nn.Module, Target, nn.Parameter], None]] = []
+
+
+@contextlib.contextmanager
+def watch_fill(fn: Callable[[nn.Module, Target, nn.Parameter], None]) -> Iterator[None]:
+    """Inside: ``fn(root, target, param)`` runs after every parameter ``materialize`` places (and partitions).
+
+    How the tests see the build as it happens: under ZeRO-3, that every parameter filled before this
+    one already holds only its partition.
+    """
+    _WATCHERS.append(fn)
+    try:
+        yield
+    finally:
+        _WATCHERS.remove(fn)
+
+
+def materialize(targets: list[Target], source: WeightSource, dtype: torch.dtype, root: nn.Module,
+                place: Callable[[nn.Parameter], None] | None = None) -> int:
     """Give every target its values from ``source`` in ``dtype``; a parameter shared by several modules once.
 
     The new parameter replaces the meta one in every module of ``root`` that holds it (tied
     weights stay tied) and keeps its tags (tensor_model_parallel, sequence_parallel, DeepSpeed's
-    MoE marks). Returns the elements materialised.
+    MoE marks). ``place``, when given, takes each parameter as soon as it holds its values (ZeRO-3:
+    keep this rank's partition, free the rest) and before the next is made, so at most one whole
+    parameter exists at a time. Returns the elements materialised.
     """
     done: dict[int, nn.Parameter] = {}
     count = 0
@@ -346,25 +382,35 @@ def materialize(targets: list[Target], source: WeightSource, dtype: torch.dtype,
             continue
         if old.device.type != "meta":  # already real (a module outside the rewrite kept its values)
             continue
-        value = source.values(t.dense, t.shape, t.dim, t.ranges)
-        if t.transpose:
-            value = value.t()
-        if t.ranges is not None and t.dim == 0 and len(t.shape) == len(old.shape) + 1:
-            value = value.reshape(old.shape)  # one expert out of the stacked experts
-        if tuple(value.shape) != tuple(old.shape):
-            raise MaterializeError(f"{t.dense}: the planned slice is {list(value.shape)} but this rank's parameter is "
-                                   f"{list(old.shape)}")
-        new = nn.Parameter(value.to(dtype).contiguous(), requires_grad=old.requires_grad)
-        new.__dict__.update(old.__dict__)
-        tag(new, SliceTag(t.dense, tuple(t.shape), t.dim, tuple(t.ranges or ()), t.transpose))  # for export
-        done[id(old)] = new
+        new = _filled(t, old, source, dtype)
         count += new.numel()
+        if place is not None:
+            place(new)
+        done[id(old)] = new
+        for watcher in tuple(_WATCHERS):
+            watcher(root, t, new)
     for module in root.modules():
         for name, p in list(module._parameters.items()):
             if p is not None and id(p) in done:
                 module._parameters[name] = done[id(p)]
     _restore_buffers(root)
     return count
+
+
+def _filled(t: Target, old: nn.Parameter, source: WeightSource, dtype: torch.dtype) -> nn.Parameter:
+    """The real parameter that replaces ``old``, with ``t``'s values in ``dtype`` (its temporaries die here)."""
+    value = source.values(t.dense, t.shape, t.dim, t.ranges, dtype)
+    if t.transpose:
+        value = value.t()
+    if t.ranges is not None and t.dim == 0 and len(t.shape) == len(old.shape) + 1:
+        value = value.reshape(old.shape)  # one expert out of the stacked experts
+    if tuple(value.shape) != tuple(old.shape):
+        raise MaterializeError(f"{t.dense}: the planned slice is {list(value.shape)} but this rank's parameter is "
+                               f"{list(old.shape)}")
+    new = nn.Parameter(value.to(dtype).contiguous(), requires_grad=old.requires_grad)
+    new.__dict__.update(old.__dict__)
+    tag(new, SliceTag(t.dense, tuple(t.shape), t.dim, tuple(t.ranges or ()), t.transpose))  # for export
+    return new
 
 
 def _restore_buffers(root: nn.Module) -> None:

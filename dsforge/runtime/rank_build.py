@@ -2,12 +2,16 @@
 
 The engine (dsforge.runtime.engine) rewrites the skeleton for the rank's layout and then calls
 ``fill_rank``, which gives exactly the rank's slices their values (dsforge.runtime.materialize):
-from `model.pretrained`, read slice by slice, or from the job's seed.
+from `model.pretrained`, read slice by slice, or from the job's seed. Under ZeRO-3 each parameter is
+partitioned over the data-parallel group as soon as it is filled, so a rank never holds more than its
+partition plus the one parameter being filled (at tp 1 it would otherwise hold the whole model until
+``deepspeed.initialize`` partitions it).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,15 +44,51 @@ def rank_skeleton(plan: Plan, seed: int) -> tuple[nn.Module, WeightSource]:
 
 
 def fill_rank(model: nn.Module, rp: RewritePlan, groups: ParallelGroups, source: WeightSource, plan: Plan,
-              only: set[str] | None = None) -> int:
+              only: set[str] | None = None, ds_config: dict[str, Any] | None = None) -> int:
     """Give this rank's parameters (of the modules ``only`` names, or all) their values in the job's precision;
-    the number of elements made real. A pretrained load says, on rank 0, what it read and converted."""
+    the number of elements made real. With a ZeRO-3 ``ds_config`` each parameter is partitioned over the
+    data-parallel group as soon as it is filled (``zero3_partitioner``). A pretrained load says, on rank 0,
+    what it read and converted."""
     dtype = PRECISION_DTYPES[plan.spec.training.precision]
-    count = materialize(rank_targets(model, rp, groups.index("tp"), only), source, dtype, model)
+    place = zero3_partitioner(ds_config, groups, dtype) if ds_config is not None and zero_stage(ds_config) == 3 \
+        else None
+    count = materialize(rank_targets(model, rp, groups.index("tp"), only), source, dtype, model, place)
     reader = getattr(source, "reader", None)
     if reader is not None:
         say_conversion(reader, dtype, plan)
     return count
+
+
+def zero_stage(ds_config: dict[str, Any]) -> int:
+    """The ZeRO stage a ds_config asks for (0 without a zero_optimization section)."""
+    return int((ds_config.get("zero_optimization") or {}).get("stage", 0) or 0)
+
+
+def zero3_partitioner(ds_config: dict[str, Any], groups: ParallelGroups, dtype: torch.dtype
+                      ) -> Callable[[nn.Parameter], None]:
+    """A function that turns one filled parameter into a ZeRO-3 parameter holding only this rank's partition.
+
+    It is DeepSpeed's own conversion (``zero.Init``'s, the one ``deepspeed.initialize`` applies to a
+    module built outside ``zero.Init``: parameter_offload.py ``_convert_to_zero_parameters``), with the
+    same data-parallel group, ds_config and dtype, applied per parameter instead of to the finished
+    module: the whole parameter is freed before the next one is made. The engine then finds every
+    parameter already partitioned and converts nothing (engine.py ``is_zero_init_model``). Nothing is
+    patched: the Init object is never entered as a context. Init's conversion first broadcasts the
+    whole parameter from the group's first rank; here every rank already holds the same values (a pure
+    function of the seed, or the same checkpoint), so each keeps its partition of its own copy.
+    """
+    import deepspeed
+
+    mpu = groups.mpu()
+    init = deepspeed.zero.Init(data_parallel_group=mpu.get_data_parallel_group(), config_dict_or_path=ds_config,
+                               dtype=dtype, mpu=mpu)
+
+    def place(param: nn.Parameter) -> None:
+        param.data = param.data.to(init.local_device)
+        init._convert_to_deepspeed_param(param)
+        param.partition()
+
+    return place
 
 
 def say_conversion(reader: Any, dtype: torch.dtype, plan: Plan) -> None:

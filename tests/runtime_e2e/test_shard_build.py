@@ -11,12 +11,19 @@ One 2-rank world runs every case (starting ranks dominates the cost on two cores
   step's loss equals the single-process ``from_pretrained`` model's loss on the same global batch
   (fp32, 1e-5 relative), and the reads each rank made (``DSFORGE_READ_LOG``) are exactly its own
   slices: within the tensor-parallel group the ranges of every tensor are disjoint and cover it,
-  and no rank reads a tensor of another pipeline stage.
+  and no rank reads a tensor of another pipeline stage;
+* under ZeRO-3 dp=2 (the pretrained Llama and Qwen2, and a seeded tiny Llama trained 4 steps against
+  the single-process reference) each parameter is partitioned as soon as it is filled: watched after
+  every fill (``watch_fill``), every parameter made so far holds only its 1/dp partition and none is
+  whole, so no rank ever held more than its partition plus the parameter being filled, and the engine
+  trains exactly those partitions (DeepSpeed converted nothing more).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -26,7 +33,7 @@ import torch
 import yaml
 
 from tests.runtime.launcher import run
-from tests.runtime_e2e.harness import SGD_DEEPSPEED, run_parallel, training
+from tests.runtime_e2e.harness import SGD_DEEPSPEED, check_parity, job_spec, run_parallel, training
 
 LOSS_RTOL = 1e-5
 SHARD_CASES = [("tiny-llama", {"tp": 2}), ("tiny-llama", {"tp": 2, "sequence_parallel": True}),
@@ -116,6 +123,35 @@ def check_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: list[tuple
         assert covered == list(range(hits[0][1]["shape"][hits[0][1]["dim"]])), f"{key}: ranges overlap or leave gaps"
 
 
+class PartitionWatch:
+    """Checks, after each parameter the build fills, that every parameter made so far holds only its partition."""
+
+    def __init__(self, dp: int) -> None:
+        self.dp = dp
+        self.made: list[Any] = []
+        self.largest = 0  # elements of the largest parameter: the most the build held whole at once
+
+    def __call__(self, root: Any, target: Any, param: Any) -> None:
+        assert hasattr(param, "ds_id"), f"{target.dense} was filled but not handed to ZeRO-3"
+        self.made.append(param)
+        self.largest = max(self.largest, param.ds_numel)
+        for p in self.made:
+            assert p.data.numel() == 0 and p.ds_tensor.numel() == math.ceil(p.ds_numel / self.dp), \
+                (target.dense, p.ds_shape, p.data.numel(), p.ds_tensor.numel())
+        whole = [n for n, p in root.named_parameters() if p.device.type != "meta" and not hasattr(p, "ds_id")]
+        assert not whole, f"whole parameters beside the partitions while filling {target.dense}: {whole[:4]}"
+
+    def check_engine(self, name: str, engine: Any) -> None:
+        """The engine trains the partitions the build made: the same parameters, none converted again."""
+        mine = {id(p) for p in engine.module.parameters()}
+        assert mine == {id(p) for p in self.made}, f"{name}: the engine's parameters are not the ones the build partitioned"
+        held = sum(p.ds_tensor.numel() for p in self.made)
+        total = sum(p.ds_numel for p in self.made)
+        assert held <= total / self.dp + len(self.made), (held, total)
+        print(f"ZERO3-BUILD {name}: {len(self.made)} parameters, {held} of {total} elements held, largest "
+              f"whole parameter {self.largest}", flush=True)
+
+
 def _world(rank: int, world: int, tmp: str, dirs: dict[str, str]) -> None:
     import torch.distributed as dist
 
@@ -145,16 +181,29 @@ def _world(rank: int, world: int, tmp: str, dirs: dict[str, str]) -> None:
         assert mine.keys() == want.keys()
         wrong = [n for n in mine if not torch.equal(mine[n], want[n].to(mine[n].dtype))]
         assert not wrong, f"{preset} {par}: rank {rank}'s shards differ from the dense model's slices: {wrong[:4]}"
+    from dsforge.runtime.materialize import watch_fill
+
+    spec = job_spec(jobs, "llama-zero3-build", "tiny-llama", {"zero": 3}, world)
+    watch = PartitionWatch(world)
+    with watch_fill(watch):
+        engine, groups, losses, norms = run_parallel(spec)
+    watch.check_engine("llama-zero3-build", engine)
+    check_parity("llama-zero3-build", spec, losses, norms)
+    del engine
     for kind, directory in dirs.items():
         for layout, par in PRETRAINED_LAYOUTS.items():
             name = f"{kind}-{layout}"
             spec = pretrained_spec(jobs, name, Path(directory), par)
             log = Path(tmp) / f"{name}.rank{rank}.jsonl"
             os.environ["DSFORGE_READ_LOG"] = str(log)
+            watch = PartitionWatch(world) if par.get("zero") == 3 else None
             try:
-                engine, groups, losses, _ = run_parallel(spec, steps=1)
+                with watch_fill(watch) if watch is not None else contextlib.nullcontext():
+                    engine, groups, losses, _ = run_parallel(spec, steps=1)
             finally:
                 del os.environ["DSFORGE_READ_LOG"]
+            if watch is not None:
+                watch.check_engine(name, engine)
             want_loss = reference_first_loss(spec)
             rel = abs(losses[0] - want_loss) / abs(want_loss)
             print(f"PRETRAINED rank={rank} {name}: first loss {losses[0]:.7f}, from_pretrained {want_loss:.7f}, "
