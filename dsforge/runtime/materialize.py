@@ -409,6 +409,10 @@ def _filled(t: Target, old: nn.Parameter, source: WeightSource, dtype: torch.dty
                                f"{list(old.shape)}")
     new = nn.Parameter(value.to(dtype).contiguous(), requires_grad=old.requires_grad)
     new.__dict__.update(old.__dict__)
+    # Tensor hooks live outside __dict__: a rewrite's (sum_grads_over_tp on Qwen3's per-head q/k norms) would be
+    # lost, and each TP rank would train its copy of the norm on its own heads' gradient alone.
+    for hook in (old._backward_hooks or {}).values():
+        new.register_hook(hook)
     tag(new, SliceTag(t.dense, tuple(t.shape), t.dim, tuple(t.ranges or ()), t.transpose))  # for export
     return new
 

@@ -16,7 +16,9 @@ One 2-rank world runs every case (starting ranks dominates the cost on two cores
   the single-process reference) each parameter is partitioned as soon as it is filled: watched after
   every fill (``watch_fill``), every parameter made so far holds only its 1/dp partition and none is
   whole, so no rank ever held more than its partition plus the parameter being filled, and the engine
-  trains exactly those partitions (DeepSpeed converted nothing more).
+  trains exactly those partitions (DeepSpeed converted nothing more);
+* pretrained MoE checkpoints stored one tensor per expert (Mixtral, Qwen2-MoE under ep2) and a Qwen3
+  under tp2, fine-tuned, their reads checked and their exports compared (tests/runtime_e2e/pretrained_moe.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 import yaml
 
 from tests.runtime.launcher import run
+from tests.runtime_e2e import pretrained_moe
 from tests.runtime_e2e.harness import SGD_DEEPSPEED, check_parity, job_spec, run_parallel, training
 
 LOSS_RTOL = 1e-5
@@ -152,7 +155,7 @@ class PartitionWatch:
               f"whole parameter {self.largest}", flush=True)
 
 
-def _world(rank: int, world: int, tmp: str, dirs: dict[str, str]) -> None:
+def _world(rank: int, world: int, tmp: str, dirs: dict[str, str], moe: tuple[Any, Any]) -> None:
     import torch.distributed as dist
 
     from dsforge.compiler.emit.ds_config import build_ds_config
@@ -215,10 +218,12 @@ def _world(rank: int, world: int, tmp: str, dirs: dict[str, str]) -> None:
             if rank == 0:
                 check_reads(spec, [e[0] for e in everyone], [e[1] for e in everyone])
             del engine
+    pretrained_moe.finetune_and_export(rank, world, *moe, tmp)
 
 
 @pytest.mark.slow
 def test_shard_build_and_pretrained_loads(tmp_path: Path) -> None:
     dirs = {kind: str(save_tiny(kind, tmp_path / kind)) for kind in ("llama", "qwen2")}
     assert len(list(Path(dirs["qwen2"]).glob("*.safetensors"))) > 1  # the index path is exercised
-    run(_world, 2, str(tmp_path), dirs)
+    moe = pretrained_moe.prepare(tmp_path / "moe")
+    run(_world, 2, str(tmp_path), dirs, moe)
