@@ -104,7 +104,8 @@ NOT_A_LAYOUT: dict[str, str] = {
     "materialize.py:values:PretrainedLoadError": "checkpoint content: model.pretrained's tensors (DSF640)",
     "materialize.py:owned_ranges:MaterializeError": "programming error: a slice rule the build lacks",
     "materialize.py:_moe_targets:MaterializeError": "programming error: an expert block the build did not plan",
-    "materialize.py:materialize:MaterializeError": "programming error: a slice of another shape than planned",
+    "materialize.py:materialize:MaterializeError": "programming error: a module without the planned parameter",
+    "materialize.py:_filled:MaterializeError": "programming error: a slice of another shape than planned",
     "materialize.py:check_real:MaterializeError": "programming error: a parameter left on the meta device",
     "pretrained.py:__init__:PretrainedLoadError": "checkpoint content: model.pretrained unreadable (DSF011-DSF014)",
     "pretrained.py:resolve:PretrainedLoadError": "checkpoint content: an expert missing from the per-expert tensors "
