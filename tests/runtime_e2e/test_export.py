@@ -9,7 +9,8 @@ batch (see the comment in ``_world``).
 
 Resume (issue 12 item 4): those checkpoints then resume under other layouts for 4 more steps, read
 through their layout-free state (dsforge.runtime.train_state): the tp2 x pp2 ZeRO-1 one under
-tp1 x dp2 with ZeRO-1 and with ZeRO-3 (a third, 2-rank world), and in the 4-rank world, after its
+tp1 x dp2 with ZeRO-1 and with ZeRO-3 (a third, 2-rank world; there also the ep2 dp2 Mixtral under ep1
+dp2 and an ep1 dp2 one, trained in the first world, under ep2 dp2), and in the 4-rank world, after its
 own training, a dp2 ZeRO-1 AdamW run (trained in the first world) and the ZeRO-3 dp2 one under
 tp2 x pp2. Every step's loss, before and after the change, must equal the uninterrupted
 single-process run's (harness.reference_run, 8 steps) to the e2e tolerance: a lost momentum, Adam's
@@ -39,6 +40,13 @@ LAYOUTS = {"llama-tp2": ("tiny-llama", {"tp": 2, "zero": 1}), "gpt2-pp2": ("tiny
 
 #: A 2-rank job the first world only trains: the checkpoint the 4-rank world resumes under tp2 x pp2 with Adam.
 ADAM_SOURCE = {"llama-dp2-adamw": ("tiny-llama", {"zero": 1})}
+#: Trained only, too: the ep1 dp2 Mixtral checkpoint the third world resumes under ep2 (and mixtral-ep2's under ep1).
+MOE_SOURCE = {"mixtral-dp2": ("tiny-mixtral", {"zero": 1})}
+#: The third world's resumed jobs: name -> (preset, layout, the job whose step-4 checkpoint it resumes).
+INTO_TWO = {"tp2xpp2-as-dp2": ("tiny-llama", {"zero": 1}, "llama-tp2xpp2"),
+            "tp2xpp2-as-zero3-dp2": ("tiny-llama", {"zero": 3}, "llama-tp2xpp2"),
+            "ep2-as-ep1-dp2": ("tiny-mixtral", {"zero": 1}, "mixtral-ep2"),
+            "ep1-as-ep2-dp2": ("tiny-mixtral", {"ep": 2, "zero": 1}, "mixtral-dp2")}
 
 
 def compile_job(tmp: Path, name: str, preset: str, parallel: dict[str, Any], ranks: int = 2,
@@ -191,7 +199,8 @@ def test_exported_checkpoints_give_the_parallel_logits_and_resume_under_other_la
     tmp = str(tmp_path)
     two = {name: compile_job(tmp_path, name, preset, par) for name, (preset, par) in LAYOUTS.items()}
     two |= {name: compile_job(tmp_path, name, preset, par, train=ADAMW) for name, (preset, par) in ADAM_SOURCE.items()}
-    run(_world, 2, {k: str(v) for k, v in two.items()}, tmp, tuple(ADAM_SOURCE))
+    two |= {name: compile_job(tmp_path, name, preset, par) for name, (preset, par) in MOE_SOURCE.items()}
+    run(_world, 2, {k: str(v) for k, v in two.items()}, tmp, (*ADAM_SOURCE, *MOE_SOURCE))
 
     four = {name: compile_job(tmp_path, name, preset, par, 4) for name, (preset, par) in TP2_PP2.items()}
     tp2pp2 = {"tp": 2, "pp": 2, "zero": 1}
@@ -201,17 +210,18 @@ def test_exported_checkpoints_give_the_parallel_logits_and_resume_under_other_la
                 for name, (source, train) in into_four.items()}
     run(_world, 4, {k: str(v) for k, v in four.items()}, tmp, (), {k: str(v) for k, v in resumed4.items()})
 
-    into_two = {"tp2xpp2-as-dp2": {"zero": 1}, "tp2xpp2-as-zero3-dp2": {"zero": 3}}
-    resumed2 = {name: compile_job(tmp_path, name, "tiny-llama", par, 2, None, 8, four["llama-tp2xpp2"])
-                for name, par in into_two.items()}
+    trained = two | four
+    resumed2 = {name: compile_job(tmp_path, name, preset, par, 2, None, 8, trained[source])
+                for name, (preset, par, source) in INTO_TWO.items()}
     run(_resume_world, 2, {k: str(v) for k, v in resumed2.items()}, tmp)
 
     adam = reference_run(JobDir.load(resumed4["adamw-dp2-as-tp2xpp2"]).plan.spec, 8)[0]
     sgd = reference_run(JobDir.load(resumed4["zero3-dp2-as-tp2xpp2"]).plan.spec, 8)[0]
-    pairs = {"adamw-dp2-as-tp2xpp2": "llama-dp2-adamw", "zero3-dp2-as-tp2xpp2": "llama-zero3-dp2",
-             "tp2xpp2-as-dp2": "llama-tp2xpp2", "tp2xpp2-as-zero3-dp2": "llama-tp2xpp2"}
+    moe = reference_run(JobDir.load(resumed2["ep2-as-ep1-dp2"]).plan.spec, 8)[0]
+    pairs = {"adamw-dp2-as-tp2xpp2": "llama-dp2-adamw", "zero3-dp2-as-tp2xpp2": "llama-zero3-dp2"}
+    pairs |= {name: source for name, (_, _, source) in INTO_TWO.items()}
     for resumed, source in pairs.items():
-        want = adam if "adamw" in source else sgd
+        want = adam if "adamw" in source else moe if "mixtral" in source else sgd
         compare(f"{source} then {resumed}", "losses", _logged(tmp_path, source) + _logged(tmp_path, resumed), want,
                 RTOL)
     _refusals(tmp_path, four["llama-tp2xpp2"])
