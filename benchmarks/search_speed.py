@@ -6,13 +6,24 @@ how many candidates the space holds, how many were estimated in full and how man
 winner. `--exhaustive` also times the search without pruning (slow on the largest).
 Run: `OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python benchmarks/search_speed.py`.
 
-Measured 2026-12-01 on the 2-core VM shared with other jobs (load 2-4, so wall is 1.5-3x CPU), one case at a
-time: Llama 3 8B on 8 H100 1.84 s CPU (2.65 s wall), 5,610 candidates, 232 estimated in full, 1,033 pruned;
-Mixtral 8x7B on 64 H100 15.0 s CPU (16.4 s wall), 114,738 candidates, 143 estimated; Llama 3 405B on 16,384
-H100 36.4 s CPU (117 s wall), 68,328 candidates, 30 estimated; GPT-3 175B on 1,024 A100 70.1 s CPU (236 s
-wall; before the estimate_memory change), 88,626 candidates, 5 estimated. What limits the large ones: layouts
-that pass every bound and the memory test and are then refused by a rule (DSF140: context with pipeline
-parallelism, 3,256 of them for 405B), each paying a full memory estimate, a pass floor and the rules.
+Measured 2026-12-01 21:10 UTC at commit 3d21d05, `--only` one case at a time under `taskset -c 0`, on the
+2-core VM shared with other jobs (`uptime` load average 3.9-4.7, so wall is about 2x CPU): Llama 3 405B on
+16,384 H100 0.72 s CPU (1.58 s wall), 68,328 candidates, 12 estimated in full, 2,102 pruned by bounds; GPT-3
+175B on 1,024 A100 0.49 s CPU (1.09 s wall), 88,626 candidates, 5 estimated, 224 pruned; Mixtral 8x7B on 64
+H100 0.76 s CPU (1.56 s wall), 114,738 candidates, 5 estimated, 7,365 pruned; Llama 3 8B on 8 H100 0.47 s
+CPU (0.99 s wall), 5,610 candidates, 5 estimated, 756 pruned (at load 3.4 a few minutes earlier: 0.53, 0.36,
+0.63, 0.37 s CPU). The same cases at
+44463d7, just before (same machine, load 2-4): 31.2, 65.5, 17.4 and 2.19 s CPU, with 30, 5, 143 and 232
+estimated; both return the same top 5 and top 20 (layout, value and peak memory, compared in full).
+
+What made the difference (dsforge/compiler/search): the checks that declare the layout fields they read
+(`Rule.reads`) are asked once per degree combination or memory group, before any bound, so DSF140, DSF106,
+DSF142, DSF502 remove whole classes that used to pay a memory estimate, a pass floor and the rules each; the
+pass floor prices the estimate's own passes with the pipeline transfers and rank 0's step tail (within 2 %
+of the step for 405B's candidates, exactly the step at pp 1); under ZeRO-2/3 a per-micro-batch floor of the
+data-parallel collectives prunes the pp-1 ZeRO-3 layouts whose gathers take minutes. What is left is spread
+thin: building and grouping the candidates (69,000-115,000 `Layout`s), the memory staircase of the groups
+that can still rank, and the estimates of those that rank (405B: 12 pipeline simulations).
 """
 
 from __future__ import annotations
