@@ -12,9 +12,9 @@ Measured 2026-12-01 21:10 UTC at commit 3d21d05, `--only` one case at a time und
 175B on 1,024 A100 0.49 s CPU (1.09 s wall), 88,626 candidates, 5 estimated, 224 pruned; Mixtral 8x7B on 64
 H100 0.76 s CPU (1.56 s wall), 114,738 candidates, 5 estimated, 7,365 pruned; Llama 3 8B on 8 H100 0.47 s
 CPU (0.99 s wall), 5,610 candidates, 5 estimated, 756 pruned (at load 3.4 a few minutes earlier: 0.53, 0.36,
-0.63, 0.37 s CPU). The same cases at
-44463d7, just before (same machine, load 2-4): 31.2, 65.5, 17.4 and 2.19 s CPU, with 30, 5, 143 and 232
-estimated; both return the same top 5 and top 20 (layout, value and peak memory, compared in full).
+0.63, 0.37 s CPU). The same cases at 44463d7, just before (same machine, load 2-4): 31.2, 65.5, 17.4 and
+2.19 s CPU, with 30, 5, 143 and 232 estimated; both return the same top 5 and top 20 (layout, value and peak
+memory, compared in full).
 
 What made the difference (dsforge/compiler/search): the checks that declare the layout fields they read
 (`Rule.reads`) are asked once per degree combination or memory group, before any bound, so DSF140, DSF106,
