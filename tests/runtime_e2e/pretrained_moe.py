@@ -3,9 +3,10 @@
 A part of test_shard_build's 2-rank world (``finetune_and_export`` runs there: a launch of its own
 costs ~20 s more). Tiny random HF models are saved with ``save_pretrained``: a Mixtral with a sliding
 window equal to the training sequence (32 tokens, so it covers it and validate accepts it), a Qwen2-MoE
-(a gated shared expert, q/k/v biases, a router that does not renormalise its top-k) and a Qwen3 (per-head
-q/k norms, head_dim 32 on hidden 64 over 4 heads, tied head). Each job is compiled from
-`model.pretrained` (Mixtral and Qwen2-MoE under ep2, Qwen3 under tp2) and trained 2 steps:
+(a gated shared expert, q/k/v biases, a router that does not renormalise its top-k), a Qwen3-MoE
+(per-head q/k norms, a renormalising router) and a Qwen3 (per-head q/k norms, head_dim 32 on hidden 64
+over 4 heads, tied head). Each job is compiled from `model.pretrained` (the three MoE models under ep2,
+Qwen3 under tp2) and trained 2 steps:
 
 * the first step's loss equals the single-process ``from_pretrained`` model's on the same global batch
   (fp32, 1e-5 relative); Mixtral's also equals that model's with the window removed (full causal);
@@ -40,14 +41,15 @@ STEPS = 2
 #: job name -> (the saved model it fine-tunes, its layout). Mixtral under tp2 (experts whole on both ranks,
 #: attention cut as Llama's) adds ~10 s and nothing the other cases and tests/runtime do not cover.
 LAYOUTS = {"mixtral-ep2": ("mixtral", {"ep": 2, "zero": 1}), "qwen2_moe-ep2": ("qwen2_moe", {"ep": 2, "zero": 1}),
-           "qwen3-tp2": ("qwen3", {"tp": 2, "zero": 1})}
+           "qwen3_moe-ep2": ("qwen3_moe", {"ep": 2, "zero": 1}), "qwen3-tp2": ("qwen3", {"tp": 2, "zero": 1})}
 EXPERT_READ = re.compile(r"^model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(\w+)\.weight$")
-PROJECTIONS = {"mixtral": ("w1", "w2", "w3"), "qwen2_moe": ("gate_proj", "up_proj", "down_proj")}
+PROJECTIONS = {"mixtral": ("w1", "w2", "w3"), "qwen2_moe": ("gate_proj", "up_proj", "down_proj"),
+               "qwen3_moe": ("gate_proj", "up_proj", "down_proj")}
 
 
 def save_tiny(kind: str, out: Path) -> Path:
     """A tiny random HF model of ``kind`` saved with save_pretrained (Mixtral's window covers SEQ_LEN)."""
-    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig, Qwen3Config
+    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
 
     common: dict[str, Any] = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                               "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 64}
@@ -58,6 +60,9 @@ def save_tiny(kind: str, out: Path) -> Path:
     elif kind == "qwen2_moe":
         cfg = Qwen2MoeConfig(intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48,
                              num_experts=4, num_experts_per_tok=2, **common)
+    elif kind == "qwen3_moe":
+        cfg = Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                             norm_topk_prob=True, **common)
     else:
         cfg = Qwen3Config(intermediate_size=128, head_dim=32, tie_word_embeddings=True, **common)
     model = AutoModelForCausalLM.from_config(cfg)

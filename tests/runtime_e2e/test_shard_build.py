@@ -17,7 +17,7 @@ One 2-rank world runs every case (starting ranks dominates the cost on two cores
   every fill (``watch_fill``), every parameter made so far holds only its 1/dp partition and none is
   whole, so no rank ever held more than its partition plus the parameter being filled, and the engine
   trains exactly those partitions (DeepSpeed converted nothing more);
-* pretrained MoE checkpoints stored one tensor per expert (Mixtral, Qwen2-MoE under ep2) and a Qwen3
+* pretrained MoE checkpoints stored one tensor per expert (Mixtral, Qwen2-MoE, Qwen3-MoE under ep2) and a Qwen3
   under tp2, fine-tuned, their reads checked and their exports compared (tests/runtime_e2e/pretrained_moe.py).
 """
 
