@@ -4,8 +4,7 @@ Export: one 2-rank world trains each compiled job 4 steps (tp2 Llama, pp2 GPT-2 
 on both stages, ZeRO-3 dp2 Llama, ep2 Mixtral; a 4-rank world tp2 x pp2 Llama), saves the checkpoint
 through dsforge's commit, computes the trained parallel model's logits on a fixed batch, and rank 0
 exports the checkpoint and compares ``AutoModelForCausalLM.from_pretrained(export)``'s logits with
-them (fp32, 1e-5 of their scale). Under tp x pp the comparison is of the pipeline's loss on that
-batch (see the comment in ``_world``).
+them (fp32, 1e-5 of their scale); under tp x pp the logits come from the pipeline's eval_batch.
 
 Resume (issue 12 item 4): those checkpoints then resume under other layouts for 4 more steps, read
 through their layout-free state (dsforge.runtime.train_state): the tp2 x pp2 ZeRO-1 one under
@@ -123,31 +122,16 @@ def _world(rank: int, world: int, jobs: dict[str, str], tmp: str, train_only: tu
             continue
         # the training micro-batch shape: the pipeline keeps the stage buffers it sized in training
         ids = torch.randint(0, plan.model.vocab, (1, plan.model.seq_len), generator=torch.Generator().manual_seed(9))
-        if plan.degrees.pp > 1 and plan.degrees.tp > 1:
-            # Under tp x pp, DeepSpeed's eval_batch(return_logits=True) hands back logits that are not the model's
-            # (measured: 1.6x their scale off) while the loss of the same forward is right: compare the loss.
-            targets = torch.randint(0, plan.model.vocab, ids.shape, generator=torch.Generator().manual_seed(10))
-            loss = float(engine.eval_batch(iter([(ids, targets)]), num_micro_batches=1))
-            dist.barrier()
-            if rank == 0:
-                import torch.nn.functional as F
-
-                out = Path(tmp) / f"{name}-hf"
-                export_checkpoint(job_dir, out)
-                model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="sdpa")
-                with torch.no_grad():
-                    want = model(input_ids=ids).logits
-                ref = float(F.cross_entropy(want.reshape(-1, want.shape[-1]), targets.reshape(-1)))
-                report(f"export {name} loss", torch.tensor([loss]), torch.tensor([ref]), LOGITS_RTOL)
-            dist.barrier()
-            del engine
-            continue
         logits = parallel_logits(engine, groups, ids, plan.degrees.pp)
         holder = torch.tensor([rank if logits is not None else world])
         dist.all_reduce(holder, op=dist.ReduceOp.MIN)
         src = int(holder)
         if logits is None:
             logits = torch.empty(1, plan.model.seq_len, plan.model.vocab)
+        # Gathered vocab-parallel logits are a movedim view (layers/mappings.py _all_gather): gloo broadcasts a
+        # tensor's storage in memory order and receivers read it as contiguous, which scrambled tp x pp's logits
+        # ("1.6x their scale off") while the holders' own copies, and their loss, were right.
+        logits = logits.contiguous()
         dist.broadcast(logits, src)
         dist.barrier()
         if rank == 0:
