@@ -26,7 +26,7 @@ from dsforge.compiler.ds_settings import emitted_checkpointing_block, on_cpu
 from dsforge.compiler.estimate import activations as act
 from dsforge.compiler.estimate.memo import bounded, plan_memo
 from dsforge.compiler.estimate.model_states import ModelStates, megatron_states, model_states
-from dsforge.compiler.estimate.shares import RankParams, chunk_table, kind_table, layer_kinds, stage_share
+from dsforge.compiler.estimate.shares import RankParams, chunk_table, kind_table, stage_share
 from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.estimate.zero_config import ZeroSettings, zero_settings
 from dsforge.compiler.params import padded_vocab
@@ -145,77 +145,131 @@ def _per_layer(model: ResolvedModel, shape: act.ActivationShape, recompute: str)
                      {moe: act.recompute_working_set(model, shape, moe, recompute) for moe in (False, True)})
 
 
-def _activations(plan: Plan, stage: int, shape: act.ActivationShape, m: int, per: _PerLayer,
-                 layers: dict[bool, int]) -> tuple[float, float]:
-    """(activations, logits) bytes one rank of ``stage`` holds at its peak under the schedule."""
+@dataclass(frozen=True)
+class _Context:
+    """What every stage's memory reads of its plan besides the stage, looked up once per plan."""
+
+    chunks: tuple[tuple[tuple[int, int], ...], ...]  # `shares.chunk_table`
+    kinds: tuple[tuple[int, int], ...]  # `shares.kind_table`
+    shape: act.ActivationShape
+    ranks: list[int]  # the first rank of every stage
+    cpu: bool
+    schedule: str
+    output_buffers: bool  # the stack's pipeline engine keeps each in-flight chunk's output
+    embedding: float  # act.embedding_bytes
+    head: float  # act.head_bytes
+    logits: tuple[float, float]  # act.logits_bytes: (saved, transient)
+
+
+def _context(plan: Plan) -> _Context:
+    memo = plan_memo(plan)
+    ctx: _Context | None = memo.get("memory_context")
+    if ctx is None:
+        assert plan.degrees is not None and plan.placement is not None
+        model, shape = plan.model, activation_shape(plan)
+        ctx = memo["memory_context"] = _Context(
+            chunk_table(plan), kind_table(plan), shape, plan.placement.first_group("pp"), on_cpu(plan),
+            plan.spec.parallel.pipeline.schedule, profile_of(plan.spec.stack).pipeline_output_buffers,
+            act.embedding_bytes(model, shape), act.head_bytes(model, shape),
+            act.logits_bytes(model, shape, padded_vocab(model, plan.degrees.tp)))
+    return ctx
+
+
+@dataclass(frozen=True)
+class _Template:
+    """What stages alike in position (first, last) and layers by kind share: their parameters, model states,
+    activation bytes of one micro-batch through their layers and the largest rematerialised layer."""
+
+    share: RankParams
+    st: _States
+    per_mb: float
+    working_set: float
+
+
+def _template(plan: Plan, stage: int, z: ZeroSettings, m: int, per: _PerLayer, ctx: _Context) -> _Template:
     assert plan.degrees is not None
-    model, d = plan.model, plan.degrees
-    chunks = len(chunk_table(plan)[stage])
+    d = plan.degrees
+    dense, moe = ctx.kinds[stage]
+    layers = {False: dense, True: moe}  # `layer_kinds`
+    share = stage_share(plan, stage, z.persistence_threshold, layers)
+    st = _stage_states(plan.spec.stack, share, z, d.dp * d.cp, max(1, d.expert_dp), m, ctx.cpu)
     kinds = {moe: count for moe, count in layers.items() if count}
     per_mb = sum(count * per.kept[moe] for moe, count in kinds.items())
-    flight = act.in_flight(plan.spec.parallel.pipeline.schedule, d.pp, stage, m, chunks)
+    return _Template(share, st, per_mb, max((per.working_set[moe] for moe in kinds), default=0.0))
+
+
+def _activations(plan: Plan, stage: int, ctx: _Context, m: int, tpl: _Template) -> tuple[float, float]:
+    """(activations, logits) bytes one rank of ``stage`` holds at its peak under the schedule."""
+    assert plan.degrees is not None
+    model, d, shape = plan.model, plan.degrees, ctx.shape
+    chunks = len(ctx.chunks[stage])
+    flight = act.in_flight(ctx.schedule, d.pp, stage, m, chunks)
     chunk_flight = -(-flight // chunks)  # micro-batches of the first/last chunk in flight
-    total = flight * per_mb / chunks
-    total += max((per.working_set[moe] for moe in kinds), default=0.0)
-    if d.pp > 1 and stage < d.pp - 1 and profile_of(plan.spec.stack).pipeline_output_buffers:
+    total = flight * tpl.per_mb / chunks
+    total += tpl.working_set
+    if d.pp > 1 and stage < d.pp - 1 and ctx.output_buffers:
         # the pipeline engine keeps each in-flight chunk's output until its backward (DeepSpeed
         # PipelineEngine pipe_buffers["outputs"]); no layer saves it, so it comes on top
         total += flight * shape.tokens * model.hidden * shape.element_bytes / shape.sp_div
     if stage == 0:
-        total += chunk_flight * act.embedding_bytes(model, shape)
+        total += chunk_flight * ctx.embedding
     logits = 0.0
     if stage == d.pp - 1:
-        total += chunk_flight * act.head_bytes(model, shape)
-        saved, transient = act.logits_bytes(model, shape, padded_vocab(model, d.tp))
+        total += chunk_flight * ctx.head
+        saved, transient = ctx.logits
         logits = chunk_flight * saved + transient
     return total, logits
 
 
-def _reserve(plan: Plan, tensor_bytes: float, cpu: bool | None = None) -> float:
-    if on_cpu(plan) if cpu is None else cpu:
+def _reserve(cpu: bool, tensor_bytes: float) -> float:
+    if cpu:
         return CPU_RESERVE_BYTES
     return GPU_RESERVE_BYTES + FRAGMENTATION * tensor_bytes
 
 
+@dataclass(frozen=True)
+class _States:
+    """A stage's model states and its two moments without activations (update, step), reserve included."""
+
+    states: ModelStates
+    update: dict[str, float]
+    step: dict[str, float]
+    update_total: float
+
+
 @bounded(maxsize=4096)
-def _model_states(stack: str, share: RankParams, z: ZeroSettings, n_dense: int, n_expert: int, m: int) -> ModelStates:
-    """The model states of a stage's share under the stack's optimizer layout (shared: read, never changed)."""
+def _stage_states(stack: str, share: RankParams, z: ZeroSettings, n_dense: int, n_expert: int, m: int,
+                  cpu: bool) -> _States:
+    """The model states of a stage's share under the stack's optimizer layout, with the moments that hold no
+    activations (the same for every stage of that share); shared, so its readers copy what they keep."""
     prof = profile_of(stack)
     if prof.name == "dsforge":
-        return model_states(share, z, n_dense, n_expert, m)
-    return megatron_states(share, z, n_dense, n_expert, prof.fp32_main_grads, prof.distributed_optimizer)
-
-
-def _pp_ranks(plan: Plan) -> list[int]:
-    """The first rank of every pipeline stage (the group of rank 0), once per plan."""
-    memo = plan_memo(plan)
-    ranks = memo.get("pp_ranks")
-    if ranks is None:
-        assert plan.placement is not None
-        ranks = memo["pp_ranks"] = plan.placement.first_group("pp")
-    return ranks
+        states = model_states(share, z, n_dense, n_expert, m)
+    else:
+        states = megatron_states(share, z, n_dense, n_expert, prof.fp32_main_grads, prof.distributed_optimizer)
+    update = _with_reserve(cpu, {**_ZEROS, **states.update})
+    return _States(states, update, _with_reserve(cpu, {**_ZEROS, **states.step}), sum(update.values()))
 
 
 def stage_memory(plan: Plan, stage: int, z: ZeroSettings, m: int, per: _PerLayer | None = None) -> StageMemory:
     """Device and host bytes of one rank of pipeline ``stage``."""
     assert plan.degrees is not None and plan.placement is not None
-    d = plan.degrees
-    kinds = layer_kinds(plan, stage)
-    share = stage_share(plan, stage, z.persistence_threshold, kinds)
-    states = _model_states(plan.spec.stack, share, z, d.dp * d.cp, max(1, d.expert_dp), m)
-    shape = activation_shape(plan)
-    activ, logits = _activations(plan, stage, shape, m, per or _PerLayer.of(plan, shape), kinds)
-    cpu = on_cpu(plan)
-    moments = {name: _with_reserve(plan, {**_ZEROS, **values}, cpu)
-               for name, values in (("backward", {**states.backward, "activations": activ, "logits": logits}),
-                                    ("update", states.update), ("step", states.step))}
-    phase = max(("backward", "update"), key=lambda name: sum(moments[name].values()))
-    rank = _pp_ranks(plan)[stage]
-    return StageMemory(stage, rank, dict(moments[phase]), dict(states.host), phase, moments)
+    ctx = _context(plan)
+    return _stage_memory(plan, stage, m, ctx, _template(plan, stage, z, m, per or _PerLayer.of(plan, ctx.shape), ctx))
 
 
-def _with_reserve(plan: Plan, comps: dict[str, float], cpu: bool | None = None) -> dict[str, float]:
-    return {**comps, "reserve": _reserve(plan, sum(comps.values()), cpu)}
+def _stage_memory(plan: Plan, stage: int, m: int, ctx: _Context, tpl: _Template) -> StageMemory:
+    st = tpl.st
+    activ, logits = _activations(plan, stage, ctx, m, tpl)
+    backward = _with_reserve(ctx.cpu, {**_ZEROS, **st.states.backward, "activations": activ, "logits": logits})
+    moments = {"backward": backward, "update": dict(st.update), "step": dict(st.step)}
+    phase = "update" if st.update_total > sum(backward.values()) else "backward"  # the larger; a tie: backward
+    return StageMemory(stage, ctx.ranks[stage], dict(moments[phase]), dict(st.states.host), phase, moments)
+
+
+def _with_reserve(cpu: bool, comps: dict[str, float]) -> dict[str, float]:
+    """The components with the framework reserve added (every moment lists DEVICE_COMPONENTS in order)."""
+    return {**comps, "reserve": _reserve(cpu, sum(comps.values()))}
 
 
 def estimate_memory(plan: Plan) -> MemoryEstimate:
@@ -228,14 +282,21 @@ def estimate_memory(plan: Plan) -> MemoryEstimate:
         return cached
     z = zero_settings(plan)
     m = micro_batches(plan)
-    per = _PerLayer.of(plan, activation_shape(plan))
-    ranks = _pp_ranks(plan)
+    ctx = _context(plan)
+    per = _PerLayer.of(plan, ctx.shape)
+    ranks = ctx.ranks
     alike: dict[tuple[object, ...], StageMemory] = {}
+    templates: dict[tuple[object, ...], _Template] = {}
     stages = []
-    for s in range(plan.degrees.pp):
+    pp = plan.degrees.pp
+    for s in range(pp):
         key = _stage_class(plan, s, m)
         if key not in alike:
-            alike[key] = stage_memory(plan, s, z, m, per)
+            tkey = (s == 0, s == pp - 1, ctx.kinds[s])
+            tpl = templates.get(tkey)
+            if tpl is None:
+                tpl = templates[tkey] = _template(plan, s, z, m, per, ctx)
+            alike[key] = _stage_memory(plan, s, m, ctx, tpl)
             stages.append(alike[key])
         else:
             same = alike[key]
@@ -257,7 +318,7 @@ def _stage_class(plan: Plan, stage: int, m: int) -> tuple[object, ...]:
     output buffers), its layers by kind and per chunk, and the micro-batches it holds in flight. Stages alike
     in these have the same bytes (a deep pipeline's middle stages), so `estimate_memory` computes them once."""
     assert plan.degrees is not None
-    d = plan.degrees
-    chunks = chunk_table(plan)[stage]
-    flight = act.in_flight(plan.spec.parallel.pipeline.schedule, d.pp, stage, m, len(chunks))
-    return stage == 0, stage == d.pp - 1, kind_table(plan)[stage], tuple(count for _, count in chunks), flight
+    d, ctx = plan.degrees, _context(plan)
+    chunks = ctx.chunks[stage]
+    flight = act.in_flight(ctx.schedule, d.pp, stage, m, len(chunks))
+    return stage == 0, stage == d.pp - 1, ctx.kinds[stage], tuple(count for _, count in chunks), flight
