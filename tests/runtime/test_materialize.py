@@ -33,6 +33,9 @@ def test_a_seeded_slice_equals_the_slice_of_the_whole(rows: int, cols: int, chun
         got = chunked_init(7, spec, (rows, cols), dim, ranges)
         want = torch.cat([whole.narrow(dim, s, length) for s, length in ranges], dim=dim)
         assert torch.equal(got, want)
+        # drawn in fp32, cast chunk by chunk: the same values as casting the fp32 slice
+        for dtype in (torch.bfloat16, torch.float16):
+            assert torch.equal(chunked_init(7, spec, (rows, cols), dim, ranges, dtype), want.to(dtype))
     finally:
         materialize.CHUNK_ELEMENTS = old
 
