@@ -8,6 +8,7 @@ window equal to the training sequence (32 tokens, so it covers it and validate a
 over 4 heads, tied head). Each job is compiled from `model.pretrained` (the three MoE models under ep2,
 Qwen3 under tp2) and trained 2 steps:
 
+* the parameters the compiler counts from config.json (dsforge.compiler.params) are the model's;
 * the first step's loss equals the single-process ``from_pretrained`` model's on the same global batch
   (fp32, 1e-5 relative); Mixtral's also equals that model's with the window removed (full causal);
 * the reads each rank made (``DSFORGE_READ_LOG``) are its own: under ep2 each rank read exactly the
@@ -150,9 +151,16 @@ def prepare(tmp: Path) -> tuple[dict[str, str], dict[str, list[tuple[str, float]
     tmp.mkdir(parents=True, exist_ok=True)
     saved = {kind: save_tiny(kind, tmp / f"tiny-{kind}") for kind in sorted({kind for kind, _ in LAYOUTS.values()})}
     jobs = {name: str(compile_pretrained(tmp, name, saved[kind], par)) for name, (kind, par) in LAYOUTS.items()}
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dsforge.compiler.params import total_params
+
     refs: dict[str, list[tuple[str, float]]] = {}
     for name, job_dir in jobs.items():
         spec = JobDir.load(job_dir).plan.spec
+        with torch.device("meta"):  # what explain and the memory checks count is the checkpoint's model
+            hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(spec.model.pretrained))
+        assert total_params(spec.model) == sum(p.numel() for p in hf.parameters()), name
         refs[name] = [("from_pretrained", reference_first_loss(spec))]
         if spec.model.arch == "mixtral":  # its window (= seq_len) is exactly full causal attention
             refs[name].append(("full causal", reference_first_loss(spec, sliding_window=None)))
