@@ -114,7 +114,7 @@ _FIELDS = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(f=_FIELDS)
 def test_the_class_shortcut_ranks_as_the_plain_search_on_drawn_spaces(write_job, f: dict) -> None:
     ep = "auto" if f["preset"] == "tiny-mixtral" else "1"
