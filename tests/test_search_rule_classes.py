@@ -80,8 +80,15 @@ def test_every_declared_check_gives_one_verdict_per_class(write_job) -> None:
     split, classes, refused = _split_verdicts(write_job, rules)
     assert not split, split[:5]
     assert classes > 200 and {"DSF140", "DSF142", "DSF143", "DSF501", "DSF502", "DSF609", "DSF109"} <= refused, refused
-    # every check the search asks early has declared only fields that a skeleton or a memory group fixes
+    # every check the search asks early has declared only fields that a skeleton or a memory group fixes; one
+    # that reads the micro-batch, or names no search field, is asked per candidate
     assert all(set(r.reads or ()) <= GROUP_FIELDS for r in rules if rule_tier(r) is not None)
+    import dataclasses
+
+    assert rule_tier(dataclasses.replace(rules[0], reads=("tp", "micro_batch"))) is None
+    assert rule_tier(dataclasses.replace(rules[0], reads=("tp", "tpp"))) is None
+    assert rule_tier(dataclasses.replace(rules[0], reads=("cp", "pp"))) == "skeleton"
+    assert rule_tier(dataclasses.replace(rules[0], reads=("pp", "schedule"))) == "group"
 
 
 def test_a_declaration_that_omits_a_field_it_reads_is_caught(write_job) -> None:

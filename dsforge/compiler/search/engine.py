@@ -203,7 +203,7 @@ def rule_tier(rule: Rule) -> str | None:
     micro-batch or the recomputation)."""
     if rule.reads is None:
         return None
-    reads = set(rule.reads)
+    reads = set(rule.reads)  # a name that is no search field (a plugin's typo) leaves the check per candidate
     return "skeleton" if reads <= SKELETON_FIELDS else "group" if reads <= GROUP_FIELDS else None
 
 
