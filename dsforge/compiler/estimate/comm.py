@@ -18,7 +18,6 @@ collective's time is hidden behind compute is decided in `steptime`, from the ``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 from dsforge.compiler.estimate.memo import plan_memo
 from dsforge.compiler.estimate.shares import (
@@ -101,9 +100,9 @@ class Collective:
     overlap: str  # "none" | "attention" | "backward" | "compute" | "dependency"
     repeat: int = 1  # calls per scope unit (ring CP: cp-1 exchanges)
 
-    @cached_property
+    @property
     def seconds(self) -> float:
-        """Time of one scope unit (``repeat`` calls); computed once (the passes of every chunk ask)."""
+        """Time of one scope unit (``repeat`` calls)."""
         return self.repeat * collective_seconds(self.op, self.payload_bytes, self.group_size, self.link)
 
     @property

@@ -37,8 +37,9 @@ from dsforge.compiler.estimate.compute import (
     rates,
 )
 from dsforge.compiler.estimate.engine_overhead import engine_overhead
+from dsforge.compiler.estimate.memo import plan_memo
 from dsforge.compiler.estimate.schedule import Timeline, simulate
-from dsforge.compiler.estimate.shares import stage_chunks, stage_share
+from dsforge.compiler.estimate.shares import chunk_table, layer_kinds, stage_share
 from dsforge.compiler.estimate.zero_config import zero_settings
 from dsforge.compiler.params import moe_layers_in
 from dsforge.compiler.plan import Plan
@@ -71,16 +72,6 @@ def achievable_fraction(plan: Plan) -> tuple[float, str]:
     return r.fraction, r.source
 
 
-def _units(op: Collective, layers: int, moe_layers: int, first: bool, last: bool, share: float) -> float:
-    """How many times ``op`` runs in one pass of a chunk (per its scope)."""
-    return {"layer": layers, "moe-layer": moe_layers, "first": 1.0 if first else 0.0,
-            "last": 1.0 if last else 0.0, "micro-batch": share}.get(op.scope, 0.0)
-
-
-#: What `_units` needs of a chunk: layers, MoE layers, first chunk, last chunk, its share of the rank's chunks.
-_ChunkCounts = tuple[int, int, bool, bool, float]
-
-
 def _exposed_per_link(timed: list[tuple[Collective, float]], compute_s: float, attention_s: float) -> dict[str, float]:
     """Exposed seconds by group of collectives that run in one pass, summed per link before the cover is taken.
 
@@ -104,18 +95,36 @@ def _exposed_per_link(timed: list[tuple[Collective, float]], compute_s: float, a
     return exposed
 
 
-def _pass(ops: list[Collective], phase: str, compute_s: float, attention_s: float, counts: _ChunkCounts,
-          engine_s: float = 0.0) -> Pass:
-    """Build one pass: its compute plus the exposed time of the ops of this phase (summed per link), and the
-    engine's host work ``engine_s``."""
+def _pass(ops: tuple[Collective, ...], compute_s: float, attention_s: float, units: dict[str, float],
+          engine_s: float) -> Pass:
+    """Build one pass: its compute plus the exposed time of its phase's ops (summed per link), each run
+    ``units[scope]`` times, and the engine's host work ``engine_s``."""
     timed = []
     for op in ops:
-        if op.phase != phase or op.overlap == "dependency":
-            continue
-        n = _units(op, *counts)
+        n = units.get(op.scope, 0.0)
         if n > 0:
             timed.append((op, op.seconds * n))
     return Pass(compute_s, _exposed_per_link(timed, compute_s, attention_s), engine_s)
+
+
+def _phase_ops(plan: Plan, stage: int) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
+    """The forward and the backward collectives of one pass of ``stage`` (the pipeline's dependencies left to
+    the schedule); once per plan and stage class (what `comm.data_parallel` keys on)."""
+    assert plan.degrees is not None
+    d = plan.degrees
+    kinds = layer_kinds(plan, stage)
+    key = ("phase_ops", stage == 0, stage == d.pp - 1, kinds[False], kinds[True])
+    memo = plan_memo(plan)
+    found: tuple[tuple[Collective, ...], tuple[Collective, ...]] | None = memo.get(key)
+    if found is None:
+        ops = comm.model_parallel(plan) + [o for o in comm.data_parallel(plan, stage) if o.scope == "micro-batch"]
+        recompute_ops = [o for o in ops if o.phase == "forward" and (o.scope != "micro-batch" or refetched(o))]
+        if plan.spec.training.recompute == "full":  # the recomputed forward repeats its collectives
+            ops = ops + [Collective(o.group, o.op, o.purpose, "backward", o.scope, o.payload_bytes, o.group_size,
+                                    o.link, o.overlap, o.repeat) for o in recompute_ops]
+        found = memo[key] = tuple(tuple(o for o in ops if o.phase == phase and o.overlap != "dependency")
+                                  for phase in ("forward", "backward"))
+    return found
 
 
 def stage_passes(plan: Plan, stage: int, speed: float | Rates) -> tuple[list[Pass], list[Pass]]:
@@ -124,12 +133,8 @@ def stage_passes(plan: Plan, stage: int, speed: float | Rates) -> tuple[list[Pas
     assert plan.degrees is not None
     d, model = plan.degrees, plan.model
     r = speed if isinstance(speed, Rates) else Rates(speed, 1.0, 1.0, 0.0, 1.0, 1.0, "FLOP/s given")
-    ops = comm.model_parallel(plan) + [o for o in comm.data_parallel(plan, stage) if o.scope == "micro-batch"]
-    recompute_ops = [o for o in ops if o.phase == "forward" and (o.scope != "micro-batch" or refetched(o))]
-    if plan.spec.training.recompute == "full":  # the recomputed forward repeats its collectives
-        ops = ops + [Collective(o.group, o.op, o.purpose, "backward", o.scope, o.payload_bytes, o.group_size,
-                                o.link, o.overlap, o.repeat) for o in recompute_ops]
-    chunks = stage_chunks(plan, stage)
+    fwd_ops, bwd_ops = _phase_ops(plan, stage)
+    chunks = chunk_table(plan)[stage]
     last_chunk = len(plan.stage_layers) - 1
     engine = engine_overhead(plan, stage).micro_batch_s * r.slowdown / len(chunks)
     engine_fwd = engine / 2 if plan.zero == 3 else 0.0  # ZeRO-3 fetches in both passes; 0-2 hook the backward
@@ -137,10 +142,12 @@ def stage_passes(plan: Plan, stage: int, speed: float | Rates) -> tuple[list[Pas
     for j, (first_layer, count) in enumerate(chunks):
         k = j * d.pp + stage
         c = chunk_time(plan, first_layer, count, k == 0, k == last_chunk, r)
-        moe = moe_layers_in(model, first_layer, count)
-        counts: _ChunkCounts = (count, moe, k == 0, k == last_chunk, 1.0 / len(chunks))
-        fwd.append(_pass(ops, "forward", c.forward_s, c.attention_s, counts, engine_fwd))
-        bwd.append(_pass(ops, "backward", c.backward_s, 2 * c.attention_s, counts, engine - engine_fwd))
+        # how many times an op of each scope runs in one pass of this chunk
+        units = {"layer": count, "moe-layer": moe_layers_in(model, first_layer, count),
+                 "first": 1.0 if k == 0 else 0.0, "last": 1.0 if k == last_chunk else 0.0,
+                 "micro-batch": 1.0 / len(chunks)}
+        fwd.append(_pass(fwd_ops, c.forward_s, c.attention_s, units, engine_fwd))
+        bwd.append(_pass(bwd_ops, c.backward_s, 2 * c.attention_s, units, engine - engine_fwd))
     return fwd, bwd
 
 
