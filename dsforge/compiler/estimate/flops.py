@@ -162,16 +162,19 @@ def _chunk_per_token(model: ResolvedModel, tp: int, split: bool, recompute: str,
                      last: bool) -> tuple[float, float, float]:
     """(forward, attention core, recomputed) FLOPs per split token of ``layers`` layers from period ``phase``,
     summed layer by layer (the order `chunk_flops` always summed them in, so the floats are the same)."""
-    fwd = core = extra = 0.0
-    for i in range(phase, phase + layers):
-        moe = is_moe_layer(model, i)
+    terms = {}  # one layer's (forward, core, recomputed) terms per kind: the same floats for every such layer
+    for moe in (False, True):
         hw = _hardware_layer(model, moe)
         whole = _unsplit_by_tp(hw, moe, split)
         # Work every TP rank repeats counts tp times when expressed per split token.
         scale = 1.0 + (tp - 1) * whole / hw.total if hw.total else 1.0
-        fwd += hw.total * scale
-        core += hw.attention_core
-        extra += _recompute_flops(hw, recompute) * scale
+        terms[moe] = (hw.total * scale, hw.attention_core, _recompute_flops(hw, recompute) * scale)
+    fwd = core = extra = 0.0
+    for i in range(phase, phase + layers):
+        f, c, x = terms[is_moe_layer(model, i)]
+        fwd += f
+        core += c
+        extra += x
     if last:
         fwd += logits_forward_flops(model, tp)
     return fwd, core, extra
@@ -188,12 +191,14 @@ def hardware_flops_per_step(plan: Plan) -> float:
 @bounded(maxsize=256)
 def _hardware_per_token(model: ResolvedModel, tp: int, split: bool, recompute: str) -> float:
     """Hardware FLOPs per trained token of `hardware_flops_per_step`, summed layer by layer as it always was."""
-    per_token = 3.0 * logits_forward_flops(model, tp)
-    for i in range(model.layers):
-        moe = is_moe_layer(model, i)
+    term = {}  # one layer's FLOPs per kind: the same float for every such layer
+    for moe in (False, True):
         hw = _hardware_layer(model, moe)
         scale = 1.0 + (tp - 1) * _unsplit_by_tp(hw, moe, split) / hw.total if hw.total else 1.0
-        per_token += (3.0 * hw.total + _recompute_flops(hw, recompute)) * scale
+        term[moe] = (3.0 * hw.total + _recompute_flops(hw, recompute)) * scale
+    per_token = 3.0 * logits_forward_flops(model, tp)
+    for i in range(model.layers):
+        per_token += term[is_moe_layer(model, i)]
     return per_token
 
 
