@@ -16,17 +16,20 @@ parameter in bf16: fp32 master and two moments).
 Measured 2026-12-01 on the 2-core development machine (bf16, GiB; growth = peak - RSS before):
 
     layout     rank  shard params  shard  before  peak  growth  growth/shard  bound
-    tp2           0   617,940,992   1.15    0.25  2.21    1.96          1.70  10.72
-    tp2           1   617,940,992   1.15    0.25  2.57    2.33          2.02  10.72
-    pp2           0   627,597,312   1.17    0.25  1.88    1.64          1.40  10.88
+    tp2           0   617,940,992   1.15    0.25  1.53    1.29          1.12  10.72
+    tp2           1   617,940,992   1.15    0.25  1.53    1.29          1.12  10.72
+    pp2           0   627,597,312   1.17    0.25  1.55    1.30          1.12  10.88
     pp2           1   870,885,376   1.62    0.25  2.00    1.76          1.08  15.01
-    zero3-dp2     0   617,907,200   1.15    0.25  1.57    1.32          1.15  10.72
-    zero3-dp2     1   617,907,200   1.15    0.25  1.57    1.32          1.15  10.72
+    zero3-dp2     0   617,907,200   1.15    0.25  1.74    1.50          1.30  10.72
+    zero3-dp2     1   617,907,200   1.15    0.25  1.61    1.36          1.18  10.72
 
-Every rank is far inside the bound. ZeRO-3's growth is its partitions plus 0.17 GiB: the one parameter
-being filled whole (the largest, the 0.49 GiB embedding, is filled first, while nothing else is held)
-and allocator slack. Before, a ZeRO-3 rank at tp 1 built the whole model (2.31 GiB of bf16 parameters,
-by count) and kept it until deepspeed.initialize partitioned it.
+Every rank is far inside the bound. ZeRO-3's growth is its partitions plus 0.2-0.35 GiB: the one
+parameter being filled whole (the largest, the 0.49 GiB embedding, is filled first, while nothing else
+is held), and heap that glibc keeps after each whole parameter is freed (the figure varies by rank and
+run: 1.32 GiB on both ranks in an earlier run). Before, a ZeRO-3 rank at tp 1 built the whole model
+(2.31 GiB of bf16 parameters, by count) and kept it until deepspeed.initialize partitioned it. The seeded
+chunks are drawn into one reused fp32 buffer: a fresh 16 MB tensor per chunk left a tp2 rank with
+1.96-2.33 GiB of growth (1.7-2.0 x its shard) in glibc's fragmented heap.
 """
 
 from __future__ import annotations

@@ -131,10 +131,10 @@ def chunked_init(seed: int, spec: InitSpec, shape: tuple[int, ...], dim: int | N
     rows, per_row = shape[0], math.prod(shape[1:])
     step = max(1, CHUNK_ELEMENTS // max(per_row, 1))
 
-    def chunk(c: int) -> Tensor:
+    def chunk(c: int) -> Tensor:  # valid until the next call: every caller copies out of it at once
         n = min(step, rows - c * step)
         g = torch.Generator().manual_seed(_chunk_seed(seed, spec.index, c))
-        return torch.empty((n, *shape[1:])).normal_(0.0, spec.std, generator=g)
+        return _scratch(n * per_row).view(n, *shape[1:]).normal_(0.0, spec.std, generator=g)
 
     if dim is None or ranges is None:
         out = torch.empty(shape, dtype=dtype)
@@ -160,6 +160,18 @@ def chunked_init(seed: int, spec: InitSpec, shape: tuple[int, ...], dim: int | N
             rows_here.narrow(dim, at, n).copy_(block.narrow(dim, s0, n))
             at += n
     return out
+
+
+#: The fp32 buffer chunks are drawn into, reused from one chunk to the next: a fresh 16 MB tensor per chunk,
+#: freed at once, raises glibc's mmap threshold and leaves the heap fragmented (a tp2 rank of the 1B
+#: Llama kept about 2x its shard resident); ``materialize`` releases it when the fill is done.
+_SCRATCH: list[Tensor] = []
+
+
+def _scratch(numel: int) -> Tensor:
+    if not _SCRATCH or _SCRATCH[0].numel() < numel:
+        _SCRATCH[:] = [torch.empty(max(numel, min(CHUNK_ELEMENTS, 1 << 22)))]
+    return _SCRATCH[0][:numel]
 
 
 class WeightSource(Protocol):
@@ -389,6 +401,7 @@ def materialize(targets: list[Target], source: WeightSource, dtype: torch.dtype,
         done[id(old)] = new
         for watcher in tuple(_WATCHERS):
             watcher(root, t, new)
+    _SCRATCH.clear()
     for module in root.modules():
         for name, p in list(module._parameters.items()):
             if p is not None and id(p) in done:
