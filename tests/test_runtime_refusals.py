@@ -106,6 +106,7 @@ NOT_A_LAYOUT: dict[str, str] = {
     "materialize.py:_moe_targets:MaterializeError": "programming error: an expert block the build did not plan",
     "materialize.py:materialize:MaterializeError": "programming error: a module without the planned parameter",
     "materialize.py:_filled:MaterializeError": "programming error: a slice of another shape than planned",
+    "materialize.py:_check_finite:WeightRangeError": "model content: a weight beyond fp16's range or not finite",
     "materialize.py:check_real:MaterializeError": "programming error: a parameter left on the meta device",
     "pretrained.py:__init__:PretrainedLoadError": "checkpoint content: model.pretrained unreadable (DSF011-DSF014)",
     "pretrained.py:resolve:PretrainedLoadError": "checkpoint content: an expert missing from the per-expert tensors "

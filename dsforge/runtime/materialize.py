@@ -41,6 +41,10 @@ class MaterializeError(ModelBuildError):
     """A parameter of this rank could not be given its values (no source, or a shape that does not fit)."""
 
 
+class WeightRangeError(MaterializeError):
+    """A weight is not finite in the job's dtype: an fp16 cast overflowed (or the checkpoint holds inf/NaN)."""
+
+
 @contextlib.contextmanager
 def params_on_meta() -> Iterator[None]:
     """Inside: every parameter a module registers lands on the meta device; buffers stay where they are made.
@@ -420,7 +424,9 @@ def _filled(t: Target, old: nn.Parameter, source: WeightSource, dtype: torch.dty
     if tuple(value.shape) != tuple(old.shape):
         raise MaterializeError(f"{t.dense}: the planned slice is {list(value.shape)} but this rank's parameter is "
                                f"{list(old.shape)}")
-    new = nn.Parameter(value.to(dtype).contiguous(), requires_grad=old.requires_grad)
+    value = value.to(dtype).contiguous()
+    _check_finite(t.dense, value)
+    new = nn.Parameter(value, requires_grad=old.requires_grad)
     new.__dict__.update(old.__dict__)
     # Tensor hooks live outside __dict__: a rewrite's (sum_grads_over_tp on Qwen3's per-head q/k norms) would be
     # lost, and each TP rank would train its copy of the norm on its own heads' gradient alone.
@@ -428,6 +434,17 @@ def _filled(t: Target, old: nn.Parameter, source: WeightSource, dtype: torch.dty
         new.register_hook(hook)
     tag(new, SliceTag(t.dense, tuple(t.shape), t.dim, tuple(t.ranges or ()), t.transpose))  # for export
     return new
+
+
+def _check_finite(name: str, value: Tensor) -> None:
+    """Refuse a 16-bit value that is not finite: the cast of a pretrained weight beyond fp16's range gives inf
+    silently (precision.match_precision sees only the cast values), and a checkpoint's own inf/NaN would train
+    as NaN from the first step."""
+    if value.dtype in (torch.float16, torch.bfloat16) and value.numel() and not bool(torch.isfinite(value).all()):
+        top = torch.finfo(value.dtype).max
+        raise WeightRangeError(f"{name} is not finite in {str(value.dtype).replace('torch.', '')} (beyond its "
+                               f"largest value {top:.6g}, or inf/NaN in the checkpoint): training.precision bf16 "
+                               "(or fp32) keeps such weights; a checkpoint holding inf/NaN must be repaired")
 
 
 def _restore_buffers(root: nn.Module) -> None:

@@ -135,3 +135,29 @@ def test_a_checkpoint_without_a_parameter_or_with_another_shape_is_refused() -> 
     with pytest.raises(ModelBuildError, match=r"DSF640.*model.norm.weight is \[32\].*is \[64\]"):
         source.values("model.norm.weight", (64,), None, None)
     reader.close()
+
+
+class _Constant:
+    """A weight source that gives every parameter one value."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def values(self, name: str, shape: tuple[int, ...], dim: int | None, ranges: object,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.full(shape, self.value)
+
+
+@pytest.mark.parametrize(("value", "dtype", "refused"), [(1.0e6, torch.float16, True), (1.0e6, torch.bfloat16, False),
+                                                         (float("nan"), torch.bfloat16, True),
+                                                         (6.0e4, torch.float16, False)])
+def test_a_weight_the_cast_makes_infinite_is_refused(value: float, dtype: torch.dtype, refused: bool) -> None:
+    """fp16's largest value is 65,504: casting a larger pretrained weight gives inf, which would train as NaN."""
+    with params_on_meta():
+        model = nn.Linear(4, 3)
+    if refused:
+        with pytest.raises(materialize.WeightRangeError, match="weight is not finite in"):
+            materialize.materialize_dense(model, _Constant(value), dtype)
+    else:
+        materialize.materialize_dense(model, _Constant(value), dtype)
+        assert model.weight.dtype == dtype and bool(torch.isfinite(model.weight).all())
