@@ -141,7 +141,7 @@ def _neighbours(spaces: Spaces, job: tuple[str, str], target: Layout) -> list[tu
     return near
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_warm_caches_give_what_empty_caches_give(spaces: Spaces, data: st.DataObject) -> None:
     job = data.draw(st.sampled_from(sorted(spaces)))
