@@ -9,11 +9,8 @@ from collections import defaultdict
 import pytest
 
 from dsforge.compiler.estimate.steptime import estimate_step
-from dsforge.compiler.parse import load_job
-from dsforge.compiler.resolved import resolve_model
 from dsforge.compiler.search.bounds import compute_floor_s, micro_batch_dp_s, pass_floor_s
-from dsforge.compiler.search.engine import _model_seeded
-from dsforge.compiler.search.space import apply_layout, layouts, skeletons
+from tests.search_candidates import candidates
 
 SPACES = {
     # GPUs over two nodes: ZeRO-2/3 gathers and reductions on NVLink and the network, TP, CP, SP, pipelines
@@ -35,15 +32,9 @@ training: {global_batch: 16, micro_batch: auto, recompute: auto, precision: fp32
 
 
 def _plans(write_job, text: str):
-    job, diags = load_job(write_job(text))
-    assert job is not None, diags
-    model = resolve_model(job.spec.model)
-    nodes = job.spec.hardware.nodes
-    for skel in skeletons(job.spec, model, nodes):
-        for lay in layouts(job.spec, model, skel, nodes):
-            plan = _model_seeded(apply_layout(job.spec, lay), model)
-            if plan.layout_ok and plan.placement is not None and plan.stage_layers and plan.grad_accum:
-                yield lay, plan
+    for _, lay, plan in candidates(write_job, text):
+        if plan.layout_ok and plan.placement is not None and plan.stage_layers and plan.grad_accum:
+            yield lay, plan
 
 
 @pytest.mark.parametrize("name", sorted(SPACES))

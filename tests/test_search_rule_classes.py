@@ -11,11 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsforge.compiler.parse import load_job
-from dsforge.compiler.resolved import resolve_model
 from dsforge.compiler.rules.registry import Context, Rule, checks, run_rules
-from dsforge.compiler.search.engine import GROUP_FIELDS, _model_seeded, rule_tier, search
-from dsforge.compiler.search.space import apply_layout, layouts, skeletons
+from dsforge.compiler.search.engine import GROUP_FIELDS, rule_tier, search
 from dsforge.diagnostics import Severity
+from tests.search_candidates import candidates
 
 #: Spaces where the declared checks refuse some classes and pass others: context with pipeline parallelism
 #: (DSF140), interleaved chunks (DSF142), ZeRO-2 written with pipelines (DSF501), replicated KV heads (DSF143,
@@ -45,16 +44,6 @@ training: {global_batch: 8, micro_batch: auto, precision: fp32, steps: 10}
 }
 
 
-def _candidates(write_job, text: str):
-    job, diags = load_job(write_job(text))
-    assert job is not None, diags
-    model = resolve_model(job.spec.model)
-    nodes = job.spec.hardware.nodes
-    for skel in skeletons(job.spec, model, nodes):
-        for lay in layouts(job.spec, model, skel, nodes):
-            yield job, lay, _model_seeded(apply_layout(job.spec, lay), model)
-
-
 def _declared() -> list[Rule]:
     return [r for r in checks("validate") if r.reads is not None]
 
@@ -64,7 +53,7 @@ def _split_verdicts(write_job, rules: list[Rule]) -> tuple[list[str], int, set[s
     SPACES."""
     verdicts: dict[tuple, set[bool]] = defaultdict(set)
     for name, text in SPACES.items():
-        for job, lay, plan in _candidates(write_job, text):
+        for job, lay, plan in candidates(write_job, text):
             ctx = Context(plan.spec, plan, job.source, job.raw)
             for r in rules:
                 refused = any(d.severity is Severity.ERROR for d in run_rules(ctx, [r]))
