@@ -89,23 +89,6 @@ def compile_pretrained(tmp: Path, name: str, directory: Path, parallel: dict[str
     return tmp / name
 
 
-def reference_first_loss(spec: Any, **config: Any) -> float:
-    """The first global batch's loss under the single-process from_pretrained model (``config``: overrides)."""
-    import torch.nn.functional as F
-    from transformers import AutoModelForCausalLM
-
-    from dsforge.runtime.data import Batches, Sharding, SyntheticTokens
-
-    m, t = spec.model, spec.training
-    model = AutoModelForCausalLM.from_pretrained(m.pretrained, dtype=torch.float32, attn_implementation="sdpa",
-                                                 **config)
-    tokens = Batches(SyntheticTokens(m.vocab, m.seq_len, t.seed), t.global_batch, t.micro_batch,
-                     Sharding(1, 0)).global_batch_tokens(0)
-    with torch.no_grad():
-        logits = model(input_ids=tokens[:, :-1]).logits
-    return float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)))
-
-
 def check_expert_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: list[tuple[int, int]]) -> None:
     """Experts read whole by the ranks whose ep index owns them only; the rest as check_reads wants it."""
     from dsforge.compiler.plan import build_plan
@@ -147,6 +130,7 @@ def check_expert_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: lis
 def prepare(tmp: Path) -> tuple[dict[str, str], dict[str, list[tuple[str, float]]]]:
     """Save the tiny models, compile every job, and compute each job's single-process first losses."""
     from dsforge.runtime.main import JobDir
+    from tests.runtime_e2e.test_shard_build import reference_first_loss
 
     tmp.mkdir(parents=True, exist_ok=True)
     saved = {kind: save_tiny(kind, tmp / f"tiny-{kind}") for kind in sorted({kind for kind, _ in LAYOUTS.values()})}

@@ -78,15 +78,17 @@ def pretrained_spec(tmp: Path, name: str, directory: Path, parallel: dict[str, A
     return job.spec
 
 
-def reference_first_loss(spec: Any) -> float:
-    """The loss of the first global batch under the single-process from_pretrained model (fp32)."""
+def reference_first_loss(spec: Any, **config: Any) -> float:
+    """The loss of the first global batch under the single-process from_pretrained model (fp32; ``config``:
+    overrides of its config.json)."""
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM
 
     from dsforge.runtime.data import Batches, Sharding, SyntheticTokens
 
     m, t = spec.model, spec.training
-    model = AutoModelForCausalLM.from_pretrained(m.pretrained, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(m.pretrained, dtype=torch.float32, attn_implementation="sdpa",
+                                                 **config)
     tokens = Batches(SyntheticTokens(m.vocab, m.seq_len, t.seed), t.global_batch, t.micro_batch,
                      Sharding(1, 0)).global_batch_tokens(0)
     with torch.no_grad():
