@@ -58,7 +58,7 @@ ABORT_MARKS = ("terminate called", "Signal 6 (SIGABRT)", "SIGABRT", "exitcode  :
 
 def compile_job(tmp: Path, steps: int) -> Path:
     """The benchmark job compiled into ``tmp/job`` (no rewrite plan: it is not needed to run)."""
-    from dsforge.compiler.emit.compile import compile_file
+    from dsforge.commands.compile import compile_file
 
     path = tmp / "exit-stress.yaml"
     path.write_text(JOB.format(steps=steps), encoding="utf-8")

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from dsforge.compiler.estimate.memory import estimate_memory
 from dsforge.compiler.estimate.steptime import estimate_step
 from dsforge.compiler.validate import validate_file
-from dsforge.search_verify import spearman
+from dsforge.commands.search_verify import spearman
 
 #: name -> (ranks, parallel, training overrides): dp, tp, pp, ZeRO 0-3, recompute, micro-batch sizes
 LAYOUTS: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {

@@ -6,7 +6,8 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> object:
     """``dsforge.initialize`` loads torch and DeepSpeed on first use only, so ``import dsforge`` stays torch-free."""
     if name == "initialize":
-        from dsforge.runtime.api import initialize
+        # by name, so that a type check of the torch-free compiler (which imports this package) never reads the runtime
+        import importlib
 
-        return initialize
+        return importlib.import_module("dsforge.runtime.api").initialize
     raise AttributeError(f"module 'dsforge' has no attribute {name!r}")

@@ -1,20 +1,18 @@
-"""The `dsforge` command line: one command per verb. Heavy modules load only inside their command."""
+"""The `dsforge` command line: the click declarations of each verb and their shared checks.
+
+What a verb does is in its module of dsforge.commands, imported only when the verb runs (heavy modules
+load only inside their command)."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import click
 
 from dsforge import __version__
-
-if TYPE_CHECKING:
-    from dsforge.compiler.plan import Plan
-
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNUSABLE = 0, 1, 2
+from dsforge.commands import EXIT_CLEAN, EXIT_UNUSABLE
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -68,35 +66,19 @@ def validate(files: tuple[str, ...], fmt: str, strict: bool, output: str | None,
 
     Exit codes: 0 clean, 1 findings (errors, or warnings with --strict), 2 unusable input.
     """
-    from dsforge.compiler.validate import validate_file
-    from dsforge.diagnostics import has_errors
-    from dsforge.formatters import get, write_report
-
     if files.count("-") > 1:
         raise click.UsageError("`-` (standard input) can be read only once; give it at most once")
-    chosen = _selection(select, ignore)
-    results = [validate_file(f, selection=chosen) for f in files]
-    diags = [d for r in results for d in r.diagnostics]
-    text = get(fmt)(diags)
-    if output:
-        problem = write_report(text, output)
-        if problem:
-            click.echo(f"dsforge: {problem}", err=True)
-            sys.exit(EXIT_UNUSABLE)
-    else:
-        click.echo(text, nl=False)
-    if any(r.unusable for r in results):
-        sys.exit(EXIT_UNUSABLE)
-    failed = any(has_errors(r.diagnostics, strict or r.strict) for r in results)
-    sys.exit(EXIT_FINDINGS if failed else EXIT_CLEAN)
+    from dsforge.commands import validate as command
+
+    command.command(files, fmt, strict, output, _selection(select, ignore))
 
 
 @cli.command()
 def schema() -> None:
     """Print the JSON Schema of job files (for editors' YAML language servers)."""
-    from dsforge.compiler.json_schema import job_schema
+    from dsforge.commands import schema as command
 
-    click.echo(json.dumps(job_schema(), indent=2))
+    command.command()
 
 
 def _interactive() -> bool:
@@ -121,28 +103,9 @@ def init(model: str | None, hardware: str | None, nodes: int | None, launcher: s
     (`dsforge run`). Exit codes: 0 written, 1 no layout of the model fits the hardware, 2 unusable
     choices or an output file that exists (without --force) or cannot be written.
     """
-    from dsforge.compiler import init_job
-    from dsforge.compiler.presets import presets as table
+    from dsforge.commands import init as command
 
-    if _interactive():
-        model = model or click.prompt("Model preset", type=click.Choice(list(table("models"))), default=init_job.DEFAULT_MODEL)
-        hardware = hardware or click.prompt("Hardware preset", type=click.Choice(list(table("hardware"))),
-                                            default=init_job.DEFAULT_HARDWARE)
-    try:
-        job = init_job.starter(init_job.Choices(model or init_job.DEFAULT_MODEL, hardware or init_job.DEFAULT_HARDWARE,
-                                                nodes, launcher, name))
-        where = init_job.write_starter(job.text, output, force)
-    except init_job.InitError as exc:
-        click.echo(f"dsforge init: {exc}", err=True)
-        sys.exit(exc.code)
-    if where is None:
-        click.echo(job.text, nl=False)
-    lay = job.layout
-    click.echo(f"dsforge init: {'wrote ' + where if where else 'job file above'}: {job.data['model']['preset']} on "
-               f"{job.nodes} node(s) of {job.data['hardware']['preset']}, tp={lay.tp} pp={lay.pp} ep={lay.ep} "
-               f"zero={lay.zero} recompute={lay.recompute} offload={lay.offload}", err=True)
-    for note in job.notes:
-        click.echo(f"dsforge init: note: {note}", err=True)
+    command.command(model, hardware, nodes, launcher, name, output, force, _interactive())
 
 
 @cli.command()
@@ -150,18 +113,9 @@ def init(model: str | None, hardware: str | None, nodes: int | None, launcher: s
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def presets(kind: str, fmt: str) -> None:
     """List the hardware and model presets."""
-    from dsforge.compiler.presets import KINDS
-    from dsforge.compiler.presets import presets as table
+    from dsforge.commands import presets as command
 
-    kinds = KINDS if kind == "all" else (kind,)
-    if fmt == "json":
-        click.echo(json.dumps({k: {n: {"description": p.description, "origin": p.origin, "spec": p.spec}
-                                   for n, p in table(k).items()} for k in kinds}, indent=2))
-        return
-    for k in kinds:
-        click.echo(f"{k}:")
-        for name, p in table(k).items():
-            click.echo(f"  {name:<16} {p.description}")
+    command.command(kind, fmt)
 
 
 @cli.command(name="compile")
@@ -183,23 +137,9 @@ def compile_job(file: str, out: str, force: bool, fmt: str, no_rewrite: bool, se
     Nothing is written when the job has errors. Exit codes: 0 written, 1 errors in the job,
     2 unusable input or an output directory that may not be written.
     """
-    from dsforge.compiler.emit.compile import TargetError, compile_file
-    from dsforge.formatters import get
+    from dsforge.commands import compile as command
 
-    try:
-        result = compile_file(file, out, force, rewrite=not no_rewrite, selection=_selection(select, ignore))
-    except TargetError as exc:
-        click.echo(f"dsforge compile: {exc}", err=True)
-        sys.exit(EXIT_UNUSABLE)
-    click.echo(get(fmt)(result.diagnostics), nl=False)
-    for note in result.notes:
-        click.echo(f"dsforge compile: note: {note}", err=True)
-    if result.unusable:
-        sys.exit(EXIT_UNUSABLE)
-    if result.written is None:
-        click.echo("dsforge compile: nothing written: fix the errors above", err=True)
-        sys.exit(EXIT_FINDINGS)
-    click.echo(f"dsforge compile: wrote {out}: {', '.join(result.files)}", err=True)
+    command.command(file, out, force, fmt, no_rewrite, _selection(select, ignore))
 
 
 @cli.command()
@@ -223,75 +163,10 @@ def explain(file: str, fmt: str, plot_dir: str | None, html_path: str | None, to
     model the rewrite policies cannot place), 2 unusable input (or --rewrite without torch).
     Warnings go to stderr and do not stop the estimate.
     """
-    from dsforge.compiler.validate import InvalidJob, require_valid
-    from dsforge.diagnostics import Severity
-    from dsforge.formatters import get
+    from dsforge.commands import explain as command
 
-    try:
-        result = require_valid(file, selection=_selection(select, ignore))
-    except InvalidJob as exc:
-        click.echo(get(fmt)(exc.result.diagnostics), nl=False)
-        sys.exit(EXIT_UNUSABLE if exc.result.unusable else EXIT_FINDINGS)
-    assert result.plan is not None  # require_valid returns planned jobs only
-    # the layout search's choice for `auto` fields (DSF133) is said with the warnings: the estimate below is of it
-    warnings = [d for d in result.diagnostics if d.severity == Severity.WARNING or d.rule == "DSF133"]
-    if warnings:
-        click.echo(get("text")(warnings), nl=False, err=True)
-    rewrite = _rewrite_plan(result.plan) if with_rewrite else None
-    _explain_plan(result.plan, fmt, plot_dir, html_path, tokens, rewrite)
-    if rewrite is not None and not rewrite["ok"]:
-        click.echo("dsforge explain: the rewrite policies cannot place the model (see the rewrite plan above)",
-                   err=True)
-        sys.exit(EXIT_FINDINGS)
+    command.command(file, fmt, plot_dir, html_path, tokens, with_rewrite, _selection(select, ignore))
 
-
-def _rewrite_plan(plan: Plan) -> dict[str, Any]:
-    """The rewrite plan's description for --rewrite; exits with a message where it cannot be computed."""
-    from dsforge.compiler.emit.rewrite_doc import rewrite_description
-
-    desc, failure = rewrite_description(plan.spec, plan)
-    if failure is not None:
-        click.echo(f"dsforge explain: the rewrite planner failed on this job: {failure}", err=True)
-        sys.exit(EXIT_FINDINGS)
-    if "skipped" in desc:
-        click.echo(f"dsforge explain: --rewrite cannot compute the rewrite plan: {desc['skipped']}", err=True)
-        sys.exit(EXIT_UNUSABLE)
-    return desc
-
-
-def _explain_plan(plan: object, fmt: str, plot_dir: str | None, html_path: str | None, tokens: float | None,
-                  rewrite: dict[str, Any] | None = None) -> None:
-    from dsforge.compiler.estimate.schedule import ScheduleError
-    from dsforge.compiler.estimate.steptime import EstimateError
-    from dsforge.explain.report import explain_plan, write_outputs
-
-    try:
-        ex = explain_plan(plan, tokens, rewrite)  # type: ignore[arg-type]
-    except (EstimateError, ScheduleError, ValueError) as exc:
-        click.echo(f"dsforge explain: cannot estimate this job: {exc}", err=True)
-        sys.exit(EXIT_FINDINGS)
-    from dsforge.compiler.strict_json import dumps, non_finite
-
-    found = non_finite(ex.summary)
-    if found is not None:  # strict JSON readers refuse NaN/Infinity, and no reader of the tables wants them
-        click.echo(f"dsforge explain: cannot estimate this job: the cost model computed {found[1]} for {found[0]}",
-                   err=True)
-        sys.exit(EXIT_FINDINGS)
-    if fmt == "json":
-        click.echo(dumps(ex.summary, indent=2))
-    else:
-        from dsforge.explain.text import render
-
-        click.echo(render(ex.summary), nl=False)
-    if plot_dir or html_path:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            click.echo("dsforge explain: --plot and --html need matplotlib: pip install 'dsforge[plots]'", err=True)
-            sys.exit(EXIT_UNUSABLE)
-    if plot_dir or html_path:
-        paths = write_outputs(ex, plot_dir, html_path)
-        click.echo(f"dsforge explain: wrote {', '.join(str(p) for p in paths)}", err=True)
 
 
 @cli.command()
@@ -315,21 +190,9 @@ def search(file: str, fmt: str, top: int | None, write: str | None, plot_dir: st
 
     Exit codes: 0 a layout fits, 1 none fits or the job has errors, 2 unusable input.
     """
-    from dsforge.formatters import get
-    from dsforge.search_command import run_search
+    from dsforge.commands import search as command
 
-    out = run_search(file, fmt, top, write, plot_dir, compare, exhaustive, _selection(select, ignore), verify)
-    if out.diagnostics:
-        click.echo(get("text")(out.diagnostics), nl=False, err=fmt == "json")
-    if fmt == "json" and out.data is not None:
-        from dsforge.compiler.strict_json import dumps
-
-        click.echo(dumps(out.data, indent=2))
-    elif out.text:
-        click.echo(out.text, nl=False)
-    for note in out.notes:
-        click.echo(f"dsforge search: {note}", err=True)
-    sys.exit(out.code)
+    command.command(file, fmt, top, write, plot_dir, compare, exhaustive, verify, _selection(select, ignore))
 
 
 @cli.command()
@@ -340,11 +203,9 @@ def plugins(fmt: str) -> None:
     A plugin that fails to load is listed with its error and skipped. Exit codes: 0 every plugin
     loaded (or none is installed), 1 at least one failed.
     """
-    from dsforge.plugin_report import plugin_report, render_text
+    from dsforge.commands import plugins as command
 
-    report = plugin_report()
-    click.echo(json.dumps(report, indent=2) if fmt == "json" else render_text(report), nl=fmt == "json")
-    sys.exit(EXIT_FINDINGS if report["failed"] else EXIT_CLEAN)
+    command.command(fmt)
 
 
 @cli.command()
@@ -360,21 +221,9 @@ def calibrate(out: str, ranks: int, links_only: bool) -> None:
     what each figure means. Started by torchrun on several nodes (one process per rank), it measures
     the link inside a node and the link between nodes apart, and rank 0 writes the file.
     """
-    from dsforge.runner import INSTALL_HINT, missing_runtime
+    from dsforge.commands import calibrate as command
 
-    if missing_runtime():
-        click.echo(f"dsforge calibrate: this Python has no torch; install the runtime: {INSTALL_HINT}", err=True)
-        sys.exit(EXIT_UNUSABLE)
-    from pathlib import Path
-
-    from dsforge.runtime.calibrate import calibrate as measure
-    from dsforge.runtime.calibrate import render
-
-    result = measure(ranks, links_only=links_only)
-    if result is None:  # a rank other than 0 of a launched world: it took part in the link measurement
-        return
-    Path(out).write_text(render(result), encoding="utf-8")
-    click.echo(f"dsforge calibrate: wrote {out}")
+    command.command(out, ranks, links_only)
 
 
 @cli.command(name="run")
@@ -391,41 +240,9 @@ def run_job(file: str, out: str | None, fresh: bool) -> None:
     checkpoint.every, logging and launch settings; any other change needs --fresh or -o). Exit codes:
     0 trained, 1 errors in the job or a failed run, 2 unusable input or no runtime installed.
     """
-    from dsforge import runner
-    from dsforge.runner import INSTALL_HINT, RunError, launch, missing_runtime, prepare, unsupported_deepspeed
+    from dsforge.commands import run as command
 
-    missing = missing_runtime()
-    if missing:
-        click.echo(f"dsforge run: this Python has no {', '.join(missing)}; install the runtime: {INSTALL_HINT}",
-                   err=True)
-        sys.exit(EXIT_UNUSABLE)
-    version_problem = unsupported_deepspeed()
-    if version_problem:
-        click.echo(f"dsforge run: {version_problem}", err=True)
-        sys.exit(EXIT_UNUSABLE)
-    try:
-        prepared = prepare(file, out, fresh)
-        click.echo(prepared.report, nl=False)
-        if prepared.continued:
-            click.echo(f"dsforge run: continuing the earlier run in {prepared.job_dir} from its checkpoints "
-                       f"(re-wrote its files: {'; '.join(prepared.continued)})", err=True)
-        else:
-            verb = "resuming the earlier run in" if prepared.reused else "compiled into"
-            click.echo(f"dsforge run: {verb} {prepared.job_dir}", err=True)
-        for note in prepared.notes:
-            click.echo(f"dsforge run: note: {note}", err=True)
-        code = launch(prepared.job_dir)
-    except RunError as exc:
-        click.echo(exc.report, nl=False)
-        click.echo(f"dsforge run: {exc}", err=True)
-        sys.exit(exc.code)
-    if code != 0:
-        for line in runner.failure_report(prepared.job_dir):
-            click.echo(f"dsforge run: {line}", err=True)
-        click.echo(f"dsforge run: the job failed (exit code {code}); see {prepared.job_dir}", err=True)
-        sys.exit(EXIT_FINDINGS)
-    click.echo(f"dsforge run: done ({prepared.job_dir}); to train longer, raise training.steps in {file} and run "
-               f"`dsforge run {file}` again: it continues from the last checkpoint", err=True)
+    command.command(file, out, fresh)
 
 
 @cli.command(name="export")
@@ -440,23 +257,9 @@ def export_job(job_dir: str, step: int | None, out: str) -> None:
     The directory appears whole or not at all. Exit codes: 0 written, 1 the checkpoint cannot be
     exported (the message says why), 2 no runtime installed.
     """
-    from dsforge.runner import INSTALL_HINT, missing_runtime
+    from dsforge.commands import export as command
 
-    missing = missing_runtime()
-    if missing:
-        click.echo(f"dsforge export: this Python has no {', '.join(missing)}; install the runtime: {INSTALL_HINT}",
-                   err=True)
-        sys.exit(EXIT_UNUSABLE)
-    from dsforge.runtime.export import ExportError, export_checkpoint
-
-    try:
-        done = export_checkpoint(job_dir, out, step)
-    except ExportError as exc:
-        click.echo(f"dsforge export: {exc}", err=True)
-        sys.exit(EXIT_FINDINGS)
-    click.echo(f"dsforge export: wrote {done.directory}: step {done.step}, {done.tensors} tensors, "
-               f"{done.parameters:,} parameters ({done.dtype}); load it with "
-               f"AutoModelForCausalLM.from_pretrained({str(done.directory)!r})")
+    command.command(job_dir, step, out)
 
 
 def main() -> NoReturn:

@@ -195,7 +195,7 @@ def ensure_loaded(kind: str) -> list[LoadRecord]:
 
 def load_all() -> list[LoadRecord]:
     """Load every extension point's plugins and return all records, in group order (the owners of all
-    four tables must be imported: dsforge.plugin_report does that)."""
+    four tables must be imported: dsforge.commands.plugins does that)."""
     return [r for kind in GROUPS for r in ensure_loaded(kind)]
 
 

@@ -188,7 +188,7 @@ def test_train_py_fails_clearly_without_the_runtime(tmp_path: Path) -> None:
 
 
 def test_compile_without_the_rewrite_plan_imports_neither_torch_nor_deepspeed(tmp_path: Path) -> None:
-    code = ("import sys; from dsforge.compiler.emit.compile import compile_file; "
+    code = ("import sys; from dsforge.commands.compile import compile_file; "
             f"r = compile_file({str(example_path('mixtral-8x7b-ep'))!r}, {str(tmp_path / 'job')!r}, rewrite=False); "
             "assert r.written, r.diagnostics; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'deepspeed')))")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dsforge.compiler.emit import compile as compile_module
-from dsforge.compiler.emit.compile import compile_file
+from dsforge.commands import compile as compile_module
+from dsforge.commands.compile import compile_file
 from dsforge.compiler.emit.ds_config import EmitError
 
 JOB = """version: 1

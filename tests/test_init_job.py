@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from dsforge import cli as cli_module
 from dsforge.cli import cli
-from dsforge.compiler import init_job
-from dsforge.compiler.init_job import Choices, InitError, Layout, Starter, starter
+from dsforge.commands import init as init_job
+from dsforge.commands.init import Choices, InitError, Layout, Starter, starter
 from dsforge.compiler.presets import presets
 from dsforge.compiler.schema import JobSpec
 from dsforge.compiler.source import load_yaml

@@ -18,7 +18,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsforge.compiler.emit.compile import compile_file
+from dsforge.commands.compile import compile_file
 from dsforge.compiler.emit.interpreter import IMAGE_PYTHON, launch_python
 from dsforge.compiler.emit.job_dir import render_job
 from dsforge.compiler.plan import Plan

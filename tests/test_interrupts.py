@@ -178,7 +178,7 @@ def test_o_refuses_the_working_directory_its_parents_and_a_missing_parent(
 
 
 def test_run_o_refuses_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dsforge.runner import RunError, prepare
+    from dsforge.commands.run import RunError, prepare
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(RunError, match="is the working directory"):
@@ -227,7 +227,7 @@ def test_ctrl_c_during_start_up_imports_exits_130_without_a_traceback(tmp_path: 
 
 def test_sigterm_to_dsforge_run_stops_its_launcher_before_exiting(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from dsforge.runner import launch
+    from dsforge.commands.run import launch
 
     (tmp_path / "plan.json").write_text('{"launcher": "local", "nodes": 1}', encoding="utf-8")
     (tmp_path / "launch.sh").write_text("trap 'echo stopped > term; exit 143' TERM\necho > started\n"

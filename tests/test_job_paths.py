@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsforge.cli import cli
-from dsforge.compiler.emit.compile import compile_file
+from dsforge.commands.compile import compile_file
 from dsforge.compiler.job_paths import resolve_job_paths
 from dsforge.compiler.parse import load_job, parse_job
 from dsforge.compiler.source import load_yaml

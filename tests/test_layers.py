@@ -37,7 +37,8 @@ CONTRACTS = (
     Contract("dsforge.extensions", "dsforge.plugins", False),
     # the compiler is torch-free at import: the runtime and the trainer integrations are above it
     Contract("dsforge.compiler", "dsforge.plugins", False),
-    Contract("dsforge.compiler", "dsforge.runtime", True),
+    Contract("dsforge.compiler", "dsforge.runtime", False),
+    Contract("dsforge.compiler", "dsforge.commands", False),
     Contract("dsforge.compiler", "dsforge.explain", False),
     Contract("dsforge.compiler", "dsforge.formatters", False),
     Contract("dsforge.compiler", "dsforge.cli", False),

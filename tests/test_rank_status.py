@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsforge.runner import failure_report
+from dsforge.commands.run import failure_report
 from dsforge.runtime import faults, rank_status
 from dsforge.runtime.main import trim_log
 from dsforge.runtime.rank_status import RankStatus, describe_failure

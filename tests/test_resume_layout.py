@@ -2,7 +2,7 @@
 
 The documents are a real compile's (tests/golden/tiny-3d: tiny-llama, tp2 x pp2 x dp2, ZeRO-1, fp32
 AdamW), changed as a second compile of the job would change them. `dsforge run`'s decision
-(dsforge.runner._continue) is exercised on two job directories holding them.
+(dsforge.commands.run._continue) is exercised on two job directories holding them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from dsforge.compiler.params import padded_vocab
 from dsforge.compiler.resume_layout import padded_vocab_of, resume_refusals, same_layout, training_meaning
-from dsforge.runner import RunError, _continue
+from dsforge.commands.run import RunError, _continue
 from tests.conftest import ROOT
 
 GOLDEN = ROOT / "tests" / "golden" / "tiny-3d"

@@ -234,7 +234,7 @@ def test_attention_context_parallelism_would_change_is_refused_at_compile_and_at
     a window covering the whole sequence, or a family without one, compiles."""
     import yaml
 
-    from dsforge.compiler.emit.compile import compile_file
+    from dsforge.commands.compile import compile_file
     from dsforge.runtime.hf_attention import ContextParallelError, check_plain_causal
     from dsforge.runtime.models import build_model
     from tests.runtime_rewrite.families import FAMILY_JOBS

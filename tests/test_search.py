@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dsforge.cli import cli
-from dsforge.compiler.emit.compile import compile_file
+from dsforge.commands.compile import compile_file
 from dsforge.compiler.parse import load_job
 from dsforge.compiler.search.engine import search
 from dsforge.compiler.search.space import AUTO_KEYS, value_at
@@ -150,7 +150,7 @@ def test_compare_ranks_the_written_layout_among_all(write_job) -> None:
     assert sum(1 for r in doc["ranked"] if r["value"] < doc["written"]["value"]) == min(rank - 1, len(doc["ranked"]))
     from dsforge.compiler.search.space import written_layout
     from dsforge.explain.search_report import render
-    from dsforge.search_command import all_auto
+    from dsforge.commands.search import all_auto
 
     job, _ = load_job(path)
     assert job is not None

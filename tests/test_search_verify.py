@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from dsforge.cli import cli
-from dsforge.search_verify import spearman
+from dsforge.commands.search_verify import spearman
 
 #: One rank per run (half the processes of two, and `dsforge run` is mostly start-up on this machine), three
 #: steps (the report times the one after the warm-up and the probed steps); the layouts differ in ZeRO stage,
@@ -54,7 +54,7 @@ def test_verify_runs_six_layouts_and_sets_measured_beside_predicted(write_job, m
 def test_verify_picks_the_top_and_the_last_of_every_fitting_candidate(write_job) -> None:
     from dsforge.compiler.parse import load_job
     from dsforge.compiler.search.engine import search
-    from dsforge.search_verify import chosen
+    from dsforge.commands.search_verify import chosen
 
     job, _ = load_job(write_job(TWO_RANKS))
     assert job is not None

@@ -114,7 +114,7 @@ def resume_refusals(old_plan: dict[str, Any], new_plan: dict[str, Any], old_ds: 
     """Why the checkpoint of compile ``old`` cannot resume under compile ``new`` (empty: it can, exactly).
 
     Call it when the layouts differ (``same_layout`` is False); with equal layouts DeepSpeed's own
-    checkpoint is loaded and only the keys of a continued run may differ (dsforge.runner).
+    checkpoint is loaded and only the keys of a continued run may differ (dsforge.commands.run).
     """
     out: list[Refusal] = []
     old_job, new_job = old_plan.get("job") or {}, new_plan.get("job") or {}

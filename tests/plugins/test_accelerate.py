@@ -17,7 +17,7 @@ pytest.importorskip("accelerate")
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 from accelerate.utils import DistributedType
 
-from dsforge.compiler.emit.compile import compile_file
+from dsforge.commands.compile import compile_file
 from dsforge.plugins.accelerate import check_accelerator, deepspeed_plugin
 from dsforge.plugins.job import PlanMismatchError
 from tests.plugins.conftest import ROOT

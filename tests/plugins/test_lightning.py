@@ -16,7 +16,7 @@ pytest.importorskip("lightning")
 import lightning.pytorch as pl
 import torch
 
-from dsforge.compiler.emit.compile import compile_file
+from dsforge.commands.compile import compile_file
 from dsforge.plugins.job import PlanMismatchError
 from dsforge.plugins.lightning import check_trainer, strategy_config, trainer_kwargs
 from tests.plugins.conftest import ROOT

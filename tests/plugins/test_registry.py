@@ -65,7 +65,7 @@ def test_validate_and_listing_stay_torch_free_and_load_lazily(plugin_env: dict[s
                    encoding="utf-8")
     code = ("import sys; from dsforge import extensions as r\n"
             "import dsforge.compiler.validate as v; before = dict(r._records)\n"
-            f"res = v.validate_file({str(job)!r}); import dsforge.plugin_report as p; p.plugin_report()\n"
+            f"res = v.validate_file({str(job)!r}); import dsforge.commands.plugins as p; p.plugin_report()\n"
             "heavy = [m for m in ('torch', 'deepspeed', 'transformers', 'accelerate', 'lightning') if m in sys.modules]\n"
             "print(before == {}, sorted({d.rule for d in res.diagnostics}), heavy)")
     proc = run([sys.executable, "-c", code], plugin_env)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dsforge import runner
+from dsforge.commands import run as runner
 from dsforge.cli import cli
 
 ROOT = Path(__file__).resolve().parents[2]

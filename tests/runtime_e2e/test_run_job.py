@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from dsforge.compiler.emit.compile import compile_file
+from dsforge.commands.compile import compile_file
 from tests.runtime.launcher import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -54,3 +54,17 @@ def render_text(report: dict[str, Any]) -> str:
     ok = len(plugins) - report["failed"]
     lines.append(f"{len(plugins)} entry point(s): {ok} loaded, {report['failed']} failed")
     return "\n".join(lines) + "\n"
+
+
+def command(fmt: str) -> None:
+    """`dsforge plugins`: print the report (text or JSON); exits 1 when a plugin failed to load."""
+    import json
+    import sys
+
+    import click
+
+    from dsforge.commands import EXIT_CLEAN, EXIT_FINDINGS
+
+    report = plugin_report()
+    click.echo(json.dumps(report, indent=2) if fmt == "json" else render_text(report), nl=fmt == "json")
+    sys.exit(EXIT_FINDINGS if report["failed"] else EXIT_CLEAN)

@@ -437,3 +437,31 @@ def write_starter(text: str, output: str | None, force: bool) -> str | None:
     except OSError as exc:
         raise InitError(f"cannot write {output}: {exc.strerror or exc}") from None
     return output
+
+
+def command(model: str | None, hardware: str | None, nodes: int | None, launcher: str | None, name: str | None,
+            output: str | None, force: bool, interactive: bool) -> None:
+    """`dsforge init`: ask for what is missing at a terminal, write or print the starter, say what it chose."""
+    import sys
+
+    import click
+
+    if interactive:
+        model = model or click.prompt("Model preset", type=click.Choice(list(presets("models"))), default=DEFAULT_MODEL)
+        hardware = hardware or click.prompt("Hardware preset", type=click.Choice(list(presets("hardware"))),
+                                            default=DEFAULT_HARDWARE)
+    try:
+        job = starter(Choices(model or DEFAULT_MODEL, hardware or DEFAULT_HARDWARE,
+                              nodes, launcher, name))
+        where = write_starter(job.text, output, force)
+    except InitError as exc:
+        click.echo(f"dsforge init: {exc}", err=True)
+        sys.exit(exc.code)
+    if where is None:
+        click.echo(job.text, nl=False)
+    lay = job.layout
+    click.echo(f"dsforge init: {'wrote ' + where if where else 'job file above'}: {job.data['model']['preset']} on "
+               f"{job.nodes} node(s) of {job.data['hardware']['preset']}, tp={lay.tp} pp={lay.pp} ep={lay.ep} "
+               f"zero={lay.zero} recompute={lay.recompute} offload={lay.offload}", err=True)
+    for note in job.notes:
+        click.echo(f"dsforge init: note: {note}", err=True)

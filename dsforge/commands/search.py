@@ -110,8 +110,8 @@ def run_search(file: str, fmt: str = "text", top: int | None = None, write: str 
             out.notes.append(f"cannot --write {write}: {exc}")
             out.code = 2
     if verify:
-        from dsforge import search_verify
-        from dsforge.runner import INSTALL_HINT, missing_runtime
+        from dsforge.commands import search_verify
+        from dsforge.commands.run import INSTALL_HINT, missing_runtime
 
         if missing_runtime():
             out.notes.append(f"--verify runs `dsforge run`, which needs the runtime: {INSTALL_HINT}")
@@ -133,3 +133,26 @@ def run_search(file: str, fmt: str = "text", top: int | None = None, write: str 
             out.code = 2
     return out
 
+
+
+def command(file: str, fmt: str, top: int | None, write: str | None, plot_dir: str | None, compare: bool,
+            exhaustive: bool, verify: int | None, selection: Any) -> None:
+    """`dsforge search`: run the search, print its report and notes; exits with the command's code."""
+    import sys
+
+    import click
+
+    from dsforge.formatters import get
+
+    out = run_search(file, fmt, top, write, plot_dir, compare, exhaustive, selection, verify)
+    if out.diagnostics:
+        click.echo(get("text")(out.diagnostics), nl=False, err=fmt == "json")
+    if fmt == "json" and out.data is not None:
+        from dsforge.compiler.strict_json import dumps
+
+        click.echo(dumps(out.data, indent=2))
+    elif out.text:
+        click.echo(out.text, nl=False)
+    for note in out.notes:
+        click.echo(f"dsforge search: {note}", err=True)
+    sys.exit(out.code)

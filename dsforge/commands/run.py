@@ -180,7 +180,7 @@ def _is_job_dir(path: Path) -> bool:
 
 def _compile(file: str, scratch: Path) -> tuple[Path, str]:
     """Compile ``file`` into a fresh directory under ``scratch``; (directory, diagnostics text)."""
-    from dsforge.compiler.emit.compile import TargetError, compile_file
+    from dsforge.commands.compile import TargetError, compile_file
     from dsforge.formatters import get
 
     scratch.mkdir(parents=True, exist_ok=True)
@@ -379,3 +379,45 @@ def failure_report(job_dir: Path) -> list[str]:
     else:
         lines.append("no checkpoint was completed: run the same command again to start over")
     return lines
+
+
+def command(file: str, out: str | None, fresh: bool) -> None:
+    """`dsforge run`: check the runtime, prepare the job directory, launch it, report; exits with its code."""
+    import sys
+
+    import click
+
+    from dsforge.commands import EXIT_FINDINGS, EXIT_UNUSABLE
+
+    missing = missing_runtime()
+    if missing:
+        click.echo(f"dsforge run: this Python has no {', '.join(missing)}; install the runtime: {INSTALL_HINT}",
+                   err=True)
+        sys.exit(EXIT_UNUSABLE)
+    version_problem = unsupported_deepspeed()
+    if version_problem:
+        click.echo(f"dsforge run: {version_problem}", err=True)
+        sys.exit(EXIT_UNUSABLE)
+    try:
+        prepared = prepare(file, out, fresh)
+        click.echo(prepared.report, nl=False)
+        if prepared.continued:
+            click.echo(f"dsforge run: continuing the earlier run in {prepared.job_dir} from its checkpoints "
+                       f"(re-wrote its files: {'; '.join(prepared.continued)})", err=True)
+        else:
+            verb = "resuming the earlier run in" if prepared.reused else "compiled into"
+            click.echo(f"dsforge run: {verb} {prepared.job_dir}", err=True)
+        for note in prepared.notes:
+            click.echo(f"dsforge run: note: {note}", err=True)
+        code = launch(prepared.job_dir)
+    except RunError as exc:
+        click.echo(exc.report, nl=False)
+        click.echo(f"dsforge run: {exc}", err=True)
+        sys.exit(exc.code)
+    if code != 0:
+        for line in failure_report(prepared.job_dir):
+            click.echo(f"dsforge run: {line}", err=True)
+        click.echo(f"dsforge run: the job failed (exit code {code}); see {prepared.job_dir}", err=True)
+        sys.exit(EXIT_FINDINGS)
+    click.echo(f"dsforge run: done ({prepared.job_dir}); to train longer, raise training.steps in {file} and run "
+               f"`dsforge run {file}` again: it continues from the last checkpoint", err=True)

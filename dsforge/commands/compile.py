@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsforge.commands.rewrite import rewrite_description
 from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.emit.job_dir import render_job
 from dsforge.compiler.emit.plan_doc import summarize_safely
-from dsforge.compiler.emit.rewrite_doc import NO_REWRITE, rewrite_description, with_exact_params
+from dsforge.compiler.emit.rewrite_doc import NO_REWRITE, with_exact_params
 from dsforge.compiler.emit.writer import TargetError, check_target, recover, write_job_dir
 from dsforge.compiler.parse import LoadedJob
 from dsforge.compiler.plan import Plan
@@ -97,3 +98,28 @@ def compile_file(path: str | Path, out: str | Path, force: bool = False, rewrite
     except OSError as exc:  # a parent that is a file, no permission, a full disk: nothing was left behind
         raise TargetError(f"cannot write {target}: {exc.strerror or exc}") from exc
     return CompileResult(diags, written=target, files=list(files), notes=notes)
+
+
+def command(file: str, out: str, force: bool, fmt: str, no_rewrite: bool, selection: Selection | None) -> None:
+    """`dsforge compile`: compile, print the diagnostics and what was written; exits with the command's code."""
+    import sys
+
+    import click
+
+    from dsforge.commands import EXIT_FINDINGS, EXIT_UNUSABLE
+    from dsforge.formatters import get
+
+    try:
+        result = compile_file(file, out, force, rewrite=not no_rewrite, selection=selection)
+    except TargetError as exc:
+        click.echo(f"dsforge compile: {exc}", err=True)
+        sys.exit(EXIT_UNUSABLE)
+    click.echo(get(fmt)(result.diagnostics), nl=False)
+    for note in result.notes:
+        click.echo(f"dsforge compile: note: {note}", err=True)
+    if result.unusable:
+        sys.exit(EXIT_UNUSABLE)
+    if result.written is None:
+        click.echo("dsforge compile: nothing written: fix the errors above", err=True)
+        sys.exit(EXIT_FINDINGS)
+    click.echo(f"dsforge compile: wrote {out}: {', '.join(result.files)}", err=True)
