@@ -86,8 +86,8 @@ def _rank(rank: int, world: int, port: int, layout: str, precision: str, out: st
     import yaml
 
     from dsforge.compiler.emit.ds_config import build_ds_config
-    from dsforge.compiler.parse import load_job
-    from dsforge.compiler.plan import build_plan
+    from dsforge.compiler.frontend.parse import load_job
+    from dsforge.compiler.plan.plan import build_plan
     from dsforge.runtime.engine import build_parallel_model, build_pipeline_module
     from dsforge.runtime.groups import create_groups, ensure_deepspeed_comm
     from dsforge.runtime.teardown import before_init, leave

@@ -24,7 +24,7 @@ Classes (counted and printed):
 
     python benchmarks/ds_differential.py --n 3000 [--seed 0] [--init 200] [--show 5]
 
-exits 1 when MISSED, FALSE ALARM or RUNS SOMETHING ELSE is not 0. tests/test_ds_differential.py draws the same
+exits 1 when MISSED, FALSE ALARM or RUNS SOMETHING ELSE is not 0. tests/compiler/deepspeed/test_ds_differential.py draws the same
 changes from hypothesis for a bounded number of cases in CI, and runs a small initialize sample (slow).
 """
 
@@ -66,7 +66,7 @@ TINY_ONE_RANK = {
 
 def seed_jobs() -> dict[str, dict[str, Any]]:
     """The examples (their `extends:` chains merged) that validate clean, and the one-rank CPU job."""
-    from dsforge.compiler.extends import load_document
+    from dsforge.compiler.frontend.extends import load_document
     from dsforge.compiler.validate import validate_file
     from dsforge.diagnostics import has_errors
 

@@ -55,8 +55,8 @@ def dsforge_estimate(zero: int, precision: str) -> float:
     from dsforge.compiler.estimate.model_states import model_states
     from dsforge.compiler.estimate.shares import stage_share
     from dsforge.compiler.estimate.zero_config import zero_settings
-    from dsforge.compiler.parse import load_job
-    from dsforge.compiler.plan import build_plan
+    from dsforge.compiler.frontend.parse import load_job
+    from dsforge.compiler.plan.plan import build_plan
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.yaml"

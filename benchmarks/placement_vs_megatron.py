@@ -1,6 +1,6 @@
 """A longer run of the placement differential test: place() against the Megatron reference.
 
-tests/test_placement_megatron.py compares 2,500 random (layout, order) cases in CI; this compares N
+tests/compiler/plan/test_placement_megatron.py compares 2,500 random (layout, order) cases in CI; this compares N
 more (worlds up to --max-world ranks), stops at the first disagreement with the failing case, and
 prints how many cases fell in each outcome class.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.test_placement_megatron import run_comparison
+from tests.compiler.plan.test_placement_megatron import run_comparison
 
 
 def main() -> int:

@@ -44,8 +44,8 @@ training:
 
 
 def _plan(tmp: str):  # type: ignore[no-untyped-def]
-    from dsforge.compiler.parse import load_job
-    from dsforge.compiler.plan import build_plan
+    from dsforge.compiler.frontend.parse import load_job
+    from dsforge.compiler.plan.plan import build_plan
 
     path = Path(tmp) / "overhead.yaml"
     path.write_text(JOB, encoding="utf-8")

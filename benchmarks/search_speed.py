@@ -39,8 +39,8 @@ from typing import Any
 
 import yaml
 
-from dsforge.compiler.extends import deep_merge
-from dsforge.compiler.parse import LoadedJob, load_job
+from dsforge.compiler.frontend.extends import deep_merge
+from dsforge.compiler.frontend.parse import LoadedJob, load_job
 
 ALL_AUTO = {"parallel": {"tp": "auto", "pp": "auto", "dp": "auto", "cp": "auto", "ep": "auto", "zero": "auto",
                          "sequence_parallel": "auto", "context_parallel": {"kind": "auto"},

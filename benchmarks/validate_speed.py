@@ -80,8 +80,8 @@ def dsforge_command() -> list[str]:
 def emitted_ds_config(path: Path) -> Path:
     """Write the ds_config dsforge emits for the example, minus train_batch_size (see the module docstring)."""
     from dsforge.compiler.emit.ds_config import build_ds_config
-    from dsforge.compiler.parse import load_job
-    from dsforge.compiler.plan import build_plan
+    from dsforge.compiler.frontend.parse import load_job
+    from dsforge.compiler.plan.plan import build_plan
 
     job, diags = load_job(EXAMPLE)
     assert job is not None, diags

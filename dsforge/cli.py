@@ -33,7 +33,7 @@ def _selection_options(fn: Any) -> Any:
 
 def _selection(select: tuple[str, ...], ignore: tuple[str, ...]) -> Any:
     """The command line's selection, or None when it names none (the project's settings then apply alone)."""
-    from dsforge.compiler.suppress import Selection
+    from dsforge.compiler.rules.selection import Selection
 
     if not select and not ignore:
         return None

@@ -5,7 +5,7 @@
 
 The generator walks the registry, so every rule registered by a built-in rule module (any stage)
 appears without being listed here; the job-file reference walks the JSON Schema derived from the
-declarations in `dsforge/compiler/schema.py`, so a field's description is written once, in the schema.
+declarations in `dsforge/compiler/spec/schema.py`, so a field's description is written once, in the schema.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dsforge.compiler.json_schema import spec_schema
-from dsforge.compiler.presets import KINDS, presets
+from dsforge.compiler.spec.json_schema import spec_schema
+from dsforge.compiler.frontend.presets import KINDS, presets
 from dsforge.compiler.rules.registry import STAGES, Rule, all_rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,7 +137,7 @@ def render_job_file() -> str:
         lines += [f"`{key}`:", ""] + [f"- `{name}`: {p.description}" for name, p in presets(kind).items()] + [""]
         if kind == "hardware":
             lines += [("A `hardware.preset` value with a `/` or a `.yaml`/`.yml` suffix names a hardware file instead "
-                      "(dsforge/compiler/preset_files.py): a file holding one `hardware:` mapping, such as the one "
+                      "(dsforge/compiler/frontend/preset_files.py): a file holding one `hardware:` mapping, such as the one "
                       "`dsforge calibrate -o calibrated.yaml` writes, taken relative to the file that writes the key "
                       "(`preset: ./calibrated.yaml`). Its keys merge under the job's `hardware:` keys like a named "
                       "preset's, and a bad value inside it is reported at its own line. A file that does not exist, "

@@ -4,12 +4,12 @@ The bottom layer of dsforge: it imports nothing else of the package. Four entry-
 extension point; the module that owns each table registers the loader that fills it
 (`register_loader`), so this module never reaches up into the tables:
 
-* ``dsforge.presets``   an iterable of ``dsforge.compiler.presets.Preset`` (or a callable returning one);
-  loader in dsforge/compiler/presets.py
+* ``dsforge.presets``   an iterable of ``dsforge.compiler.frontend.presets.Preset`` (or a callable returning one);
+  loader in dsforge/compiler/frontend/presets.py
 * ``dsforge.rules``     a module or callable whose import/call registers rules with ``@rule``;
   loader in dsforge/compiler/rules/registry.py
 * ``dsforge.rewrite_policies``  a ``Policy`` or an iterable of them (or a callable returning one);
-  loader in dsforge/compiler/rewrite_policies.py
+  loader in dsforge/compiler/model/rewrite_policies.py
 * ``dsforge.launchers`` a ``dsforge.compiler.launch_targets.LaunchTarget`` or an iterable of them;
   loader in dsforge/compiler/launch_targets.py
 

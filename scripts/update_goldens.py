@@ -5,7 +5,7 @@ The files are rendered without the cost model's summary and without the rewrite 
 "summary" and "rewrite" keys), and as if compiled by the interpreter GOLDEN_PYTHON (the launchers run the
 compiling interpreter unless `launch.python` says otherwise, so the examples go through that default
 with a path that is the same on every machine), so they change only when the emitter, the templates,
-the plan or the schema change, and need neither torch nor transformers (tests/test_compile_rewrite.py covers "rewrite"). Review `git diff tests/golden`
+the plan or the schema change, and need neither torch nor transformers (tests/commands/test_compile_rewrite.py covers "rewrite"). Review `git diff tests/golden`
 after running this: every change there is a change of the emitted jobs.
 """
 
@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dsforge.compiler.emit.job_dir import render_job
-from dsforge.compiler.parse import load_job
-from dsforge.compiler.plan import build_plan
+from dsforge.compiler.frontend.parse import load_job
+from dsforge.compiler.plan.plan import build_plan
 
 GOLDEN_DIR = ROOT / "tests" / "golden"
 #: One example per launcher family worth pinning: local CPU, SLURM through `extends:`, Kubernetes.

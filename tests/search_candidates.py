@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from dsforge.compiler.parse import LoadedJob, load_job
-from dsforge.compiler.resolved import resolve_model
+from dsforge.compiler.frontend.parse import LoadedJob, load_job
+from dsforge.compiler.model.resolved import resolve_model
 from dsforge.compiler.search.engine import _model_seeded
 from dsforge.compiler.search.space import Layout, apply_layout, layouts, skeletons
 

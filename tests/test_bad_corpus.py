@@ -29,22 +29,22 @@ LOADER_IDS = [f"DSF{n:03d}" for n in range(1, 11)]  # unusable input, exit code 
 SCHEMA_IDS = [f"DSF{n:03d}" for n in range(20, 26)]
 #: Registered ids no job file given to `validate` can produce, each with where it is tested instead.
 NOT_FROM_A_JOB_FILE = {
-    "DSF027": "a project settings file, not a job file: tests/test_suppress.py",
+    "DSF027": "a project settings file, not a job file: tests/compiler/rules/test_suppress.py",
     "DSF144": "compile only, from the model the rewrite plan builds on the meta device: "
-              "tests/test_runtime_refusals.py",
+              "tests/compiler/rules/test_runtime_refusals.py",
     "DSF600": "compile only, where no search resolved an `auto` (validate resolves it first, or reports DSF120/DSF13x):"
-              " tests/test_compile_refusals.py",
-    "DSF607": "compile only, from the rewrite plan torch computes: tests/test_compile_rewrite.py",
+              " tests/commands/test_compile_refusals.py",
+    "DSF607": "compile only, from the rewrite plan torch computes: tests/commands/test_compile_rewrite.py",
     "DSF640": "a rank loading model.pretrained, at start-up: tests/runtime/test_materialize.py",
     **{rid: "a new compile against the one that wrote a checkpoint (dsforge run, a rank's resume): "
-            "tests/test_resume_layout.py" for rid in ("DSF164", "DSF165", "DSF166", "DSF167")},
+            "tests/compiler/plan/test_resume_layout.py" for rid in ("DSF164", "DSF165", "DSF166", "DSF167")},
     **{rid: "a rank reading a checkpoint's layout-free state: tests/runtime/test_train_state.py, "
             "tests/runtime_e2e/test_export.py" for rid in ("DSF641", "DSF642", "DSF643")},
-    "DSF690": "the cost model failing on a valid job (internal): tests/test_compile.py",
-    "DSF691": "the rewrite planner failing on a valid job (internal): tests/test_compile_rewrite.py",
-    "DSF699": "the emitter or a plugin launch target failing: tests/test_compile_refusals.py",
+    "DSF690": "the cost model failing on a valid job (internal): tests/commands/test_compile.py",
+    "DSF691": "the rewrite planner failing on a valid job (internal): tests/commands/test_compile_rewrite.py",
+    "DSF699": "the emitter or a plugin launch target failing: tests/commands/test_compile_refusals.py",
     "DSF701": "a broken plugin installation: tests/plugins/test_fixture_plugin.py",
-    "DSF900": "a crashing rule: tests/test_rules.py",
+    "DSF900": "a crashing rule: tests/compiler/rules/test_rules.py",
 }
 REGENERATE = "if the change is intended, run `python scripts/update_snapshots.py` and review the diff"
 

@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from dsforge.compiler.emit.job_dir import JobFile, render_job
-from dsforge.compiler.extends import deep_merge
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.frontend.extends import deep_merge
+from dsforge.compiler.plan.plan import Plan
 from dsforge.compiler.validate import validate_file
 from dsforge.diagnostics import Severity
 from tests.conftest import ROOT

@@ -11,8 +11,8 @@ from typing import Any
 
 from dsforge import docs_gen
 from dsforge.compiler.rules.registry import all_rules
-from dsforge.compiler.schema import JobSpec
-from dsforge.compiler.spec_types import ListOf, Section
+from dsforge.compiler.spec.schema import JobSpec
+from dsforge.compiler.spec.spec_types import ListOf, Section
 from tests.conftest import ROOT
 
 FIX = "run `python -m dsforge.docs_gen` and commit docs/"

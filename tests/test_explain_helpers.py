@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.plan.plan import Plan
 from dsforge.compiler.validate import validate_file
 from dsforge.diagnostics import Severity
 

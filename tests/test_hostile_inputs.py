@@ -22,10 +22,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsforge.cli import cli
-from dsforge.compiler import schema
+from dsforge.compiler.spec import schema
 from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.emit.render import canonical_json
-from dsforge.compiler.source import MAX_FILE_BYTES, MAX_NUMBER_DIGITS, load_yaml, read_text
+from dsforge.compiler.frontend.source import MAX_FILE_BYTES, MAX_NUMBER_DIGITS, load_yaml, read_text
 from dsforge.compiler.strict_json import NonFiniteError, dumps, finite_or_text, non_finite
 from dsforge.compiler.validate import validate_file
 from dsforge.diagnostics import Diagnostic, InputError, Location, Severity
@@ -215,7 +215,7 @@ BOUNDS = [(("model", "layers"), schema.MAX_LAYERS), (("model", "hidden"), schema
 @pytest.mark.parametrize("path,bound", BOUNDS, ids=[".".join(p) for p, _ in BOUNDS])
 def test_each_size_has_its_bound_and_the_bound_is_far_above_every_preset(tmp_path: Path, path: tuple[str, str],
                                                                         bound: int) -> None:
-    from dsforge.compiler.presets import presets
+    from dsforge.compiler.frontend.presets import presets
 
     data = yaml.safe_load(JOB)
     data.setdefault(path[0], {})[path[1]] = bound + 1

@@ -29,8 +29,8 @@ CONTRACTS = (
     # importer prefix                 forbidden prefix               module level only
     Contract("dsforge.compiler.estimate", "dsforge.compiler.emit", False),
     Contract("dsforge.compiler.emit", "dsforge.compiler.estimate", False),
-    Contract("dsforge.compiler.ds_settings", "dsforge.compiler.estimate", False),
-    Contract("dsforge.compiler.ds_settings", "dsforge.compiler.emit", False),
+    Contract("dsforge.compiler.deepspeed.ds_settings", "dsforge.compiler.estimate", False),
+    Contract("dsforge.compiler.deepspeed.ds_settings", "dsforge.compiler.emit", False),
     # the extension registry is the bottom layer: each table's owner registers its loader with it
     Contract("dsforge.extensions", "dsforge.compiler", False),
     Contract("dsforge.extensions", "dsforge.runtime", False),
@@ -170,7 +170,7 @@ def test_scanner_sees_every_form_of_import(source: str, module_level: bool) -> N
 
 
 @pytest.mark.parametrize("source", [
-    "from dsforge.compiler.ds_settings import zero_section\n",
+    "from dsforge.compiler.deepspeed.ds_settings import zero_section\n",
     "from dsforge.compiler.emitter_notes import x\n",  # a sibling whose name merely starts the same
     "from . import memory\n",
     "x = 'dsforge.compiler.emit'\n",

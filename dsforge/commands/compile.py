@@ -13,11 +13,11 @@ from dsforge.compiler.emit.job_dir import render_job
 from dsforge.compiler.emit.plan_doc import summarize_safely
 from dsforge.compiler.emit.rewrite_doc import NO_REWRITE, with_exact_params
 from dsforge.compiler.emit.writer import TargetError, check_target, recover, write_job_dir
-from dsforge.compiler.parse import LoadedJob
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.frontend.parse import LoadedJob
+from dsforge.compiler.plan.plan import Plan
 from dsforge.compiler.rules.registry import checks, run_rules
 from dsforge.compiler.rules.rewrite import RewriteContext
-from dsforge.compiler.suppress import Selection, apply
+from dsforge.compiler.rules.selection import Selection, apply
 from dsforge.compiler.validate import validate_file
 from dsforge.diagnostics import Diagnostic, Location, Severity, has_errors
 

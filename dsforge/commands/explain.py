@@ -10,7 +10,7 @@ import click
 from dsforge.commands import EXIT_FINDINGS, EXIT_UNUSABLE
 
 if TYPE_CHECKING:
-    from dsforge.compiler.plan import Plan
+    from dsforge.compiler.plan.plan import Plan
 
 
 def command(file: str, fmt: str, plot_dir: str | None, html_path: str | None, tokens: float | None,

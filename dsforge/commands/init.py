@@ -4,7 +4,7 @@ The layout is the cheapest one (by a fixed order of what each change costs a ste
 selective recomputation before tensor parallelism, tensor parallelism inside a node before pipeline
 stages, offload last) that passes every validate rule and leaves the busiest rank at most 90 % of its
 memory (DSF301's warning threshold). It is a starting point that validates clean, not a search for the
-fastest layout. Every written key carries its description from dsforge/compiler/schema.py as a
+fastest layout. Every written key carries its description from dsforge/compiler/spec/schema.py as a
 comment, so the file documents itself and stays in step with the schema.
 """
 
@@ -20,16 +20,16 @@ import yaml
 
 from dsforge.compiler.estimate.memory import estimate_memory
 from dsforge.compiler.launch_targets import BUILTIN_LAUNCHERS, SINGLE_MACHINE_LAUNCHERS, launch_target_names
-from dsforge.compiler.params import total_params
-from dsforge.compiler.parse import LoadedJob, parse_job
-from dsforge.compiler.plan import Plan, build_plan
-from dsforge.compiler.presets import presets
-from dsforge.compiler.resolved import resolve_model
+from dsforge.compiler.model.params import total_params
+from dsforge.compiler.frontend.parse import LoadedJob, parse_job
+from dsforge.compiler.plan.plan import Plan, build_plan
+from dsforge.compiler.frontend.presets import presets
+from dsforge.compiler.model.resolved import resolve_model
 from dsforge.compiler.rules.memory import WARN_ABOVE
 from dsforge.compiler.rules.registry import Context, Rule, checks, run_rules
-from dsforge.compiler.schema import JobSpec, ModelSpec
-from dsforge.compiler.source import SourceMap, load_yaml
-from dsforge.compiler.spec_types import Nested, Section
+from dsforge.compiler.spec.schema import JobSpec, ModelSpec
+from dsforge.compiler.frontend.source import SourceMap, load_yaml
+from dsforge.compiler.spec.spec_types import Nested, Section
 from dsforge.compiler.validate import check
 from dsforge.diagnostics import Diagnostic, Severity
 

@@ -7,7 +7,7 @@ from typing import Any
 from dsforge.extensions import GROUPS, LoadRecord
 
 #: The modules that own the four extension tables; importing them registers their loaders.
-OWNERS = ("dsforge.compiler.presets", "dsforge.compiler.rules.registry", "dsforge.compiler.rewrite_policies",
+OWNERS = ("dsforge.compiler.frontend.presets", "dsforge.compiler.rules.registry", "dsforge.compiler.model.rewrite_policies",
           "dsforge.compiler.launch_targets")
 
 

@@ -9,8 +9,8 @@ import click
 
 def command(kind: str, fmt: str) -> None:
     """Print the presets of ``kind`` (all, hardware or models) as text or JSON."""
-    from dsforge.compiler.presets import KINDS
-    from dsforge.compiler.presets import presets as table
+    from dsforge.compiler.frontend.presets import KINDS
+    from dsforge.compiler.frontend.presets import presets as table
 
     kinds = KINDS if kind == "all" else (kind,)
     if fmt == "json":

@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from dsforge.compiler.plan import Plan
-from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.spec.schema import JobSpec
 
 INSTALL = "pip install 'dsforge[runtime]'"
 

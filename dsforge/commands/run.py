@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsforge.compiler.resume_layout import flat_leaves
+from dsforge.compiler.plan.resume_layout import flat_leaves
 
 RUNTIME_MODULES = ("torch", "deepspeed", "transformers")
 INSTALL_HINT = ("pip install torch==2.13.0 (the CPU build: pip install torch==2.13.0 --index-url "
@@ -266,12 +266,12 @@ def _documents(job_dir: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
 
 def _relaid(target: Path, tmp: Path) -> tuple[list[str], list[str]] | None:
     """(notes, changed keys) of continuing the earlier run under a compile that changed its layout (degrees,
-    ZeRO stage, hardware, micro-batch, recomputation; dsforge.compiler.resume_layout) and maybe its length.
+    ZeRO stage, hardware, micro-batch, recomputation; dsforge.compiler.plan.resume_layout) and maybe its length.
 
     None when a document is unreadable; a RunError with the rule id when the compile changed what a
     checkpoint holds (the model, optimizer, schedule, precision, global batch, seed, data).
     """
-    from dsforge.compiler.resume_layout import resume_refusals, same_layout
+    from dsforge.compiler.plan.resume_layout import resume_refusals, same_layout
 
     old, new = _documents(target), _documents(tmp)
     if old is None or new is None:

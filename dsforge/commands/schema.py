@@ -9,6 +9,6 @@ import click
 
 def command() -> None:
     """Print the JSON Schema of job files."""
-    from dsforge.compiler.json_schema import job_schema
+    from dsforge.compiler.spec.json_schema import job_schema
 
     click.echo(json.dumps(job_schema(), indent=2))

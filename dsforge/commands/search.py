@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsforge.compiler.parse import LoadedJob, load_job
-from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.frontend.parse import LoadedJob, load_job
+from dsforge.compiler.spec.schema import JobSpec
 from dsforge.compiler.search.space import AUTO, AUTO_KEYS, auto_keys, written_layout
 from dsforge.diagnostics import Diagnostic, InputError
 
-#: The degrees and the ZeRO stage (what tests/test_search_exact.py's large examples compare over).
+#: The degrees and the ZeRO stage (what tests/compiler/search/test_search_exact.py's large examples compare over).
 DEGREES = tuple(("parallel", k) for k in ("tp", "pp", "dp", "cp", "ep", "zero"))
 #: --compare leaves every field the search can set to it, all but the GPU count (the written layout's own):
 #: degrees, ZeRO, sequence parallelism, CP kind, schedule, chunks, micro-batch, recompute; the report's first
@@ -57,10 +57,10 @@ def run_search(file: str, fmt: str = "text", top: int | None = None, write: str 
                plot: str | None = None, compare: bool = False, exhaustive: bool = False,
                selection: Any = None, verify: int | None = None) -> Outcome:
     """The whole command (exit codes: 0 a layout fits, 1 none fits or the job has errors, 2 unusable input)."""
-    from dsforge.compiler.project_config import ConfigError
+    from dsforge.compiler.frontend.project_config import ConfigError
     from dsforge.compiler.search.engine import SpaceTooLarge, search
     from dsforge.compiler.search.resolve import no_fit, rule_filter, unresolvable
-    from dsforge.compiler.suppress import Selection
+    from dsforge.compiler.rules.selection import Selection
     from dsforge.compiler.validate import settings_for
     from dsforge.explain import search_report
 

@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsforge.compiler.parse import LoadedJob
+from dsforge.compiler.frontend.parse import LoadedJob
 from dsforge.compiler.search.engine import Evaluated, SearchResult
 from dsforge.compiler.search.write import rewrite_text
 from dsforge.explain.units import gb, seconds, table

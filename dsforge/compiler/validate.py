@@ -2,7 +2,7 @@
 
 Which findings are reported follows the project's settings (`dsforge.toml` / `[tool.dsforge]`, found
 from the job file's directory), the caller's selection and the file's inline `# dsforge: ignore[...]`
-comments (dsforge/compiler/suppress.py); explain, compile and run validate through here, so they all
+comments (dsforge/compiler/rules/selection.py); explain, compile and run validate through here, so they all
 decide on the same findings.
 """
 
@@ -12,12 +12,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dsforge.compiler.parse import LoadedJob, load_job
-from dsforge.compiler.plan import Plan, build_plan
-from dsforge.compiler.project_config import ConfigError, ProjectConfig, find_config
+from dsforge.compiler.frontend.parse import LoadedJob, load_job
+from dsforge.compiler.plan.plan import Plan, build_plan
+from dsforge.compiler.frontend.project_config import ConfigError, ProjectConfig, find_config
 from dsforge.compiler.rules.registry import Context, Rule, run_rules
-from dsforge.compiler.source import is_stdin
-from dsforge.compiler.suppress import Selection, apply
+from dsforge.compiler.frontend.source import is_stdin
+from dsforge.compiler.rules.selection import Selection, apply
 from dsforge.diagnostics import Diagnostic, InputError, Location, Severity, has_errors
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dsforge.compiler.estimate.memory import MemoryEstimate
 from dsforge.compiler.estimate.schedule import Timeline
-from dsforge.compiler.placement import Placement
+from dsforge.compiler.plan.placement import Placement
 from dsforge.explain.text import IDEAL_LABEL, SIMULATED_LABEL
 from dsforge.explain.units import plural, time_axis
 

@@ -12,7 +12,7 @@ from dsforge.compiler.emit.rewrite_doc import with_exact_params
 from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
 from dsforge.compiler.estimate.steptime import StepTime, estimate_step
 from dsforge.compiler.estimate.summary import summarize
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.plan.plan import Plan
 from dsforge.explain.units import plural
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsforge.compiler.rewrite_policies import format_description
+from dsforge.compiler.model.rewrite_policies import format_description
 from dsforge.explain.units import count, gb, pct, plural, rate, seconds, table
 
 #: Memory components in display order (others the estimate adds are appended).

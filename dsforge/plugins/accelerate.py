@@ -20,7 +20,7 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import DeepSpeedPlugin, DistributedType, DummyOptim, DummyScheduler
 
-from dsforge.compiler.ds_settings import on_cpu
+from dsforge.compiler.deepspeed.ds_settings import on_cpu
 from dsforge.plugins.job import JobLike, TrainerJob, check_live, load_job, precision_of, require_data_parallel
 
 _FIX = ("build the Accelerator with dsforge.plugins.accelerate.accelerator(job), the data loader with "

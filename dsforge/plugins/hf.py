@@ -23,7 +23,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainingArguments
 
-from dsforge.compiler.ds_settings import on_cpu
+from dsforge.compiler.deepspeed.ds_settings import on_cpu
 from dsforge.plugins.job import JobLike, TrainerJob, check_live, load_job, precision_of, require_data_parallel
 
 log = logging.getLogger("dsforge.plugins.hf")

@@ -20,7 +20,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from dsforge.compiler.ds_settings import on_cpu
+from dsforge.compiler.deepspeed.ds_settings import on_cpu
 from dsforge.plugins.job import JobLike, TrainerJob, check_live, load_job, precision_of, require_data_parallel
 
 #: Lightning precision per job precision ("mixed": fp32 master weights, as DeepSpeed keeps them).

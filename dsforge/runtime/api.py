@@ -27,8 +27,8 @@ from typing import Any
 
 from torch import nn
 
-from dsforge.compiler.plan import Plan, build_plan
-from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.plan.plan import Plan, build_plan
+from dsforge.compiler.spec.schema import JobSpec
 
 
 class JobError(ValueError):
@@ -61,7 +61,7 @@ def _join(plan: Plan) -> None:
     """Join the launcher's process group (gloo on CPU jobs, nccl on GPU) unless one is already up."""
     import torch.distributed as dist
 
-    from dsforge.compiler.ds_settings import on_cpu
+    from dsforge.compiler.deepspeed.ds_settings import on_cpu
     from dsforge.runtime.main import launched_world_size
 
     if dist.is_initialized():

@@ -14,7 +14,7 @@ over it). A ``.partial`` directory is an incomplete checkpoint; the next save re
 
 Each tag also holds the layout-free state (dsforge.runtime.train_state) and a copy of the plan.json
 and ds_config.json that wrote it: a run whose layout differs loads the former instead of
-DeepSpeed's files, once dsforge.compiler.resume_layout has found that only the layout changed.
+DeepSpeed's files, once dsforge.compiler.plan.resume_layout has found that only the layout changed.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsforge.compiler.schema import CheckpointSpec
+from dsforge.compiler.spec.schema import CheckpointSpec
 
 CLIENT_KEY = "dsforge"
 PARTIAL = ".partial"  # suffix of a tag being written
@@ -191,7 +191,7 @@ def resume(engine: Any, policy: CheckpointPolicy, job: dict[str, Any] | None = N
     Collective: every rank must see the same checkpoint directory (a shared file system across nodes).
     ``job`` / ``ds_config``: this run's plan.json and ds_config.json documents; when the checkpoint's own
     copies show another layout, its layout-free state is loaded (dsforge.runtime.train_state), after
-    dsforge.compiler.resume_layout has found nothing but the layout changed.
+    dsforge.compiler.plan.resume_layout has found nothing but the layout changed.
     """
     if not policy.resume:
         return 0
@@ -203,7 +203,7 @@ def resume(engine: Any, policy: CheckpointPolicy, job: dict[str, Any] | None = N
                               "directory away or set training.checkpoint.resume: never to start over")
     saved = _saved_job(policy.directory / tag)
     if job is not None and saved is not None:
-        from dsforge.compiler.resume_layout import resume_refusals, same_layout
+        from dsforge.compiler.plan.resume_layout import resume_refusals, same_layout
 
         if not same_layout(saved[0], job):
             refusals = resume_refusals(saved[0], job, saved[1], ds_config)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.plan.plan import Plan
 from dsforge.runtime.data import IGNORE_INDEX, Batch
 from dsforge.runtime.groups import ParallelGroups, ensure_deepspeed_comm
 from dsforge.runtime.layers import VocabParallelLMHead, vocab_parallel_cross_entropy

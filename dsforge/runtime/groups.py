@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from dsforge.compiler.placement import Placement
+from dsforge.compiler.plan.placement import Placement
 
 if TYPE_CHECKING:
     from deepspeed.runtime.pipe.topology import ProcessTopology
 
-    from dsforge.compiler.plan import Plan
+    from dsforge.compiler.plan.plan import Plan
 
 # Creation order; identical on every rank, which is what new_group requires.
 KINDS: tuple[str, ...] = ("tp", "cp", "dp", "dp-cp", "pp", "tp-pp", "ep", "edp")

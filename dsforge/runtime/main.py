@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dsforge.compiler.placement import Placement
-    from dsforge.compiler.plan import Degrees, Plan
+    from dsforge.compiler.plan.placement import Placement
+    from dsforge.compiler.plan.plan import Degrees, Plan
 
 EXIT_OK, EXIT_FAILED = 0, 1
 DEFAULT_TIMEOUT_S = 600
@@ -46,9 +46,9 @@ class JobDir:
     @classmethod
     def load(cls, job_dir: str | os.PathLike[str]) -> JobDir:
         """Read and cross-check plan.json and ds_config.json of ``job_dir``."""
-        from dsforge.compiler.plan import build_plan
-        from dsforge.compiler.schema import JobSpec
-        from dsforge.compiler.spec_types import SpecError
+        from dsforge.compiler.plan.plan import build_plan
+        from dsforge.compiler.spec.schema import JobSpec
+        from dsforge.compiler.spec.spec_types import SpecError
 
         path = Path(job_dir).resolve()
         docs = {}

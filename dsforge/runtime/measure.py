@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from dsforge.compiler.plan import Plan
+    from dsforge.compiler.plan.plan import Plan
 
 MiB = 1024 * 1024
 

@@ -2,7 +2,7 @@
 
 Weights are random (seeded); on the ``meta`` device nothing is allocated, which is how the
 compiler plans even a 405B model. The HF configs are derived from the spec field by field so the
-parameter count matches ``dsforge.compiler.params`` exactly (dropout off, sdpa attention so a
+parameter count matches ``dsforge.compiler.model.params`` exactly (dropout off, sdpa attention so a
 missing mask still means causal).
 """
 
@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from dsforge.compiler.builtin_models import NotBuiltIn, builtin_family, family_problem
-from dsforge.compiler.params import padded_vocab
-from dsforge.compiler.resolved import ResolvedModel, resolve_model
-from dsforge.compiler.schema import ModelSpec
+from dsforge.compiler.model.builtin_models import NotBuiltIn, builtin_family, family_problem
+from dsforge.compiler.model.params import padded_vocab
+from dsforge.compiler.model.resolved import ResolvedModel, resolve_model
+from dsforge.compiler.spec.schema import ModelSpec
 
 
 class ModelBuildError(ValueError):

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dsforge.compiler.ds_settings import pipeline_partitioning
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.deepspeed.ds_settings import pipeline_partitioning
+from dsforge.compiler.plan.plan import Plan
 from dsforge.runtime.groups import ParallelGroups
 from dsforge.runtime.layers import VocabParallelEmbedding, VocabParallelLMHead
 from dsforge.runtime.rewrite.apply import apply_rewrite

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dsforge.compiler.pretrained import (
+from dsforge.compiler.frontend.pretrained import (
     SAFETENSORS,
     SAFETENSORS_INDEX,
     TORCH_BIN,

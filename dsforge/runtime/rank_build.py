@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.plan.plan import Plan
 from dsforge.runtime.groups import ParallelGroups
 from dsforge.runtime.materialize import PRECISION_DTYPES, WeightSource, materialize, rank_targets
 from dsforge.runtime.models import build_skeleton, seeded_init

@@ -1,7 +1,7 @@
 """Measure activation and model-state bytes on 2 CPU ranks (gloo) with real DeepSpeed.
 
 Run: DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 tests/dist/measure_memory.py OUT.json
-Rank 0 writes a JSON with, per configuration, what tests/test_memory_measured.py compares with
+Rank 0 writes a JSON with, per configuration, what tests/compiler/estimate/test_memory_measured.py compares with
 dsforge's estimate:
 
 * "activations": bytes autograd saves for backward over one micro-batch (distinct storages, no
@@ -72,8 +72,8 @@ def job_yaml(zero: int = 0, precision: str = "fp32", tp: int = 1, recompute: str
 def emitted_ds_config(zero: int, precision: str) -> dict[str, Any]:
     """The ds_config `dsforge compile` would write for the job (dsforge.compiler.emit)."""
     from dsforge.compiler.emit.ds_config import build_ds_config
-    from dsforge.compiler.parse import load_job
-    from dsforge.compiler.plan import build_plan
+    from dsforge.compiler.frontend.parse import load_job
+    from dsforge.compiler.plan.plan import build_plan
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.yaml"
@@ -124,8 +124,8 @@ def record_blocks(saved: SavedTensors, layers: Any) -> None:
 def measure_hf(preset: str, dtype: torch.dtype) -> dict[str, int]:
     """Saved bytes of one forward of the HF model dsforge's runtime builds for a preset (tp 1), split into
     the decoder layers ("blocks") and everything else ("outside": embedding, final norm, head, loss)."""
-    from dsforge.compiler.presets import presets
-    from dsforge.compiler.schema import ModelSpec
+    from dsforge.compiler.frontend.presets import presets
+    from dsforge.compiler.spec.schema import ModelSpec
     from dsforge.runtime.models import build_model
 
     spec = ModelSpec(**presets("models")[preset].spec)
@@ -158,8 +158,8 @@ def runtime_job_yaml(tp: int = 1, recompute: str = "none", sp: bool = False, cp:
 
 
 def _plan(text: str) -> Any:
-    from dsforge.compiler.parse import load_job
-    from dsforge.compiler.plan import build_plan
+    from dsforge.compiler.frontend.parse import load_job
+    from dsforge.compiler.plan.plan import build_plan
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.yaml"

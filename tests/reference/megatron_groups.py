@@ -1,7 +1,7 @@
 """An independent model of Megatron-Core's rank groups (megatron/core/parallel_state.py), for tests only.
 
 Written from the documented algorithm, not from Megatron's code, and deliberately in a different
-style from ``dsforge.compiler.placement`` (which works with member offsets and base ranks): here
+style from ``dsforge.compiler.plan.placement`` (which works with member offsets and base ranks): here
 every rank's coordinates are decoded one rank at a time and ranks are bucketed by the coordinates
 a group kind leaves fixed.
 

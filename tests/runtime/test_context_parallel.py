@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dsforge.compiler.placement import place
+from dsforge.compiler.plan.placement import place
 from dsforge.runtime.attention import (
     RingAttention,
     UlyssesAttention,

@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dsforge.compiler.parse import load_job
-from dsforge.compiler.placement import Placement, place
-from dsforge.compiler.plan import build_plan
+from dsforge.compiler.frontend.parse import load_job
+from dsforge.compiler.plan.placement import Placement, place
+from dsforge.compiler.plan.plan import build_plan
 from dsforge.runtime.groups import (
     KINDS,
     LayoutError,

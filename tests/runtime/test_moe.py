@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from dsforge.compiler.placement import place
+from dsforge.compiler.plan.placement import place
 from dsforge.runtime.groups import ParallelGroups, create_groups
 from dsforge.runtime.moe import ExpertParallelMoE
 from tests.runtime.launcher import report, run

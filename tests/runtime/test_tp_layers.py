@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dsforge.compiler.placement import place
+from dsforge.compiler.plan.placement import place
 from dsforge.runtime.groups import ParallelGroups, create_groups
 from dsforge.runtime.layers import (
     ColumnParallelLinear,

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from dsforge.compiler.parse import load_job
-from dsforge.compiler.plan import Plan, build_plan
-from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.frontend.parse import load_job
+from dsforge.compiler.plan.plan import Plan, build_plan
+from dsforge.compiler.spec.schema import JobSpec
 
 STEPS = 4
 # The bound. fp32 re-association of the sharded sums (TP all-reduces, DP/ZeRO averaging,

@@ -8,7 +8,7 @@ window equal to the training sequence (32 tokens, so it covers it and validate a
 over 4 heads, tied head). Each job is compiled from `model.pretrained` (the three MoE models under ep2,
 Qwen3 under tp2) and trained 2 steps:
 
-* the parameters the compiler counts from config.json (dsforge.compiler.params) are the model's;
+* the parameters the compiler counts from config.json (dsforge.compiler.model.params) are the model's;
 * the first step's loss equals the single-process ``from_pretrained`` model's on the same global batch
   (fp32, 1e-5 relative); Mixtral's also equals that model's with the window removed (full causal);
 * the reads each rank made (``DSFORGE_READ_LOG``) are its own: under ep2 each rank read exactly the
@@ -91,7 +91,7 @@ def compile_pretrained(tmp: Path, name: str, directory: Path, parallel: dict[str
 
 def check_expert_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: list[tuple[int, int]]) -> None:
     """Experts read whole by the ranks whose ep index owns them only; the rest as check_reads wants it."""
-    from dsforge.compiler.plan import build_plan
+    from dsforge.compiler.plan.plan import build_plan
     from tests.runtime_e2e.test_shard_build import check_reads
 
     plan = build_plan(spec)
@@ -137,7 +137,7 @@ def prepare(tmp: Path) -> tuple[dict[str, str], dict[str, list[tuple[str, float]
     jobs = {name: str(compile_pretrained(tmp, name, saved[kind], par)) for name, (kind, par) in LAYOUTS.items()}
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from dsforge.compiler.params import total_params
+    from dsforge.compiler.model.params import total_params
 
     refs: dict[str, list[tuple[str, float]]] = {}
     for name, job_dir in jobs.items():

@@ -20,7 +20,7 @@ import yaml
 from click.testing import CliRunner
 
 from dsforge.cli import cli
-from dsforge.compiler.parse import load_job
+from dsforge.compiler.frontend.parse import load_job
 from tests.runtime_e2e.harness import RTOL, SGD_DEEPSPEED, reference_run, training
 
 JOB = "continued"

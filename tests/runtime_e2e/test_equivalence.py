@@ -64,7 +64,7 @@ def check_sequence_parallel(engine: Any) -> None:
 
 def check_context_parallel(engine: Any, groups: Any, spec: Any) -> None:
     """Attention runs through dsforge's CP hook, and this rank's micro-batches hold half of each sequence."""
-    from dsforge.compiler.plan import build_plan
+    from dsforge.compiler.plan.plan import build_plan
     from dsforge.runtime.data import batches_for
     from dsforge.runtime.hf_attention import NAME
 

@@ -66,7 +66,7 @@ def save_tiny(kind: str, out: Path) -> Path:
 
 
 def pretrained_spec(tmp: Path, name: str, directory: Path, parallel: dict[str, Any]) -> Any:
-    from dsforge.compiler.parse import load_job
+    from dsforge.compiler.frontend.parse import load_job
 
     doc = {"version": 1, "name": name, "model": {"pretrained": str(directory), "seq_len": 32},
            "hardware": {"preset": "cpu-local", "gpus_per_node": 2}, "parallel": {"dp": "auto", **parallel},
@@ -98,7 +98,7 @@ def reference_first_loss(spec: Any, **config: Any) -> float:
 
 def check_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: list[tuple[int, int]]) -> None:
     """Every read is of the reader's own stage; a TP group's ranges of each tensor are disjoint and cover it."""
-    from dsforge.compiler.plan import build_plan
+    from dsforge.compiler.plan.plan import build_plan
     from dsforge.runtime.models import build_model
     from dsforge.runtime.pipeline_stages import stage_modules
     from dsforge.runtime.rewrite import plan_rewrite
@@ -161,7 +161,7 @@ def _world(rank: int, world: int, tmp: str, dirs: dict[str, str], moe: tuple[Any
     import torch.distributed as dist
 
     from dsforge.compiler.emit.ds_config import build_ds_config
-    from dsforge.compiler.plan import build_plan
+    from dsforge.compiler.plan.plan import build_plan
     from dsforge.runtime.engine import build_parallel_model, build_pipeline_module, parallelize, pipeline_loss
     from dsforge.runtime.groups import create_groups
     from dsforge.runtime.models import build_model

@@ -41,7 +41,7 @@ import yaml
 from click.testing import CliRunner
 
 from dsforge.cli import cli
-from dsforge.compiler.parse import load_job
+from dsforge.compiler.frontend.parse import load_job
 from tests.runtime.launcher import free_port
 from tests.runtime_e2e.harness import ADAMW, RTOL, reference_run, training
 

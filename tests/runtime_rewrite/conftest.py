@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dsforge.compiler.parse import load_job
-from dsforge.compiler.plan import Plan, build_plan
-from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.frontend.parse import load_job
+from dsforge.compiler.plan.plan import Plan, build_plan
+from dsforge.compiler.spec.schema import JobSpec
 
 
 def make_job(tmp: Path, model: dict[str, Any], parallel: dict[str, Any] | None = None,

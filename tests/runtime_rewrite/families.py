@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from dsforge.compiler.resolved import ResolvedModel
+from dsforge.compiler.model.resolved import ResolvedModel
 
 BASE: dict[str, Any] = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 96, "vocab": 128,
                         "seq_len": 16}

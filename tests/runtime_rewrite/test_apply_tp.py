@@ -28,8 +28,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import torch
 
-from dsforge.compiler.plan import build_plan
-from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.plan.plan import build_plan
+from dsforge.compiler.spec.schema import JobSpec
 from dsforge.runtime.groups import create_groups
 from dsforge.runtime.layers import allreduce_sequence_parallel_grads
 from dsforge.runtime.models import build_model

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dsforge.compiler.rewrite_policies import DETECT_ORDER, POLICIES
+from dsforge.compiler.model.rewrite_policies import DETECT_ORDER, POLICIES
 from dsforge.runtime.models import ModelBuildError, build_model, hf_config
 from dsforge.runtime.rewrite import RewriteError, describe, detect_arch, plan_rewrite
 from dsforge.runtime.rewrite.shard import Heads, shard_tensor_parallel
@@ -149,7 +149,7 @@ def test_policy_tables_are_plain_data():
 
 
 def test_description_renders_for_explain(job):
-    from dsforge.compiler.rewrite_policies import format_description
+    from dsforge.compiler.model.rewrite_policies import format_description
 
     spec, plan = job({"preset": "tiny-gpt2"}, {"tp": 2})
     lines = format_description(describe(spec, plan))

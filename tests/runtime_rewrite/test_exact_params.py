@@ -1,4 +1,4 @@
-"""The meta-device model's exact parameter count against dsforge.compiler.params for every model preset.
+"""The meta-device model's exact parameter count against dsforge.compiler.model.params for every model preset.
 
 The two sides are independent: params.py counts from the shape formulas, the rewrite plan counts
 the tensors of the HF module tree built on the meta device (so a 405B model costs no memory).
@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dsforge.compiler.params import total_params
-from dsforge.compiler.presets import presets
+from dsforge.compiler.model.params import total_params
+from dsforge.compiler.frontend.presets import presets
 from dsforge.runtime.models import build_model
 from dsforge.runtime.rewrite import describe, plan_rewrite
 

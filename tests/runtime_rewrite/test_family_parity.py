@@ -35,9 +35,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from dsforge.compiler.params import total_params
-from dsforge.compiler.plan import build_plan
-from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.model.params import total_params
+from dsforge.compiler.plan.plan import build_plan
+from dsforge.compiler.spec.schema import JobSpec
 from dsforge.runtime.attention import positions, shard_sequence
 from dsforge.runtime.groups import ParallelGroups, create_groups
 from dsforge.runtime.hf_attention import install_context_parallel

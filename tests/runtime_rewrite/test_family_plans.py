@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dsforge.compiler.params import total_params
+from dsforge.compiler.model.params import total_params
 from dsforge.runtime.models import build_model
 from dsforge.runtime.rewrite import describe, plan_rewrite
 from dsforge.runtime.rewrite.detect import detect_arch

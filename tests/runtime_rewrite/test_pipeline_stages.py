@@ -23,8 +23,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import torch
 
-from dsforge.compiler.plan import build_plan
-from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.plan.plan import build_plan
+from dsforge.compiler.spec.schema import JobSpec
 from dsforge.runtime.pipeline_stages import boundaries
 from dsforge.runtime.rewrite import RewriteError
 

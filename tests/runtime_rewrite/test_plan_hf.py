@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from torch import nn
 
-from dsforge.compiler.params import embedding_params, head_params, layer_params, total_params
+from dsforge.compiler.model.params import embedding_params, head_params, layer_params, total_params
 from dsforge.runtime.models import build_model
 from dsforge.runtime.rewrite import RewriteError, describe, plan_rewrite
 

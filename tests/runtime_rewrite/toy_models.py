@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dsforge.compiler.resolved import ResolvedModel
+from dsforge.compiler.model.resolved import ResolvedModel
 
 
 class Expert(nn.Module):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.plan.plan import Plan
 
 #: Where the config points DeepSpeed: the job directory's ds_config.json (relative to the working
 #: directory of `accelerate launch`, which the emitted launch.sh sets to the job directory).

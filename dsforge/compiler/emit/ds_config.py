@@ -1,7 +1,7 @@
 """ds_config.json from a plan: batch split, ZeRO, precision, optimizer, schedule, pipeline, recompute.
 
 Every value follows from the plan (the ZeRO and activation-checkpointing blocks come from
-`dsforge/compiler/ds_settings.py`, which the estimates read too); the job file's `deepspeed:` section is
+`dsforge/compiler/deepspeed/ds_settings.py`, which the estimates read too); the job file's `deepspeed:` section is
 merged last, each override replacing every spelling of its setting (`ds_schema.merge_overrides`; rules
 DSF508 and DSF520-DSF521 have already refused overrides that contradict the plan). DeepSpeed's batch identity
 ``train_batch_size == micro * gas * world_size`` (deepspeed/runtime/config.py
@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 # on_cpu stays importable from here: launchers, plan_doc, the runtime and the plugins read it from this module.
-from dsforge.compiler.ds_schema import merge_overrides
-from dsforge.compiler.ds_settings import (
+from dsforge.compiler.deepspeed.ds_schema import merge_overrides
+from dsforge.compiler.deepspeed.ds_settings import (
     checkpointing_section,
     on_cpu,
     pipeline_partitioning,
@@ -25,7 +25,7 @@ from dsforge.compiler.ds_settings import (
     zero_section,
 )
 from dsforge.compiler.emit.optim import optimizer_section, scheduler_section
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.plan.plan import Plan
 
 
 class EmitError(ValueError):

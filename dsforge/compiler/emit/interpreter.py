@@ -14,8 +14,8 @@ import os
 import sys
 from dataclasses import replace
 
-from dsforge.compiler.plan import Plan
-from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.spec.schema import JobSpec
 
 #: The interpreter name used where the compiling one cannot be known to exist (a container image).
 IMAGE_PYTHON = "python"

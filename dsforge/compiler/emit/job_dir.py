@@ -11,7 +11,7 @@ from dsforge.compiler.emit.interpreter import with_interpreter
 from dsforge.compiler.emit.launchers import CORE_FILES, launch_context, launch_files
 from dsforge.compiler.emit.plan_doc import plan_document, plan_ready
 from dsforge.compiler.emit.render import render
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.plan.plan import Plan
 
 #: Kubernetes refuses ConfigMaps over 1 MiB (etcd's object limit).
 CONFIGMAP_LIMIT_BYTES = 1024 * 1024

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsforge import __version__, extensions
-from dsforge.compiler.ds_settings import on_cpu
+from dsforge.compiler.deepspeed.ds_settings import on_cpu
 from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.launch_targets import LaunchedFile, check_file_name, launch_target
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.plan.plan import Plan
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsforge.compiler.ds_settings import DS_OPTIMIZER, scheduler_type
-from dsforge.compiler.schema import OptimizerSpec, SchedulerSpec
+from dsforge.compiler.deepspeed.ds_settings import DS_OPTIMIZER, scheduler_type
+from dsforge.compiler.spec.schema import OptimizerSpec, SchedulerSpec
 
 
 def optimizer_section(opt: OptimizerSpec, torch_adam: bool = False) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def scheduler_section(sched: SchedulerSpec, lr: float, steps: int) -> dict[str, 
     all; only linear decay cannot avoid DeepSpeed's 2-step warm-up (see below). The engine steps the
     scheduler after each optimizer step, so DeepSpeed's first step runs at the pre-start value
     (0 for WarmupCosineLR, warmup_min_lr otherwise) and decays reach their floor at iteration
-    total_num_steps = training.steps (tests/test_ds_config_deepspeed.py measures this).
+    total_num_steps = training.steps (tests/compiler/emit/test_ds_config_deepspeed.py measures this).
     """
     warm = sched.warmup_steps
     if sched.name == "constant":

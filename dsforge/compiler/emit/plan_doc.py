@@ -14,10 +14,10 @@ from dataclasses import asdict
 from typing import Any
 
 from dsforge import __version__
-from dsforge.compiler.ds_settings import on_cpu
+from dsforge.compiler.deepspeed.ds_settings import on_cpu
 from dsforge.compiler.emit.ds_config import EmitError
-from dsforge.compiler.placement import Placement
-from dsforge.compiler.plan import Degrees, Plan
+from dsforge.compiler.plan.placement import Placement
+from dsforge.compiler.plan.plan import Degrees, Plan
 from dsforge.compiler.strict_json import non_finite
 
 FORMAT = 1

@@ -21,7 +21,7 @@ kernels an implementation really uses, described by a `Kernels` profile:
 * `EAGER`, explicit PyTorch ops on the CPU (matmul-softmax attention, `F.dropout` multiplying by a
   noise tensor of the activation dtype, `masked_fill` keeping the boolean causal mask, exact GELU).
 
-Measured with `torch.autograd.graph.saved_tensors_hooks` (tests/test_memory_measured.py), the count
+Measured with `torch.autograd.graph.saved_tensors_hooks` (tests/compiler/estimate/test_memory_measured.py), the count
 matches the saved tensors of the `EAGER` test GPT and of dsforge's HF models exactly in fp32. LayerNorm
 saves fp32 mean and rstd per token; RoPE saves only cos/sin shared by all layers (not counted).
 """
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsforge.compiler.params import has_bias, kv_heads_per_rank, shared_gate
-from dsforge.compiler.resolved import ResolvedModel
+from dsforge.compiler.model.params import has_bias, kv_heads_per_rank, shared_gate
+from dsforge.compiler.model.resolved import ResolvedModel
 
 FP32 = 4
 MASK = 1  # a fused dropout kernel keeps one byte per element
@@ -125,7 +125,7 @@ def attention_terms(model: ResolvedModel, a: ActivationShape) -> dict[str, float
     if k.fused_attention:
         # Also what dsforge's ring attention keeps under cp > 1 (dsforge/runtime/attention/ring.py): q, k, v
         # and the output of the local tokens and this fp32 log-sum-exp; its backward recomputes each
-        # block's scores, so no s x s/cp term (measured at S=1024, cp 2: tests/test_memory_measured.py).
+        # block's scores, so no s x s/cp term (measured at S=1024, cp 2: tests/compiler/estimate/test_memory_measured.py).
         terms["softmax_lse"] = n * heads * FP32
     else:
         scores = n * heads * a.seq_len  # each local query row against all s keys

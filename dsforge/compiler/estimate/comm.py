@@ -29,8 +29,8 @@ from dsforge.compiler.estimate.shares import (
 )
 from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.estimate.zero_config import zero_settings
-from dsforge.compiler.params import padded_vocab
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.model.params import padded_vocab
+from dsforge.compiler.plan.plan import Plan
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsforge.compiler.ds_settings import on_cpu
+from dsforge.compiler.deepspeed.ds_settings import on_cpu
 from dsforge.compiler.estimate import flops
 from dsforge.compiler.estimate.memo import bounded
 from dsforge.compiler.estimate.shares import kv_heads_per_rank
 from dsforge.compiler.estimate.stacks import StackProfile, profile_of
-from dsforge.compiler.params import is_moe_layer, padded_vocab
-from dsforge.compiler.plan import Plan
-from dsforge.compiler.resolved import ResolvedModel
+from dsforge.compiler.model.params import is_moe_layer, padded_vocab
+from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.model.resolved import ResolvedModel
 
 #: Large-GEMM efficiency for an accelerator that states none: cuBLAS bf16 GEMMs of 8k-16k reach 0.7-0.8 of
 #: dense peak on A100 and H100 (NVIDIA's Deep Learning Performance guide, "Matrix multiplication" section).

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsforge.compiler.estimate.shares import gathered_tensors, layer_kinds
-from dsforge.compiler.params import has_bias
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.model.params import has_bias
+from dsforge.compiler.plan.plan import Plan
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from dsforge.compiler.estimate.memo import bounded
 from dsforge.compiler.estimate.stacks import profile_of
-from dsforge.compiler.params import is_moe_layer, padded_vocab
-from dsforge.compiler.plan import Plan
-from dsforge.compiler.resolved import ResolvedModel
-from dsforge.compiler.schema import AcceleratorSpec
+from dsforge.compiler.model.params import is_moe_layer, padded_vocab
+from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.model.resolved import ResolvedModel
+from dsforge.compiler.spec.schema import AcceleratorSpec
 
 
 @dataclass(frozen=True)

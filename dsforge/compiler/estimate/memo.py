@@ -18,7 +18,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, TypeVar, cast
 
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.plan.plan import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -22,16 +22,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from dsforge.compiler.ds_settings import emitted_checkpointing_block, on_cpu
+from dsforge.compiler.deepspeed.ds_settings import emitted_checkpointing_block, on_cpu
 from dsforge.compiler.estimate import activations as act
 from dsforge.compiler.estimate.memo import bounded, plan_memo
 from dsforge.compiler.estimate.model_states import ModelStates, megatron_states, model_states
 from dsforge.compiler.estimate.shares import RankParams, chunk_table, kind_table, stage_share
 from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.estimate.zero_config import ZeroSettings, zero_settings
-from dsforge.compiler.params import padded_vocab
-from dsforge.compiler.plan import Plan
-from dsforge.compiler.resolved import ResolvedModel
+from dsforge.compiler.model.params import padded_vocab
+from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.model.resolved import ResolvedModel
 
 GPU_RESERVE_BYTES = 2.0e9
 CPU_RESERVE_BYTES = 0.45e9

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
-from dsforge.compiler.plan import Plan, build_plan
-from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.plan.plan import Plan, build_plan
+from dsforge.compiler.spec.schema import JobSpec
 
 
 @dataclass(frozen=True)

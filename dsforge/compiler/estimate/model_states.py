@@ -4,7 +4,7 @@ The split into 16-bit weights + 16-bit gradients + fp32 master weights + fp32 op
 Rajbhandari et al. 2020 (ZeRO), sec. 3.1 (2 + 2 + 12 bytes per parameter for mixed-precision Adam),
 partitioned over the data-parallel ranks by stage (sec. 3.1/5: stage 1 divides the 12 bytes, stage 2
 also the gradients, stage 3 also the weights). Which buffers DeepSpeed 0.19.8 really keeps, and when,
-was read from its source and measured on real engines (tests/test_memory_measured.py). Two moments
+was read from its source and measured on real engines (tests/compiler/estimate/test_memory_measured.py). Two moments
 can set a rank's peak, so both are estimated:
 
 * ``backward``: while the step's last micro-batch runs backward (activations live);

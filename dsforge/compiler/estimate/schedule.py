@@ -15,7 +15,7 @@ point transfer time when the two chunks sit on different ranks. Programs follow 
   (p-s-1)·2 + (v-1)·p warm-up forwards.
 
 For equal stages and free transfers the idle fraction is (p-1)/(m+p-1), and about (p-1)/(v·m+p-1)
-interleaved (the closed form in `dsforge.compiler.bubble`); uneven partitions and transfer times
+interleaved (the closed form in `dsforge.compiler.plan.bubble`); uneven partitions and transfer times
 are what the simulation adds.
 
 Every micro-batch of a step is the same, so a step of 10^12 micro-batches is not simulated pass by

@@ -41,8 +41,8 @@ from dsforge.compiler.estimate.memo import plan_memo
 from dsforge.compiler.estimate.schedule import Timeline, simulate
 from dsforge.compiler.estimate.shares import chunk_table, layer_kinds, stage_share
 from dsforge.compiler.estimate.zero_config import zero_settings
-from dsforge.compiler.params import moe_layers_in
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.model.params import moe_layers_in
+from dsforge.compiler.plan.plan import Plan
 
 #: Kept for callers of the old constant: the GEMM efficiency an accelerator that states none is given.
 DEFAULT_ACHIEVABLE_FRACTION = DEFAULT_GEMM_EFFICIENCY

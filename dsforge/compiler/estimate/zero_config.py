@@ -1,7 +1,7 @@
 """The DeepSpeed settings that size the model-state buffers: those of the ds_config dsforge emits.
 
 Precedence, as in the emitted file: the job's `deepspeed.zero_optimization` overrides, then the
-choices dsforge emits (`dsforge/compiler/ds_settings.py`), then DeepSpeed 0.19.8's defaults
+choices dsforge emits (`dsforge/compiler/deepspeed/ds_settings.py`), then DeepSpeed 0.19.8's defaults
 (`deepspeed/runtime/zero/config.py` DeepSpeedZeroConfig): reduce_bucket_size 5e8 and
 allgather_bucket_size 5e8 elements, contiguous_gradients on, overlap_comm on for stage 3 only,
 stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold 1e5, stage3_max_live_parameters 1e9.
@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dsforge.compiler.ds_settings import emitted_zero_block
+from dsforge.compiler.deepspeed.ds_settings import emitted_zero_block
 from dsforge.compiler.estimate.memo import plan_memo
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.plan.plan import Plan
 
 #: Bytes of optimizer state per parameter kept in fp32 (torch and DeepSpeed implementations).
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "lamb": 8, "lion": 4, "sgd": 4}

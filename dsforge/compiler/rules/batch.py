@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsforge.compiler.bubble import bubble_fraction
+from dsforge.compiler.plan.bubble import bubble_fraction
 from dsforge.compiler.rules.registry import Context, Finding, rule
 from dsforge.compiler.rules.util import choices, divisors, next_multiple
 from dsforge.diagnostics import Severity

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from dsforge.compiler.ds_keys import (
+from dsforge.compiler.deepspeed.ds_keys import (
     BF16_KEYS,
     COMM_DTYPES,
     FP16_KEYS,
@@ -18,9 +18,9 @@ from dsforge.compiler.ds_keys import (
     TP_CONFIG_KEYS,
     ZERO_KEYS,
 )
-from dsforge.compiler.ds_schema import MODELS, Field, Invalid, coerce
+from dsforge.compiler.deepspeed.ds_schema import MODELS, Field, Invalid, coerce
 from dsforge.compiler.rules.registry import Context, Finding, rule
-from dsforge.compiler.schema_errors import suggest
+from dsforge.compiler.frontend.schema_errors import suggest
 from dsforge.diagnostics import Severity
 
 DS = "deepspeed 0.19.8 "

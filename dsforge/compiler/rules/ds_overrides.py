@@ -1,5 +1,5 @@
 """DSF510-DSF526: `deepspeed:` overrides checked against DeepSpeed 0.19.8: its config parse (DSF517-DSF519, from
-`dsforge.compiler.ds_schema`), and what it accepts at parse but refuses once every rank runs.
+`dsforge.compiler.deepspeed.ds_schema`), and what it accepts at parse but refuses once every rank runs.
 
 Each check reads the raw override values, which may hold anything a person typed, so every value is
 type-checked before any arithmetic (a string where a number belongs is DeepSpeed's parse error, not
@@ -12,8 +12,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from dsforge.compiler.ds_schema import MODELS, Invalid, Problem, coerce, merge_overrides, parse
-from dsforge.compiler.ds_settings import (
+from dsforge.compiler.deepspeed.ds_schema import MODELS, Invalid, Problem, coerce, merge_overrides, parse
+from dsforge.compiler.deepspeed.ds_settings import (
     DS_OPTIMIZER,
     emitted_zero_block,
     on_cpu,

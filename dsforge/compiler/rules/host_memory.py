@@ -1,11 +1,11 @@
 """DSF302-DSF304: what the estimate checks on the host, the ZeRO features it does not model, and the hardware
-file a `hardware.preset` path names (dsforge/compiler/preset_files.py)."""
+file a `hardware.preset` path names (dsforge/compiler/frontend/preset_files.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsforge.compiler.ds_settings import emitted_zero_block
+from dsforge.compiler.deepspeed.ds_settings import emitted_zero_block
 from dsforge.compiler.estimate.memory import estimate_memory
 from dsforge.compiler.rules.registry import Context, Finding, report_id, rule
 from dsforge.diagnostics import Severity
@@ -89,4 +89,4 @@ report_id("DSF304", "a hardware.preset path names a usable hardware file",
           "calibrate` writes, relative to the file that wrote the key. The file must exist, be a regular file and "
           "hold exactly one `hardware:` mapping, without `extends:`, other sections or a `preset:` of its own; its "
           "values are then checked like the job's, at their own file, line and column.",
-          "dsforge/compiler/preset_files.py")
+          "dsforge/compiler/frontend/preset_files.py")

@@ -73,4 +73,4 @@ report_id("DSF027", "the project's dsforge settings can be read",
           "A `dsforge.toml`, or a `pyproject.toml` with a `[tool.dsforge]` table, in the job file's directory or "
           "above it sets select, ignore and strict for every job below it; one that is not valid TOML or has "
           "an unknown key or a wrong type is reported instead of being half-applied.", "dsforge "
-          "(dsforge/compiler/project_config.py)", exit_code=2)
+          "(dsforge/compiler/frontend/project_config.py)", exit_code=2)

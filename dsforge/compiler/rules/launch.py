@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsforge.compiler.ds_settings import pipeline_partitioning
+from dsforge.compiler.deepspeed.ds_settings import pipeline_partitioning
 from dsforge.compiler.launch_targets import (
     DNS_LABEL,
     ENV_KEY,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsforge.compiler.placement import OrderError, place
+from dsforge.compiler.plan.placement import OrderError, place
 from dsforge.compiler.rules.registry import Context, Finding, report_id, rule
 from dsforge.compiler.rules.util import choices, divisors
 from dsforge.diagnostics import Severity

@@ -14,15 +14,15 @@ from dsforge.compiler.estimate.memory_fixes import (
     combined_fix,
     ranked_fixes,
 )
-from dsforge.compiler.plan import Plan
+from dsforge.compiler.plan.plan import Plan
 from dsforge.compiler.rules.registry import Context, Finding, checks, rule, run_rules
-from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.spec.schema import JobSpec
 from dsforge.diagnostics import Severity
 
 WARN_ABOVE = 0.90
 SOURCE = ("Rajbhandari et al. 2020 (ZeRO) sec. 3-5; Korthikanti et al. 2022 sec. 4; DeepSpeed 0.19.8 "
           "runtime/zero/stage_1_and_2.py, stage3.py, bf16_optimizer.py, fp16/; measured in "
-          "tests/test_memory_measured.py")
+          "tests/compiler/estimate/test_memory_measured.py")
 
 
 def gb(n: float) -> str:

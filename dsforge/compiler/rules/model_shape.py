@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsforge.compiler.params import padded_vocab
+from dsforge.compiler.model.params import padded_vocab
 from dsforge.compiler.rules.registry import Context, Finding, rule
 from dsforge.compiler.rules.util import choices, divisors, next_multiple
 from dsforge.diagnostics import Severity
@@ -236,7 +236,7 @@ def deepseek_router(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF153", "MLA attention is replicated on every tensor-parallel rank", severity=Severity.WARNING,
-      source="dsforge/compiler/rewrite_policies.py DEEPSEEK_V3", reads=())
+      source="dsforge/compiler/model/rewrite_policies.py DEEPSEEK_V3", reads=())
 def mla_replicated(ctx: Context) -> Iterator[Finding]:
     """MLA (DeepSeek-V3) compresses keys and values into one low-rank latent shared by all heads, plus one
     rotary key shared by every head; the policy keeps the attention whole on every TP rank, which is exact

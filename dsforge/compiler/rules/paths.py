@@ -1,7 +1,7 @@
 """DSF610-611: the files and directories a job reads and writes are usable where it is checked.
 
 The loader has already made every relative path absolute against the job file's directory
-(dsforge/compiler/job_paths.py), so these checks see the paths plan.json will record. Without them a
+(dsforge/compiler/frontend/job_paths.py), so these checks see the paths plan.json will record. Without them a
 missing token file passes validate and compile and fails only when every rank starts, each with its
 own traceback under torchrun's.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from dsforge.compiler.job_paths import is_absolute, written_value
+from dsforge.compiler.frontend.job_paths import is_absolute, written_value
 from dsforge.compiler.rules.registry import Context, Finding, rule
 from dsforge.diagnostics import Severity
 

@@ -1,6 +1,6 @@
 """DSF011-DSF016, DSF160-DSF163 and DSF640: a job that starts from `model.pretrained` (an HF model directory).
 
-The loader reports DSF011-DSF015 while it fills `model:` from config.json (dsforge/compiler/pretrained.py);
+The loader reports DSF011-DSF015 while it fills `model:` from config.json (dsforge/compiler/frontend/pretrained.py);
 the checks below see the filled job. A run never writes into its input, never pads a checkpoint's
 vocabulary with rows it has no weights for, and says when it converts the stored dtype.
 """
@@ -11,8 +11,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from dsforge.compiler.params import padded_vocab
-from dsforge.compiler.pretrained import PretrainedError, checkpoint_dtype, read_config, sliding_window
+from dsforge.compiler.model.params import padded_vocab
+from dsforge.compiler.frontend.pretrained import PretrainedError, checkpoint_dtype, read_config, sliding_window
 from dsforge.compiler.rules.registry import Context, Finding, report_id, rule
 from dsforge.diagnostics import Severity
 

@@ -5,7 +5,7 @@ runner calls over a planned job (``phase="validate"``: validate, explain and com
 ``phase="compile"``: only compile, because they need what compile computes, such as the rewrite
 plan). *Reported* ids are raised by code that is not a check (the loader, the schema, the emitter,
 the runner itself); they are registered with `report_id` so that docs/rules.md, SARIF rule
-descriptors and `--select`/`--ignore` know them too. tests/test_rule_registry.py scans the package
+descriptors and `--select`/`--ignore` know them too. tests/compiler/rules/test_rule_registry.py scans the package
 for every `DSFnnn` literal and fails on one that is not registered here.
 
 Rule-id ranges, one per stage (`STAGES`, the single place they are written down).
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsforge import extensions
-from dsforge.compiler.plan import Plan
-from dsforge.compiler.schema import JobSpec
-from dsforge.compiler.source import SourceMap
+from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.spec.schema import JobSpec
+from dsforge.compiler.frontend.source import SourceMap
 from dsforge.diagnostics import Diagnostic, Location, Severity
 
 Path = tuple[str | int, ...]
@@ -132,7 +132,7 @@ class Rule:
     #: The layout-search fields (`search.space.Layout`'s names) whose values alone decide whether this check
     #: reports an error, everything else of the job fixed; None: any field may. The search asks such a check
     #: once per class of candidates equal in these fields, before estimating any of them
-    #: (tests/test_search_rule_classes.py runs each on whole spaces and finds one verdict per class).
+    #: (tests/compiler/search/test_search_rule_classes.py runs each on whole spaces and finds one verdict per class).
     reads: tuple[str, ...] | None = None
 
     @property

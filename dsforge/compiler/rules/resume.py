@@ -2,7 +2,7 @@
 
 No job file alone can produce these: they compare a new compile with the one that wrote the
 checkpoint. `dsforge run` reports DSF164-DSF167 before any rank starts (dsforge.commands.run, from
-dsforge.compiler.resume_layout), every rank reports the same at start-up for a job started another
+dsforge.compiler.plan.resume_layout), every rank reports the same at start-up for a job started another
 way, and DSF641-DSF643 come from a rank reading the checkpoint's layout-free state
 (dsforge.runtime.train_state).
 """

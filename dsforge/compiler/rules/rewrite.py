@@ -27,7 +27,7 @@ def _path(ctx: Context) -> tuple[str, ...]:
 
 
 @rule("DSF607", "the rewrite policies place every module of the model",
-      source="dsforge.runtime.rewrite (describe, plan_rewrite); dsforge/compiler/rewrite_policies.py", phase="compile")
+      source="dsforge.runtime.rewrite (describe, plan_rewrite); dsforge/compiler/model/rewrite_policies.py", phase="compile")
 def _placed(ctx: Context) -> Iterator[Finding]:
     """dsforge.runtime rewrites the model by the rewrite policy of its family (`model.arch`) and the job's
     `rewrite:` rules; a module with parameters that no rule claims, a shard that does not divide, or a model

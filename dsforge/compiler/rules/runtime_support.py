@@ -1,6 +1,6 @@
 """DSF140-DSF145: layouts and models dsforge's own runtime refuses at start-up, refused at validate time instead.
 
-Each rule mirrors one refusal of `dsforge.runtime` (tests/test_runtime_refusals.py lists every
+Each rule mirrors one refusal of `dsforge.runtime` (tests/compiler/rules/test_runtime_refusals.py lists every
 `raise` of the runtime and checks that each start-up limitation names a rule here or elsewhere). They
 apply to `stack: dsforge` only: another stack runs the job with its own engine and its own limits.
 """
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsforge.compiler.builtin_models import NotBuiltIn, builtin_problem
+from dsforge.compiler.model.builtin_models import NotBuiltIn, builtin_problem
 from dsforge.compiler.rules.registry import Context, Finding, rule
 
 DS = "deepspeed/"
 
 #: Families whose decoder dsforge.runtime.pipeline_stages can cut into DeepSpeed pipeline layers (its
-#: STRUCTURES table; tests/test_runtime_refusals.py keeps the two equal).
+#: STRUCTURES table; tests/compiler/rules/test_runtime_refusals.py keeps the two equal).
 PIPELINE_FAMILIES = ("gpt2", "llama", "mixtral")
 
 
@@ -114,7 +114,7 @@ def context_parallel_attention(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF145", "dsforge's built-in model families can express the model keys",
-      source="dsforge/compiler/builtin_models.py (the checks dsforge.runtime.models.hf_config makes); "
+      source="dsforge/compiler/model/builtin_models.py (the checks dsforge.runtime.models.hf_config makes); "
              "transformers GPT2Config, LlamaConfig, Qwen2Config, MixtralConfig", reads=())
 def builtin_model(ctx: Context) -> Iterator[Finding]:
     """Without `model.factory` or `model.pretrained`, dsforge builds the model itself as an HF GPT-2, Llama

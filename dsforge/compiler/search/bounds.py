@@ -27,9 +27,9 @@ from typing import Any
 from dsforge.compiler.estimate import flops
 from dsforge.compiler.estimate.shares import stage_share
 from dsforge.compiler.estimate.zero_config import OPTIMIZER_STATE_BYTES
-from dsforge.compiler.params import is_moe_layer
-from dsforge.compiler.plan import Plan
-from dsforge.compiler.resolved import ResolvedModel
+from dsforge.compiler.model.params import is_moe_layer
+from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.model.resolved import ResolvedModel
 
 
 def model_state_bytes(plan: Plan, average: bool = False) -> float:
@@ -213,7 +213,7 @@ def _passes(plan: Plan, speed: Any) -> list[Any]:
     Deep pipelines (pp = 64 for 405B) thus price three kinds of stage, not 64."""
     from dsforge.compiler.estimate.shares import stage_chunks
     from dsforge.compiler.estimate.steptime import stage_passes
-    from dsforge.compiler.params import is_moe_layer
+    from dsforge.compiler.model.params import is_moe_layer
 
     assert plan.degrees is not None
     pp, model = plan.degrees.pp, plan.model

@@ -1,6 +1,6 @@
 """The layout search: every candidate of the space, filtered by validate's rules and the memory estimate, ranked
 by the objective with the cost model; best-first over exact lower bounds, so that only the candidates that could
-still rank are estimated (`exhaustive=True` estimates all of them; tests/test_search_exact.py shows both agree).
+still rank are estimated (`exhaustive=True` estimates all of them; tests/compiler/search/test_search_exact.py shows both agree).
 
 Before any candidate is bounded, the checks that declare the layout fields their verdict reads (`Rule.reads`)
 are asked once per degree combination or memory group (and kept per value of those fields): a refusal removes
@@ -29,11 +29,11 @@ from typing import Any
 from dsforge.compiler.estimate import flops
 from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
 from dsforge.compiler.estimate.steptime import StepTime, estimate_step
-from dsforge.compiler.parse import LoadedJob
-from dsforge.compiler.plan import Plan
-from dsforge.compiler.resolved import ResolvedModel, resolve_model
+from dsforge.compiler.frontend.parse import LoadedJob
+from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.model.resolved import ResolvedModel, resolve_model
 from dsforge.compiler.rules.registry import Context, Rule, checks, run_rules
-from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.spec.schema import JobSpec
 from dsforge.compiler.search.bounds import (
     chain_floor_s,
     compute_speed,
@@ -228,7 +228,7 @@ class _Search:
         self._count = 0
         # the checks whose verdict a skeleton or a memory group decides are asked once for it, before any of its
         # candidates is bounded; the others once per candidate that fits (exhaustive: all per candidate, the
-        # reference tests/test_search_exact.py compares with)
+        # reference tests/compiler/search/test_search_exact.py compares with)
         self.early: dict[str, list[tuple[Rule, RuleFilter]]] = {"skeleton": [], "group": []}
         self.late: Errors = errors
         self._verdicts: dict[tuple[Any, ...], bool] = {}  # (rule id, the fields it reads) -> refused
@@ -314,7 +314,7 @@ class _Search:
         accumulation buffer, so those members form their own chain. So the members that fit are, for each
         recompute policy, the micro-batches below a threshold that only falls as recomputation lessens: found by
         bisection under the previous policy's threshold. The bounds computed are checked against this order
-        (`self.violated` otherwise; tests/test_search_exact.py checks it over whole small spaces).
+        (`self.violated` otherwise; tests/compiler/search/test_search_exact.py checks it over whole small spaces).
         """
         order = {"full": 0, "selective": 1, "none": 2}
         chains: dict[bool, dict[tuple[int, int], Layout]] = {True: {}, False: {}}

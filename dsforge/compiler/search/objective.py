@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsforge.compiler.schema import JobSpec
+from dsforge.compiler.spec.schema import JobSpec
 from dsforge.compiler.search.space import options
 
 

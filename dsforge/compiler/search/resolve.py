@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsforge.compiler.parse import LoadedJob
+from dsforge.compiler.frontend.parse import LoadedJob
 from dsforge.compiler.search.engine import (
     Evaluated,
     RuleFilter,
@@ -17,7 +17,7 @@ from dsforge.compiler.search.engine import (
     search,
 )
 from dsforge.compiler.search.space import auto_keys, is_auto, options, value_at
-from dsforge.compiler.suppress import Selection, apply
+from dsforge.compiler.rules.selection import Selection, apply
 from dsforge.diagnostics import Diagnostic, Severity
 
 

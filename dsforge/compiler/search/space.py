@@ -11,8 +11,8 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any
 
-from dsforge.compiler.resolved import ResolvedModel
-from dsforge.compiler.schema import JobSpec, SearchSpec
+from dsforge.compiler.model.resolved import ResolvedModel
+from dsforge.compiler.spec.schema import JobSpec, SearchSpec
 
 AUTO = "auto"
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dsforge.compiler.job_paths import written_value
-from dsforge.compiler.parse import LoadedJob
+from dsforge.compiler.frontend.job_paths import written_value
+from dsforge.compiler.frontend.parse import LoadedJob
 from dsforge.compiler.search.space import AUTO, Layout
-from dsforge.compiler.source import SourceMap, load_yaml
+from dsforge.compiler.frontend.source import SourceMap, load_yaml
 
 #: Where each key's chosen value comes from in a Layout.
 FIELD_OF: dict[tuple[str, ...], str] = {

@@ -11,10 +11,10 @@ from typing import Any
 
 from torch import nn
 
-from dsforge.compiler.params import total_params
-from dsforge.compiler.plan import Plan
-from dsforge.compiler.resolved import ResolvedModel
-from dsforge.compiler.schema import JobSpec, ModelSpec
+from dsforge.compiler.model.params import total_params
+from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.model.resolved import ResolvedModel
+from dsforge.compiler.spec.schema import JobSpec, ModelSpec
 from dsforge.runtime.models import ModelBuildError, build_model
 from dsforge.runtime.rewrite.detect import detect_arch
 from dsforge.runtime.rewrite.planner import ModulePlan, RewriteError, RewritePlan, plan_module

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from dsforge.compiler.rewrite_policies import DETECT_ORDER, POLICIES, load_plugins, rows_for
+from dsforge.compiler.model.rewrite_policies import DETECT_ORDER, POLICIES, load_plugins, rows_for
 from dsforge.runtime.rewrite.walk import group_names, match_rows
 
 if TYPE_CHECKING:
-    from dsforge.compiler.schema import RewriteRule
+    from dsforge.compiler.spec.schema import RewriteRule
 
 
 def why_not(model: nn.Module, arch: str, rules: Sequence[RewriteRule]) -> str | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dsforge.compiler.rewrite_policies import PolicyRow
+from dsforge.compiler.model.rewrite_policies import PolicyRow
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""`dsforge` verbs from the command line (dsforge.commands and dsforge.cli)."""

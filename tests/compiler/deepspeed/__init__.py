@@ -1,0 +1,1 @@
+"""DeepSpeed's config schema and the settings estimate and emit share."""

@@ -1,0 +1,1 @@
+"""The emitted job directory: ds_config.json, launchers, interpreter."""

@@ -1,0 +1,1 @@
+"""The cost model: memory, FLOPs, communication, schedule, step time."""

@@ -1,0 +1,1 @@
+"""The front end: loading, extends, presets, paths, pretrained configs."""

@@ -1,0 +1,1 @@
+"""Model facts: resolved model, parameter counts, built-in families."""

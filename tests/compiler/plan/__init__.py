@@ -1,0 +1,1 @@
+"""The plan: degrees, placement, bubble, resume layout."""

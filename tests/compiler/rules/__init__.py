@@ -1,0 +1,1 @@
+"""The rules, their registry and the selection of findings."""

@@ -1,0 +1,1 @@
+"""The layout search."""

@@ -1,0 +1,1 @@
+"""The schema language and the job spec."""

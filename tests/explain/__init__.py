@@ -1,0 +1,1 @@
+"""Explain's labels, pictures and HTML report."""

@@ -1,0 +1,1 @@
+"""The renderings of a diagnostics list."""
