@@ -29,9 +29,10 @@ from torch import nn
 
 from dsforge.compiler.plan.plan import Plan, build_plan
 from dsforge.compiler.spec.schema import JobSpec
+from dsforge.runtime.errors import RuntimeRefusal
 
 
-class JobError(ValueError):
+class JobError(RuntimeRefusal, ValueError):
     """The job given to ``dsforge.initialize`` is invalid; the message lists its errors."""
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dsforge.compiler.spec.schema import CheckpointSpec
+from dsforge.runtime.errors import RuntimeRefusal
 
 CLIENT_KEY = "dsforge"
 PARTIAL = ".partial"  # suffix of a tag being written
@@ -36,7 +37,7 @@ COMMIT = "dsforge-checkpoint.json"  # written by the commit: step, world size
 JOB_FILES = ("plan.json", "ds_config.json")  # the compile that wrote the checkpoint, kept in each tag
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RuntimeRefusal, RuntimeError):
     """A checkpoint cannot be loaded into this job; the message says which and why."""
 
 

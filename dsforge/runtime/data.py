@@ -21,12 +21,13 @@ import torch
 from torch import Tensor
 
 from dsforge.runtime.attention.sequence import positions, shard_sequence
+from dsforge.runtime.errors import RuntimeRefusal
 
 #: Target id the loss skips (torch's and HF's convention).
 IGNORE_INDEX = -100
 
 
-class DataError(ValueError):
+class DataError(RuntimeRefusal, ValueError):
     """The job's data cannot be read as configured; the message says what to change."""
 
 

@@ -22,16 +22,13 @@ from torch import Tensor, nn
 
 from dsforge.compiler.plan.plan import Plan
 from dsforge.runtime.data import IGNORE_INDEX, Batch
+from dsforge.runtime.errors import EngineError
 from dsforge.runtime.groups import ParallelGroups, ensure_deepspeed_comm
 from dsforge.runtime.layers import VocabParallelLMHead, vocab_parallel_cross_entropy
 from dsforge.runtime.models import build_model
 from dsforge.runtime.rewrite import plan_rewrite
 from dsforge.runtime.rewrite.apply import apply_rewrite
 from dsforge.runtime.versions import require_deepspeed
-
-
-class EngineError(RuntimeError):
-    """The engine cannot be built for this plan; the message says why and what to change."""
 
 
 def token_loss_sum(logits: Tensor, targets: Tensor, head: nn.Module | None) -> Tensor:

@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsforge.runtime.errors import RuntimeRefusal
+
 MARKER = "dsforge-export.json"
 
 
-class ExportError(RuntimeError):
+class ExportError(RuntimeRefusal, RuntimeError):
     """The checkpoint cannot be exported; the message says why and what to do."""
 
 

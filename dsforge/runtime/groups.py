@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from dsforge.compiler.plan.placement import Placement
+from dsforge.runtime.errors import RuntimeRefusal
 
 if TYPE_CHECKING:
     from deepspeed.runtime.pipe.topology import ProcessTopology
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 KINDS: tuple[str, ...] = ("tp", "cp", "dp", "dp-cp", "pp", "tp-pp", "ep", "edp")
 
 
-class LayoutError(RuntimeError):
+class LayoutError(RuntimeRefusal, RuntimeError):
     """The launched processes or the plan's layout cannot give the groups the plan asks for."""
 
 

@@ -19,13 +19,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dsforge.runtime.attention import UlyssesAttention, ring_attention
+from dsforge.runtime.errors import RuntimeRefusal
 
 NAME = "dsforge_cp"
 _ATTR = "_dsforge_context_parallel"
 _SIZE = "_dsforge_context_parallel_size"
 
 
-class ContextParallelError(ValueError):
+class ContextParallelError(RuntimeRefusal, ValueError):
     """The model has no attention module the context-parallel hook can reach."""
 
 

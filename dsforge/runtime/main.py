@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dsforge.runtime.errors import RuntimeRefusal
+
 if TYPE_CHECKING:
     from dsforge.compiler.plan.placement import Placement
     from dsforge.compiler.plan.plan import Degrees, Plan
@@ -30,7 +32,7 @@ EXIT_OK, EXIT_FAILED = 0, 1
 DEFAULT_TIMEOUT_S = 600
 
 
-class JobDirError(ValueError):
+class JobDirError(RuntimeRefusal, ValueError):
     """The job directory cannot be run (missing or inconsistent files); the message says which."""
 
 
@@ -186,7 +188,7 @@ def _stopped(exc: BaseException, rank: int, status: Any) -> int:
         print(f"dsforge: rank {rank}: stopped {status.where()} {why}", file=sys.stderr, flush=True)
         status.update("stopped", message=why)
         return EXIT_FAILED
-    if isinstance(exc, Exception) and isinstance(exc, known_errors()):
+    if isinstance(exc, RuntimeRefusal):  # the job's fault (layout, data, checkpoint, model): one line, no traceback
         print(f"dsforge: rank {rank}: {exc}", file=sys.stderr, flush=True)
         status.update("failed", message=str(exc))
         return EXIT_FAILED
@@ -236,22 +238,6 @@ def _shutdown(finished: bool) -> None:
     from dsforge.runtime.teardown import leave
 
     leave(synchronize=finished)
-
-
-def known_errors() -> tuple[type[Exception], ...]:
-    """Errors that are the job's fault (layout, data, checkpoint, model): one line, no traceback."""
-    from dsforge.runtime.checkpoint import CheckpointError
-    from dsforge.runtime.data import DataError
-    from dsforge.runtime.engine import EngineError
-    from dsforge.runtime.groups import LayoutError
-    from dsforge.runtime.hf_attention import ContextParallelError
-    from dsforge.runtime.models import ModelBuildError
-    from dsforge.runtime.rewrite import RewriteError
-    from dsforge.runtime.train_loop import TrainingError
-    from dsforge.runtime.versions import UnsupportedVersionError
-
-    return (JobDirError, LayoutError, DataError, CheckpointError, EngineError, ContextParallelError,
-            ModelBuildError, RewriteError, TrainingError, UnsupportedVersionError)
 
 
 def say(text: str) -> None:

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from dsforge.runtime.layers.sharding import block_widths, gathered_order, split_sizes
-from dsforge.runtime.models import ModelBuildError
+from dsforge.runtime.errors import ModelBuildError
 from dsforge.runtime.rewrite.planner import ModulePlan, RewritePlan
 from dsforge.runtime.rewrite.shard import ParamShard
 from dsforge.runtime.weights_io import SliceTag, tag

@@ -20,10 +20,7 @@ from dsforge.compiler.model.builtin_models import NotBuiltIn, builtin_family, fa
 from dsforge.compiler.model.params import padded_vocab
 from dsforge.compiler.model.resolved import ResolvedModel, resolve_model
 from dsforge.compiler.spec.schema import ModelSpec
-
-
-class ModelBuildError(ValueError):
-    """The model spec cannot be turned into a module (unsupported combination, or a failing factory)."""
+from dsforge.runtime.errors import ModelBuildError
 
 
 def family(model: ResolvedModel) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dsforge.runtime.engine import EngineError
+from dsforge.runtime.errors import EngineError
 
 FP16_MAX = torch.finfo(torch.float16).max
 

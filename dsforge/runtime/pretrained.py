@@ -39,7 +39,7 @@ from dsforge.compiler.frontend.pretrained import (
     PretrainedError,
     weight_files,
 )
-from dsforge.runtime.models import ModelBuildError
+from dsforge.runtime.errors import ModelBuildError
 
 Ranges = Sequence[tuple[int, int]]  # (start, length) along one dimension
 READ_LOG_ENV = "DSFORGE_READ_LOG"
@@ -48,7 +48,7 @@ READ_LOG_ENV = "DSFORGE_READ_LOG"
 class PretrainedLoadError(ModelBuildError):
     """The checkpoint cannot fill this model (a tensor missing or of another shape); the message says which.
 
-    A ModelBuildError, so a rank reports it in one line (dsforge.runtime.main.known_errors)."""
+    A ModelBuildError, so a rank reports it in one line (dsforge.runtime.errors)."""
 
 
 #: A checkpoint tensor of one expert's projection: (block, expert index, projection).

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from dsforge.runtime.engine import EngineError
+from dsforge.runtime.errors import EngineError
 
 
 class RecomputeError(EngineError):

@@ -20,11 +20,12 @@ import torch
 import torch.distributed as dist
 
 from dsforge.runtime.data import Batches
+from dsforge.runtime.errors import RuntimeRefusal
 from dsforge.runtime.groups import ParallelGroups
 from dsforge.runtime.measure import mib, peak_bytes
 
 
-class TrainingError(RuntimeError):
+class TrainingError(RuntimeRefusal, RuntimeError):
     """Training cannot go on (the loss is no longer finite); the message says at which step."""
 
 

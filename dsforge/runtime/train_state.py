@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from dsforge.runtime.errors import RuntimeRefusal
 from dsforge.runtime.weights_io import SliceTag, assemble, replica_index, tagged
 
 STATE_DIR = "dsforge-state"
@@ -41,7 +42,7 @@ FP32 = "fp32"  # the state name of the master weights
 FORMAT = 1
 
 
-class TrainStateError(RuntimeError):
+class TrainStateError(RuntimeRefusal, RuntimeError):
     """The layout-free state cannot be written or set into this engine; the message has the rule id and a fix."""
 
 

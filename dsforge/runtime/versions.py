@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
+from dsforge.runtime.errors import RuntimeRefusal
+
 #: The supported range, as pip writes it (keep in step with the `runtime` extra in pyproject.toml).
 SUPPORTED = ">=0.19.8,<0.20"
 MINIMUM = (0, 19, 8)
@@ -24,7 +26,7 @@ _VERSION = re.compile(r"^\s*v?(\d+(?:\.\d+)*)(.*?)(?:\+.*)?\s*$", re.IGNORECASE)
 _PRE = re.compile(r"^[-_.]?(a|alpha|b|beta|c|rc|pre|preview|dev)", re.IGNORECASE)
 
 
-class UnsupportedVersionError(RuntimeError):
+class UnsupportedVersionError(RuntimeRefusal, RuntimeError):
     """The installed DeepSpeed is outside the range dsforge supports (the message says which and how to fix)."""
 
 

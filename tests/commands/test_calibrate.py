@@ -9,7 +9,8 @@ import yaml
 
 from dsforge.compiler.estimate.steptime import estimate_step
 from dsforge.compiler.validate import validate_file
-from dsforge.runtime.calibrate import fit_ring, render
+from dsforge.runtime.calibrate import render
+from dsforge.runtime.calibrate.fits import fit_ring
 
 
 def test_ring_fit_recovers_latency_and_bandwidth() -> None:
@@ -52,7 +53,7 @@ def test_the_calibrated_file_is_a_hardware_file_a_job_extends(tmp_path: Path) ->
 
 
 def test_launched_reads_the_launchers_world(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dsforge.runtime.calibrate_links import Launch, launched
+    from dsforge.runtime.calibrate.links import Launch, launched
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
         monkeypatch.delenv(key, raising=False)

@@ -16,6 +16,7 @@ from torch import nn
 
 from dsforge.compiler.plan.plan import Plan
 from dsforge.compiler.model.rewrite_policies import POLICIES, rows_for
+from dsforge.runtime.errors import RuntimeRefusal
 from dsforge.runtime.hf_attention import plain_causal_problems
 from dsforge.runtime.rewrite.shard import (
     Heads,
@@ -40,7 +41,7 @@ from dsforge.runtime.rewrite.walk import (
 )
 
 
-class RewriteError(ValueError):
+class RewriteError(RuntimeRefusal, ValueError):
     """The policies cannot place the model under this plan; ``problems`` lists every reason."""
 
     def __init__(self, arch: str, problems: list[str], leftover: list[str] | None = None) -> None:

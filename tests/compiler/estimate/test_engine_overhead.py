@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from dsforge.compiler.estimate.engine_overhead import engine_overhead, rank_tensors
 from dsforge.compiler.estimate.steptime import estimate_step
 from dsforge.compiler.validate import validate_file
-from dsforge.runtime.calibrate import fit_engine
+from dsforge.runtime.calibrate.fits import fit_engine
 from dsforge.runtime.models import build_model
 
 COST = {"step_us": [1000.0, 2000.0, 3000.0, 4000.0], "micro_batch_us": [100.0, 200.0, 300.0, 400.0],

@@ -6,19 +6,23 @@ group from where each rank says it runs: one group per node (its local ranks: wh
 collectives cross) and one group per local rank holding that rank of every node (a group that spans nodes:
 what DP across nodes crosses). Every group of a kind runs its all-reduces at the same time, as a job's groups
 do, so the inter-node figure is per rank while the node's other ranks share the network. Each kind's timings
-are fitted to the ring model (`calibrate.fit_ring`) over its own group size: ``intra_node`` from the node
+are fitted to the ring model (`fits.fit_ring`) over its own group size: ``intra_node`` from the node
 groups, ``inter_node`` from the spanning groups. Rank 0 reports; the others only take part.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from dsforge.runtime.calibrate import MESSAGE_BYTES, _median_seconds, fit_ring
+from dsforge.runtime.calibrate.fits import fit_ring, median_seconds
+
+MESSAGE_BYTES = tuple(2 ** k for k in range(10, 23, 2))  # 1 KiB ... 4 MiB
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ def _rows(group: Any, device: str, nccl: bool) -> list[tuple[int, float]]:
                 torch.cuda.synchronize()
 
         dist.barrier(group=group)
-        rows.append((size, _median_seconds(call, 7, 3)))
+        rows.append((size, median_seconds(call, 7, 3)))
     return rows
 
 
@@ -100,3 +104,38 @@ def measure_links(launch: Launch, backend: str) -> dict[str, Any] | None:
     return {"nodes": len(nodes), "ranks_per_node": len(mine_node),
             "intra_node": _link(intra, len(mine_node)) if intra else None,
             "inter_node": _link(inter, len(mine_slot)) if inter else None}
+
+
+def _collective_worker(rank: int, world: int, init: str, out: str, backend: str) -> None:
+    """One rank of the collective benchmark: all-reduce by size; rank 0 writes the medians."""
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+    device = f"cuda:{rank}" if backend == "nccl" else "cpu"
+    rows = []
+    for size in MESSAGE_BYTES:
+        t = torch.ones(size // 4, dtype=torch.float32, device=device)
+
+        def call(t: torch.Tensor = t) -> None:
+            dist.all_reduce(t)
+            if backend == "nccl":
+                torch.cuda.synchronize()
+
+        dist.barrier()
+        rows.append((size, median_seconds(call, 7, 3)))
+    if rank == 0:
+        Path(out).write_text("\n".join(f"{s} {sec}" for s, sec in rows), encoding="utf-8")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def collective_fit(ranks: int, backend: str) -> tuple[float, float, list[tuple[int, float]]]:
+    """(alpha seconds, beta bytes/s, measured rows) of the ring all-reduce model fitted over message sizes."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.txt")
+        mp.spawn(_collective_worker, args=(ranks, f"file://{tmp}/store", out, backend), nprocs=ranks, join=True)
+        rows = [(int(a), float(b)) for a, b in (line.split() for line in Path(out).read_text().splitlines())]
+    alpha, beta = fit_ring(rows, ranks)
+    return alpha, beta, rows
