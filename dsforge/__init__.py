@@ -1,6 +1,6 @@
 """dsforge: compile one declarative YAML job file into a checked, explained, runnable DeepSpeed job."""
 
-__version__ = "0.1.0"
+from dsforge.version import __version__ as __version__
 
 
 def __getattr__(name: str) -> object:

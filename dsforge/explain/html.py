@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from html import escape
-from typing import TYPE_CHECKING
+from typing import Any
 
 from dsforge.explain.text import Section, headline, sections
-
-if TYPE_CHECKING:
-    from dsforge.explain.report import Explanation
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1400px; color: #222; padding: 0 1em; }
@@ -39,9 +36,10 @@ def _table(sec: Section) -> str:
     return f"<h2>{escape(sec.title)}</h2>\n<table><tr>{head}</tr>{body}</table>\n{notes}"
 
 
-def render_html(ex: Explanation, svgs: dict[str, str]) -> str:
-    """The whole report as one HTML document, with the pictures (``svgs``: name -> SVG element) inlined."""
-    s = ex.summary
+def render_html(summary: dict[str, Any], svgs: dict[str, str]) -> str:
+    """The whole report of an explain ``summary`` as one HTML document, with the pictures (``svgs``: name -> SVG
+    element) inlined."""
+    s = summary
     parts = [f"<h1>dsforge explain: {escape(s['job'])}</h1>", f"<p class=\"lead\">{escape(headline(s))}</p>"]
     parts += [_table(sec) for sec in sections(s)]
     parts.append("<h2>Pictures</h2>")

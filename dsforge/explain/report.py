@@ -86,6 +86,6 @@ def write_outputs(ex: Explanation, plot_dir: str | Path | None, html_path: str |
             else:
                 svgs[stem] = plots.svg_text(fig, stem)
     if html_path is not None:
-        Path(html_path).write_text(render_html(ex, svgs), encoding="utf-8")
+        Path(html_path).write_text(render_html(ex.summary, svgs), encoding="utf-8")
         written.append(Path(html_path))
     return written

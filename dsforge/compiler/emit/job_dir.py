@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dsforge import __version__
+from dsforge.version import __version__
 from dsforge.compiler.emit.ds_config import EmitError, build_ds_config
 from dsforge.compiler.emit.interpreter import with_interpreter
 from dsforge.compiler.emit.launchers import CORE_FILES, launch_context, launch_files

@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dsforge import __version__, extensions
+from dsforge import extensions
 from dsforge.compiler.deepspeed.ds_settings import on_cpu
 from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.launch_targets import LaunchedFile, check_file_name, launch_target
 from dsforge.compiler.plan.plan import Plan
+from dsforge.version import __version__
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import importlib.util
 from dataclasses import asdict
 from typing import Any
 
-from dsforge import __version__
+from dsforge.version import __version__
 from dsforge.compiler.deepspeed.ds_settings import on_cpu
 from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.plan.placement import Placement

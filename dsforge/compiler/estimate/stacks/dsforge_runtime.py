@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dsforge.compiler.estimate.activations import HF_SDPA
-from dsforge.compiler.estimate.stacks import StackProfile
+from dsforge.compiler.estimate.stacks.profile import StackProfile
 
 PROFILE = StackProfile(
     name="dsforge",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dsforge.compiler.estimate.activations import MEGATRON_TE
-from dsforge.compiler.estimate.stacks import StackProfile
+from dsforge.compiler.estimate.stacks.profile import StackProfile
 
 PROFILE = StackProfile(
     name="megatron-te",
