@@ -24,7 +24,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 from dsforge.compiler.estimate import flops
 from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
@@ -207,6 +207,59 @@ def rule_tier(rule: Rule) -> str | None:
     return "skeleton" if reads <= SKELETON_FIELDS else "group" if reads <= GROUP_FIELDS else None
 
 
+@dataclass(frozen=True)
+class _Group:
+    """Heap level -1: a memory group, under its best member's compute floor; ``floors``: each member's."""
+
+    floors: dict[Layout, float]
+    level: ClassVar[int] = -1
+
+
+@dataclass(frozen=True)
+class _Bounded:
+    """Heap level 0: a candidate whose model states and compute floor passed (``memory_bounded``: its memory lower
+    bound too, in the group's staircase, which may have built its ``plan``)."""
+
+    layout: Layout
+    plan: Plan | None
+    floor: float
+    memory_bounded: bool
+    level: ClassVar[int] = 0
+
+
+@dataclass(frozen=True)
+class _Sized:
+    """Heap level 1: a candidate whose memory bound fits, under its pass floor; ``memory``: its full estimate once
+    made (it then waits under the tighter floor)."""
+
+    layout: Layout
+    plan: Plan
+    floor: float
+    memory: MemoryEstimate | None
+    level: ClassVar[int] = 1
+
+
+@dataclass(frozen=True)
+class _Ranked:
+    """Heap level 2: a candidate estimated and fitting, under its objective value."""
+
+    evaluated: Evaluated
+    level: ClassVar[int] = 2
+
+
+_Entry = _Group | _Bounded | _Sized | _Ranked
+
+
+class _Item(NamedTuple):
+    """One heap entry, ordered by (value, tiebreak, level, seq): seq is unique, so ``entry`` is never compared."""
+
+    value: float
+    tiebreak: tuple[Any, ...]
+    level: int
+    seq: int
+    entry: _Entry
+
+
 class _Search:
     """One node count's best-first search."""
 
@@ -226,6 +279,7 @@ class _Search:
         self._placements: dict[Any, Any] = {}
         self._memo: dict[Any, Any] = {}  # the memory bound's shared inputs (bounds.edge_memory_bytes)
         self._count = 0
+        self._seq = 0  # heap entries pushed (their order among equal keys)
         # the checks whose verdict a skeleton or a memory group decides are asked once for it, before any of its
         # candidates is bounded; the others once per candidate that fits (exhaustive: all per candidate, the
         # reference tests/compiler/search/test_search_exact.py compares with)
@@ -477,8 +531,43 @@ class _Search:
         size = space_size(self.spec, self.model, self.nodes)
         if size > MAX_CANDIDATES:
             raise SpaceTooLarge(f"{size:,} candidates on {self.nodes} node(s), more than {MAX_CANDIDATES:,}")
-        heap: list[tuple[Any, ...]] = []
-        seq = 0
+        heap: list[_Item] = []
+        self._seed(heap)
+        if self.violated:
+            return [], []
+        ranked: list[Evaluated] = []
+        fitting: list[Evaluated] = []
+        while heap:
+            item = heapq.heappop(heap)
+            if not self.exhaustive and len(ranked) >= self.top and (until is None or (item.value, item.tiebreak)
+                                                                    >= until):
+                heapq.heappush(heap, item._replace(seq=0))
+                break
+            entry = item.entry
+            if isinstance(entry, _Ranked):
+                ranked.append(entry.evaluated)
+                if self.exhaustive:
+                    fitting.append(entry.evaluated)
+            elif isinstance(entry, _Group):
+                self._open_group(heap, entry)
+            elif isinstance(entry, _Bounded):
+                self._size_up(heap, item.tiebreak, entry)
+            else:
+                self._estimate(heap, item.tiebreak, entry)
+            if self.violated:
+                return [], []
+        self.funnel.pruned += sum(len(i.entry.floors) if isinstance(i.entry, _Group) else 1 for i in heap
+                                  if i.level < 2)
+        return ranked, fitting
+
+    def _push(self, heap: list[_Item], value: float, tiebreak: tuple[Any, ...], entry: _Entry) -> None:
+        """Into the heap under (``value``, ``tiebreak``, the entry's level, the order of pushing)."""
+        self._seq += 1
+        heapq.heappush(heap, _Item(value, tiebreak, entry.level, self._seq, entry))
+
+    def _seed(self, heap: list[_Item]) -> None:
+        """Every memory group into the heap, under its best member's compute floor (exhaustive: every member at
+        level 0); a group whose model states do not fit is a miss whole."""
         for group in self._groups():
             self.funnel.considered += len(group)
             states = self._states(group[0])
@@ -489,85 +578,67 @@ class _Search:
                 continue
             if self.exhaustive:
                 for lay in group:
-                    seq += 1
-                    heapq.heappush(heap, (0.0, lay.tiebreak(), 0, seq, lay, None, 0.0, False))
+                    self._push(heap, 0.0, lay.tiebreak(), _Bounded(lay, None, 0.0, False))
                 continue
             # the group waits in the heap under its best member's compute floor: its memory bounds are computed
             # only if that floor can still rank (a group never popped is pruned whole)
             floors = {lay: self._floor(lay) for lay in group}
             best = min((self._bound_value(f, lay), lay.tiebreak()) for lay, f in floors.items())
-            seq += 1
-            heapq.heappush(heap, (best[0], best[1], -1, seq, None, None, 0.0, floors))
-        if self.violated:
-            return [], []
-        ranked: list[Evaluated] = []
-        fitting: list[Evaluated] = []
-        while heap:
-            value, tb, level, _, lay, plan, floor, extra = heapq.heappop(heap)
-            if not self.exhaustive and len(ranked) >= self.top and (until is None or (value, tb) >= until):
-                heapq.heappush(heap, (value, tb, level, 0, lay, plan, floor, extra))
-                break
-            if level == -1:  # a memory group: the members whose memory bound fits, each under its own floor
-                plans: dict[Layout, Plan] = {}
-                for member in self._staircase(list(extra), plans):
-                    floor = extra[member]
-                    if floor > 0 and not self.objective.feasible(floor, member.global_batch * self.model.seq_len):
-                        self._miss(member, "deadline", "its FLOPs alone miss the deadline")
-                        continue
-                    seq += 1
-                    heapq.heappush(heap, (self._bound_value(floor, member), member.tiebreak(), 0, seq, member,
-                                          plans.get(member), floor, True))
-                if self.violated:
-                    return [], []
-            elif level == 0:
-                plan = plan if plan is not None else self._plan(lay)
-                got1 = self._level1(lay, plan, bool(extra))
-                if got1 is None:
-                    continue
-                floor1, mem = got1
-                floor = max(floor, floor1)
-                if floor > 0 and not self.objective.feasible(floor, lay.global_batch * self.model.seq_len):
-                    self._miss(lay, "deadline", "its passes alone miss the deadline")
-                    continue
-                seq += 1
-                heapq.heappush(heap, (self._bound_value(floor, lay), tb, 1, seq, lay, plan, floor, mem))
-            elif level == 1:
-                # the full memory estimate, the rules and the step run only for candidates whose bounds could still
-                # rank: each costs as much as the bounds of many candidates
-                if extra is None:
-                    extra = self._memory(lay, plan)
-                    if extra is None:
-                        continue
-                    if not self.exhaustive:
-                        floor1 = _below(pass_floor_s(plan))
-                        if floor1 > floor:  # the whole chain: back into the heap under its tighter bound
-                            seq += 1
-                            heapq.heappush(heap, (self._bound_value(floor1, lay), tb, 1, seq, lay, plan, floor1,
-                                                  extra))
-                            continue
-                if not self._rules_pass(lay, plan):
-                    continue
-                step = estimate_step(plan)
-                self.funnel.estimated += 1
-                if step.step_s < floor * (1 - BOUND_SLACK):
-                    self.violated = True  # a bound above the estimate: the caller repeats without pruning
-                    return [], []
-                tokens = lay.global_batch * self.model.seq_len
-                if not self.objective.feasible(step.step_s, tokens):
-                    train_h = self.objective.tokens * step.step_s / tokens / 3600
-                    self._miss(lay, "deadline", f"trains in {train_h:,.1f} h")
-                    continue
-                self.funnel.fitting += 1
-                ev = Evaluated(lay, plan.spec, plan, extra, step,
-                               self.objective.value(step.step_s, tokens, plan.world_size))
-                seq += 1
-                heapq.heappush(heap, (ev.value, tb, 2, seq, lay, plan, floor, ev))
-            else:
-                ranked.append(extra)
-                if self.exhaustive:
-                    fitting.append(extra)
-        self.funnel.pruned += sum(len(item[7]) if item[2] == -1 else 1 for item in heap if item[2] < 2)
-        return ranked, fitting
+            self._push(heap, best[0], best[1], _Group(floors))
+
+    def _open_group(self, heap: list[_Item], group: _Group) -> None:
+        """A memory group popped: the members whose memory bound fits, each at level 0 under its own floor."""
+        plans: dict[Layout, Plan] = {}
+        for member in self._staircase(list(group.floors), plans):
+            floor = group.floors[member]
+            if floor > 0 and not self.objective.feasible(floor, member.global_batch * self.model.seq_len):
+                self._miss(member, "deadline", "its FLOPs alone miss the deadline")
+                continue
+            self._push(heap, self._bound_value(floor, member), member.tiebreak(),
+                       _Bounded(member, plans.get(member), floor, True))
+
+    def _size_up(self, heap: list[_Item], tiebreak: tuple[Any, ...], entry: _Bounded) -> None:
+        """Level 0 popped: its memory (`_level1`) and pass floor; it goes on to level 1 under the tighter bound."""
+        lay = entry.layout
+        plan = entry.plan if entry.plan is not None else self._plan(lay)
+        got1 = self._level1(lay, plan, entry.memory_bounded)
+        if got1 is None:
+            return
+        floor1, mem = got1
+        floor = max(entry.floor, floor1)
+        if floor > 0 and not self.objective.feasible(floor, lay.global_batch * self.model.seq_len):
+            self._miss(lay, "deadline", "its passes alone miss the deadline")
+            return
+        self._push(heap, self._bound_value(floor, lay), tiebreak, _Sized(lay, plan, floor, mem))
+
+    def _estimate(self, heap: list[_Item], tiebreak: tuple[Any, ...], entry: _Sized) -> None:
+        """Level 1 popped: the full memory estimate, the rules and the step, which run only for candidates whose
+        bounds could still rank (each costs as much as the bounds of many candidates); a fit goes to level 2."""
+        lay, plan, floor, mem = entry.layout, entry.plan, entry.floor, entry.memory
+        if mem is None:
+            mem = self._memory(lay, plan)
+            if mem is None:
+                return
+            if not self.exhaustive:
+                floor1 = _below(pass_floor_s(plan))
+                if floor1 > floor:  # the whole chain: back into the heap under its tighter bound
+                    self._push(heap, self._bound_value(floor1, lay), tiebreak, _Sized(lay, plan, floor1, mem))
+                    return
+        if not self._rules_pass(lay, plan):
+            return
+        step = estimate_step(plan)
+        self.funnel.estimated += 1
+        if step.step_s < floor * (1 - BOUND_SLACK):
+            self.violated = True  # a bound above the estimate: the caller repeats without pruning
+            return
+        tokens = lay.global_batch * self.model.seq_len
+        if not self.objective.feasible(step.step_s, tokens):
+            train_h = self.objective.tokens * step.step_s / tokens / 3600
+            self._miss(lay, "deadline", f"trains in {train_h:,.1f} h")
+            return
+        self.funnel.fitting += 1
+        ev = Evaluated(lay, plan.spec, plan, mem, step, self.objective.value(step.step_s, tokens, plan.world_size))
+        self._push(heap, ev.value, tiebreak, _Ranked(ev))
 
     def evaluate(self, lay: Layout) -> Evaluated | Miss:
         """One layout through every level (the written layout of `--compare`)."""
