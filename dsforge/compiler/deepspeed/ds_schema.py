@@ -399,6 +399,20 @@ def _keys_of(cfg: Mapping[str, Any], key: str, problems: list[Problem]) -> dict[
 def parse(cfg: Mapping[str, Any], world_size: int) -> list[Problem]:
     """Every problem `DeepSpeedConfig(cfg, mpu)` raises on, with ``world_size`` the mpu's data-parallel size."""
     problems: list[Problem] = []
+    op = _scalars(cfg, problems)
+    zero = _zero(cfg, problems)
+    _activation_checkpointing(cfg, problems)
+    fp16, bf16, bf16_key = _precision(cfg, problems)
+    _optimizer(cfg, problems)
+    _monitors(cfg, problems)
+    _sections(cfg, problems)
+    problems += _batch(cfg, world_size)
+    _cross(op, zero.get("stage", 0), fp16, bf16, bf16_key, problems)
+    return problems
+
+
+def _scalars(cfg: Mapping[str, Any], problems: list[Problem]) -> Any:
+    """The batch sizes as numbers, the communication dtypes, and the all-reduce op (returned: `_cross` reads it)."""
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         value = cfg.get(key)
         if value is not None and not (_number(value) or isinstance(value, bool)):
@@ -409,11 +423,19 @@ def parse(cfg: Mapping[str, Any], world_size: int) -> list[Problem]:
     if (op.lower() if isinstance(op, str) else op) not in ("mean", "sum"):
         problems.append(Problem(("gradient_allreduce_op",), f"`gradient_allreduce_op`={op!r} is not mean or sum",
                                 "use mean (the default) or sum"))
-    zero = _zero(cfg, problems)
+    return op
+
+
+def _activation_checkpointing(cfg: Mapping[str, Any], problems: list[Problem]) -> None:
+    """`activation_checkpointing` must be a mapping where it is given."""
     act = cfg.get("activation_checkpointing")
     if "activation_checkpointing" in cfg and not isinstance(act, dict):
         problems.append(Problem(("activation_checkpointing",), f"`activation_checkpointing`={act!r}: DeepSpeed "
                                 "reads it as a mapping", "remove it (training.recompute sets it)", "shape"))
+
+
+def _precision(cfg: Mapping[str, Any], problems: list[Problem]) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """The fp16 and bf16 blocks as DeepSpeed reads them (and the bf16 block's key), not both enabled."""
     fp16 = _fp16(_mapping_or_missing(cfg, "fp16", problems, "remove it and set training.precision"), problems)
     bf16_key = "bf16" if cfg.get("bf16") is not None else "bfloat16"
     bf16_block = _mapping_or_missing(cfg, bf16_key, problems, "remove it and set training.precision")
@@ -422,6 +444,11 @@ def parse(cfg: Mapping[str, Any], world_size: int) -> list[Problem]:
     if fp16["enabled"] is True and bf16["enabled"] is True:
         problems.append(Problem(("fp16",), "fp16 and bf16 are both enabled", "enable one "
                                 "(training.precision)", "cross"))
+    return fp16, bf16, bf16_key
+
+
+def _optimizer(cfg: Mapping[str, Any], problems: list[Problem]) -> None:
+    """The optimizer and scheduler blocks' keys, and the optimizer's params as a mapping with a numeric clip."""
     optimizer = _keys_of(cfg, "optimizer", problems)
     _keys_of(cfg, "scheduler", problems)
     params = optimizer.get("params") if optimizer is not None and optimizer.get("type") is not None else None
@@ -432,12 +459,20 @@ def parse(cfg: Mapping[str, Any], world_size: int) -> list[Problem]:
         elif "max_grad_norm" in params and not _number(params["max_grad_norm"]):
             problems.append(Problem(("optimizer", "params", "max_grad_norm"), "`optimizer.params.max_grad_norm` is "
                                     "not a number", "remove it and set training.grad_clip"))
+
+
+def _monitors(cfg: Mapping[str, Any], problems: list[Problem]) -> None:
+    """`wall_clock_breakdown` and `flops_profiler.enabled`, which DeepSpeed ORs as flags."""
     flops = _mapping_or_missing(cfg, "flops_profiler", problems, "give a mapping, or remove it")
     wall = cfg.get("wall_clock_breakdown", False)
     if not _or_flag(wall) or not _or_flag(flops.get("enabled", False)):
         bad = ("wall_clock_breakdown",) if not _or_flag(wall) else ("flops_profiler", "enabled")
         problems.append(Problem(bad, f"`{_where(bad)}`={wall if len(bad) == 1 else flops.get('enabled')!r}: "
                                 "DeepSpeed ORs it with a flag and needs true or false", "give true or false"))
+
+
+def _sections(cfg: Mapping[str, Any], problems: list[Problem]) -> None:
+    """The hybrid engine, pipeline, compile and data_types sections as mappings, and the fp32-module patterns."""
     he = _mapping_or_missing(cfg, "hybrid_engine", problems, "give a mapping, or remove it")
     problems += validate_model("hybrid_engine", he, ("hybrid_engine",))[1]
     _mapping_or_missing(cfg, "pipeline", problems, "remove it (parallel.pp and parallel.pipeline set it)")
@@ -447,8 +482,12 @@ def parse(cfg: Mapping[str, Any], world_size: int) -> list[Problem]:
     if keep != "auto" and not (isinstance(keep, list) and all(isinstance(n, str) for n in keep)):
         problems.append(Problem(("data_types", "keep_in_fp32_modules"), "`data_types.keep_in_fp32_modules` must be "
                                 "\"auto\" or a list of name patterns", "give a list of strings, or \"auto\""))
-    problems += _batch(cfg, world_size)
-    stage = zero.get("stage", 0)
+
+
+def _cross(op: Any, stage: Any, fp16: dict[str, Any], bf16: dict[str, Any], bf16_key: str,
+           problems: list[Problem]) -> None:
+    """What the settings refuse together: a sum all-reduce under ZeRO-3, 16-bit master weights without ZeRO,
+    bf16 optimizer states without bf16 master weights."""
     if isinstance(op, str) and op.lower() == "sum" and stage == 3:
         problems.append(Problem(("gradient_allreduce_op",), "gradient_allreduce_op=sum is refused with ZeRO-3",
                                 "remove it, or use ZeRO 0-2", "cross"))
@@ -462,7 +501,6 @@ def parse(cfg: Mapping[str, Any], world_size: int) -> list[Problem]:
         problems.append(Problem((bf16_key, "bf16_optimizer_states"), "bf16_optimizer_states needs "
                                 "bf16_master_weights_and_grads: true", "add bf16_master_weights_and_grads: true",
                                 "cross"))
-    return problems
 
 
 def _batch(cfg: Mapping[str, Any], world_size: int) -> list[Problem]:
