@@ -14,7 +14,7 @@ from dsforge.compiler.emit.plan_doc import summarize_safely
 from dsforge.compiler.emit.rewrite_doc import NO_REWRITE, with_exact_params
 from dsforge.compiler.emit.writer import TargetError, check_target, recover, write_job_dir
 from dsforge.compiler.frontend.parse import LoadedJob
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import Plan, UnresolvedPlan
 from dsforge.compiler.rules.registry import checks, run_rules
 from dsforge.compiler.rules.rewrite import RewriteContext
 from dsforge.compiler.rules.selection import Selection, apply
@@ -46,6 +46,12 @@ def _rewrite_step(job: LoadedJob, plan: Plan, enabled: bool) -> tuple[dict[str, 
                                     f"planner failed on this job ({failure})", Location(job.source.file),
                                     "report it; the job directory is complete otherwise")], []
     return section, [], ([f"plan.json has no rewrite plan: {section['skipped']}"] if "skipped" in section else [])
+
+
+def _cannot_emit(job: LoadedJob, exc: Exception) -> Diagnostic:
+    """DSF699: the emitter refused the plan (the message says why)."""
+    return Diagnostic("DSF699", Severity.ERROR, f"cannot emit the job: {exc}", Location(job.source.file),
+                      "fix the job file as the message says")
 
 
 def compile_file(path: str | Path, out: str | Path, force: bool = False, rewrite: bool = True,
@@ -80,7 +86,11 @@ def compile_file(path: str | Path, out: str | Path, force: bool = False, rewrite
     diags.sort(key=lambda d: (d.location.line, d.location.column, d.rule))
     if has_errors(diags):
         return CompileResult(diags, notes=notes)
-    summary, failure = summarize_safely(plan)
+    try:
+        resolved = plan.resolve()  # validate's rules proved the layout: this holds for every job without errors
+    except UnresolvedPlan as exc:
+        return CompileResult([*diags, _cannot_emit(job, exc)], notes=notes)
+    summary, failure = summarize_safely(resolved)
     if summary is not None:
         summary = with_exact_params(summary, section)
     if failure is not None:
@@ -88,10 +98,9 @@ def compile_file(path: str | Path, out: str | Path, force: bool = False, rewrite
                                 f"model failed on this job ({failure})", Location(job.source.file),
                                 "report it; the job directory is complete otherwise"))
     try:
-        files = render_job(plan, summary, section)
+        files = render_job(resolved, summary, section)
     except EmitError as exc:
-        diags.append(Diagnostic("DSF699", Severity.ERROR, f"cannot emit the job: {exc}", Location(job.source.file),
-                                "fix the job file as the message says"))
+        diags.append(_cannot_emit(job, exc))
         return CompileResult(diags, notes=notes)
     try:
         write_job_dir(target, files, force)

@@ -52,14 +52,14 @@ def _rewrite_plan(plan: Plan) -> dict[str, Any]:
     return desc
 
 
-def _explain_plan(plan: object, fmt: str, plot_dir: str | None, html_path: str | None, tokens: float | None,
+def _explain_plan(plan: Plan, fmt: str, plot_dir: str | None, html_path: str | None, tokens: float | None,
                   rewrite: dict[str, Any] | None = None) -> None:
     from dsforge.compiler.estimate.schedule import ScheduleError
     from dsforge.compiler.estimate.steptime import EstimateError
     from dsforge.explain.report import explain_plan, write_outputs
 
     try:
-        ex = explain_plan(plan, tokens, rewrite)  # type: ignore[arg-type]
+        ex = explain_plan(plan.resolve(), tokens, rewrite)  # UnresolvedPlan is a ValueError
     except (EstimateError, ScheduleError, ValueError) as exc:
         click.echo(f"dsforge explain: cannot estimate this job: {exc}", err=True)
         sys.exit(EXIT_FINDINGS)

@@ -12,7 +12,7 @@ from dsforge.compiler.emit.rewrite_doc import with_exact_params
 from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
 from dsforge.compiler.estimate.steptime import StepTime, estimate_step
 from dsforge.compiler.estimate.summary import summarize
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import ResolvedPlan
 from dsforge.explain.units import plural
 
 
@@ -20,13 +20,13 @@ from dsforge.explain.units import plural
 class Explanation:
     """A plan with its estimates: the JSON-ready summary plus the objects the pictures are drawn from."""
 
-    plan: Plan
+    plan: ResolvedPlan
     summary: dict[str, Any]
     step: StepTime
     memory: MemoryEstimate
 
 
-def explain_plan(plan: Plan, tokens: float | None = None, rewrite: dict[str, Any] | None = None) -> Explanation:
+def explain_plan(plan: ResolvedPlan, tokens: float | None = None, rewrite: dict[str, Any] | None = None) -> Explanation:
     """Estimate a valid plan (raises EstimateError/ValueError when its layout does not resolve).
 
     ``rewrite``: the rewrite plan's description (dsforge.runtime.rewrite.describe); it goes into the
@@ -40,9 +40,8 @@ def explain_plan(plan: Plan, tokens: float | None = None, rewrite: dict[str, Any
     return Explanation(plan, summary, step, memory)
 
 
-def placement_kinds(plan: Plan) -> list[str]:
+def placement_kinds(plan: ResolvedPlan) -> list[str]:
     """The group kinds the placement map shows: those of tp, pp, dp, cp and ep above 1 (dp alone if none)."""
-    assert plan.degrees is not None
     d = plan.degrees
     kinds = [k for k, n in (("tp", d.tp), ("pp", d.pp), ("dp", d.dp), ("cp", d.cp), ("ep", d.ep)) if n > 1]
     return kinds or ["dp"]
@@ -53,7 +52,6 @@ def figures(ex: Explanation) -> Iterator[dict[str, Any]]:
     """The three pictures (timeline, memory, placement) as matplotlib figures, closed on exit."""
     from dsforge.explain import plots
 
-    assert ex.plan.placement is not None
     name, s = ex.plan.spec.name, ex.summary["pipeline"]
     figs = {
         "timeline": plots.timeline_figure(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dsforge.compiler.emit.ds_config import build_ds_config
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import ResolvedPlan, build_plan
 from dsforge.compiler.frontend.source import SourceMap
 from dsforge.diagnostics import Diagnostic, Severity
 
@@ -31,7 +31,7 @@ class TrainerJob:
     """A validated job file and its plan, as handed to a trainer integration."""
 
     file: str
-    plan: Plan
+    plan: ResolvedPlan
     source: SourceMap
     raw: dict[str, Any]
     warnings: list[Diagnostic] = field(default_factory=list)
@@ -44,14 +44,13 @@ class TrainerJob:
     @property
     def grad_accum(self) -> int:
         """Micro-batches per optimizer step (validated: global_batch splits evenly)."""
-        assert self.plan.grad_accum is not None  # load_job refuses jobs where it does not
         return self.plan.grad_accum
 
     def where(self, *path: str) -> str:
         """`file:line:col` of the key that sets ``path`` (or of the preset that supplies it), for messages."""
         from dsforge.compiler.rules.registry import Context, locate
 
-        ctx = Context(self.plan.spec, self.plan, self.source, self.raw)
+        ctx = Context(self.plan.spec, build_plan(self.plan.spec), self.source, self.raw)
         return str(locate(ctx, path))
 
     def ds_config(self) -> dict[str, Any]:
@@ -79,13 +78,12 @@ def load_job(job: JobLike) -> TrainerJob:
         raise PluginError(f"the job file {job} cannot be used:\n{text}".rstrip()) from None
     assert result.job is not None and result.plan is not None  # require_valid returns planned jobs only
     warnings = [d for d in result.diagnostics if d.severity == Severity.WARNING]
-    return TrainerJob(str(job), result.plan, result.job.source, result.job.raw, warnings)
+    return TrainerJob(str(job), result.plan.resolve(), result.job.source, result.job.raw, warnings)
 
 
 def require_data_parallel(job: TrainerJob, trainer: str) -> None:
     """Refuse tp/pp/cp/ep > 1: these trainers hand the whole model to DeepSpeed without dsforge's groups."""
     d = job.plan.degrees
-    assert d is not None  # a validated plan has resolved degrees
     split = {k: getattr(d, k) for k in ("tp", "pp", "cp", "ep") if getattr(d, k) > 1}
     if split:
         degrees = ", ".join(f"{k}={v}" for k, v in split.items())

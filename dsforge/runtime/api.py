@@ -27,7 +27,7 @@ from typing import Any
 
 from torch import nn
 
-from dsforge.compiler.plan.plan import Plan, build_plan
+from dsforge.compiler.plan.plan import Plan, ResolvedPlan, UnresolvedPlan, build_plan
 from dsforge.compiler.spec.schema import JobSpec
 from dsforge.runtime.errors import RuntimeRefusal
 
@@ -36,9 +36,9 @@ class JobError(RuntimeRefusal, ValueError):
     """The job given to ``dsforge.initialize`` is invalid; the message lists its errors."""
 
 
-def load_plan(job: str | os.PathLike[str] | JobSpec | Plan) -> Plan:
+def load_plan(job: str | os.PathLike[str] | JobSpec | Plan | ResolvedPlan) -> Plan | ResolvedPlan:
     """The plan of a job file, a compiled job directory, a JobSpec or a Plan; JobError if the job has errors."""
-    if isinstance(job, Plan):
+    if isinstance(job, (Plan, ResolvedPlan)):
         return job
     if isinstance(job, JobSpec):
         return build_plan(job)
@@ -58,7 +58,7 @@ def load_plan(job: str | os.PathLike[str] | JobSpec | Plan) -> Plan:
     return result.plan
 
 
-def _join(plan: Plan) -> None:
+def _join(plan: ResolvedPlan) -> None:
     """Join the launcher's process group (gloo on CPU jobs, nccl on GPU) unless one is already up."""
     import torch.distributed as dist
 
@@ -69,7 +69,6 @@ def _join(plan: Plan) -> None:
         return
     from dsforge.runtime.groups import check_world_size
 
-    assert plan.placement is not None  # initialize checked the layout
     check_world_size(plan.placement, launched_world_size())
     backend = "gloo" if on_cpu(plan) else "nccl"
     if backend == "gloo":
@@ -79,7 +78,7 @@ def _join(plan: Plan) -> None:
     init_distributed(JobDir(Path("."), plan, {}, {"dist_backend": backend}))
 
 
-def initialize(model: nn.Module, job: str | os.PathLike[str] | JobSpec | Plan, *,
+def initialize(model: nn.Module, job: str | os.PathLike[str] | JobSpec | Plan | ResolvedPlan, *,
                ds_config: dict[str, Any] | None = None) -> Any:
     """Rewrite ``model`` by the job's plan for this rank and return the DeepSpeed engine (see the module doc).
 
@@ -97,9 +96,12 @@ def initialize(model: nn.Module, job: str | os.PathLike[str] | JobSpec | Plan, *
     from dsforge.runtime.groups import create_groups, ensure_deepspeed_comm
     from dsforge.runtime.rewrite import plan_rewrite
 
-    plan = load_plan(job)
-    if plan.degrees is None or plan.placement is None:
-        raise JobError("the job has no complete layout (a degree is `auto` or the degrees do not fill the world)")
+    loaded = load_plan(job)
+    try:
+        plan = loaded if isinstance(loaded, ResolvedPlan) else loaded.resolve()
+    except UnresolvedPlan:
+        raise JobError("the job has no complete layout (a degree is `auto` or the degrees do not fill the world)") \
+            from None
     _join(plan)
     ensure_deepspeed_comm()
     groups = create_groups(plan)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import ResolvedPlan
 from dsforge.runtime.data import IGNORE_INDEX, Batch
 from dsforge.runtime.errors import EngineError
 from dsforge.runtime.groups import ParallelGroups, ensure_deepspeed_comm
@@ -80,7 +80,7 @@ def _sequence_parallel_hooks(model: nn.Module, group: dist.ProcessGroup) -> int:
     return count
 
 
-def parallelize(model: nn.Module, plan: Plan, groups: ParallelGroups, gather_logits: bool = False,
+def parallelize(model: nn.Module, plan: ResolvedPlan, groups: ParallelGroups, gather_logits: bool = False,
                 source: Any = None, ds_config: dict[str, Any] | None = None) -> nn.Module:
     """Rewrite a dense model in place into this rank's parallel variant: experts, TP/SP layers, CP attention.
 
@@ -117,12 +117,12 @@ def parallelize(model: nn.Module, plan: Plan, groups: ParallelGroups, gather_log
     return model
 
 
-def _finish_sequence_parallel(model: nn.Module, plan: Plan, groups: ParallelGroups) -> None:
+def _finish_sequence_parallel(model: nn.Module, plan: ResolvedPlan, groups: ParallelGroups) -> None:
     """What sequence parallelism needs beyond the applier's sequence regions: the norm-gradient sums over TP."""
     _sequence_parallel_hooks(model, groups.tp)
 
 
-def build_parallel_model(plan: Plan, groups: ParallelGroups, seed: int | None = None,
+def build_parallel_model(plan: ResolvedPlan, groups: ParallelGroups, seed: int | None = None,
                          ds_config: dict[str, Any] | None = None) -> nn.Module:
     """This rank's shard of the job's model: built on the meta device, rewritten, only its slices made real.
 
@@ -151,13 +151,12 @@ def pipeline_inputs(batches: list[Batch]) -> list[tuple[Tensor, Tensor]]:
     return [(mb.ids, mb.targets) for mb in batches]
 
 
-def build_pipeline_module(plan: Plan, groups: ParallelGroups, ds_config: dict[str, Any],
+def build_pipeline_module(plan: ResolvedPlan, groups: ParallelGroups, ds_config: dict[str, Any],
                           seed: int | None = None) -> nn.Module:
     """This rank's pipeline stage of the rewritten model as a PipelineModule cut by the plan's partition."""
     from dsforge.runtime.pipeline_stages import build_pipeline
 
     d = plan.degrees
-    assert d is not None
     if d.cp > 1:
         raise EngineError("context parallelism inside a pipeline (cp > 1 with pp > 1) is not supported yet: the "
                           "pipeline stages number positions from 0; use pp 1 with cp, or cp 1 with pp")
@@ -184,22 +183,21 @@ def build_pipeline_module(plan: Plan, groups: ParallelGroups, ds_config: dict[st
     return module
 
 
-def _partition_group(plan: Plan, groups: ParallelGroups, ds_config: dict[str, Any]) -> Any:
+def _partition_group(plan: ResolvedPlan, groups: ParallelGroups, ds_config: dict[str, Any]) -> Any:
     from dsforge.runtime.recompute import partition_group
 
     d = plan.degrees
-    assert d is not None
     return partition_group(ds_config, groups.tp, d.tp, plan.spec.parallel.sequence_parallel and d.tp > 1)
 
 
-def apply_job_recompute(model: nn.Module, plan: Plan, groups: ParallelGroups, ds_config: dict[str, Any]) -> int:
+def apply_job_recompute(model: nn.Module, plan: ResolvedPlan, groups: ParallelGroups, ds_config: dict[str, Any]) -> int:
     """``training.recompute`` on this rank's rewritten model (pp = 1); the number of checkpointed layers."""
     from dsforge.runtime.recompute import apply_recompute
 
     return apply_recompute(model, plan.spec.training.recompute, _partition_group(plan, groups, ds_config))
 
 
-def pipeline_recompute(plan: Plan, groups: ParallelGroups, ds_config: dict[str, Any]) -> dict[str, Any]:
+def pipeline_recompute(plan: ResolvedPlan, groups: ParallelGroups, ds_config: dict[str, Any]) -> dict[str, Any]:
     """PipelineModule keywords for ``training.recompute``: each decoder layer checkpointed (interval 1 under
     full), by dsforge's checkpoint (which honours partition_activations); embeddings and head are not."""
     from functools import partial
@@ -258,7 +256,7 @@ def initialize_engine(module: nn.Module, ds_config: dict[str, Any], groups: Para
     return engine
 
 
-def build_engine(plan: Plan, ds_config: dict[str, Any], groups: ParallelGroups, seed: int | None = None) -> Any:
+def build_engine(plan: ResolvedPlan, ds_config: dict[str, Any], groups: ParallelGroups, seed: int | None = None) -> Any:
     """The DeepSpeed engine of the plan on this rank (plain for pp = 1, pipeline for pp > 1)."""
     d = plan.degrees
     if d is None:

@@ -22,7 +22,7 @@ from dsforge.runtime.errors import RuntimeRefusal
 if TYPE_CHECKING:
     from deepspeed.runtime.pipe.topology import ProcessTopology
 
-    from dsforge.compiler.plan.plan import Plan
+    from dsforge.compiler.plan.plan import AnyPlan
 
 # Creation order; identical on every rank, which is what new_group requires.
 KINDS: tuple[str, ...] = ("tp", "cp", "dp", "dp-cp", "pp", "tp-pp", "ep", "edp")
@@ -59,7 +59,7 @@ def ensure_deepspeed_comm() -> None:
         ds_dist.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
 
 
-def _placement_of(plan: Plan | Placement) -> Placement:
+def _placement_of(plan: AnyPlan | Placement) -> Placement:
     """The plan's placement, or a LayoutError saying why it has none."""
     if isinstance(plan, Placement):
         return plan
@@ -147,7 +147,7 @@ class ParallelGroups:
         return pipe_topology(self.placement)
 
 
-def create_groups(plan: Plan | Placement) -> ParallelGroups:
+def create_groups(plan: AnyPlan | Placement) -> ParallelGroups:
     """Create every group of the plan on every rank (collective) and return this rank's handles.
 
     Rank sets shared by two kinds (dp and dp-cp when cp = 1, say) get one process group, so the

@@ -26,7 +26,7 @@ from dsforge.runtime.errors import RuntimeRefusal
 
 if TYPE_CHECKING:
     from dsforge.compiler.plan.placement import Placement
-    from dsforge.compiler.plan.plan import Degrees, Plan
+    from dsforge.compiler.plan.plan import Degrees, ResolvedPlan
 
 EXIT_OK, EXIT_FAILED = 0, 1
 DEFAULT_TIMEOUT_S = 600
@@ -41,14 +41,14 @@ class JobDir:
     """A compiled job directory: the plan rebuilt from plan.json, the DeepSpeed config, and the raw plan document."""
 
     path: Path
-    plan: Plan
+    plan: ResolvedPlan
     ds_config: dict[str, Any]
     doc: dict[str, Any]
 
     @classmethod
     def load(cls, job_dir: str | os.PathLike[str]) -> JobDir:
         """Read and cross-check plan.json and ds_config.json of ``job_dir``."""
-        from dsforge.compiler.plan.plan import build_plan
+        from dsforge.compiler.plan.plan import UnresolvedPlan, build_plan
         from dsforge.compiler.spec.schema import JobSpec
         from dsforge.compiler.spec.spec_types import SpecError
 
@@ -61,12 +61,14 @@ class JobDir:
                 raise JobDirError(f"{path / name}: cannot read it ({exc}); recompile the job with `dsforge compile`")
         doc = docs["plan.json"]
         try:
-            plan = build_plan(JobSpec.model_validate(doc["job"]))
+            lazy = build_plan(JobSpec.model_validate(doc["job"]))
         except (SpecError, KeyError, TypeError) as exc:
             raise JobDirError(f"{path / 'plan.json'}: its job does not fit this dsforge version's schema ({exc}); "
                               "recompile the job with `dsforge compile`") from None
-        if plan.degrees is None or plan.placement is None:
-            raise JobDirError(f"{path / 'plan.json'}: its job has no complete layout; recompile it")
+        try:
+            plan = lazy.resolve()
+        except UnresolvedPlan:
+            raise JobDirError(f"{path / 'plan.json'}: its job has no complete layout; recompile it") from None
         from dataclasses import asdict
 
         if asdict(plan.degrees) != doc.get("degrees") or plan.world_size != doc.get("world_size"):
@@ -76,14 +78,12 @@ class JobDir:
 
     @property
     def degrees(self) -> Degrees:
-        """The plan's parallel degrees (``load`` refuses a plan without them)."""
-        assert self.plan.degrees is not None
+        """The plan's parallel degrees."""
         return self.plan.degrees
 
     @property
     def placement(self) -> Placement:
-        """The plan's rank placement (``load`` refuses a plan without one)."""
-        assert self.plan.placement is not None
+        """The plan's rank placement."""
         return self.plan.placement
 
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from dsforge.compiler.plan.plan import Plan
+    from dsforge.compiler.plan.plan import ResolvedPlan
 
 MiB = 1024 * 1024
 
@@ -200,7 +200,7 @@ def render_table(rows: Iterable[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def predicted(plan: Plan, stage: int) -> dict[str, Any]:
+def predicted(plan: ResolvedPlan, stage: int) -> dict[str, Any]:
     """The cost model's bytes for one rank of ``stage`` (dsforge.compiler.estimate.memory), in the table's terms.
 
     Model states are the model's "step" moment, the one the probe measures (inside the optimizer step,
@@ -213,7 +213,6 @@ def predicted(plan: Plan, stage: int) -> dict[str, Any]:
     from dsforge.compiler.estimate.memory import estimate_memory
     from dsforge.compiler.estimate.shares import stage_chunks
 
-    assert plan.degrees is not None  # a plan the runtime trains has resolved degrees
     est = estimate_memory(plan)
     row = est.stages[stage]
     c = row.components
@@ -227,9 +226,8 @@ def predicted(plan: Plan, stage: int) -> dict[str, Any]:
             "peak": row.device_bytes}
 
 
-def rank_row(plan: Plan, rank: int, states: dict[str, int] | None, activations: int | None) -> dict[str, Any]:
+def rank_row(plan: ResolvedPlan, rank: int, states: dict[str, int] | None, activations: int | None) -> dict[str, Any]:
     """This rank's report row: coordinates, prediction and measurement."""
-    assert plan.placement is not None  # a plan the runtime trains is placed
     coords = plan.placement.coordinates(rank)
     measured: dict[str, Any] = dict(states or {})
     measured["activations_per_micro_batch"] = activations

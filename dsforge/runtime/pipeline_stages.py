@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dsforge.compiler.deepspeed.ds_settings import pipeline_partitioning
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import ResolvedPlan
 from dsforge.runtime.groups import ParallelGroups
 from dsforge.runtime.layers import VocabParallelEmbedding, VocabParallelLMHead
 from dsforge.runtime.rewrite.apply import apply_rewrite
@@ -162,7 +162,7 @@ def layer_list(model: nn.Module, rp: RewritePlan) -> tuple[list[Any], int, int]:
     return [*lead, *decoders, *tail], len(lead), len(tail)
 
 
-def boundaries(plan: Plan, layers: int, lead: int, tail: int) -> list[int]:
+def boundaries(plan: ResolvedPlan, layers: int, lead: int, tail: int) -> list[int]:
     """DeepSpeed's ``parts``: the layer-list index where each stage starts (lead entries with stage 0, tail last)."""
     pp = plan.degrees.pp if plan.degrees else 1
     if plan.virtual_stages != 1:
@@ -187,7 +187,7 @@ def ds_pipeline_config(rp: RewritePlan) -> dict[str, bool]:
     return pipeline_partitioning(rp.sequence_parallel, rp.tp)
 
 
-def build_pipeline(model: nn.Module, rp: RewritePlan, plan: Plan, groups: ParallelGroups,
+def build_pipeline(model: nn.Module, rp: RewritePlan, plan: ResolvedPlan, groups: ParallelGroups,
                    loss_fn: Callable[[Tensor, Tensor], Tensor] = causal_lm_loss,
                    on_meta: Callable[[], Any] | None = None,
                    after_rewrite: Callable[[nn.Module, set[str]], Any] | None = None, **kwargs: Any) -> nn.Module:

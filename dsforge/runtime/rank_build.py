@@ -18,14 +18,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import ResolvedPlan
 from dsforge.runtime.groups import ParallelGroups
 from dsforge.runtime.materialize import PRECISION_DTYPES, WeightSource, materialize, rank_targets
 from dsforge.runtime.models import build_skeleton, seeded_init
 from dsforge.runtime.rewrite.planner import RewritePlan
 
 
-def weight_source(plan: Plan, skeleton: nn.Module, seed: int) -> WeightSource:
+def weight_source(plan: ResolvedPlan, skeleton: nn.Module, seed: int) -> WeightSource:
     """Where this rank's parameter values come from: the pretrained checkpoint, else the seeded initialisation."""
     if plan.model.pretrained:
         from dsforge.runtime.materialize import PretrainedWeights
@@ -36,14 +36,14 @@ def weight_source(plan: Plan, skeleton: nn.Module, seed: int) -> WeightSource:
     return seeded_init(skeleton, seed)
 
 
-def rank_skeleton(plan: Plan, seed: int) -> tuple[nn.Module, WeightSource]:
+def rank_skeleton(plan: ResolvedPlan, seed: int) -> tuple[nn.Module, WeightSource]:
     """The job's dense model with its parameters on meta, and the source of this rank's values."""
     d = plan.degrees
     skeleton = build_skeleton(plan.model, d.tp if d else 1)
     return skeleton, weight_source(plan, skeleton, seed)
 
 
-def fill_rank(model: nn.Module, rp: RewritePlan, groups: ParallelGroups, source: WeightSource, plan: Plan,
+def fill_rank(model: nn.Module, rp: RewritePlan, groups: ParallelGroups, source: WeightSource, plan: ResolvedPlan,
               only: set[str] | None = None, ds_config: dict[str, Any] | None = None) -> int:
     """Give this rank's parameters (of the modules ``only`` names, or all) their values in the job's precision;
     the number of elements made real. With a ZeRO-3 ``ds_config`` each parameter is partitioned over the
@@ -91,7 +91,7 @@ def zero3_partitioner(ds_config: dict[str, Any], groups: ParallelGroups, dtype: 
     return place
 
 
-def say_conversion(reader: Any, dtype: torch.dtype, plan: Plan) -> None:
+def say_conversion(reader: Any, dtype: torch.dtype, plan: ResolvedPlan) -> None:
     """One line on rank 0: how many slices were read from the checkpoint, stored as what, converted to what."""
     if dist.is_initialized() and dist.get_rank() != 0:
         return

@@ -11,10 +11,10 @@ from typing import Any
 
 from dsforge.compiler.deepspeed.ds_schema import merge_zero
 from dsforge.compiler.frontend.extends import deep_merge
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import AnyPlan
 
 
-def on_cpu(plan: Plan) -> bool:
+def on_cpu(plan: AnyPlan) -> bool:
     """True when the ranks are CPU processes (the `cpu-local` hardware): gloo, no streams, no fused kernels.
 
     The accelerator name is exactly ``cpu``, the test that picks the gloo backend and DS_ACCELERATOR=cpu at
@@ -23,14 +23,14 @@ def on_cpu(plan: Plan) -> bool:
     return plan.spec.hardware.accelerator.name.lower() == "cpu"
 
 
-def overrides(plan: Plan, section: str) -> dict[str, Any]:
+def overrides(plan: AnyPlan, section: str) -> dict[str, Any]:
     """The job's `deepspeed.<section>` override block, {} when absent or not a mapping."""
     ds = plan.spec.deepspeed if isinstance(plan.spec.deepspeed, dict) else {}
     block = ds.get(section, {})
     return block if isinstance(block, dict) else {}
 
 
-def zero_section(plan: Plan) -> dict[str, Any]:
+def zero_section(plan: AnyPlan) -> dict[str, Any]:
     """``zero_optimization`` with the knobs that matter for the stage, buckets scaled to the model width.
 
     Bucket sizes follow HF transformers' DeepSpeed integration (integrations/deepspeed.py,
@@ -59,13 +59,13 @@ def zero_section(plan: Plan) -> dict[str, Any]:
     return z
 
 
-def emitted_zero_block(plan: Plan) -> dict[str, Any]:
+def emitted_zero_block(plan: AnyPlan) -> dict[str, Any]:
     """The `zero_optimization` block ds_config.json carries: `zero_section` with the job's overrides merged (an
     override replaces every spelling of its setting: `prefetch_bucket_size` the `stage3_` one dsforge writes)."""
     return merge_zero(zero_section(plan), overrides(plan, "zero_optimization"))
 
 
-def checkpointing_section(plan: Plan) -> dict[str, Any]:
+def checkpointing_section(plan: AnyPlan) -> dict[str, Any]:
     """``activation_checkpointing`` for recompute selective|full (runtime/activation_checkpointing/config.py).
 
     With full recompute and tp > 1 each tensor-parallel rank keeps only its slice of a checkpointed
@@ -82,7 +82,7 @@ def checkpointing_section(plan: Plan) -> dict[str, Any]:
                                          "synchronize_checkpoint_boundary": False, "profile": False}}
 
 
-def emitted_checkpointing_block(plan: Plan) -> dict[str, Any]:
+def emitted_checkpointing_block(plan: AnyPlan) -> dict[str, Any]:
     """The `activation_checkpointing` block ds_config.json carries (overrides merged); {} when it has none."""
     ds = plan.spec.deepspeed if isinstance(plan.spec.deepspeed, dict) else {}
     merged = deep_merge(checkpointing_section(plan), {k: v for k, v in ds.items() if k == "activation_checkpointing"})
@@ -104,7 +104,7 @@ def pipeline_partitioning(sequence_parallel: bool, tp: int) -> dict[str, bool]:
     return {"pipe_partitioned": replicated, "grad_partitioned": replicated}
 
 
-def precision_section(plan: Plan) -> dict[str, Any]:
+def precision_section(plan: AnyPlan) -> dict[str, Any]:
     """``bf16`` or ``fp16`` (dynamic loss scaling, DeepSpeed's defaults spelled out); nothing for fp32."""
     prec = plan.spec.training.precision
     if prec == "bf16":

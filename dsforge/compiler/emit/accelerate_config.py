@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import ResolvedPlan
 
 #: Where the config points DeepSpeed: the job directory's ds_config.json (relative to the working
 #: directory of `accelerate launch`, which the emitted launch.sh sets to the job directory).
 DS_CONFIG_FILE = "ds_config.json"
 
 
-def accelerate_config(plan: Plan, ds_config_file: str = DS_CONFIG_FILE) -> dict[str, Any]:
+def accelerate_config(plan: ResolvedPlan, ds_config_file: str = DS_CONFIG_FILE) -> dict[str, Any]:
     """The accelerate config (a dict for YAML) that launches the plan's ranks with DeepSpeed."""
     launch = plan.spec.launch
     cfg: dict[str, Any] = {
@@ -49,7 +49,7 @@ def accelerate_config(plan: Plan, ds_config_file: str = DS_CONFIG_FILE) -> dict[
     return cfg
 
 
-def accelerate_config_yaml(plan: Plan, ds_config_file: str = DS_CONFIG_FILE) -> str:
+def accelerate_config_yaml(plan: ResolvedPlan, ds_config_file: str = DS_CONFIG_FILE) -> str:
     """The config as YAML text, keys sorted (the same plan gives the same bytes)."""
     import yaml
 

@@ -25,14 +25,14 @@ from dsforge.compiler.deepspeed.ds_settings import (
     zero_section,
 )
 from dsforge.compiler.emit.optim import optimizer_section, scheduler_section
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import ResolvedPlan
 
 
 class EmitError(ValueError):
     """The plan cannot be emitted (a value the rules should have refused); the message says why."""
 
 
-def batch_section(plan: Plan) -> dict[str, Any]:
+def batch_section(plan: ResolvedPlan) -> dict[str, Any]:
     """The three batch keys; they satisfy DeepSpeed's identity with world size = the plan's dp."""
     d, gas = plan.degrees, plan.grad_accum
     t = plan.spec.training
@@ -42,7 +42,7 @@ def batch_section(plan: Plan) -> dict[str, Any]:
             "gradient_accumulation_steps": gas}
 
 
-def pipeline_section(plan: Plan) -> dict[str, Any]:
+def pipeline_section(plan: ResolvedPlan) -> dict[str, Any]:
     """``pipeline`` for pp > 1. DeepSpeed reads activation_checkpoint_interval and the two partitioning
     switches (runtime/pipe/engine.py); stages and partition are read by dsforge.runtime, which builds
     the PipelineModule."""
@@ -55,7 +55,7 @@ def pipeline_section(plan: Plan) -> dict[str, Any]:
                          **pipeline_partitioning(plan.spec.parallel.sequence_parallel, d.tp)}}
 
 
-def parallel_sections(plan: Plan) -> dict[str, Any]:
+def parallel_sections(plan: ResolvedPlan) -> dict[str, Any]:
     """Sections for the runtime's parallel choices that DeepSpeed itself reads.
 
     dsforge.runtime shards tensor-parallel layers itself and passes the mpu, so DeepSpeed's AutoTP
@@ -76,7 +76,7 @@ def steps_per_print(steps: int) -> int:
     return max(1, min(100, steps // 10))
 
 
-def build_ds_config(plan: Plan) -> dict[str, Any]:
+def build_ds_config(plan: ResolvedPlan) -> dict[str, Any]:
     """The complete ds_config for a plan, with the job's `deepspeed:` overrides merged last."""
     t = plan.spec.training
     torch_adam = on_cpu(plan) and t.optimizer.offload == "none"

@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import replace
 
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import ResolvedPlan
 from dsforge.compiler.spec.schema import JobSpec
 
 #: The interpreter name used where the compiling one cannot be known to exist (a container image).
@@ -32,7 +32,7 @@ def launch_python(spec: JobSpec, compiling: str | None = None) -> str:
     return os.path.abspath(exe) if exe else IMAGE_PYTHON  # sys.executable is empty in embedded interpreters
 
 
-def with_interpreter(plan: Plan, compiling: str | None = None) -> Plan:
+def with_interpreter(plan: ResolvedPlan, compiling: str | None = None) -> ResolvedPlan:
     """The plan with `launch.python` filled in (see ``launch_python``), so templates, plugins and plan.json
     all see the one interpreter the job will run."""
     python = launch_python(plan.spec, compiling)

@@ -11,7 +11,7 @@ from dsforge.compiler.emit.interpreter import with_interpreter
 from dsforge.compiler.emit.launchers import CORE_FILES, launch_context, launch_files
 from dsforge.compiler.emit.plan_doc import plan_document, plan_ready
 from dsforge.compiler.emit.render import render
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import ResolvedPlan
 
 #: Kubernetes refuses ConfigMaps over 1 MiB (etcd's object limit).
 CONFIGMAP_LIMIT_BYTES = 1024 * 1024
@@ -35,7 +35,7 @@ def _configmap(files: dict[str, JobFile]) -> list[tuple[str, str]]:
     return entries
 
 
-def render_job(plan: Plan, summary: dict[str, Any] | None = None,
+def render_job(plan: ResolvedPlan, summary: dict[str, Any] | None = None,
                rewrite: dict[str, Any] | None = None, python: str | None = None) -> dict[str, JobFile]:
     """Every file of the job directory for a validated plan; ``summary`` and ``rewrite`` go into plan.json.
 

@@ -16,7 +16,7 @@ from dsforge import extensions
 from dsforge.compiler.deepspeed.ds_settings import on_cpu
 from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.launch_targets import LaunchedFile, check_file_name, launch_target
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import ResolvedPlan
 from dsforge.version import __version__
 
 
@@ -62,7 +62,7 @@ DEEPSPEED_ENV = LaunchFile(".deepspeed_env", "launch/deepspeed_env.j2", False,
                            "variables DeepSpeed's launcher exports on every node")
 
 
-def launch_files(plan: Plan) -> tuple[LaunchFile, ...]:
+def launch_files(plan: ResolvedPlan) -> tuple[LaunchFile, ...]:
     """The launcher files of this plan's launcher (.deepspeed_env only when multi-node needs it)."""
     launch = plan.spec.launch
     if launch.launcher not in LAUNCHERS:
@@ -73,7 +73,7 @@ def launch_files(plan: Plan) -> tuple[LaunchFile, ...]:
     return files
 
 
-def rank_env(plan: Plan) -> list[tuple[str, str]]:
+def rank_env(plan: ResolvedPlan) -> list[tuple[str, str]]:
     """Environment of every rank, sorted: the CPU settings dsforge needs, then the job's `launch.env` over them."""
     env: dict[str, str] = {}
     if on_cpu(plan):
@@ -84,7 +84,7 @@ def rank_env(plan: Plan) -> list[tuple[str, str]]:
     return sorted(env.items())
 
 
-def launch_context(plan: Plan) -> dict[str, Any]:
+def launch_context(plan: ResolvedPlan) -> dict[str, Any]:
     """The values the launcher templates see (all quoting happens in the templates' filters)."""
     launch = plan.spec.launch
     explicit_addr = "master_addr" in launch.model_fields_set
@@ -102,7 +102,7 @@ def launch_context(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _plugin_context(plan: Plan) -> dict[str, Any]:
+def _plugin_context(plan: ResolvedPlan) -> dict[str, Any]:
     """What the accelerate launcher (its config text) and plugin launch targets (their run command) add to the
     context (nothing for the others)."""
     name = plan.spec.launch.launcher
@@ -119,7 +119,7 @@ def _plugin_context(plan: Plan) -> dict[str, Any]:
     return {"plugin_run": target.run}
 
 
-def plugin_launch_files(plan: Plan, context: dict[str, Any]) -> tuple[LaunchFile, ...]:
+def plugin_launch_files(plan: ResolvedPlan, context: dict[str, Any]) -> tuple[LaunchFile, ...]:
     """Render the files of the plan's plugin launch target (EmitError when it is missing or misbehaves)."""
     name = plan.spec.launch.launcher
     try:

@@ -17,7 +17,7 @@ from dsforge.version import __version__
 from dsforge.compiler.deepspeed.ds_settings import on_cpu
 from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.plan.placement import Placement
-from dsforge.compiler.plan.plan import Degrees, Plan
+from dsforge.compiler.plan.plan import Degrees, ResolvedPlan
 from dsforge.compiler.strict_json import non_finite
 
 FORMAT = 1
@@ -25,7 +25,7 @@ GENERATOR = "dsforge"
 SUMMARY_MODULE = "dsforge.compiler.estimate.summary"
 
 
-def deepspeed_view(plan: Plan, d: Degrees) -> dict[str, Any]:
+def deepspeed_view(plan: ResolvedPlan, d: Degrees) -> dict[str, Any]:
     """How the runtime presents the plan to DeepSpeed, and the world size DeepSpeed's batch rule sees.
 
     DeepSpeedConfig takes its batch world size from ``mpu.get_data_parallel_world_size()`` when an mpu
@@ -48,7 +48,7 @@ def deepspeed_view(plan: Plan, d: Degrees) -> dict[str, Any]:
     }
 
 
-def summarize_safely(plan: Plan) -> tuple[dict[str, Any] | None, str | None]:
+def summarize_safely(plan: ResolvedPlan) -> tuple[dict[str, Any] | None, str | None]:
     """The cost model's explain summary as data, or why there is none.
 
     (None, None) until that module exists; (None, reason) when it fails on this plan, so a bug in an
@@ -66,8 +66,9 @@ def summarize_safely(plan: Plan) -> tuple[dict[str, Any] | None, str | None]:
     return result, None
 
 
-def plan_ready(plan: Plan) -> tuple[Degrees, Placement]:
-    """The plan's degrees and placement; EmitError unless it has what a job directory needs.
+def plan_ready(plan: ResolvedPlan) -> tuple[Degrees, Placement]:
+    """The plan's degrees and placement; EmitError unless it has what a job directory needs (a guard for
+    callers outside the type-checked compiler: a ResolvedPlan always has them).
 
     Validation errors explain an incomplete plan, so compile never gets here with one.
     """
@@ -101,7 +102,7 @@ def placement_document(p: Placement) -> dict[str, Any]:
             "note": f"{p.world_size} ranks: groups are summarised above {LISTED_RANKS} ranks"}
 
 
-def plan_document(plan: Plan, files: list[str], summary: dict[str, Any] | None = None,
+def plan_document(plan: ResolvedPlan, files: list[str], summary: dict[str, Any] | None = None,
                   rewrite: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plan.json document: resolved job, degrees, batch, partition, placement, DeepSpeed's view, summary,
     and the rewrite plan (``dsforge.runtime.rewrite.describe``, or why it was skipped)."""
@@ -128,7 +129,7 @@ def plan_document(plan: Plan, files: list[str], summary: dict[str, Any] | None =
         "launcher": plan.spec.launch.launcher,
         "files": sorted(files),
     }
-    if plan.search is not None:
+    if plan.search:  # the layout search's record, where one ran
         doc["search"] = plan.search
     if summary is not None:
         doc["summary"] = summary

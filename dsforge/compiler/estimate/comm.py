@@ -30,7 +30,7 @@ from dsforge.compiler.estimate.shares import (
 from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.estimate.zero_config import zero_settings
 from dsforge.compiler.model.params import padded_vocab
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import AnyPlan
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -44,7 +44,7 @@ class Link:
     latency_s: float
 
 
-def link_of(plan: Plan, kind: str) -> Link:
+def link_of(plan: AnyPlan, kind: str) -> Link:
     """The link a group kind crosses: the network if any group of that kind spans nodes, else NVLink."""
     hw = plan.spec.hardware
     crosses = plan.placement is not None and plan.placement.crosses_nodes(kind)
@@ -111,14 +111,14 @@ class Collective:
         return self.repeat * wire_bytes(self.op, self.payload_bytes, self.group_size)
 
 
-def _activation_bytes(plan: Plan) -> float:
+def _activation_bytes(plan: AnyPlan) -> float:
     """One layer-boundary activation of a micro-batch on one cp rank: b·(s/cp)·h elements."""
     assert plan.degrees is not None
     m, t = plan.model, plan.spec.training
     return t.micro_batch * m.seq_len / plan.degrees.cp * m.hidden * DTYPE_BYTES[t.precision]
 
 
-def tensor_parallel(plan: Plan) -> list[Collective]:
+def tensor_parallel(plan: AnyPlan) -> list[Collective]:
     """Megatron TP (Shoeybi et al. 2019, sec. 3): per layer 2 all-reduces forward, 2 backward.
 
     With sequence parallelism each becomes an all-gather plus a reduce-scatter of the same tensor
@@ -151,7 +151,7 @@ def tensor_parallel(plan: Plan) -> list[Collective]:
     return ops
 
 
-def context_parallel(plan: Plan) -> list[Collective]:
+def context_parallel(plan: AnyPlan) -> list[Collective]:
     """CP per layer: ring exchange of K/V chunks, or Ulysses all-to-alls.
 
     Ring (Liu et al. 2023, Ring Attention; Megatron-Core context parallelism): cp-1 exchanges of this
@@ -180,7 +180,7 @@ def context_parallel(plan: Plan) -> list[Collective]:
                        link, "none")]
 
 
-def expert_parallel(plan: Plan) -> list[Collective]:
+def expert_parallel(plan: AnyPlan) -> list[Collective]:
     """EP per MoE layer: dispatch and combine all-to-alls forward, both again backward.
 
     DeepSpeed-MoE (Rajbhandari et al. 2022, sec. 5; deepspeed/moe/sharded_moe.py) sends every
@@ -199,7 +199,7 @@ def expert_parallel(plan: Plan) -> list[Collective]:
                        link, "none", 2)]
 
 
-def pipeline_parallel(plan: Plan) -> list[Collective]:
+def pipeline_parallel(plan: AnyPlan) -> list[Collective]:
     """PP: one activation send forward and one gradient send backward per micro-batch and chunk boundary.
 
     Narayanan et al. 2021 sec. 2.2; each tp rank sends its 1/tp slice when activations are
@@ -235,7 +235,7 @@ def _op(group: str, op: str, purpose: str, phase: str, scope: str, payload: floa
     return Collective(group, op, purpose, phase, scope, payload / calls, n, link, overlap, calls)
 
 
-def _dp_ops(group: str, n: int, params: float, plan: Plan, gathered: tuple[float, int] = (0.0, 0)) -> list[Collective]:
+def _dp_ops(group: str, n: int, params: float, plan: AnyPlan, gathered: tuple[float, int] = (0.0, 0)) -> list[Collective]:
     """The ZeRO collectives over one data-parallel group for ``params`` rank-local parameters.
 
     ``gathered`` is ZeRO-3's (parameters fetched each pass, tensors fetched): the tensors at or below the
@@ -275,7 +275,7 @@ def _dp_ops(group: str, n: int, params: float, plan: Plan, gathered: tuple[float
     return ops
 
 
-def grad_bytes(plan: Plan) -> int:
+def grad_bytes(plan: AnyPlan) -> int:
     """Bytes per gradient element on the wire: the 16-bit compute dtype under DeepSpeed (its default
     communication_data_type), 4 where the stack reduces an fp32 main-grad buffer (Megatron-Core with bf16:
     megatron/training/arguments.py turns accumulate_allreduce_grads_in_fp32 on unless --grad-reduce-in-bf16;
@@ -284,7 +284,7 @@ def grad_bytes(plan: Plan) -> int:
     return 4 if profile_of(plan.spec.stack).fp32_main_grads else weight
 
 
-def data_parallel(plan: Plan, stage: int) -> list[Collective]:
+def data_parallel(plan: AnyPlan, stage: int) -> list[Collective]:
     """DP collectives of one pipeline stage's ranks, by ZeRO stage (Rajbhandari et al. 2020, sec. 7).
 
     ZeRO-0 all-reduces gradients once per step (2Ψ). ZeRO-1 reduce-scatters them at the step and
@@ -310,7 +310,7 @@ def data_parallel(plan: Plan, stage: int) -> list[Collective]:
     return list(ops)
 
 
-def _zero3_gathers(plan: Plan, stage: int) -> tuple[tuple[float, int], tuple[float, int]]:
+def _zero3_gathers(plan: AnyPlan, stage: int) -> tuple[tuple[float, int], tuple[float, int]]:
     """ZeRO-3's per-pass fetches on one rank of ``stage``, (parameters, tensors) for dense and for expert
     weights: every tensor above stage3_param_persistence_threshold, one all-gather call each."""
     assert plan.degrees is not None
@@ -330,7 +330,7 @@ def _zero3_gathers(plan: Plan, stage: int) -> tuple[tuple[float, int], tuple[flo
     return (max(0.0, share.dense - share.small), dense_tensors), (share.expert, expert_tensors)
 
 
-def model_parallel(plan: Plan) -> list[Collective]:
+def model_parallel(plan: AnyPlan) -> list[Collective]:
     """The collectives every stage runs alike: TP, CP, EP and PP (DP differs by stage: `data_parallel`); built
     once per plan, since every stage's passes ask."""
     memo = plan_memo(plan)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, TypeVar, cast
 
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import AnyPlan
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,7 +39,7 @@ def bounded(maxsize: int) -> Callable[[F], F]:
     return wrap
 
 
-def plan_memo(plan: Plan) -> dict[Any, Any]:
+def plan_memo(plan: AnyPlan) -> dict[Any, Any]:
     """The dict of estimate results kept on ``plan`` (a plan is immutable, so they never go stale)."""
     memo = plan.__dict__.get(_MEMO)
     if memo is None:

@@ -30,7 +30,7 @@ from dsforge.compiler.estimate.shares import RankParams, chunk_table, kind_table
 from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.estimate.zero_config import ZeroSettings, zero_settings
 from dsforge.compiler.model.params import padded_vocab
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import AnyPlan
 from dsforge.compiler.model.resolved import ResolvedModel
 
 GPU_RESERVE_BYTES = 2.0e9
@@ -90,7 +90,7 @@ class MemoryEstimate:
         return self.peak.device_bytes / self.capacity_bytes
 
 
-def activation_shape(plan: Plan) -> act.ActivationShape:
+def activation_shape(plan: AnyPlan) -> act.ActivationShape:
     """The activation-sizing inputs of a plan: micro-batch, sequence, tp/cp/sp, precision, kernels (once per plan:
     every stage asks, and the emitted checkpointing block it reads merges the job's overrides)."""
     memo = plan_memo(plan)
@@ -100,7 +100,7 @@ def activation_shape(plan: Plan) -> act.ActivationShape:
     return shape
 
 
-def _activation_shape(plan: Plan) -> act.ActivationShape:
+def _activation_shape(plan: AnyPlan) -> act.ActivationShape:
     assert plan.degrees is not None
     t, p = plan.spec.training, plan.spec.parallel
     return act.ActivationShape(
@@ -111,13 +111,13 @@ def _activation_shape(plan: Plan) -> act.ActivationShape:
         experts_split=profile_of(plan.spec.stack).experts_split_over_tp)
 
 
-def partitions_checkpoints(plan: Plan) -> bool:
+def partitions_checkpoints(plan: AnyPlan) -> bool:
     """True when the emitted ds_config (overrides merged) partitions checkpointed layer inputs over tp."""
     block = emitted_checkpointing_block(plan)
     return plan.degrees is not None and plan.degrees.tp > 1 and bool(block.get("partition_activations", False))
 
 
-def micro_batches(plan: Plan) -> int:
+def micro_batches(plan: AnyPlan) -> int:
     """Micro-batches per optimizer step (gradient-accumulation steps), at least 1."""
     if plan.grad_accum:
         return plan.grad_accum
@@ -134,7 +134,7 @@ class _PerLayer:
     working_set: dict[bool, float]
 
     @classmethod
-    def of(cls, plan: Plan, shape: act.ActivationShape) -> _PerLayer:
+    def of(cls, plan: AnyPlan, shape: act.ActivationShape) -> _PerLayer:
         return _per_layer(plan.model, shape, plan.spec.training.recompute)
 
 
@@ -161,7 +161,7 @@ class _Context:
     logits: tuple[float, float]  # act.logits_bytes: (saved, transient)
 
 
-def _context(plan: Plan) -> _Context:
+def _context(plan: AnyPlan) -> _Context:
     memo = plan_memo(plan)
     ctx: _Context | None = memo.get("memory_context")
     if ctx is None:
@@ -186,7 +186,7 @@ class _Template:
     working_set: float
 
 
-def _template(plan: Plan, stage: int, z: ZeroSettings, m: int, per: _PerLayer, ctx: _Context) -> _Template:
+def _template(plan: AnyPlan, stage: int, z: ZeroSettings, m: int, per: _PerLayer, ctx: _Context) -> _Template:
     assert plan.degrees is not None
     d = plan.degrees
     dense, moe = ctx.kinds[stage]
@@ -198,7 +198,7 @@ def _template(plan: Plan, stage: int, z: ZeroSettings, m: int, per: _PerLayer, c
     return _Template(share, st, per_mb, max((per.working_set[moe] for moe in kinds), default=0.0))
 
 
-def _activations(plan: Plan, stage: int, ctx: _Context, m: int, tpl: _Template) -> tuple[float, float]:
+def _activations(plan: AnyPlan, stage: int, ctx: _Context, m: int, tpl: _Template) -> tuple[float, float]:
     """(activations, logits) bytes one rank of ``stage`` holds at its peak under the schedule."""
     assert plan.degrees is not None
     model, d, shape = plan.model, plan.degrees, ctx.shape
@@ -251,14 +251,14 @@ def _stage_states(stack: str, share: RankParams, z: ZeroSettings, n_dense: int, 
     return _States(states, update, _with_reserve(cpu, {**_ZEROS, **states.step}), sum(update.values()))
 
 
-def stage_memory(plan: Plan, stage: int, z: ZeroSettings, m: int, per: _PerLayer | None = None) -> StageMemory:
+def stage_memory(plan: AnyPlan, stage: int, z: ZeroSettings, m: int, per: _PerLayer | None = None) -> StageMemory:
     """Device and host bytes of one rank of pipeline ``stage``."""
     assert plan.degrees is not None and plan.placement is not None
     ctx = _context(plan)
     return _stage_memory(plan, stage, m, ctx, _template(plan, stage, z, m, per or _PerLayer.of(plan, ctx.shape), ctx))
 
 
-def _stage_memory(plan: Plan, stage: int, m: int, ctx: _Context, tpl: _Template) -> StageMemory:
+def _stage_memory(plan: AnyPlan, stage: int, m: int, ctx: _Context, tpl: _Template) -> StageMemory:
     st = tpl.st
     activ, logits = _activations(plan, stage, ctx, m, tpl)
     backward = _with_reserve(ctx.cpu, {**_ZEROS, **st.states.backward, "activations": activ, "logits": logits})
@@ -272,7 +272,7 @@ def _with_reserve(cpu: bool, comps: dict[str, float]) -> dict[str, float]:
     return {**comps, "reserve": _reserve(cpu, sum(comps.values()))}
 
 
-def estimate_memory(plan: Plan) -> MemoryEstimate:
+def estimate_memory(plan: AnyPlan) -> MemoryEstimate:
     """Estimate every pipeline stage's memory for a plan whose layout is valid (else ValueError)."""
     if not plan.layout_ok or plan.degrees is None or plan.placement is None or not plan.stage_layers:
         raise ValueError("estimate_memory needs a valid layout (degrees filling the world, a stage partition)")
@@ -313,7 +313,7 @@ def estimate_memory(plan: Plan) -> MemoryEstimate:
     return out
 
 
-def _stage_class(plan: Plan, stage: int, m: int) -> tuple[object, ...]:
+def _stage_class(plan: AnyPlan, stage: int, m: int) -> tuple[object, ...]:
     """Everything of a stage `stage_memory` reads besides its index: first or last (embedding, head, logits,
     output buffers), its layers by kind and per chunk, and the micro-batches it holds in flight. Stages alike
     in these have the same bytes (a deep pipeline's middle stages), so `estimate_memory` computes them once."""

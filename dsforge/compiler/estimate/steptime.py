@@ -42,7 +42,7 @@ from dsforge.compiler.estimate.schedule import Timeline, simulate
 from dsforge.compiler.estimate.shares import chunk_table, layer_kinds, stage_share
 from dsforge.compiler.estimate.zero_config import zero_settings
 from dsforge.compiler.model.params import moe_layers_in
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import AnyPlan
 
 #: Kept for callers of the old constant: the GEMM efficiency an accelerator that states none is given.
 DEFAULT_ACHIEVABLE_FRACTION = DEFAULT_GEMM_EFFICIENCY
@@ -66,7 +66,7 @@ class Pass:
         return self.compute_s + sum(self.comm_s.values()) + self.engine_s
 
 
-def achievable_fraction(plan: Plan) -> tuple[float, str]:
+def achievable_fraction(plan: AnyPlan) -> tuple[float, str]:
     """The fraction of dense peak compute-bound kernels are taken to reach, and where it came from."""
     r = rates(plan, 1.0)
     return r.fraction, r.source
@@ -107,7 +107,7 @@ def _pass(ops: tuple[Collective, ...], compute_s: float, attention_s: float, uni
     return Pass(compute_s, _exposed_per_link(timed, compute_s, attention_s), engine_s)
 
 
-def _phase_ops(plan: Plan, stage: int) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
+def _phase_ops(plan: AnyPlan, stage: int) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
     """The forward and the backward collectives of one pass of ``stage`` (the pipeline's dependencies left to
     the schedule); once per plan and stage class (what `comm.data_parallel` keys on)."""
     assert plan.degrees is not None
@@ -127,7 +127,7 @@ def _phase_ops(plan: Plan, stage: int) -> tuple[tuple[Collective, ...], tuple[Co
     return found
 
 
-def stage_passes(plan: Plan, stage: int, speed: float | Rates) -> tuple[list[Pass], list[Pass]]:
+def stage_passes(plan: AnyPlan, stage: int, speed: float | Rates) -> tuple[list[Pass], list[Pass]]:
     """Forward and backward passes of each chunk rank ``stage`` holds, at ``speed``: the compute `Rates`
     (`compute.rates`), or a FLOP/s figure that every FLOP runs at."""
     assert plan.degrees is not None
@@ -165,7 +165,7 @@ HOST_MEMORY_BPS = 200e9
 DEFAULT_HOST_LINK_GBS = 25.0
 
 
-def optimizer_seconds(plan: Plan, stage: int) -> float:
+def optimizer_seconds(plan: AnyPlan, stage: int) -> float:
     """The optimizer step of one rank: a memory-bound sweep over its partition of the parameters.
 
     Adam-family updates read the fp32 master weight, gradient and states and write weight and states
@@ -189,7 +189,7 @@ def optimizer_seconds(plan: Plan, stage: int) -> float:
     return params * touched / (hw.accelerator.hbm_gbs * 1e9 * efficiency)
 
 
-def stage_tail(plan: Plan, stage: int, last_backward_s: float, slowdown: float = 1.0) -> dict[str, float]:
+def stage_tail(plan: AnyPlan, stage: int, last_backward_s: float, slowdown: float = 1.0) -> dict[str, float]:
     """Exposed seconds after rank ``stage``'s last pass: DP reductions and gathers, tied embeddings, optimizer,
     and the engine's per-step host work (``slowdown``: CPU ranks time-sharing cores, `compute.Rates`)."""
     assert plan.degrees is not None
@@ -249,13 +249,13 @@ class StepTime:
         return tokens / self.tokens_per_s
 
 
-def _check(plan: Plan) -> None:
+def _check(plan: AnyPlan) -> None:
     """Raise EstimateError unless the plan resolves to a placeable layout with whole micro-batches."""
     if not plan.layout_ok or plan.placement is None or plan.grad_accum is None or not plan.stage_layers:
         raise EstimateError("the layout does not resolve (run `dsforge validate` for the reasons)")
 
 
-def estimate_step(plan: Plan) -> StepTime:
+def estimate_step(plan: AnyPlan) -> StepTime:
     """Time one optimizer step of a valid plan (see the module docstring for the model)."""
     _check(plan)
     assert plan.degrees is not None and plan.grad_accum is not None

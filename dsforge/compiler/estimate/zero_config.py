@@ -15,7 +15,7 @@ from typing import Any
 
 from dsforge.compiler.deepspeed.ds_settings import emitted_zero_block
 from dsforge.compiler.estimate.memo import plan_memo
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import AnyPlan
 
 #: Bytes of optimizer state per parameter kept in fp32 (torch and DeepSpeed implementations).
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "lamb": 8, "lion": 4, "sgd": 4}
@@ -63,7 +63,7 @@ def _offloaded(block: Any) -> bool:
     return isinstance(block, dict) and block.get("device", "none") in ("cpu", "nvme")
 
 
-def zero_settings(plan: Plan) -> ZeroSettings:
+def zero_settings(plan: AnyPlan) -> ZeroSettings:
     """Resolve the ZeRO settings of a plan: its stage and precision, then the emitted ds_config's
     `zero_optimization` (with the job's overrides), then DeepSpeed's defaults for keys neither sets.
 
@@ -79,7 +79,7 @@ def zero_settings(plan: Plan) -> ZeroSettings:
     return z
 
 
-def _zero_settings(plan: Plan) -> ZeroSettings:
+def _zero_settings(plan: AnyPlan) -> ZeroSettings:
     spec, stage = plan.spec, plan.zero
     ds = spec.deepspeed if isinstance(spec.deepspeed, dict) else {}
     zo = emitted_zero_block(plan)

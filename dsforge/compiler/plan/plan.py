@@ -1,7 +1,9 @@
 """The resolved plan: degrees, batch arithmetic, pipeline partition and rank placement.
 
 Building a plan never raises on a bad layout: whatever cannot be resolved is left as None and
-the rules explain why, so one run reports every problem at once.
+the rules explain why, so one run reports every problem at once. Once they found none,
+`Plan.resolve()` gives the `ResolvedPlan` the estimates, the emitter, the search's candidates and
+the runtime take: every value present, nothing left to check.
 """
 
 from __future__ import annotations
@@ -134,11 +136,16 @@ class Plan:
 
     spec: JobSpec
     search: dict[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
+    #: what plans of one job may share instead of computing it again (the search's candidates): the resolved
+    #: model of ``spec.model``, and the placement (with its order error) of the plan's degrees, node size and order
+    shared_model: ResolvedModel | None = field(default=None, compare=False, hash=False, repr=False, kw_only=True)
+    shared_placement: tuple[Placement | None, str | None] | None = field(default=None, compare=False, hash=False,
+                                                                         repr=False, kw_only=True)
 
     @cached_property
     def model(self) -> ResolvedModel:
         """The job's model with every default filled (kv_heads, ffn_hidden, activation, position, moe.ffn_hidden)."""
-        return resolve_model(self.spec.model)
+        return self.shared_model if self.shared_model is not None else resolve_model(self.spec.model)
 
     @property
     def nodes(self) -> int:
@@ -217,6 +224,8 @@ class Plan:
     @cached_property
     def _placed(self) -> tuple[Placement | None, str | None]:
         """Placement and the order error, computed once (rules ask for both)."""
+        if self.shared_placement is not None:
+            return self.shared_placement
         d = self.degrees
         if d is None or not self.layout_ok or (d.dp * d.cp) % d.ep:
             return None, None
@@ -233,6 +242,71 @@ class Plan:
     def order_error(self) -> str | None:
         """Why the order string cannot place this layout, or None."""
         return self._placed[1]
+
+    def resolve(self) -> ResolvedPlan:
+        """This plan with every derived value present; UnresolvedPlan (naming what is missing) when its layout
+        does not resolve, which the rules report first (DSF1xx), so a checked job never meets it."""
+        missing = [name for name, absent in (("degrees", self.degrees is None), ("grad_accum", self.grad_accum is None),
+                                             ("stage_layers", not self.stage_layers),
+                                             ("placement", self.placement is None)) if absent]
+        if missing or self.degrees is None or self.grad_accum is None or self.placement is None:
+            raise UnresolvedPlan(f"the plan is incomplete ({', '.join(missing)} unresolved); run `dsforge validate` "
+                                 "for the reasons")
+        return ResolvedPlan(self.spec, self.model, self.degrees, self.grad_accum, self.stage_layers, self.placement,
+                            self.search if self.search is not None else {})
+
+
+class UnresolvedPlan(ValueError):
+    """`Plan.resolve()` of a plan whose layout does not resolve (the rules say why)."""
+
+
+@dataclass(frozen=True)
+class ResolvedPlan:
+    """A plan whose layout resolved: degrees that fill the world, a batch that splits, a stage partition and a
+    rank placement, none of them optional (`Plan.resolve()`). Equal when their specs are; ``search``: the layout
+    search's record ({} when none ran)."""
+
+    spec: JobSpec
+    model: ResolvedModel = field(compare=False, repr=False)
+    degrees: Degrees = field(compare=False)
+    grad_accum: int = field(compare=False)
+    stage_layers: list[int] = field(compare=False, repr=False)
+    placement: Placement = field(compare=False, repr=False)
+    search: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def nodes(self) -> int:
+        """Number of nodes."""
+        return self.spec.hardware.nodes
+
+    @property
+    def gpus_per_node(self) -> int:
+        """Ranks per node."""
+        return self.spec.hardware.gpus_per_node
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the job: nodes x gpus_per_node."""
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def zero(self) -> int:
+        """ZeRO stage (`auto` counts as 0 until the search picks one)."""
+        return self.spec.parallel.zero if isinstance(self.spec.parallel.zero, int) else 0
+
+    @property
+    def virtual_stages(self) -> int:
+        """Model chunks per pipeline rank (1 unless the interleaved schedule is chosen)."""
+        return self.spec.parallel.pipeline.virtual_stages
+
+    @property
+    def layout_ok(self) -> bool:
+        """Always True: the degrees fill the world (kept for code that reads either kind of plan)."""
+        return True
+
+
+#: Either kind of plan: what the rules (which meet unresolved plans) and the emitter (resolved ones) both read.
+AnyPlan = Plan | ResolvedPlan
 
 
 def build_plan(spec: JobSpec) -> Plan:

@@ -30,7 +30,7 @@ from dsforge.compiler.estimate import flops
 from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
 from dsforge.compiler.estimate.steptime import StepTime, estimate_step
 from dsforge.compiler.frontend.parse import LoadedJob
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import Plan, ResolvedPlan
 from dsforge.compiler.model.resolved import ResolvedModel, resolve_model
 from dsforge.compiler.rules.registry import Context, Rule, checks, run_rules
 from dsforge.compiler.spec.schema import JobSpec
@@ -87,7 +87,7 @@ class Evaluated:
 
     layout: Layout
     spec: JobSpec
-    plan: Plan
+    plan: ResolvedPlan
     memory: MemoryEstimate
     step: StepTime
     value: float
@@ -155,8 +155,7 @@ def _gb(n: float) -> str:
 
 
 def _model_seeded(spec: JobSpec, model: ResolvedModel, placements: dict[Any, Any] | None = None) -> Plan:
-    plan = Plan(spec)
-    plan.__dict__["model"] = model  # every candidate shares the model: resolve it once (Plan caches it there)
+    plan = Plan(spec, shared_model=model)  # every candidate shares the model: resolved once
     if placements is not None:
         # the rank placement follows from the degrees, the node size and the order alone (Plan._placed): one
         # per degree combination, shared by its candidates with what it caches (groups, node crossings)
@@ -165,7 +164,7 @@ def _model_seeded(spec: JobSpec, model: ResolvedModel, placements: dict[Any, Any
             key = (d.tp, d.pp, d.dp, d.cp, d.ep, plan.layout_ok, plan.gpus_per_node, spec.parallel.order)
             if key not in placements:
                 placements[key] = plan._placed
-            plan.__dict__["_placed"] = placements[key]
+            plan = Plan(spec, shared_model=model, shared_placement=placements[key])
     return plan
 
 
@@ -637,7 +636,9 @@ class _Search:
             self._miss(lay, "deadline", f"trains in {train_h:,.1f} h")
             return
         self.funnel.fitting += 1
-        ev = Evaluated(lay, plan.spec, plan, mem, step, self.objective.value(step.step_s, tokens, plan.world_size))
+        # its layout resolved (`_level1` checked it) and every rule passed: the candidate as what compile would emit
+        ev = Evaluated(lay, plan.spec, plan.resolve(), mem, step,
+                       self.objective.value(step.step_s, tokens, plan.world_size))
         self._push(heap, ev.value, tiebreak, _Ranked(ev))
 
     def evaluate(self, lay: Layout) -> Evaluated | Miss:
@@ -653,7 +654,7 @@ class _Search:
             plan = got[1]
             step = estimate_step(plan)
             tokens = lay.global_batch * self.model.seq_len
-            return Evaluated(lay, plan.spec, plan, mem, step,
+            return Evaluated(lay, plan.spec, plan.resolve(), mem, step,
                              self.objective.value(step.step_s, tokens, plan.world_size))
         finally:
             self.funnel, self.misses = funnel, misses

@@ -51,8 +51,9 @@ def _engine_worker(rank: int, init: str, out: str, repeats: int) -> None:
     folder = Path(out).parent
     for zero in range(4):
         for layers in ENGINE_LAYERS:
-            plan = validate_file(_engine_job(folder, zero, layers)).plan
-            assert plan is not None  # a fixed, valid job
+            checked = validate_file(_engine_job(folder, zero, layers)).plan
+            assert checked is not None  # a fixed, valid job
+            plan = checked.resolve()
             groups = create_groups(plan)
             with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed's start-up chatter
                 engine = build_engine(plan, build_ds_config(plan), groups, seed=1)

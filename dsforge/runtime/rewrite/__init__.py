@@ -12,7 +12,7 @@ from typing import Any
 from torch import nn
 
 from dsforge.compiler.model.params import total_params
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import AnyPlan
 from dsforge.compiler.model.resolved import ResolvedModel
 from dsforge.compiler.spec.schema import JobSpec, ModelSpec
 from dsforge.runtime.models import ModelBuildError, build_model
@@ -38,14 +38,14 @@ def resolve_arch(model: nn.Module, spec: JobSpec) -> str:
     return found
 
 
-def plan_rewrite(source: ModelSpec | ResolvedModel | nn.Module, plan: Plan) -> RewritePlan:
+def plan_rewrite(source: ModelSpec | ResolvedModel | nn.Module, plan: AnyPlan) -> RewritePlan:
     """The rewrite plan of a module (or of the spec's model, built on the meta device) under ``plan``."""
     d = plan.degrees
     model = source if isinstance(source, nn.Module) else build_model(source, "meta", d.tp if d else 1)
     return plan_module(model, plan, resolve_arch(model, plan.spec))
 
 
-def describe(spec: JobSpec, plan: Plan) -> dict[str, Any]:
+def describe(spec: JobSpec, plan: AnyPlan) -> dict[str, Any]:
     """The rewrite plan as JSON-ready data for plan.json and `dsforge explain`; never raises on a bad job.
 
     ``ok`` is False when the model cannot be built or placed; ``errors`` then says why and

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import AnyPlan
 from dsforge.compiler.model.rewrite_policies import POLICIES, rows_for
 from dsforge.runtime.errors import RuntimeRefusal
 from dsforge.runtime.hf_attention import plain_causal_problems
@@ -181,7 +181,7 @@ def model_top_k(block: nn.Module) -> int | None:
     return k if isinstance(k, int) else None
 
 
-def _moe_problems(model: nn.Module, claim: Claim, plan: Plan, ep: int) -> list[str]:
+def _moe_problems(model: nn.Module, claim: Claim, plan: AnyPlan, ep: int) -> list[str]:
     """The job's moe.top_k must be the block's; under ep > 1 the router must be one DeepSpeed's gate reproduces."""
     moe = plan.model.moe
     parent = claim.name.rpartition(".")[0]
@@ -238,12 +238,12 @@ def model_head_dim(model: nn.Module) -> int | None:
     return None
 
 
-def _heads(plan: Plan, head_dim: int | None = None) -> Heads:
+def _heads(plan: AnyPlan, head_dim: int | None = None) -> Heads:
     m = plan.model
     return Heads(m.heads, m.kv_heads, head_dim or m.hidden // m.heads, plan.spec.parallel.replicate_kv_heads)
 
 
-def _shard(claim: Claim, tp: int, ep: int, plan: Plan, heads: Heads) -> ShardResult:
+def _shard(claim: Claim, tp: int, ep: int, plan: AnyPlan, heads: Heads) -> ShardResult:
     """Shards of one claimed module under its row's variant."""
     variant, module = claim.row.variant, claim.module
     if variant == "vocab" and (problem := _embedding_problem(module)):
@@ -300,7 +300,7 @@ def _layer_regex(arch: str, model: nn.Module, layers: int) -> tuple[re.Pattern[s
     return (re.compile(re.escape(found) + r"\.(\d+)(?=\.|$)") if found is not None else None), found
 
 
-def _stage_of_layers(plan: Plan, layers: int) -> list[int]:
+def _stage_of_layers(plan: AnyPlan, layers: int) -> list[int]:
     """Pipeline rank of every layer, from the plan's chunk partition (chunk c runs on rank c mod pp)."""
     pp = plan.degrees.pp if plan.degrees else 1
     chunks = plan.stage_layers or ([layers] if pp == 1 else [])
@@ -310,7 +310,7 @@ def _stage_of_layers(plan: Plan, layers: int) -> list[int]:
     return out
 
 
-def _assign_stages(entries: list[ModulePlan], model: nn.Module, plan: Plan, problems: list[str]) -> None:
+def _assign_stages(entries: list[ModulePlan], model: nn.Module, plan: AnyPlan, problems: list[str]) -> None:
     """Set each module's pipeline stage: its layer's, else first (before the layers) or last."""
     layers = plan.model.layers
     stages = _stage_of_layers(plan, layers)
@@ -327,7 +327,7 @@ def _assign_stages(entries: list[ModulePlan], model: nn.Module, plan: Plan, prob
             m.stage = 0 if order[m.name] < first_layer else pp - 1
 
 
-def plan_module(model: nn.Module, plan: Plan, arch: str) -> RewritePlan:
+def plan_module(model: nn.Module, plan: AnyPlan, arch: str) -> RewritePlan:
     """Plan the rewrite of an already built module tree under ``arch``'s policy and the job's rules."""
     spec, d = plan.spec, plan.degrees
     if d is None:
