@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from dsforge.compiler.plan.bubble import bubble_fraction
 from dsforge.compiler.frontend.parse import parse_job
 from dsforge.compiler.plan.placement import AXES, OrderError, place
-from dsforge.compiler.plan.plan import balanced_partition, build_plan, uniform_partition
+from dsforge.compiler.plan.plan import (
+    Plan,
+    ResolvedPlan,
+    UnresolvedPlan,
+    balanced_partition,
+    build_plan,
+    uniform_partition,
+)
 from dsforge.compiler.frontend.source import SourceMap
 
 
@@ -40,6 +47,37 @@ def test_batch_that_does_not_split_has_no_accumulation() -> None:
 def test_auto_degree_leaves_degrees_unresolved() -> None:
     plan = _plan({"tp": "auto"})
     assert plan.degrees is None and plan.placement is None and plan.stage_layers == []
+
+
+def test_resolve_gives_every_derived_value_of_the_lazy_plan() -> None:
+    plan = _plan({"tp": 2, "pp": 2}, {"global_batch": 32, "micro_batch": 2})
+    resolved = plan.resolve()
+    assert isinstance(resolved, ResolvedPlan)
+    assert (resolved.degrees, resolved.grad_accum, resolved.stage_layers, resolved.placement, resolved.model) == (
+        plan.degrees, plan.grad_accum, plan.stage_layers, plan.placement, plan.model)
+    assert (resolved.world_size, resolved.zero, resolved.virtual_stages, resolved.nodes) == (
+        plan.world_size, plan.zero, plan.virtual_stages, plan.nodes)
+    assert resolved.search == {} and resolved == plan.resolve() and hash(resolved) == hash(plan.resolve())
+    with pytest.raises(AttributeError):  # frozen
+        resolved.grad_accum = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("parallel", "training", "missing"), [
+    ({"tp": "auto"}, None, "degrees, grad_accum, stage_layers, placement"),
+    ({"tp": 2}, {"global_batch": 10, "micro_batch": 1}, "grad_accum"),
+    ({"tp": 2, "dp": 2}, None, "placement"),
+])
+def test_resolve_refuses_a_plan_the_rules_would_refuse_naming_what_is_missing(
+        parallel: dict[str, Any], training: dict[str, Any] | None, missing: str) -> None:
+    with pytest.raises(UnresolvedPlan, match=f"incomplete [(]{missing} unresolved[)]"):
+        _plan(parallel, training).resolve()
+
+
+def test_shared_model_and_placement_are_what_the_plan_reads_and_change_no_equality() -> None:
+    plan = _plan({"tp": 2, "pp": 2})
+    shared = Plan(plan.spec, shared_model=plan.model, shared_placement=(plan.placement, None))
+    assert shared == plan and shared.model is plan.model and shared.placement is plan.placement
+    assert shared.resolve().placement is plan.placement
 
 
 def test_layout_not_filling_the_world_has_no_placement() -> None:
