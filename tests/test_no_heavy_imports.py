@@ -43,9 +43,9 @@ print(json.dumps({{"codes": codes, "heavy": [m for m in {HEAVY!r} if m in sys.mo
 def test_no_compiler_module_imports_anything_heavy() -> None:
     code = f"""
 import importlib, json, pkgutil, sys
-import dsforge.compiler, dsforge.formatters
+import dsforge.commands, dsforge.compiler, dsforge.formatters
 names = ["dsforge.cli", "dsforge.docs_gen", "dsforge.diagnostics"]
-for pkg in (dsforge.compiler, dsforge.formatters):
+for pkg in (dsforge.commands, dsforge.compiler, dsforge.formatters):
     names += [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
 for name in names:
     importlib.import_module(name)
