@@ -31,10 +31,10 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dsforge.commands.search_verify import spearman
 from dsforge.compiler.estimate.memory import estimate_memory
 from dsforge.compiler.estimate.steptime import estimate_step
 from dsforge.compiler.validate import validate_file
-from dsforge.commands.search_verify import spearman
 
 #: name -> (ranks, parallel, training overrides): dp, tp, pp, ZeRO 0-3, recompute, micro-batch sizes
 LAYOUTS: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dsforge.compiler.spec.json_schema import spec_schema
 from dsforge.compiler.frontend.presets import KINDS, presets
 from dsforge.compiler.rules.registry import STAGES, Rule, all_rules
+from dsforge.compiler.spec.json_schema import spec_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES_MD = ROOT / "docs" / "rules.md"

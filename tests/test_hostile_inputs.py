@@ -22,10 +22,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsforge.cli import cli
-from dsforge.compiler.spec import schema
 from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.emit.render import canonical_json
 from dsforge.compiler.frontend.source import MAX_FILE_BYTES, MAX_NUMBER_DIGITS, load_yaml, read_text
+from dsforge.compiler.spec import schema
 from dsforge.compiler.strict_json import NonFiniteError, dumps, finite_or_text, non_finite
 from dsforge.compiler.validate import validate_file
 from dsforge.diagnostics import Diagnostic, InputError, Location, Severity

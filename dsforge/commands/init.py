@@ -19,16 +19,16 @@ from typing import Any
 import yaml
 
 from dsforge.compiler.estimate.memory import estimate_memory
+from dsforge.compiler.frontend.parse import LoadedJob, parse_job
+from dsforge.compiler.frontend.presets import presets
+from dsforge.compiler.frontend.source import SourceMap, load_yaml
 from dsforge.compiler.launch_targets import BUILTIN_LAUNCHERS, SINGLE_MACHINE_LAUNCHERS, launch_target_names
 from dsforge.compiler.model.params import total_params
-from dsforge.compiler.frontend.parse import LoadedJob, parse_job
-from dsforge.compiler.plan.plan import Plan, build_plan
-from dsforge.compiler.frontend.presets import presets
 from dsforge.compiler.model.resolved import resolve_model
+from dsforge.compiler.plan.plan import Plan, build_plan
 from dsforge.compiler.rules.memory import WARN_ABOVE
 from dsforge.compiler.rules.registry import Context, Rule, checks, run_rules
 from dsforge.compiler.spec.schema import JobSpec, ModelSpec
-from dsforge.compiler.frontend.source import SourceMap, load_yaml
 from dsforge.compiler.spec.spec_types import Nested, Section
 from dsforge.compiler.validate import check
 from dsforge.diagnostics import Diagnostic, Severity

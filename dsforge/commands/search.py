@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsforge.compiler.frontend.parse import LoadedJob, load_job
-from dsforge.compiler.spec.schema import JobSpec
 from dsforge.compiler.search.space import AUTO, AUTO_KEYS, auto_keys, written_layout
+from dsforge.compiler.spec.schema import JobSpec
 from dsforge.diagnostics import Diagnostic, InputError
 
 #: The degrees and the ZeRO stage (what tests/compiler/search/test_search_exact.py's large examples compare over).
@@ -58,9 +58,9 @@ def run_search(file: str, fmt: str = "text", top: int | None = None, write: str 
                selection: Any = None, verify: int | None = None) -> Outcome:
     """The whole command (exit codes: 0 a layout fits, 1 none fits or the job has errors, 2 unusable input)."""
     from dsforge.compiler.frontend.project_config import ConfigError
+    from dsforge.compiler.rules.selection import Selection
     from dsforge.compiler.search.engine import SpaceTooLarge, search
     from dsforge.compiler.search.resolve import no_fit, rule_filter, unresolvable
-    from dsforge.compiler.rules.selection import Selection
     from dsforge.compiler.validate import settings_for
     from dsforge.explain import search_report
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dsforge.compiler.frontend.parse import LoadedJob, load_job
-from dsforge.compiler.plan.plan import Plan, build_plan
 from dsforge.compiler.frontend.project_config import ConfigError, ProjectConfig, find_config
-from dsforge.compiler.rules.registry import Context, Rule, run_rules
 from dsforge.compiler.frontend.source import is_stdin
+from dsforge.compiler.plan.plan import Plan, build_plan
+from dsforge.compiler.rules.registry import Context, Rule, run_rules
 from dsforge.compiler.rules.selection import Selection, apply
 from dsforge.diagnostics import Diagnostic, InputError, Location, Severity, has_errors
 

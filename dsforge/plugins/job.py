@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from dsforge.compiler.emit.ds_config import build_ds_config
-from dsforge.compiler.plan.plan import ResolvedPlan, build_plan
 from dsforge.compiler.frontend.source import SourceMap
+from dsforge.compiler.plan.plan import ResolvedPlan, build_plan
 from dsforge.diagnostics import Diagnostic, Severity
 
 

@@ -26,8 +26,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from dsforge.runtime.layers.sharding import block_widths, gathered_order, split_sizes
 from dsforge.runtime.errors import ModelBuildError
+from dsforge.runtime.layers.sharding import block_widths, gathered_order, split_sizes
 from dsforge.runtime.rewrite.planner import ModulePlan, RewritePlan
 from dsforge.runtime.rewrite.shard import ParamShard
 from dsforge.runtime.weights_io import SliceTag, tag

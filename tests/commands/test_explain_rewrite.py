@@ -17,8 +17,8 @@ from dsforge.cli import cli
 from dsforge.compiler.emit.rewrite_doc import with_exact_params
 from dsforge.compiler.estimate.summary import summarize
 from dsforge.explain.text import headline, summary_section
-from tests.conftest import ROOT
 from tests.commands.test_compile_rewrite import TOY_JOB, write_job
+from tests.conftest import ROOT
 from tests.test_compile_support import example_path, example_plan
 
 MIXTRAL = example_path("mixtral-8x7b-ep")

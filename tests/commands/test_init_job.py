@@ -23,8 +23,8 @@ from dsforge.cli import cli
 from dsforge.commands import init as init_job
 from dsforge.commands.init import Choices, InitError, Layout, Starter, starter
 from dsforge.compiler.frontend.presets import presets
-from dsforge.compiler.spec.schema import JobSpec
 from dsforge.compiler.frontend.source import load_yaml
+from dsforge.compiler.spec.schema import JobSpec
 from dsforge.compiler.spec.spec_types import Nested, Section
 from dsforge.compiler.validate import validate_file
 from dsforge.diagnostics import Severity

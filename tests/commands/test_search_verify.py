@@ -52,9 +52,9 @@ def test_verify_runs_six_layouts_and_sets_measured_beside_predicted(write_job, m
 
 
 def test_verify_picks_the_top_and_the_last_of_every_fitting_candidate(write_job) -> None:
+    from dsforge.commands.search_verify import chosen
     from dsforge.compiler.frontend.parse import load_job
     from dsforge.compiler.search.engine import search
-    from dsforge.commands.search_verify import chosen
 
     job, _ = load_job(write_job(TWO_RANKS))
     assert job is not None

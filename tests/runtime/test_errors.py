@@ -11,7 +11,7 @@ from tests.conftest import ROOT
 
 pytest.importorskip("torch")
 
-from dsforge.runtime.errors import EngineError, ModelBuildError, RuntimeRefusal  # noqa: E402
+from dsforge.runtime.errors import EngineError, ModelBuildError, RuntimeRefusal
 
 RUNTIME = ROOT / "dsforge" / "runtime"
 #: Exception classes of the runtime that are not refusals: a failure injected on purpose by the fault hook.

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dsforge.commands import run as runner
 from dsforge.cli import cli
+from dsforge.commands import run as runner
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dsforge.compiler.model.params import total_params
 from dsforge.compiler.frontend.presets import presets
+from dsforge.compiler.model.params import total_params
 from dsforge.runtime.models import build_model
 from dsforge.runtime.rewrite import describe, plan_rewrite
 

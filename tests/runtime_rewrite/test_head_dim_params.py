@@ -17,10 +17,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsforge.compiler.model.params import total_params
 from dsforge.compiler.frontend.parse import load_job
-from dsforge.compiler.plan.plan import build_plan
+from dsforge.compiler.model.params import total_params
 from dsforge.compiler.model.resolved import resolve_model
+from dsforge.compiler.plan.plan import build_plan
 from dsforge.compiler.spec.schema import ModelSpec
 from dsforge.runtime.models import build_hf
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dsforge.version import __version__
 from dsforge.compiler.emit.ds_config import EmitError, build_ds_config
 from dsforge.compiler.emit.interpreter import with_interpreter
 from dsforge.compiler.emit.launchers import CORE_FILES, launch_context, launch_files
 from dsforge.compiler.emit.plan_doc import plan_document, plan_ready
 from dsforge.compiler.emit.render import render
 from dsforge.compiler.plan.plan import ResolvedPlan
+from dsforge.version import __version__
 
 #: Kubernetes refuses ConfigMaps over 1 MiB (etcd's object limit).
 CONFIGMAP_LIMIT_BYTES = 1024 * 1024

@@ -13,12 +13,12 @@ import importlib.util
 from dataclasses import asdict
 from typing import Any
 
-from dsforge.version import __version__
 from dsforge.compiler.deepspeed.ds_settings import on_cpu
 from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.plan.placement import Placement
 from dsforge.compiler.plan.plan import Degrees, ResolvedPlan
 from dsforge.compiler.strict_json import non_finite
+from dsforge.version import __version__
 
 FORMAT = 1
 GENERATOR = "dsforge"

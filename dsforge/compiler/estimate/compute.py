@@ -26,8 +26,8 @@ from dsforge.compiler.estimate.memo import bounded
 from dsforge.compiler.estimate.shares import kv_heads_per_rank
 from dsforge.compiler.estimate.stacks import StackProfile, profile_of
 from dsforge.compiler.model.params import is_moe_layer, padded_vocab
-from dsforge.compiler.plan.plan import AnyPlan
 from dsforge.compiler.model.resolved import ResolvedModel
+from dsforge.compiler.plan.plan import AnyPlan
 
 #: Large-GEMM efficiency for an accelerator that states none: cuBLAS bf16 GEMMs of 8k-16k reach 0.7-0.8 of
 #: dense peak on A100 and H100 (NVIDIA's Deep Learning Performance guide, "Matrix multiplication" section).

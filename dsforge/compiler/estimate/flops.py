@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from dsforge.compiler.estimate.memo import bounded
 from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.model.params import is_moe_layer, padded_vocab
-from dsforge.compiler.plan.plan import AnyPlan
 from dsforge.compiler.model.resolved import ResolvedModel
+from dsforge.compiler.plan.plan import AnyPlan
 from dsforge.compiler.spec.schema import AcceleratorSpec
 
 

@@ -30,8 +30,8 @@ from dsforge.compiler.estimate.shares import RankParams, chunk_table, kind_table
 from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.estimate.zero_config import ZeroSettings, zero_settings
 from dsforge.compiler.model.params import padded_vocab
-from dsforge.compiler.plan.plan import AnyPlan
 from dsforge.compiler.model.resolved import ResolvedModel
+from dsforge.compiler.plan.plan import AnyPlan
 
 GPU_RESERVE_BYTES = 2.0e9
 CPU_RESERVE_BYTES = 0.45e9

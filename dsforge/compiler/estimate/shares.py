@@ -16,8 +16,8 @@ from itertools import accumulate
 from dsforge.compiler.estimate.memo import bounded, plan_memo
 from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.model.params import has_bias, kv_heads_per_rank, moe_count, padded_vocab, shared_gate
-from dsforge.compiler.plan.plan import AnyPlan
 from dsforge.compiler.model.resolved import ResolvedModel
+from dsforge.compiler.plan.plan import AnyPlan
 
 __all__ = ["RankParams", "chunk_table", "embedding_share", "gathered_tensors", "head_share", "kind_share",
            "kind_table", "kv_heads_per_rank", "layer_kinds", "stage_chunks", "stage_share"]

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsforge.compiler.plan.bubble import bubble_fraction
 from dsforge.compiler.estimate import comm, flops
 from dsforge.compiler.estimate.comm import Collective
 from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
 from dsforge.compiler.estimate.shares import stage_chunks, stage_share
 from dsforge.compiler.estimate.steptime import StepTime, estimate_step, refetched
 from dsforge.compiler.model.params import is_moe_layer, layer_params, mlp_params, moe_layers_in, total_params
+from dsforge.compiler.plan.bubble import bubble_fraction
 from dsforge.compiler.plan.plan import AnyPlan
 
 #: Layer-scoped collectives that a full recompute repeats during the backward pass.

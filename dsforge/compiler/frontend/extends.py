@@ -12,7 +12,14 @@ import sys
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from dsforge.compiler.frontend.source import STDIN_NAME, SourceMap, is_stdin, load_yaml, read_stream, read_text
+from dsforge.compiler.frontend.source import (
+    STDIN_NAME,
+    SourceMap,
+    is_stdin,
+    load_yaml,
+    read_stream,
+    read_text,
+)
 from dsforge.diagnostics import Diagnostic, InputError, Location, Severity
 
 MAX_CHAIN = 16

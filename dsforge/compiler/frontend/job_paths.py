@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dsforge.compiler.spec.schema import JobSpec
 from dsforge.compiler.frontend.source import SourceMap
+from dsforge.compiler.spec.schema import JobSpec
 
 Key = tuple[str, ...]
 

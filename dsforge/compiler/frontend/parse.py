@@ -11,10 +11,10 @@ from dsforge.compiler.frontend.job_paths import resolve_job_paths
 from dsforge.compiler.frontend.preset_files import is_preset_file, load_preset_file
 from dsforge.compiler.frontend.presets import presets
 from dsforge.compiler.frontend.pretrained import expand_pretrained
-from dsforge.compiler.model.resolved import resolve_model
-from dsforge.compiler.spec.schema import JobSpec, ModelSpec
 from dsforge.compiler.frontend.schema_errors import schema_diagnostics, suggest
 from dsforge.compiler.frontend.source import SourceMap
+from dsforge.compiler.model.resolved import resolve_model
+from dsforge.compiler.spec.schema import JobSpec, ModelSpec
 from dsforge.compiler.spec.spec_types import SpecError
 from dsforge.diagnostics import Diagnostic, InputError, Severity
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dsforge.compiler.spec.schema import JobSpec
 from dsforge.compiler.frontend.source import SourceMap
+from dsforge.compiler.spec.schema import JobSpec
 from dsforge.compiler.spec.spec_types import Field, Issue, Path, Section
 from dsforge.diagnostics import Diagnostic, Severity, dotted
 

@@ -16,8 +16,8 @@ from itertools import accumulate
 from typing import Any
 
 from dsforge.compiler.model.params import embedding_params, head_params, is_moe_layer, layer_params
-from dsforge.compiler.plan.placement import OrderError, Placement, place
 from dsforge.compiler.model.resolved import ResolvedModel, resolve_model
+from dsforge.compiler.plan.placement import OrderError, Placement, place
 from dsforge.compiler.spec.schema import JobSpec
 
 

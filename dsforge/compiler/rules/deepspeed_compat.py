@@ -19,8 +19,8 @@ from dsforge.compiler.deepspeed.ds_keys import (
     ZERO_KEYS,
 )
 from dsforge.compiler.deepspeed.ds_schema import MODELS, Field, Invalid, coerce
-from dsforge.compiler.rules.registry import Context, Finding, rule
 from dsforge.compiler.frontend.schema_errors import suggest
+from dsforge.compiler.rules.registry import Context, Finding, rule
 from dsforge.diagnostics import Severity
 
 DS = "deepspeed 0.19.8 "

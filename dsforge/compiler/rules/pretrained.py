@@ -11,8 +11,13 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from dsforge.compiler.frontend.pretrained import (
+    PretrainedError,
+    checkpoint_dtype,
+    read_config,
+    sliding_window,
+)
 from dsforge.compiler.model.params import padded_vocab
-from dsforge.compiler.frontend.pretrained import PretrainedError, checkpoint_dtype, read_config, sliding_window
 from dsforge.compiler.rules.registry import Context, Finding, report_id, rule
 from dsforge.diagnostics import Severity
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsforge import extensions
+from dsforge.compiler.frontend.source import SourceMap
 from dsforge.compiler.plan.plan import Plan
 from dsforge.compiler.spec.schema import JobSpec
-from dsforge.compiler.frontend.source import SourceMap
 from dsforge.diagnostics import Diagnostic, Location, Severity
 
 Path = tuple[str | int, ...]

@@ -28,8 +28,8 @@ from dsforge.compiler.estimate import flops
 from dsforge.compiler.estimate.shares import stage_share
 from dsforge.compiler.estimate.zero_config import OPTIMIZER_STATE_BYTES
 from dsforge.compiler.model.params import is_moe_layer
-from dsforge.compiler.plan.plan import Plan
 from dsforge.compiler.model.resolved import ResolvedModel
+from dsforge.compiler.plan.plan import Plan
 
 
 def model_state_bytes(plan: Plan, average: bool = False) -> float:

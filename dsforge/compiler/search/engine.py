@@ -30,10 +30,9 @@ from dsforge.compiler.estimate import flops
 from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
 from dsforge.compiler.estimate.steptime import StepTime, estimate_step
 from dsforge.compiler.frontend.parse import LoadedJob
-from dsforge.compiler.plan.plan import Plan, ResolvedPlan
 from dsforge.compiler.model.resolved import ResolvedModel, resolve_model
+from dsforge.compiler.plan.plan import Plan, ResolvedPlan
 from dsforge.compiler.rules.registry import Context, Rule, checks, run_rules
-from dsforge.compiler.spec.schema import JobSpec
 from dsforge.compiler.search.bounds import (
     chain_floor_s,
     compute_speed,
@@ -54,6 +53,7 @@ from dsforge.compiler.search.space import (
     skeletons,
     space_size,
 )
+from dsforge.compiler.spec.schema import JobSpec
 from dsforge.diagnostics import Diagnostic, Severity
 
 #: The memory rule: the engine applies its test (peak over capacity) from the estimate it needs anyway, so that

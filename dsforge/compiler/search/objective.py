@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsforge.compiler.spec.schema import JobSpec
 from dsforge.compiler.search.space import options
+from dsforge.compiler.spec.schema import JobSpec
 
 
 @dataclass(frozen=True)

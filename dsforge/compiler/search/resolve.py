@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsforge.compiler.frontend.parse import LoadedJob
+from dsforge.compiler.rules.selection import Selection, apply
 from dsforge.compiler.search.engine import (
     Evaluated,
     RuleFilter,
@@ -17,7 +18,6 @@ from dsforge.compiler.search.engine import (
     search,
 )
 from dsforge.compiler.search.space import auto_keys, is_auto, options, value_at
-from dsforge.compiler.rules.selection import Selection, apply
 from dsforge.diagnostics import Diagnostic, Severity
 
 

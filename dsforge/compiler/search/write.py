@@ -14,8 +14,8 @@ from typing import Any
 
 from dsforge.compiler.frontend.job_paths import written_value
 from dsforge.compiler.frontend.parse import LoadedJob
-from dsforge.compiler.search.space import AUTO, Layout
 from dsforge.compiler.frontend.source import SourceMap, load_yaml
+from dsforge.compiler.search.space import AUTO, Layout
 
 #: Where each key's chosen value comes from in a Layout.
 FIELD_OF: dict[tuple[str, ...], str] = {

@@ -37,7 +37,13 @@ import torch
 
 from dsforge.runtime.calibrate.engine_overhead import engine_rows
 from dsforge.runtime.calibrate.fits import fit_engine
-from dsforge.runtime.calibrate.kernels import GEMM_SIZES, gemm_rates, layer_op_overhead, memory_bandwidth, op_overhead
+from dsforge.runtime.calibrate.kernels import (
+    GEMM_SIZES,
+    gemm_rates,
+    layer_op_overhead,
+    memory_bandwidth,
+    op_overhead,
+)
 from dsforge.runtime.calibrate.links import collective_fit, launched, measure_links
 
 

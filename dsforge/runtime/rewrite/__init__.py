@@ -12,8 +12,8 @@ from typing import Any
 from torch import nn
 
 from dsforge.compiler.model.params import total_params
-from dsforge.compiler.plan.plan import AnyPlan
 from dsforge.compiler.model.resolved import ResolvedModel
+from dsforge.compiler.plan.plan import AnyPlan
 from dsforge.compiler.spec.schema import JobSpec, ModelSpec
 from dsforge.runtime.models import ModelBuildError, build_model
 from dsforge.runtime.rewrite.detect import detect_arch

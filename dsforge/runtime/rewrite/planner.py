@@ -14,8 +14,8 @@ from typing import Any
 
 from torch import nn
 
-from dsforge.compiler.plan.plan import AnyPlan
 from dsforge.compiler.model.rewrite_policies import POLICIES, rows_for
+from dsforge.compiler.plan.plan import AnyPlan
 from dsforge.runtime.errors import RuntimeRefusal
 from dsforge.runtime.hf_attention import plain_causal_problems
 from dsforge.runtime.rewrite.shard import (

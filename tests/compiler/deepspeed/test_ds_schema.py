@@ -14,7 +14,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsforge.compiler.deepspeed.ds_schema import MODELS, Field, Invalid, coerce, merge_overrides, merge_zero, parse
+from dsforge.compiler.deepspeed.ds_schema import (
+    MODELS,
+    Field,
+    Invalid,
+    coerce,
+    merge_overrides,
+    merge_zero,
+    parse,
+)
 
 pydantic = pytest.importorskip("pydantic")
 

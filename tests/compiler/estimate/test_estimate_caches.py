@@ -20,8 +20,8 @@ from dsforge.compiler.estimate.memory import estimate_memory
 from dsforge.compiler.estimate.shares import layer_kinds, stage_chunks, stage_share
 from dsforge.compiler.estimate.steptime import estimate_step, stage_passes
 from dsforge.compiler.frontend.parse import load_job
-from dsforge.compiler.plan.plan import Plan
 from dsforge.compiler.model.resolved import resolve_model
+from dsforge.compiler.plan.plan import Plan
 from dsforge.compiler.search.bounds import edge_memory_bytes, model_state_bytes, pass_floor_s
 from dsforge.compiler.search.engine import _model_seeded
 from dsforge.compiler.search.space import Layout, apply_layout, layouts, skeletons

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsforge.compiler.estimate.flops import layer_forward_flops
-from dsforge.compiler.model.params import layer_params
 from dsforge.compiler.frontend.parse import load_job
-from dsforge.compiler.plan.plan import Plan, build_plan
+from dsforge.compiler.model.params import layer_params
 from dsforge.compiler.model.resolved import resolve_model
+from dsforge.compiler.plan.plan import Plan, build_plan
 from dsforge.compiler.spec.schema import ModelSpec
 from dsforge.compiler.validate import validate_file
 from dsforge.explain.report import explain_plan

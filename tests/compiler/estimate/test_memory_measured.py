@@ -26,11 +26,11 @@ from dsforge.compiler.estimate import activations as act
 from dsforge.compiler.estimate.model_states import model_states
 from dsforge.compiler.estimate.shares import stage_share
 from dsforge.compiler.estimate.zero_config import zero_settings
-from dsforge.compiler.model.params import is_moe_layer
 from dsforge.compiler.frontend.parse import load_job
-from dsforge.compiler.plan.plan import Plan, build_plan
 from dsforge.compiler.frontend.presets import presets
+from dsforge.compiler.model.params import is_moe_layer
 from dsforge.compiler.model.resolved import resolve_model
+from dsforge.compiler.plan.plan import Plan, build_plan
 from dsforge.compiler.spec.schema import ModelSpec
 
 pytestmark = pytest.mark.slow

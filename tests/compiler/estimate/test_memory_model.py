@@ -11,11 +11,11 @@ from dsforge.compiler.estimate import activations as act
 from dsforge.compiler.estimate.model_states import model_states
 from dsforge.compiler.estimate.shares import stage_share
 from dsforge.compiler.estimate.zero_config import zero_settings
-from dsforge.compiler.model.params import total_params
 from dsforge.compiler.frontend.parse import load_job
-from dsforge.compiler.plan.plan import Plan, build_plan
 from dsforge.compiler.frontend.presets import presets
+from dsforge.compiler.model.params import total_params
 from dsforge.compiler.model.resolved import resolve_model
+from dsforge.compiler.plan.plan import Plan, build_plan
 from dsforge.compiler.spec.schema import ModelSpec
 
 GPT3 = resolve_model(ModelSpec(arch="gpt2", layers=96, hidden=12288, heads=96, ffn_hidden=4 * 12288, vocab=50257,

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsforge.compiler.plan.bubble import bubble_fraction
 from dsforge.compiler.estimate.schedule import ScheduleError, Timeline, program, simulate
+from dsforge.compiler.plan.bubble import bubble_fraction
 
 
 def equal(p: int, v: int, tf: float = 1.0, tb: float = 2.0) -> tuple[list[list[float]], list[list[float]]]:

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsforge.compiler.model.params import embedding_params, head_params, is_moe_layer, layer_params
 from dsforge.compiler.frontend.parse import parse_job
-from dsforge.compiler.plan.plan import balanced_partition, build_plan, layer_weights, parameter_partition
-from dsforge.compiler.model.resolved import ResolvedModel, resolve_model
-from dsforge.compiler.spec.schema import ModelSpec
 from dsforge.compiler.frontend.source import SourceMap
+from dsforge.compiler.model.params import embedding_params, head_params, is_moe_layer, layer_params
+from dsforge.compiler.model.resolved import ResolvedModel, resolve_model
+from dsforge.compiler.plan.plan import balanced_partition, build_plan, layer_weights, parameter_partition
+from dsforge.compiler.spec.schema import ModelSpec
 
 #: The keys a job may leave unset because they follow from others.
 DERIVED = ("kv_heads", "ffn_hidden", "activation", "position")

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsforge.compiler.plan.bubble import bubble_fraction
 from dsforge.compiler.frontend.parse import parse_job
+from dsforge.compiler.frontend.source import SourceMap
+from dsforge.compiler.plan.bubble import bubble_fraction
 from dsforge.compiler.plan.placement import AXES, OrderError, place
 from dsforge.compiler.plan.plan import (
     Plan,
@@ -20,7 +21,6 @@ from dsforge.compiler.plan.plan import (
     build_plan,
     uniform_partition,
 )
-from dsforge.compiler.frontend.source import SourceMap
 
 
 def _plan(parallel: dict[str, Any], training: dict[str, Any] | None = None, gpus: int = 8, nodes: int = 1,

@@ -17,9 +17,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsforge.compiler.model.params import padded_vocab
-from dsforge.compiler.plan.resume_layout import padded_vocab_of, resume_refusals, same_layout, training_meaning
 from dsforge.commands.run import RunError, _continue
+from dsforge.compiler.model.params import padded_vocab
+from dsforge.compiler.plan.resume_layout import (
+    padded_vocab_of,
+    resume_refusals,
+    same_layout,
+    training_meaning,
+)
 from tests.conftest import ROOT
 
 GOLDEN = ROOT / "tests" / "golden" / "tiny-3d"

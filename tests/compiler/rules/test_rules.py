@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsforge.compiler.frontend.parse import parse_job
+from dsforge.compiler.frontend.source import SourceMap
 from dsforge.compiler.plan.plan import build_plan
 from dsforge.compiler.rules.registry import Context, Finding, Rule, all_rules, rule, run_rules
 from dsforge.compiler.spec.schema import JobSpec
-from dsforge.compiler.frontend.source import SourceMap
 from dsforge.compiler.validate import validate_file
 from dsforge.diagnostics import Severity
 

@@ -148,9 +148,9 @@ def test_compare_ranks_the_written_layout_among_all(write_job) -> None:
             "training.recompute"} <= set(doc["auto"]) and "hardware.nodes" not in doc["auto"]
     assert rank >= 1 and doc["winner"]["value"] <= doc["written"]["value"]
     assert sum(1 for r in doc["ranked"] if r["value"] < doc["written"]["value"]) == min(rank - 1, len(doc["ranked"]))
+    from dsforge.commands.search import all_auto
     from dsforge.compiler.search.space import written_layout
     from dsforge.explain.search_report import render
-    from dsforge.commands.search import all_auto
 
     job, _ = load_job(path)
     assert job is not None

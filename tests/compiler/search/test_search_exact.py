@@ -140,8 +140,8 @@ LARGE = ["llama3-8b-dgx-h100.yaml", "llama3-70b-multinode.yaml", "mixtral-8x7b-e
 @pytest.mark.slow
 @pytest.mark.parametrize("name", LARGE)
 def test_each_large_example_with_auto_degrees_gets_a_layout_at_least_as_fast_as_its_own(name: str) -> None:
-    from dsforge.compiler.search.space import written_layout
     from dsforge.commands.search import DEGREES, all_auto
+    from dsforge.compiler.search.space import written_layout
     from tests.conftest import ROOT
 
     job, _ = load_job(ROOT / "examples" / name)

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsforge.compiler.spec.json_schema import job_schema
 from dsforge.compiler.frontend.parse import parse_job
+from dsforge.compiler.frontend.source import SourceMap
 from dsforge.compiler.plan.plan import build_plan
 from dsforge.compiler.rules.registry import Context, run_rules
+from dsforge.compiler.spec.json_schema import job_schema
 from dsforge.compiler.spec.schema import JobSpec
-from dsforge.compiler.frontend.source import SourceMap
 from dsforge.compiler.spec.spec_types import FrozenSpecError
 
 VALID: dict[str, Any] = {

@@ -20,8 +20,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dsforge.compiler.frontend.extends import load_document
-from dsforge.compiler.spec.json_schema import job_schema
 from dsforge.compiler.frontend.parse import load_job
+from dsforge.compiler.spec.json_schema import job_schema
 from dsforge.compiler.spec.schema import JobSpec, LauncherKind, ModelSpec, OptimizerSpec, SchedulerSpec
 from dsforge.compiler.spec.spec_types import (
     AnyOf,
