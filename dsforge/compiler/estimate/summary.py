@@ -15,13 +15,13 @@ from dsforge.compiler.estimate.shares import stage_chunks, stage_share
 from dsforge.compiler.estimate.steptime import StepTime, estimate_step, refetched
 from dsforge.compiler.model.params import is_moe_layer, layer_params, mlp_params, moe_layers_in, total_params
 from dsforge.compiler.plan.bubble import bubble_fraction
-from dsforge.compiler.plan.plan import AnyPlan
+from dsforge.compiler.plan.plan import ResolvedPlan
 
 #: Layer-scoped collectives that a full recompute repeats during the backward pass.
 _REPEATED_BY_RECOMPUTE = ("layer", "moe-layer")
 
 
-def active_params(plan: AnyPlan) -> int:
+def active_params(plan: ResolvedPlan) -> int:
     """Parameters one token passes through: every dense weight plus top_k of each MoE layer's experts."""
     model = plan.model
     tp = plan.degrees.tp if plan.degrees else 1
@@ -32,9 +32,8 @@ def active_params(plan: AnyPlan) -> int:
     return total - idle * moe_layers_in(model, 0, model.layers)
 
 
-def _units(plan: AnyPlan, stage: int, op: Collective, m: int) -> float:
+def _units(plan: ResolvedPlan, stage: int, op: Collective, m: int) -> float:
     """Scope units of ``op`` per step on one rank of ``stage`` (layers x micro-batches and so on)."""
-    assert plan.degrees is not None
     model, last = plan.model, len(plan.stage_layers) - 1
     chunks = [(j * plan.degrees.pp + stage, first, n) for j, (first, n) in enumerate(stage_chunks(plan, stage))]
     full = plan.spec.training.recompute == "full" and op.phase == "forward" and (
@@ -55,7 +54,7 @@ def _units(plan: AnyPlan, stage: int, op: Collective, m: int) -> float:
     return per_mb * m * (2 if full else 1)
 
 
-def communication_rows(plan: AnyPlan, stage: int, m: int) -> list[dict[str, Any]]:
+def communication_rows(plan: ResolvedPlan, stage: int, m: int) -> list[dict[str, Any]]:
     """Every collective one rank of ``stage`` runs in a step: size, link, bytes and time per step."""
     rows = []
     for op in comm.model_parallel(plan) + comm.data_parallel(plan, stage):
@@ -78,7 +77,7 @@ def _memory(mem: MemoryEstimate) -> dict[str, Any]:
             "assumptions": list(mem.assumptions)}
 
 
-def _time(plan: AnyPlan, step: StepTime, tokens: float | None) -> dict[str, Any]:
+def _time(plan: ResolvedPlan, step: StepTime, tokens: float | None) -> dict[str, Any]:
     train_tokens = tokens if tokens is not None else float(plan.spec.training.steps * step.tokens)
     return {"step_s": step.step_s, "compute_s": step.compute_s, "bubble_s": step.bubble_s,
             "exposed_comm_s": dict(step.comm_s), "optimizer_s": step.optimizer_s,
@@ -92,8 +91,7 @@ def _time(plan: AnyPlan, step: StepTime, tokens: float | None) -> dict[str, Any]
             "train_time_s": step.time_to_train(train_tokens)}
 
 
-def _pipeline(plan: AnyPlan, step: StepTime) -> dict[str, Any]:
-    assert plan.degrees is not None and plan.grad_accum is not None
+def _pipeline(plan: ResolvedPlan, step: StepTime) -> dict[str, Any]:
     p, m, v = plan.degrees.pp, plan.grad_accum, plan.virtual_stages
     return {"schedule": plan.spec.parallel.pipeline.schedule, "stages": p, "virtual_stages": v,
             "micro_batches": m, "stage_layers": list(plan.stage_layers),
@@ -103,8 +101,7 @@ def _pipeline(plan: AnyPlan, step: StepTime) -> dict[str, Any]:
             "stage_busy_s": [step.timeline.busy(s) for s in range(p)]}
 
 
-def _params(plan: AnyPlan) -> dict[str, Any]:
-    assert plan.degrees is not None
+def _params(plan: ResolvedPlan) -> dict[str, Any]:
     model, d = plan.model, plan.degrees
     shares = [stage_share(plan, s, 0.0) for s in range(d.pp)]
     return {"total": total_params(model, d.tp), "active_per_token": active_params(plan),
@@ -112,12 +109,11 @@ def _params(plan: AnyPlan) -> dict[str, Any]:
             "per_gpu_by_stage": [{"stage": s, "dense": x.dense, "expert": x.expert} for s, x in enumerate(shares)]}
 
 
-def summarize(plan: AnyPlan, tokens: float | None = None, step: StepTime | None = None,
+def summarize(plan: ResolvedPlan, tokens: float | None = None, step: StepTime | None = None,
               memory: MemoryEstimate | None = None) -> dict[str, Any]:
     """The JSON-ready estimate of a valid plan; ``tokens`` sets the training horizon (default: steps x batch)."""
     step = step or estimate_step(plan)
     memory = memory or estimate_memory(plan)
-    assert plan.degrees is not None and plan.grad_accum is not None
     d, spec, m = plan.degrees, plan.spec, plan.grad_accum
     rows = communication_rows(plan, step.critical_stage, m)
     return {
