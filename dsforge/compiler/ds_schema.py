@@ -11,8 +11,9 @@ and 1, an int field takes "5" and 5.0 but not "5e8" or 1.5, a float field takes 
 DeepSpeed reads with plain dict lookups fail only where the lookup or an operator on the value fails
 (``optimizer: null`` has no ``.keys()``, ``wall_clock_breakdown: "yes" | False`` is a TypeError).
 
-Not modelled (DeepSpeed's own validators run on them at parse; dsforge does not check their values yet):
-`UNMODELLED`. tests/test_ds_schema.py compares `MODELS` with the installed DeepSpeed's pydantic models and
+The other sections are described in `dsforge.compiler.ds_sections` (the monitors, comms_logger, timers,
+leaf_module, checkpoint, torch_autocast, flops_profiler, aio), whose problems `parse` adds. Not modelled:
+`UNMODELLED`, the sections `ds_sections.REFUSED` refuses as `deepspeed:` overrides (rule DSF528), with why. tests/test_ds_schema.py compares `MODELS` with the installed DeepSpeed's pydantic models and
 the coercions with pydantic's own, and tests/test_ds_differential.py compares `parse` with
 `DeepSpeedConfig` on generated jobs.
 """
@@ -27,10 +28,9 @@ from typing import Any
 
 Path = tuple[str | int, ...]
 
-#: Sections DeepSpeed parses with validators of its own that this module does not describe value by value.
-UNMODELLED = ("zero_optimization.zenflow", "zero_optimization.leaf_module", "tensor_parallel", "expert_parallel",
-              "compile", "torch_autocast", "flops_profiler", "autotuning", "comms_logger", "tensorboard", "wandb",
-              "csv_monitor", "comet", "data_efficiency", "aio", "weight_quantization", "timers", "checkpoint")
+#: Sections not described value by value: each is refused as a `deepspeed:` override (ds_sections.REFUSED, DSF528).
+UNMODELLED = ("zenflow", "zero_optimization.zenflow", "tensor_parallel", "expert_parallel", "compile", "autotuning",
+              "data_efficiency", "weight_quantization")
 
 _I64 = 2**63
 
@@ -98,7 +98,7 @@ MODELS: dict[str, dict[str, Field]] = {
             ("override_module_apply", True), ("log_trace_cache_warnings", False), ("enable_sanity_checks", False),
             ("save_muon_momentum_buffer_in_memory", False))},
         "zero_hpz_partition_size": _f("int", 1, ge=0),
-        "leaf_module": _f("opaque"),
+        "leaf_module": _f("opaque", optional=True),  # null is {} (its before-validator); see ds_sections
     },
     "offload_param": {
         "device": _f("enum", "none", choices=("none", "cpu", "nvme")), "nvme_path": _f("path", optional=True),
@@ -171,6 +171,10 @@ def coerce(field: Field, value: Any) -> Any:
         raise Invalid("takes a string")
     if kind == "enum":
         return _enum(field, value)
+    if kind in ("list", "strs"):  # `list` and `List[str]` (JSON gives lists only)
+        if isinstance(value, list) and (kind == "list" or all(isinstance(v, str) for v in value)):
+            return value
+        raise Invalid("takes a list" + (" of strings" if kind == "strs" else ""))
     if kind == "model":
         if isinstance(value, dict):
             return value
@@ -448,6 +452,7 @@ def parse(cfg: Mapping[str, Any], world_size: int) -> list[Problem]:
         problems.append(Problem(("data_types", "keep_in_fp32_modules"), "`data_types.keep_in_fp32_modules` must be "
                                 "\"auto\" or a list of name patterns", "give a list of strings, or \"auto\""))
     problems += _batch(cfg, world_size)
+    problems += _sections.check(cfg)
     stage = zero.get("stage", 0)
     if isinstance(op, str) and op.lower() == "sum" and stage == 3:
         problems.append(Problem(("gradient_allreduce_op",), "gradient_allreduce_op=sum is refused with ZeRO-3",
@@ -547,3 +552,7 @@ def _deep(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in top.items():
         out[key] = _deep(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
+
+
+# the remaining sections' models join MODELS when this module is first imported (ds_sections imports it back)
+from dsforge.compiler import ds_sections as _sections
