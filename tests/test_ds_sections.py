@@ -19,7 +19,7 @@ from dsforge.compiler.ds_keys import TOP_LEVEL_KEYS
 from dsforge.compiler.ds_schema import MODELS, UNMODELLED, parse
 from dsforge.compiler.ds_sections import LOOSE_KEYS, REFUSED, SECTION_MODELS, SECTION_NAMES, loose
 from dsforge.compiler.emit.optim import optimizer_section, scheduler_section
-from dsforge.compiler.rules.ds_job_values import optimizer_params, same, scheduler_params
+from dsforge.compiler.rules.ds_job_values import optimizer_params, pipeline_values, same, scheduler_params
 from dsforge.compiler.validate import validate_file
 from dsforge.diagnostics import Severity
 from tests.conftest import EXAMPLES
@@ -133,6 +133,7 @@ def test_section_problems_are_errors_of_the_parse_rules(tmp_path: Path) -> None:
     ({"scheduler": {"params": {"last_batch_iteration": 3}}}, "it writes"),
     ({"torch_autocast": {"enabled": True}}, "training.precision"),
     ({"torch_autocast": {"enabled": "false"}}, "training.precision"),  # text: true to DeepSpeed
+    ({"pipeline": {"stages": 2}}, "parallel.pp"),
     ({"data_types": {"param_dtype": "bf16"}}, "training.precision"),
     ({"data_types": {"grad_accum_dtype": "bf17"}}, "training.precision"),  # fails at initialize, not at parse
     ({"data_types": {"buffer_dtype": "half"}}, "training.precision"),
@@ -201,6 +202,19 @@ def test_the_stated_values_are_the_ones_the_emitter_writes(example: Path, optimi
     assert (sched is None) == (stated_sched is None)
     if sched is not None and stated_sched is not None:
         assert sched["params"] == {k: v for k, (v, _) in stated_sched.items()}
+
+
+@pytest.mark.parametrize("example", ["tiny-3d", "llama3-70b-multinode", "tiny-pp2-dp2", "tiny-tp2-dp2"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_the_stated_pipeline_keys_are_the_ones_the_emitter_writes(tmp_path: Path, example: str,
+                                                                 recompute: str) -> None:
+    from dsforge.compiler.emit.ds_config import build_ds_config
+    from tests.test_compile_support import variant_plan
+
+    plan = variant_plan(tmp_path, example, {"training": {"recompute": recompute}})
+    stated = {k: v for k, (v, _) in pipeline_values(plan).items()}
+    pipe = build_ds_config(plan).get("pipeline", {"stages": 1})
+    assert {k: pipe[k] for k in stated} == stated
 
 
 # --- against the installed DeepSpeed -------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 
 from dsforge.compiler.ds_sections import DTYPE_OF, REFUSED, loose
 from dsforge.compiler.ds_settings import on_cpu, scheduler_type
+from dsforge.compiler.plan import Plan
 from dsforge.compiler.rules.registry import Context, Finding, rule
 from dsforge.compiler.schema import JobSpec
 from dsforge.diagnostics import Severity
@@ -62,6 +63,23 @@ def scheduler_params(spec: JobSpec) -> Stated | None:
                    cos_min_ratio=(sched.min_lr / lr, s + "min_lr (as a ratio of training.optimizer.lr)"))
     else:
         out.update(warmup_min_lr=(sched.min_lr, s + "min_lr"), warmup_max_lr=(lr, lr_key))
+    return out
+
+
+def pipeline_values(plan: Plan) -> Stated:
+    """The `pipeline` keys dsforge writes from the plan that something reads (as emit/ds_config.py's
+    pipeline_section): dsforge.runtime takes activation_checkpoint_interval from ds_config.json; stages and
+    partition, which neither it nor DeepSpeed's engine reads (the PipelineModule is cut from the plan), must
+    not claim another layout."""
+    d = plan.degrees
+    if d is None:
+        return {}
+    part = plan.spec.parallel.pipeline.partition
+    out: Stated = {"stages": (d.pp, "parallel.pp")}
+    if d.pp > 1:
+        out.update(partition=(part if isinstance(part, str) else list(part), "parallel.pipeline.partition"),
+                   activation_checkpoint_interval=(1 if plan.spec.training.recompute == "full" else 0,
+                                                   "training.recompute (full: every layer)"))
     return out
 
 
@@ -113,7 +131,9 @@ def job_stated_overrides(ctx: Context) -> Iterator[Finding]:
     (`last_batch_iteration` would shift the whole schedule) and an unknown one is a TypeError at initialize;
     and without a schedule in the job (constant, no warm-up) there is no scheduler for them to shape. Precision
     is the job's as well: `torch_autocast.enabled` would run the forward pass in another dtype than
-    training.precision, and `data_types.param_dtype`, `grad_accum_dtype` and `buffer_dtype` must name
+    training.precision, the pipeline's `stages`, `partition` and `activation_checkpoint_interval` are
+    parallel.pp, parallel.pipeline.partition and training.recompute's (dsforge.runtime reads the interval from
+    ds_config.json), and `data_types.param_dtype`, `grad_accum_dtype` and `buffer_dtype` must name
     training.precision's dtype when given (DeepSpeed asserts param_dtype against fp16/bf16 at initialize and
     accumulates gradients or casts buffers in the others'; a name it does not know fails at initialize). (The type of optimizer and scheduler is DSF520's, batch keys, ZeRO stage and fp16/bf16
     DSF508's, gradient_clipping DSF525's: the same policy.) The alternative, an override that wins everywhere,
@@ -136,6 +156,11 @@ def job_stated_overrides(ctx: Context) -> Iterator[Finding]:
                 want, place = values[key]
                 yield Finding(f"deepspeed.{section}.params.{key}={value!r} contradicts {place} (dsforge writes "
                               f"{want!r})", f"remove it and set {place.split(' ')[0]}", path)
+    pipe = ctx.spec.deepspeed.get("pipeline")
+    for key, (want, place) in pipeline_values(ctx.plan).items():
+        if isinstance(pipe, dict) and key in pipe and not same(pipe[key], want):
+            yield Finding(f"deepspeed.pipeline.{key}={pipe[key]!r} contradicts {place} (the plan's {want!r})",
+                          f"remove it and set {place.split(' ')[0]}", ("deepspeed", "pipeline", key))
     yield from _data_types(ctx)
     autocast = ctx.spec.deepspeed.get("torch_autocast")
     if isinstance(autocast, dict) and autocast.get("enabled"):
