@@ -58,7 +58,7 @@ BY_DESIGN, ELSE, NOT_EMITTED = "refused by design", "RUNS SOMETHING ELSE", "not 
 CLASSES = (AGREE_OK, AGREE_NO, MISSED, FALSE_ALARM, BY_DESIGN, ELSE, NOT_EMITTED)
 FAILURES = (MISSED, FALSE_ALARM, ELSE)
 #: Rules that say "DeepSpeed's config parse refuses this": if DeepSpeed parses it, they raised a false alarm.
-PARSE_RULES = {"DSF507", "DSF509", "DSF510", "DSF516", "DSF517", "DSF518", "DSF519"}
+PARSE_RULES = {"DSF507", "DSF509", "DSF510", "DSF516", "DSF517", "DSF518", "DSF519", "DSF530"}
 
 TINY_ONE_RANK = {
     "version": 1, "name": "oracle-one-rank", "model": {"preset": "tiny-gpt2"},
@@ -138,9 +138,8 @@ JOB = {("parallel", "zero"): [0, 1, 2, 3], ("training", "precision"): ["fp32", "
 #: Whole sections (or ZeRO sub-sections), drawn for every section of DeepSpeed 0.19.8's config that the other
 #: kinds do not draw: modelled ones (valid values, wrong types, misspelt keys, null) and the ones dsforge refuses
 #: (DSF528). Values that need what this oracle machine lacks are left out: a monitor's `enabled: true` (the
-#: tensorboard/wandb/comet packages), `aio.use_gds: true` on the GPU examples (GDS needs CUDA; the oracle runs on
-#: CPU; tests/test_ds_sections.py checks it) and a checkpoint `writer` that validate accepts (its engine builds
-#: an async-IO op).
+#: tensorboard/wandb/comet packages) and `aio.use_gds: true` on the GPU examples (GDS needs CUDA; the oracle runs
+#: on CPU; tests/test_ds_sections.py checks it).
 SECTIONS: dict[str, list[Any]] = {
     "torch_autocast": [{"dtype": "bf17"}, {"dtype": "bf16"}, {"dtype": "BF16"}, {"enabled": False, "dtype": "fp16"},
                        {"enabled": True}, {"enabled": "no"}, {"lower_precision_safe_modules": ["torch.nn.Linear"]},
@@ -151,6 +150,7 @@ SECTIONS: dict[str, list[Any]] = {
                    {"load_universal": False}, {"parallel_write": {"pipeline_stage": 1}},
                    {"parallel_write": {"pipeline_stage": "yes"}}, {"parallel_write": None}, {"writer": "x"},
                    {"writer": {"type": "slow"}}, {"writer": {"data_parallel": "rack"}}, {"writer": None},
+                   {"writer": {"type": "fast"}},
                    {"use_node_local_storage": True}, {"tag_validaton": "warn"}, {"checkpoint_serialization": False}],
     "flops_profiler": [{"enabled": True}, {"enabled": "yes"}, {"detailed": "maybe"}, {"profile_step": "1"},
                        {"enabled": False, "top_modules": 3}, None, [], {"output_file": 3}, {"enabledd": True}],
@@ -172,12 +172,13 @@ SECTIONS: dict[str, list[Any]] = {
                                       {"bad": 1}, {"name_suffixes": ["mlp"]}, {"names": ["model.layers.0"]}],
     "zero_optimization.zenflow": [{}, None, {"topk_ratio": 0.1}],
     "tensor_parallel": [{"autotp_size": 0}, {}, {"dtype": "bf16"}, {"autotp_sise": 2}, None, {"autotp_size": 1}],
-    "expert_parallel": [{"enabled": False}, {"autoep_sise": 2}, {}],
+    "expert_parallel": [{"enabled": False}, {"autoep_sise": 2}, {}, None],
     "compile": [{"deepcompile": False}, {}, {"passes": ["bogus"]}, None],
-    "autotuning": [{"enabled": False}, {}, {"enabled": "x"}],
-    "data_efficiency": [{"enabled": False}, {}, {"data_sampling": {"enabled": "x"}}],
+    "autotuning": [{"enabled": False}, {}, {"enabled": "x"}, None],
+    "data_efficiency": [{"enabled": False}, {}, {"data_sampling": {"enabled": "x"}}, None],
     "weight_quantization": [{}, {"enabled": "x"}, None],
-    "zenflow": [{}, {"topk_ratio": 0.1}],
+    "zenflow": [{}, {"topk_ratio": 0.1}, None],
+    "checkpoint.writer": [{"type": "fast"}, {"type": "python", "decoupled": True}, None, "x", {"type": "slow"}],
 }
 #: scheduler parameters drawn by the `sched` kind (the job states them through training.scheduler and steps).
 SCHED_PARAMS = {"warmup_num_steps": [0, 1, 5, -2, 2.5, "3"], "total_num_steps": [4, 8, 100000, 4.0, "4"],
@@ -288,6 +289,10 @@ def apply_change(job: dict[str, Any], kind: str, a: int, b: int) -> str:
         v = copy.deepcopy(pick(SECTIONS[key], b))  # a later change may edit it in place: never the pool's own
         if key.startswith("zero_optimization."):
             _zero(job)[key.split(".", 1)[1]] = v
+        elif "." in key:  # a sub-section: inside its section (made a mapping when it is not one)
+            outer, inner = key.split(".", 1)
+            ds = _ds(job)
+            ds[outer] = {**(ds[outer] if isinstance(ds.get(outer), dict) else {}), inner: v}
         else:
             _ds(job)[key] = v
     elif kind == "job":
@@ -375,6 +380,8 @@ def judge(case: Case, folder: Path) -> Judged:
               "opt_params": {k: v for k, v in opt.items() if k in STATED_OPTIMIZER_PARAMS},
               "scheduler": [sched["type"], sched["params"]] if sched else [None, None],
               "clip": t.grad_clip, "autocast": False}
+    if plan.degrees.pp > 1:  # dsforge.runtime reads the interval from ds_config.json (pp = 1: no pipeline engine)
+        expect["pipeline"] = [plan.degrees.pp, 1 if t.recompute == "full" else 0]
     return Judged(errors, config, plan.degrees.dp, expect)
 
 
@@ -436,7 +443,8 @@ def summary(c):
             "batch": [c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps],
             "optimizer": name, "offload": getattr(off.device, "value", off.device) if off else "none",
             "opt_params": c.optimizer_params, "scheduler": [c.scheduler_name, c.scheduler_params],
-            "clip": c.gradient_clipping, "autocast": bool(c.torch_autocast_enabled)}
+            "clip": c.gradient_clipping, "autocast": bool(c.torch_autocast_enabled),
+            "pipeline": [c.pipeline.get("stages"), c.pipeline.get("activation_checkpoint_interval")]}
 
 def dropped(cfg, c, overrides):
     """ZeRO override values DeepSpeed does not end up with (another spelling of the setting won)."""

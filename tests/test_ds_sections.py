@@ -47,6 +47,10 @@ def test_every_unmodelled_section_is_refused_with_a_rule(tmp_path: Path) -> None
         parts = name.split(".")
         ds: dict[str, Any] = {parts[0]: {}} if len(parts) == 1 else {parts[0]: {parts[1]: {}}}
         assert _rules(tmp_path, ds).get("DSF528") is Severity.ERROR, name
+        if len(parts) == 2:  # a null sub-section is DeepSpeed's default (nothing set); a null section is not
+            assert "DSF528" not in _rules(tmp_path, {parts[0]: {parts[1]: None}}), name
+        else:
+            assert "DSF528" in _rules(tmp_path, {parts[0]: None}), name
 
 
 def test_every_top_level_section_is_described_or_refused() -> None:

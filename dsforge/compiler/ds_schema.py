@@ -30,7 +30,7 @@ Path = tuple[str | int, ...]
 
 #: Sections not described value by value: each is refused as a `deepspeed:` override (ds_sections.REFUSED, DSF528).
 UNMODELLED = ("zenflow", "zero_optimization.zenflow", "tensor_parallel", "expert_parallel", "compile", "autotuning",
-              "data_efficiency", "weight_quantization")
+              "data_efficiency", "weight_quantization", "checkpoint.writer")
 
 _I64 = 2**63
 

@@ -122,22 +122,35 @@ def _params(ctx: Context, section: str) -> dict[str, Any]:
       "read them); " + DS + "runtime/engine.py _configure_basic_optimizer, _scheduler_from_config "
       "(scheduler(optimizer, **params)), runtime/lr_schedules.py")
 def job_stated_overrides(ctx: Context) -> Iterator[Finding]:
-    """The override policy: a `deepspeed:` value may restate what the job decides, never change it. dsforge writes
-    the optimizer's lr, betas, eps, weight decay (and Adam's adam_w_mode) from training.optimizer, and the
-    scheduler's steps, warm-up, warm-up type and minimum ratio from training.scheduler and training.steps;
-    DeepSpeed hands `optimizer.params` and `scheduler.params` to the constructors as they are, so an override
-    would train with a value that the estimate, explain, plan.json and the search do not know. A scheduler
-    parameter dsforge does not write is refused too: DeepSpeed's schedulers take no others
-    (`last_batch_iteration` would shift the whole schedule) and an unknown one is a TypeError at initialize;
-    and without a schedule in the job (constant, no warm-up) there is no scheduler for them to shape. Precision
-    is the job's as well: `torch_autocast.enabled` would run the forward pass in another dtype than
-    training.precision, the pipeline's `stages`, `partition` and `activation_checkpoint_interval` are
-    parallel.pp, parallel.pipeline.partition and training.recompute's (dsforge.runtime reads the interval from
-    ds_config.json), and `data_types.param_dtype`, `grad_accum_dtype` and `buffer_dtype` must name
-    training.precision's dtype when given (DeepSpeed asserts param_dtype against fp16/bf16 at initialize and
-    accumulates gradients or casts buffers in the others'; a name it does not know fails at initialize). (The type of optimizer and scheduler is DSF520's, batch keys, ZeRO stage and fp16/bf16
-    DSF508's, gradient_clipping DSF525's: the same policy.) The alternative, an override that wins everywhere,
-    would need every reader of the job to read the merged ds_config instead."""
+    """The override policy: a `deepspeed:` value may restate what the job decides, never change it; one that
+    differs is refused, naming both places. The job's keys are what the estimates, explain, plan.json, the
+    search and the runtime read, so an override that won would train with values none of them knows (the
+    alternative, an override that wins everywhere, would need each of them to read the merged ds_config).
+
+    Covered here: the optimizer's lr, betas, eps, weight decay and Adam's adam_w_mode (training.optimizer);
+    the scheduler's steps, warm-up steps, warm-up type, minimum ratio and learning rates (training.scheduler,
+    training.steps), where any other scheduler parameter is refused too (DeepSpeed's schedulers take no others:
+    `last_batch_iteration` would shift the whole schedule, an unknown name is a TypeError at initialize), as is
+    any scheduler parameter of a job without a schedule (constant, no warm-up); precision, as
+    `torch_autocast.enabled` (autocast in another dtype than training.precision) and `data_types.param_dtype`,
+    `grad_accum_dtype`, `buffer_dtype`, which must name training.precision's dtype (DeepSpeed asserts
+    param_dtype against fp16/bf16 at initialize; a dtype name it does not know fails there); and the pipeline's
+    `stages`, `partition` and `activation_checkpoint_interval` (parallel.pp, parallel.pipeline.partition,
+    training.recompute; dsforge.runtime reads the interval from ds_config.json). The same policy refuses another
+    optimizer or scheduler type (DSF520), batch keys, ZeRO stage and fp16/bf16 (DSF508), optimizer offload
+    (DSF523) and gradient_clipping (DSF525)."""
+    yield from _param_overrides(ctx)
+    yield from _pipeline_overrides(ctx)
+    yield from _data_types(ctx)
+    autocast = ctx.spec.deepspeed.get("torch_autocast")
+    if isinstance(autocast, dict) and autocast.get("enabled"):
+        yield Finding(f"deepspeed.torch_autocast.enabled={autocast['enabled']!r} runs the forward pass under "
+                      f"autocast, contradicting training.precision={ctx.spec.training.precision}",
+                      "remove it and set training.precision", ("deepspeed", "torch_autocast", "enabled"))
+
+
+def _param_overrides(ctx: Context) -> Iterator[Finding]:
+    """`optimizer.params` and `scheduler.params` against what dsforge writes from the job."""
     stated = {"optimizer": optimizer_params(ctx.spec), "scheduler": scheduler_params(ctx.spec)}
     for section, values in stated.items():
         for key, value in _params(ctx, section).items():
@@ -156,17 +169,16 @@ def job_stated_overrides(ctx: Context) -> Iterator[Finding]:
                 want, place = values[key]
                 yield Finding(f"deepspeed.{section}.params.{key}={value!r} contradicts {place} (dsforge writes "
                               f"{want!r})", f"remove it and set {place.split(' ')[0]}", path)
+
+
+def _pipeline_overrides(ctx: Context) -> Iterator[Finding]:
     pipe = ctx.spec.deepspeed.get("pipeline")
+    if not isinstance(pipe, dict):
+        return
     for key, (want, place) in pipeline_values(ctx.plan).items():
-        if isinstance(pipe, dict) and key in pipe and not same(pipe[key], want):
+        if key in pipe and not same(pipe[key], want):
             yield Finding(f"deepspeed.pipeline.{key}={pipe[key]!r} contradicts {place} (the plan's {want!r})",
                           f"remove it and set {place.split(' ')[0]}", ("deepspeed", "pipeline", key))
-    yield from _data_types(ctx)
-    autocast = ctx.spec.deepspeed.get("torch_autocast")
-    if isinstance(autocast, dict) and autocast.get("enabled"):
-        yield Finding(f"deepspeed.torch_autocast.enabled={autocast['enabled']!r} runs the forward pass under "
-                      f"autocast, contradicting training.precision={ctx.spec.training.precision}",
-                      "remove it and set training.precision", ("deepspeed", "torch_autocast", "enabled"))
 
 
 def _data_types(ctx: Context) -> Iterator[Finding]:
@@ -203,8 +215,10 @@ def refused_sections(ctx: Context) -> Iterator[Finding]:
     second sharding of what dsforge.runtime already shards from parallel.tp and parallel.ep), `compile`
     (dsforge.runtime never calls engine.compile()), `autotuning` (DeepSpeed's autotuner re-chooses what the
     plan fixes; `dsforge search` ranks layouts), `data_efficiency` (needs DeepSpeed's own data loader and
-    layer hooks) and `weight_quantization` (ZeRO-Inference weight quantization, numerics training.precision
-    does not describe). Passing them through unchecked would let a value DeepSpeed refuses, or one that
+    layer hooks), `checkpoint.writer` (DeepSpeed's fast and decoupled checkpoint writers read CROSS_SIZE and
+    CROSS_RANK, which only DeepSpeed's own launcher sets: a KeyError at initialize under torchrun, SLURM and the
+    rest) and `weight_quantization` (ZeRO-Inference weight quantization, numerics training.precision does not
+    describe). A null `zenflow` or `writer` inside its section is DeepSpeed's default and passes. Passing them through unchecked would let a value DeepSpeed refuses, or one that
     changes the training, reach every rank."""
     ds = ctx.spec.deepspeed
     for name, why in REFUSED.items():
@@ -212,7 +226,8 @@ def refused_sections(ctx: Context) -> Iterator[Finding]:
         node: Any = ds
         for part in parts[:-1]:
             node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and parts[-1] in node:
+        # a null sub-section (zenflow, writer) is DeepSpeed's default; a null section still reaches its parser
+        if isinstance(node, dict) and parts[-1] in node and (node[parts[-1]] is not None or len(parts) == 1):
             yield Finding(f"deepspeed.{name} is not an override dsforge takes: {why}", "remove it",
                           ("deepspeed", *parts), at_key=True)
 
