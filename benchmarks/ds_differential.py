@@ -265,9 +265,11 @@ def apply_change(job: dict[str, Any], kind: str, a: int, b: int) -> str:
         ds = _ds(job)
         ds["optimizer"] = {**(ds["optimizer"] if isinstance(ds.get("optimizer"), dict) else {}), "type": v}
     elif kind == "opt_params":
-        name = pick(["lr", "betas", "eps", "weight_decay", "torch_adam"], a)
+        name = pick(["lr", "betas", "eps", "weight_decay", "torch_adam", "amsgrad", "max_grad_norm", "adam_w_mode"],
+                    a)
         v = pick({"lr": [1e-4, -1e-3, "1e-3", 0], "betas": [[0.9, 0.95], [0.9], [0.9, 1.5], "0.9"],
-                  "eps": [1e-8, -1.0], "weight_decay": [0.0, 0.1, -0.1], "torch_adam": [True]}[name], b)
+                  "eps": [1e-8, -1.0], "weight_decay": [0.0, 0.1, -0.1], "torch_adam": [True],
+                  "amsgrad": [True, False], "max_grad_norm": [1.0, "x"], "adam_w_mode": [False, True]}[name], b)
         key = f"optimizer.params.{name}"
         ds = _ds(job)
         opt = ds["optimizer"] if isinstance(ds.get("optimizer"), dict) else {}

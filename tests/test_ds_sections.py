@@ -128,6 +128,8 @@ def test_section_problems_are_errors_of_the_parse_rules(tmp_path: Path) -> None:
     ({"optimizer": {"params": {"eps": 1.0e-6}}}, "training.optimizer.eps"),
     ({"optimizer": {"params": {"weight_decay": 0.1}}}, "training.optimizer.weight_decay"),
     ({"optimizer": {"params": {"adam_w_mode": False}}}, "training.optimizer.name"),
+    ({"optimizer": {"params": {"amsgrad": True}}}, "it writes"),
+    ({"optimizer": {"params": {"max_grad_norm": 1.0}}}, "gradient_clipping"),  # a ValueError at initialize
     ({"scheduler": {"params": {"total_num_steps": 8}}}, "training.steps"),
     ({"scheduler": {"params": {"total_num_steps": 4.0}}}, "training.steps"),
     ({"scheduler": {"params": {"warmup_num_steps": 3}}}, "training.scheduler.warmup_steps"),
@@ -154,7 +156,7 @@ def test_an_override_of_a_value_the_job_states_is_refused_naming_both(tmp_path: 
 
 def test_restating_the_job_s_values_passes(tmp_path: Path) -> None:
     same_values = {"optimizer": {"params": {"lr": 1.0e-3, "betas": [0.9, 0.95], "eps": 1.0e-8, "weight_decay": 0,
-                                            "adam_w_mode": True}},
+                                            "adam_w_mode": True, "torch_adam": True}},
                    "scheduler": {"params": {"total_num_steps": 4, "warmup_num_steps": 1, "warmup_type": "linear",
                                             "cos_min_ratio": 0.0, "warmup_min_ratio": 0.0}},
                    "torch_autocast": {"enabled": False},

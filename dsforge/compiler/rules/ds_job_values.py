@@ -100,6 +100,11 @@ def same(given: Any, want: Any) -> bool:
     return type(given) is type(want) and given == want
 
 
+#: optimizer parameters that choose an implementation of the same update, not the update: DeepSpeed's own
+#: FusedAdam or torch's AdamW (runtime/engine.py get_optimizer_configuration).
+IMPLEMENTATION_ONLY = frozenset({"torch_adam"})
+
+
 def _dsf521(section: str, key: str, value: Any) -> bool:
     """True when DSF521 already refuses this value (not a value the optimizer or scheduler takes at all)."""
     if section == "optimizer" and key in ("lr", "eps", "weight_decay"):
@@ -127,7 +132,10 @@ def job_stated_overrides(ctx: Context) -> Iterator[Finding]:
     search and the runtime read, so an override that won would train with values none of them knows (the
     alternative, an override that wins everywhere, would need each of them to read the merged ds_config).
 
-    Covered here: the optimizer's lr, betas, eps, weight decay and Adam's adam_w_mode (training.optimizer);
+    Covered here: the optimizer's lr, betas, eps, weight decay and Adam's adam_w_mode (training.optimizer),
+    where any other optimizer parameter but `torch_adam` (torch's AdamW for DeepSpeed's FusedAdam, the same
+    update) is refused too: `amsgrad`, `momentum`, `maximize` or `fp32_optimizer_states` change the update or its
+    states, and `max_grad_norm` is a ValueError at initialize;
     the scheduler's steps, warm-up steps, warm-up type, minimum ratio and learning rates (training.scheduler,
     training.steps), where any other scheduler parameter is refused too (DeepSpeed's schedulers take no others:
     `last_batch_iteration` would shift the whole schedule, an unknown name is a TypeError at initialize), as is
@@ -161,10 +169,17 @@ def _param_overrides(ctx: Context) -> Iterator[Finding]:
                 yield Finding(f"deepspeed.scheduler.params.{key} shapes a schedule the job does not have "
                               f"(training.scheduler is constant without warm-up)",
                               "remove it, or give training.scheduler a warm-up or decay", path)
+            elif key == "max_grad_norm" and section == "optimizer":
+                yield Finding("deepspeed.optimizer.params.max_grad_norm: DeepSpeed refuses it at initialize (a "
+                              "ValueError: clipping is gradient_clipping)", "remove it and set training.grad_clip",
+                              path)
             elif key not in values:
-                if section == "scheduler":  # an optimizer's other arguments (amsgrad, ...) the job does not state
-                    yield Finding(f"deepspeed.scheduler.params.{key} is not a parameter dsforge writes from the job "
-                                  "(it writes " + ", ".join(sorted(values)) + ")", "remove it", path)
+                if section == "optimizer" and key in IMPLEMENTATION_ONLY:
+                    continue
+                yield Finding(f"deepspeed.{section}.params.{key} is not a parameter dsforge writes from the job "
+                              "(it writes " + ", ".join(sorted(values)) + "): it would change the "
+                              + ("update rule or the states" if section == "optimizer" else "schedule")
+                              + " the estimate and explain describe", "remove it", path)
             elif not same(value, values[key][0]):
                 want, place = values[key]
                 yield Finding(f"deepspeed.{section}.params.{key}={value!r} contradicts {place} (dsforge writes "
