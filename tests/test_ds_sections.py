@@ -113,6 +113,16 @@ def test_loosely_read_values_warn_and_do_not_refuse(tmp_path: Path) -> None:
     assert [p.path for p in loose({"aio": {"single_submit": "no", "queue_depth": 8}})] == [("aio", "single_submit")]
 
 
+def test_loose_values_deepspeed_computes_with_are_errors_where_it_does(tmp_path: Path) -> None:
+    """With the profiler on, text for profile_step fails in the training step (DSF531); off, it is unused."""
+    assert _rules(tmp_path, {"flops_profiler": {"enabled": True, "profile_step": "1"}}) == {"DSF531": Severity.ERROR}
+    assert _rules(tmp_path, {"flops_profiler": {"enabled": False, "profile_step": "1"}}) == {
+        "DSF529": Severity.WARNING}
+    assert _rules(tmp_path, {"flops_profiler": {"enabled": True, "detailed": "maybe"}}) == {
+        "DSF529": Severity.WARNING}  # a flag: only tested for truth
+    assert _rules(tmp_path, {"aio": {"block_size": "x"}}) == {"DSF529": Severity.WARNING}  # no NVMe offload
+
+
 def test_section_problems_are_errors_of_the_parse_rules(tmp_path: Path) -> None:
     assert _rules(tmp_path, {"torch_autocast": {"dtype": "bf17"}}) == {"DSF517": Severity.ERROR}
     assert _rules(tmp_path, {"checkpoint": {"tag_validation": "bogus"}}) == {"DSF517": Severity.ERROR}

@@ -1,4 +1,4 @@
-"""DSF527-DSF530: `deepspeed:` overrides of what the job states elsewhere, of sections dsforge does not model, and
+"""DSF527-DSF531: `deepspeed:` overrides of what the job states elsewhere, of sections dsforge does not model, and
 of values DeepSpeed reads loosely.
 
 The override policy (DSF527): a `deepspeed:` override may restate a value the job decides, never change it. The
@@ -14,8 +14,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from dsforge.compiler.ds_sections import DTYPE_OF, REFUSED, loose
-from dsforge.compiler.ds_settings import on_cpu, scheduler_type
+from dsforge.compiler.ds_sections import DTYPE_OF, LOOSE_VALUES, REFUSED, loose
+from dsforge.compiler.ds_settings import emitted_zero_block, on_cpu, scheduler_type
 from dsforge.compiler.plan import Plan
 from dsforge.compiler.rules.registry import Context, Finding, rule
 from dsforge.compiler.schema import JobSpec
@@ -256,8 +256,40 @@ def loosely_read(ctx: Context) -> Iterator[Finding]:
     any value at parse (`flops_profiler.detailed: "maybe"`, `aio.block_size: "x"`); it uses them later, as a
     flag tested for truth (so the text "false" counts as true) or a number. validate is not stricter than
     DeepSpeed here: a warning, not an error."""
+    active = _computing(ctx)
     for p in loose(ctx.spec.deepspeed):
-        yield Finding(p.message, p.fix, ("deepspeed", *p.path))
+        if not (p.path[0] in active and LOOSE_VALUES[p.path] != "bool"):  # those are DSF531's
+            yield Finding(p.message, p.fix, ("deepspeed", *p.path))
+
+
+def _computing(ctx: Context) -> set[str]:
+    """The loosely read sections DeepSpeed computes with in this job: the flops profiler when it is enabled, the
+    async-IO settings when ZeRO offloads to NVMe."""
+    ds, out = ctx.spec.deepspeed, set()
+    flops = ds.get("flops_profiler")
+    if isinstance(flops, dict) and flops.get("enabled"):
+        out.add("flops_profiler")
+    zero = emitted_zero_block(ctx.plan)
+    if any(isinstance(zero.get(k), dict) and zero[k].get("device") == "nvme"
+           for k in ("offload_param", "offload_optimizer")):
+        out.add("aio")
+    return out
+
+
+@rule("DSF531", "deepspeed values DeepSpeed computes with have the type it computes with",
+      source=DS + "profiling/flops_profiler/profiler.py (profile_step, module_depth, top_modules, "
+      "recompute_fwd_factor, output_file), runtime/swap_tensor (aio block_size, queue_depth, intra_op_parallelism)")
+def loosely_read_computed(ctx: Context) -> Iterator[Finding]:
+    """The values DSF529 warns about are errors where DeepSpeed computes with them: with the flops profiler
+    enabled, text for `profile_step`, `module_depth`, `top_modules` or `recompute_fwd_factor` and a non-text
+    `output_file` fail in the training step (measured: TypeError at the profiled step), and with ZeRO offloading
+    to NVMe the aio sizes feed the swapper's buffers. Flags (`detailed`, `single_submit`, ...) are only tested
+    for truth and stay warnings."""
+    active = _computing(ctx)
+    for p in loose(ctx.spec.deepspeed):
+        if p.path[0] in active and LOOSE_VALUES[p.path] != "bool":
+            yield Finding(p.message.replace("takes it without checking and uses it as", "computes with it here: it needs"),
+                          p.fix, ("deepspeed", *p.path))
 
 
 @rule("DSF530", "aio.use_gds needs a CUDA accelerator", source=DS + "runtime/swap_tensor/aio_config.py get_aio_config")
