@@ -123,6 +123,11 @@ def test_loose_values_deepspeed_computes_with_are_errors_where_it_does(tmp_path:
     assert _rules(tmp_path, {"aio": {"block_size": "x"}}) == {"DSF529": Severity.WARNING}  # no NVMe offload
 
 
+def test_an_enabled_monitor_warns_about_its_package(tmp_path: Path) -> None:
+    assert _rules(tmp_path, {"wandb": {"enabled": "yes"}}) == {"DSF532": Severity.WARNING}  # pydantic: true
+    assert _rules(tmp_path, {"tensorboard": {"enabled": False}, "csv_monitor": {"enabled": True}}) == {}
+
+
 def test_section_problems_are_errors_of_the_parse_rules(tmp_path: Path) -> None:
     assert _rules(tmp_path, {"torch_autocast": {"dtype": "bf17"}}) == {"DSF517": Severity.ERROR}
     assert _rules(tmp_path, {"checkpoint": {"tag_validation": "bogus"}}) == {"DSF517": Severity.ERROR}

@@ -245,7 +245,7 @@ def check(cfg: Mapping[str, Any]) -> list[Problem]:
 
 
 #: What each loosely read value is used as later (DeepSpeed does not check it at parse): (kind, what it does).
-LOOSE_VALUES: dict[tuple[str, ...], str] = {
+LOOSE_VALUES: dict[Path, str] = {
     ("checkpoint", "load_universal"): "bool", ("checkpoint", "use_node_local_storage"): "bool",
     ("checkpoint", "checkpoint_serialization"): "bool", ("checkpoint", "writer", "io_buffer_size"): "int",
     ("checkpoint", "writer", "io_buffer_double"): "bool", ("checkpoint", "writer", "show_statistics"): "bool",
@@ -278,7 +278,7 @@ def loose(cfg: Mapping[str, Any]) -> list[Problem]:
             continue
         value = node[path[-1]]
         if not _LOOSE_OK[kind](value):
-            where = ".".join(path)
+            where = ".".join(str(p) for p in path)
             out.append(_problem(path, f"`{where}`={value!r}: DeepSpeed takes it without checking and uses it as "
                                 f"{_LOOSE_WANT[kind]}", f"give {_LOOSE_WANT[kind]}"))
     return out

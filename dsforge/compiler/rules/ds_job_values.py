@@ -1,4 +1,4 @@
-"""DSF527-DSF531: `deepspeed:` overrides of what the job states elsewhere, of sections dsforge does not model, and
+"""DSF527-DSF532: `deepspeed:` overrides of what the job states elsewhere, of sections dsforge does not model, and
 of values DeepSpeed reads loosely.
 
 The override policy (DSF527): a `deepspeed:` override may restate a value the job decides, never change it. The
@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from dsforge.compiler.ds_schema import MODELS, Field, Invalid, coerce
 from dsforge.compiler.ds_sections import DTYPE_OF, LOOSE_VALUES, REFUSED, loose
 from dsforge.compiler.ds_settings import emitted_zero_block, on_cpu, scheduler_type
 from dsforge.compiler.plan import Plan
@@ -300,3 +301,30 @@ def aio_gds(ctx: Context) -> Iterator[Finding]:
     if isinstance(aio, dict) and aio.get("use_gds") and on_cpu(ctx.plan):
         yield Finding("deepspeed.aio.use_gds needs a CUDA accelerator, and the job runs on CPU ranks",
                       "remove use_gds", ("deepspeed", "aio", "use_gds"))
+
+
+#: The package each DeepSpeed monitor imports when it is enabled (monitor/utils.py check_*_availability).
+MONITOR_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "comet": "comet_ml (>= 3.41.0)"}
+
+
+@rule("DSF532", "an enabled DeepSpeed monitor needs its package on every rank", severity=Severity.WARNING,
+      source=DS + "monitor/utils.py check_tb_availability, check_wandb_availability, check_comet_availability")
+def monitor_packages(ctx: Context) -> Iterator[Finding]:
+    """DeepSpeed's tensorboard, wandb and comet monitors import their package at initialize and fail on every
+    rank without it (measured: ModuleNotFoundError for tensorboard). None of them is a dependency of
+    dsforge[runtime], and validate cannot see the ranks' environment, so this is a warning (csv_monitor needs
+    nothing)."""
+    for key, package in MONITOR_PACKAGES.items():
+        block = ctx.spec.deepspeed.get(key)
+        if isinstance(block, dict) and _enabled(MODELS[key]["enabled"], block.get("enabled", False)):
+            yield Finding(f"deepspeed.{key}.enabled needs the {package} package installed where the ranks run "
+                          "(DeepSpeed imports it at initialize)", f"install {package.split(' ')[0]} with dsforge, "
+                          f"or remove {key}", ("deepspeed", key, "enabled"))
+
+
+def _enabled(field: Field, value: Any) -> bool:
+    """True when pydantic reads ``value`` as true for ``field`` ("yes" and 1 included)."""
+    try:
+        return coerce(field, value) is True
+    except Invalid:
+        return False  # DSF517's
