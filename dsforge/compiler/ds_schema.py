@@ -13,8 +13,9 @@ DeepSpeed reads with plain dict lookups fail only where the lookup or an operato
 
 The other sections are described in `dsforge.compiler.ds_sections` (the monitors, comms_logger, timers,
 leaf_module, checkpoint, torch_autocast, flops_profiler, aio), whose problems `parse` adds. Not modelled:
-`UNMODELLED`, the sections `ds_sections.REFUSED` refuses as `deepspeed:` overrides (rule DSF528), with why. tests/test_ds_schema.py compares `MODELS` with the installed DeepSpeed's pydantic models and
-the coercions with pydantic's own, and tests/test_ds_differential.py compares `parse` with
+`UNMODELLED`, the sections `ds_sections.REFUSED` refuses as `deepspeed:` overrides (rule DSF528), with why.
+tests/test_ds_schema.py and tests/test_ds_sections.py compare `MODELS` with the installed DeepSpeed's pydantic
+models and the coercions with pydantic's own, and tests/test_ds_differential.py compares `parse` with
 `DeepSpeedConfig` on generated jobs.
 """
 
