@@ -34,7 +34,7 @@ REFUSED: dict[str, str] = {
     "data_efficiency": "curriculum data sampling and random-LTD need DeepSpeed's own data loader and layer "
                        "hooks, which dsforge.runtime does not use (training.data decides what is read)",
     "checkpoint.writer": "its checkpoint writers read CROSS_SIZE and CROSS_RANK, which only DeepSpeed's own "
-                         "launcher sets (measured: KeyError 'CROSS_SIZE' at initialize under the others)",
+                         "launcher sets, not torch's (measured without them: KeyError 'CROSS_SIZE' at initialize)",
     "weight_quantization": "it quantizes the model's weights (ZeRO-Inference), numerics training.precision does "
                            "not describe",
 }

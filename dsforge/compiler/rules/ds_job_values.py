@@ -232,10 +232,12 @@ def refused_sections(ctx: Context) -> Iterator[Finding]:
     (dsforge.runtime never calls engine.compile()), `autotuning` (DeepSpeed's autotuner re-chooses what the
     plan fixes; `dsforge search` ranks layouts), `data_efficiency` (needs DeepSpeed's own data loader and
     layer hooks), `checkpoint.writer` (DeepSpeed's fast and decoupled checkpoint writers read CROSS_SIZE and
-    CROSS_RANK, which only DeepSpeed's own launcher sets: a KeyError at initialize under torchrun, SLURM and the
-    rest) and `weight_quantization` (ZeRO-Inference weight quantization, numerics training.precision does not
-    describe). A null `zenflow` or `writer` inside its section is DeepSpeed's default and passes. Passing them through unchecked would let a value DeepSpeed refuses, or one that
-    changes the training, reach every rank."""
+    CROSS_RANK, which only DeepSpeed's own launcher sets: torch's launchers do not, so it is a KeyError at
+    initialize under torchrun, SLURM and the rest) and `weight_quantization` (ZeRO-Inference weight
+    quantization, numerics training.precision does not describe). A null `zenflow` or `writer` inside its section is
+    DeepSpeed's default and passes. Passing them through unchecked would let a value DeepSpeed refuses, or one that
+    changes the training, reach every rank.
+    """
     ds = ctx.spec.deepspeed
     for name, why in REFUSED.items():
         parts = name.split(".")
@@ -289,8 +291,8 @@ def loosely_read_computed(ctx: Context) -> Iterator[Finding]:
     active = _computing(ctx)
     for p in loose(ctx.spec.deepspeed):
         if p.path[0] in active and LOOSE_VALUES[p.path] != "bool":
-            yield Finding(p.message.replace("takes it without checking and uses it as", "computes with it here: it needs"),
-                          p.fix, ("deepspeed", *p.path))
+            message = p.message.replace("takes it without checking and uses it as", "computes with it here: it needs")
+            yield Finding(message, p.fix, ("deepspeed", *p.path))
 
 
 @rule("DSF530", "aio.use_gds needs a CUDA accelerator", source=DS + "runtime/swap_tensor/aio_config.py get_aio_config")
