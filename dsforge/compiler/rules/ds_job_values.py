@@ -1,4 +1,4 @@
-"""DSF527-DSF532: `deepspeed:` overrides of what the job states elsewhere, of sections dsforge does not model, and
+"""DSF527-DSF533: `deepspeed:` overrides of what the job states elsewhere, of sections dsforge does not model, and
 of values DeepSpeed reads loosely.
 
 The override policy (DSF527): a `deepspeed:` override may restate a value the job decides, never change it. The
@@ -101,11 +101,6 @@ def same(given: Any, want: Any) -> bool:
     return type(given) is type(want) and given == want
 
 
-#: optimizer parameters that choose an implementation of the same update, not the update: DeepSpeed's own
-#: FusedAdam or torch's AdamW (runtime/engine.py get_optimizer_configuration).
-IMPLEMENTATION_ONLY = frozenset({"torch_adam"})
-
-
 def _dsf521(section: str, key: str, value: Any) -> bool:
     """True when DSF521 already refuses this value (not a value the optimizer or scheduler takes at all)."""
     if section == "optimizer" and key in ("lr", "eps", "weight_decay"):
@@ -133,10 +128,9 @@ def job_stated_overrides(ctx: Context) -> Iterator[Finding]:
     search and the runtime read, so an override that won would train with values none of them knows (the
     alternative, an override that wins everywhere, would need each of them to read the merged ds_config).
 
-    Covered here: the optimizer's lr, betas, eps, weight decay and Adam's adam_w_mode (training.optimizer),
-    where any other optimizer parameter but `torch_adam` (torch's AdamW for DeepSpeed's FusedAdam, the same
-    update) is refused too: `amsgrad`, `momentum`, `maximize` or `fp32_optimizer_states` change the update or its
-    states, and `max_grad_norm` is a ValueError at initialize;
+    Covered here: the optimizer's lr, betas, eps, weight decay and Adam's adam_w_mode (training.optimizer;
+    arguments the job does not state, such as SGD's momentum or torch_adam, are the override's own, and
+    `max_grad_norm` is refused as the ValueError DeepSpeed raises for it at initialize);
     the scheduler's steps, warm-up steps, warm-up type, minimum ratio and learning rates (training.scheduler,
     training.steps), where any other scheduler parameter is refused too (DeepSpeed's schedulers take no others:
     `last_batch_iteration` would shift the whole schedule, an unknown name is a TypeError at initialize), as is
@@ -175,12 +169,11 @@ def _param_overrides(ctx: Context) -> Iterator[Finding]:
                               "ValueError: clipping is gradient_clipping)", "remove it and set training.grad_clip",
                               path)
             elif key not in values:
-                if section == "optimizer" and key in IMPLEMENTATION_ONLY:
-                    continue
-                yield Finding(f"deepspeed.{section}.params.{key} is not a parameter dsforge writes from the job "
-                              "(it writes " + ", ".join(sorted(values)) + "): it would change the "
-                              + ("update rule or the states" if section == "optimizer" else "schedule")
-                              + " the estimate and explain describe", "remove it", path)
+                if section == "optimizer":
+                    continue  # an argument the job does not state (SGD's momentum, amsgrad, torch_adam): its own
+                yield Finding(f"deepspeed.scheduler.params.{key} is not a parameter dsforge writes from the job "
+                              "(it writes " + ", ".join(sorted(values)) + "): DeepSpeed's schedulers take no others "
+                              "but last_batch_iteration, which would shift the schedule", "remove it", path)
             elif not same(value, values[key][0]):
                 want, place = values[key]
                 yield Finding(f"deepspeed.{section}.params.{key}={value!r} contradicts {place} (dsforge writes "
@@ -330,3 +323,21 @@ def _enabled(field: Field, value: Any) -> bool:
         return coerce(field, value) is True
     except Invalid:
         return False  # DSF517's
+
+
+@rule("DSF533", "DeepSpeed's Adam kernels take no AMSGrad",
+      source=DS + "ops/adam/fused_adam.py FusedAdam.__init__, ops/adam/cpu_adam.py DeepSpeedCPUAdam.add_param_group; "
+      "runtime/engine.py get_optimizer_configuration (torch_adam)")
+def adam_amsgrad(ctx: Context) -> Iterator[Finding]:
+    """`optimizer.params.amsgrad: true` is passed to the Adam DeepSpeed builds: FusedAdam and DeepSpeedCPUAdam (ZeRO
+    optimizer offload) raise "does not support the AMSGrad variant" at initialize on every rank; only torch's
+    AdamW (`torch_adam`, which dsforge writes on CPU ranks without offload) has it."""
+    t = ctx.spec.training
+    params = _params(ctx, "optimizer")
+    if t.optimizer.name not in ("adam", "adamw") or not params.get("amsgrad"):
+        return
+    torch_adam = params.get("torch_adam", on_cpu(ctx.plan) and t.optimizer.offload == "none")
+    if not torch_adam:
+        yield Finding("deepspeed.optimizer.params.amsgrad: DeepSpeed's FusedAdam and DeepSpeedCPUAdam refuse AMSGrad "
+                      "at initialize", "remove amsgrad, or add optimizer.params.torch_adam: true (torch's AdamW)",
+                      ("deepspeed", "optimizer", "params", "amsgrad"))
