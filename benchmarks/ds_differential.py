@@ -3,7 +3,9 @@
 A case is an example job (or a tiny one-rank CPU job) with one to three changes: `deepspeed:` overrides of the
 ZeRO stage and knobs, offload blocks, precision sections, batch keys, optimizer and scheduler types and
 parameters, pipeline and activation-checkpointing sections, top-level values, unknown keys and wrong types,
-or job settings (parallel.zero, training.precision, optimizer, offload, recompute). Each case goes through
+every other section of DeepSpeed's config (`SECTIONS`: the monitors, comms_logger, timers, checkpoint,
+torch_autocast, flops_profiler, aio, leaf_module, and the ones dsforge refuses), or job settings
+(parallel.zero, training.precision, optimizer, offload, recompute). Each case goes through
 `validate` and, whatever validate says, through DeepSpeed's own parse: the ds_config compile would write
 (`build_ds_config`, written and read back as JSON, as the runtime reads ds_config.json) is given to
 `DeepSpeedConfig` with an mpu whose data-parallel size is the plan's dp. With ``--init N`` the first N cases of
@@ -18,7 +20,8 @@ Classes (counted and printed):
 * ``refused by design``: validate refuses with rules for what DeepSpeed accepts at parse but fails on
   later, or for an override that would change what the job says (the job's values are authoritative);
 * ``RUNS SOMETHING ELSE``: both accept, but DeepSpeed's parsed config differs from the job (ZeRO stage,
-  precision, batch, optimizer, offload) or drops an override's value (a ZeRO setting another spelling hides);
+  precision, batch, optimizer and its lr/betas/eps/weight decay, scheduler type and parameters, gradient
+  clipping, autocast, offload) or drops an override's value (a ZeRO setting another spelling hides);
 * ``not emitted``: validate refuses and the plan cannot be emitted (a layout or batch error), so there is
   nothing to give DeepSpeed (a validate-clean job that cannot be emitted counts as MISSED).
 
@@ -31,6 +34,7 @@ changes from hypothesis for a bounded number of cases in CI, and runs a small in
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import random
@@ -54,7 +58,7 @@ BY_DESIGN, ELSE, NOT_EMITTED = "refused by design", "RUNS SOMETHING ELSE", "not 
 CLASSES = (AGREE_OK, AGREE_NO, MISSED, FALSE_ALARM, BY_DESIGN, ELSE, NOT_EMITTED)
 FAILURES = (MISSED, FALSE_ALARM, ELSE)
 #: Rules that say "DeepSpeed's config parse refuses this": if DeepSpeed parses it, they raised a false alarm.
-PARSE_RULES = {"DSF507", "DSF509", "DSF510", "DSF516", "DSF517", "DSF518", "DSF519"}
+PARSE_RULES = {"DSF507", "DSF509", "DSF510", "DSF516", "DSF517", "DSF518", "DSF519", "DSF530"}
 
 TINY_ONE_RANK = {
     "version": 1, "name": "oracle-one-rank", "model": {"preset": "tiny-gpt2"},
@@ -120,16 +124,89 @@ TOP = {"wall_clock_breakdown": [True, False, "on", 1, 1.5, None, "yes"],
        "pipeline": ["1f1b", None, {}, {"activation_checkpoint_interval": 1}, {"stagez": 2}],
        "activation_checkpointing": [None, {}, {"partition_activations": True}, "full"],
        "hybrid_engine": [{"enabled": False}, {"max_out_tokens": 0}, None],
-       "data_types": [{"keep_in_fp32_modules": ["norm"]}, {"keep_in_fp32_modules": "norm"}]}
+       "data_types": [{"keep_in_fp32_modules": ["norm"]}, {"keep_in_fp32_modules": "norm"},
+                      {"grad_accum_dtype": "fp32"}, {"grad_accum_dtype": "bf17"}, {"param_dtype": "bf16"},
+                      {"param_dtype": "float32"}, {"buffer_dtype": "fp32"}, {"param_dtype": None},
+                      {"grad_acum_dtype": "fp32"}]}
 BATCH = ["train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"]
 OPT_TYPES = ["AdamW", "adamw", "ADAM", "Adam", "SGD", "Lion", "Lamb", "Adagrad", 3]
-SCHED_TYPES = ["WarmupCosineLR", "WarmupLR", "WarmupDecayLR", "OneCycle", None]
+SCHED_TYPES = ["WarmupCosineLR", "WarmupLR", "WarmupDecayLR", "OneCycle", None, "warmupcosinelr"]
 JOB = {("parallel", "zero"): [0, 1, 2, 3], ("training", "precision"): ["fp32", "bf16", "fp16"],
        ("training", "optimizer", "name"): ["adamw", "adam", "lion", "lamb", "sgd"],
        ("training", "optimizer", "offload"): ["none", "cpu", "nvme"],
        ("training", "recompute"): ["none", "selective", "full"], ("training", "grad_clip"): [0.0, 1.0]}
+#: Whole sections (or ZeRO sub-sections), drawn for every section of DeepSpeed 0.19.8's config that the other
+#: kinds do not draw: modelled ones (valid values, wrong types, misspelt keys, null) and the ones dsforge refuses
+#: (DSF528). Values that need what this oracle machine lacks are left out: a monitor's `enabled: true` (the
+#: tensorboard/wandb/comet packages) and `aio.use_gds: true` on the GPU examples (GDS needs CUDA; the oracle runs
+#: on CPU; tests/compiler/deepspeed/test_ds_sections.py checks it).
+SECTIONS: dict[str, list[Any]] = {
+    "torch_autocast": [{"dtype": "bf17"}, {"dtype": "bf16"}, {"dtype": "BF16"}, {"enabled": False, "dtype": "fp16"},
+                       {"enabled": True}, {"enabled": "no"}, {"lower_precision_safe_modules": ["torch.nn.Linear"]},
+                       {"lower_precision_safe_modules": [1]}, {"lower_precision_safe_modules": None}, None,
+                       {"dtype": None}, {"enabled": False}, {"dtyp": "bf16"}],
+    "checkpoint": [{"tag_validation": "bogus"}, {"tag_validation": "fail"}, {"tag_validation": "Ignore"},
+                   {"tag_validation": None}, {"tag_validation": 1}, None, [], {"load_universal": "yes"},
+                   {"load_universal": False}, {"parallel_write": {"pipeline_stage": 1}},
+                   {"parallel_write": {"pipeline_stage": "yes"}}, {"parallel_write": None}, {"writer": "x"},
+                   {"writer": {"type": "slow"}}, {"writer": {"data_parallel": "rack"}}, {"writer": None},
+                   {"writer": {"type": "fast"}},
+                   {"use_node_local_storage": True}, {"tag_validaton": "warn"}, {"checkpoint_serialization": False}],
+    "flops_profiler": [{"enabled": True}, {"enabled": "yes"}, {"detailed": "maybe"}, {"profile_step": "1"},
+                       {"enabled": False, "top_modules": 3}, None, [], {"output_file": 3}, {"enabledd": True},
+                       {"enabled": True, "profile_step": "1"}, {"enabled": True, "module_depth": "x"},
+                       {"enabled": True, "detailed": "maybe", "profile_step": 1}],
+    "aio": [{"block_size": 1048576}, {"block_size": "x"}, None, [], {"use_gds": False}, {"queue_depth": 0},
+            {"single_submit": "no"}, {"overlap_events": True, "intra_op_parallelism": 2}],
+    "timers": [{"throughput": {"enabled": False}}, {"throughput": {"enabled": "maybe"}}, {"throughput": None}, None,
+               [], "abc", {"throughput": {"synchronized": "no"}}, {"throughput": {"x": 1}}, {"other": 1},
+               {"throughput": "auto"}],
+    "comms_logger": [{"enabled": True}, {"enabled": "maybe"}, None, {"prof_ops": "all_reduce"},
+                     {"prof_ops": ["all_reduce"]}, {"verbos": True}, {"enabled": "auto"}, {"debug": 1}],
+    "tensorboard": [{"enabled": False}, {"enabled": "maybe"}, None, {"output_path": None}, {"job_name": 3},
+                    {"enabled": "auto"}, "auto", {"enabeld": True}, {"output_path": "/tmp/tb", "job_name": "j"}],
+    "csv_monitor": [{"enabled": False}, {"enabled": "no"}, None, {"output_path": 3}, {"enabled": 2}],
+    "wandb": [{"group": 1}, {"group": "g"}, {"enabled": False, "project": "p"}, None, {"team": None},
+              {"project": None}],
+    "comet": [{"samples_log_interval": "5"}, {"samples_log_interval": 1.5}, {"online": "maybe"}, {"mode": "get"},
+              None, {"api_key": 3}, {"online": None}],
+    "zero_optimization.leaf_module": [{"classes": "A"}, {"classes": ["A", 1]}, None, "x", {"names": "auto"},
+                                      {"bad": 1}, {"name_suffixes": ["mlp"]}, {"names": ["model.layers.0"]}],
+    "zero_optimization.zenflow": [{}, None, {"topk_ratio": 0.1}],
+    "tensor_parallel": [{"autotp_size": 0}, {}, {"dtype": "bf16"}, {"autotp_sise": 2}, None, {"autotp_size": 1}],
+    "expert_parallel": [{"enabled": False}, {"autoep_sise": 2}, {}, None],
+    "compile": [{"deepcompile": False}, {}, {"passes": ["bogus"]}, None],
+    "autotuning": [{"enabled": False}, {}, {"enabled": "x"}, None],
+    "data_efficiency": [{"enabled": False}, {}, {"data_sampling": {"enabled": "x"}}, None],
+    "weight_quantization": [{}, {"enabled": "x"}, None],
+    "zenflow": [{}, {"topk_ratio": 0.1}, None],
+    "checkpoint.writer": [{"type": "fast"}, {"type": "python", "decoupled": True}, None, "x", {"type": "slow"}],
+}
+#: scheduler parameters drawn by the `sched` kind (the job states them through training.scheduler and steps).
+SCHED_PARAMS = {"warmup_num_steps": [0, 1, 5, -2, 2.5, "3"], "total_num_steps": [4, 8, 100000, 4.0, "4"],
+                "warmup_type": ["linear", "log", "Linear", 1], "cos_min_ratio": [0.0, 0.1, 1, "0.1"],
+                "warmup_min_ratio": [0.0, 1.0, 0.5], "warmup_min_lr": [0.0, 1e-5], "warmup_max_lr": [1e-3, 3e-4],
+                "last_batch_iteration": [-1, 3], "bogus_param": [1]}
+#: Sections the other kinds draw (and one change that sets each): with SECTIONS, every section of the config.
+OTHER_SECTIONS: dict[str, tuple[str, int, int]] = {
+    "zero_optimization": ("zero_int", 0, 12), "zero_optimization.offload_optimizer": ("offload", 0, 0),
+    "zero_optimization.offload_param": ("offload", 1, 0), "fp16": ("fp16", 1, 1), "bf16": ("bf16", 0, 1),
+    "optimizer": ("opt_params", 0, 0), "scheduler": ("sched", 1, 0),
+    **{key: ("top", sorted(TOP).index(key), 0) for key in ("bfloat16", "hybrid_engine", "pipeline",
+                                                             "activation_checkpointing", "data_types")},
+}
+
+
+def one_per_section() -> dict[str, list[tuple[str, int, int]]]:
+    """For every section drawn, the changes of one case that sets it (the CI sample runs each)."""
+    out = {name: [op] for name, op in OTHER_SECTIONS.items()}
+    for name in SECTIONS:
+        out[name] = [("section", sorted(SECTIONS).index(name), 0)]
+    return out
+
+
 KINDS = ("zero_int", "zero_bool", "zero_stage", "offload", "fp16", "bf16", "top", "batch", "opt_type",
-         "opt_params", "sched", "job", "misspelt")
+         "opt_params", "sched", "job", "misspelt", "section")
 
 
 def _ds(job: dict[str, Any]) -> dict[str, Any]:
@@ -179,7 +256,7 @@ def apply_change(job: dict[str, Any], kind: str, a: int, b: int) -> str:
         ds[kind][key] = v
     elif kind == "top":
         key = pick(sorted(TOP), a)
-        v = pick(TOP[key], b)
+        v = copy.deepcopy(pick(TOP[key], b))
         _ds(job)[key] = v
     elif kind == "batch":
         key = pick(BATCH, a)
@@ -190,9 +267,11 @@ def apply_change(job: dict[str, Any], kind: str, a: int, b: int) -> str:
         ds = _ds(job)
         ds["optimizer"] = {**(ds["optimizer"] if isinstance(ds.get("optimizer"), dict) else {}), "type": v}
     elif kind == "opt_params":
-        name = pick(["lr", "betas", "eps", "weight_decay", "torch_adam"], a)
+        name = pick(["lr", "betas", "eps", "weight_decay", "torch_adam", "amsgrad", "max_grad_norm", "adam_w_mode"],
+                    a)
         v = pick({"lr": [1e-4, -1e-3, "1e-3", 0], "betas": [[0.9, 0.95], [0.9], [0.9, 1.5], "0.9"],
-                  "eps": [1e-8, -1.0], "weight_decay": [0.0, 0.1, -0.1], "torch_adam": [True]}[name], b)
+                  "eps": [1e-8, -1.0], "weight_decay": [0.0, 0.1, -0.1], "torch_adam": [True],
+                  "amsgrad": [True, False], "max_grad_norm": [1.0, "x"], "adam_w_mode": [False, True]}[name], b)
         key = f"optimizer.params.{name}"
         ds = _ds(job)
         opt = ds["optimizer"] if isinstance(ds.get("optimizer"), dict) else {}
@@ -204,8 +283,22 @@ def apply_change(job: dict[str, Any], kind: str, a: int, b: int) -> str:
             key, v = "scheduler.type", pick(SCHED_TYPES, b)
             ds["scheduler"] = {"type": v}
         else:
-            key, v = "scheduler.params.warmup_num_steps", pick([0, 1, 5, -2, 2.5, "3"], b)
-            ds["scheduler"] = {"params": {"warmup_num_steps": v}}
+            name = pick(list(SCHED_PARAMS), a // 2)
+            key, v = f"scheduler.params.{name}", pick(SCHED_PARAMS[name], b)
+            block = ds["scheduler"] if isinstance(ds.get("scheduler"), dict) else {}
+            block["params"] = {**(block["params"] if isinstance(block.get("params"), dict) else {}), name: v}
+            ds["scheduler"] = block
+    elif kind == "section":
+        key = pick(sorted(SECTIONS), a)
+        v = copy.deepcopy(pick(SECTIONS[key], b))  # a later change may edit it in place: never the pool's own
+        if key.startswith("zero_optimization."):
+            _zero(job)[key.split(".", 1)[1]] = v
+        elif "." in key:  # a sub-section: inside its section (made a mapping when it is not one)
+            outer, inner = key.split(".", 1)
+            ds = _ds(job)
+            ds[outer] = {**(ds[outer] if isinstance(ds.get(outer), dict) else {}), inner: v}
+        else:
+            _ds(job)[key] = v
     elif kind == "job":
         path = pick(sorted(JOB), a)
         v = pick(JOB[path], b)
@@ -279,10 +372,20 @@ def judge(case: Case, folder: Path) -> Judged:
         config = json.loads(json.dumps(build_ds_config(plan), allow_nan=False))
     except Exception as exc:  # noqa: BLE001 - an unemittable plan is a class of its own
         return Judged(errors, None, 0, {"emit": f"{type(exc).__name__}: {exc}"})
+    from dsforge.compiler.emit.optim import optimizer_section, scheduler_section
+
     t = plan.spec.training
+    # what the job states, as dsforge writes it without any override (json: as DeepSpeed reads the file)
+    opt = json.loads(json.dumps(optimizer_section(t.optimizer)["params"]))
+    sched = json.loads(json.dumps(scheduler_section(t.scheduler, t.optimizer.lr, t.steps)))
     expect = {"stage": plan.zero, "fp16": t.precision == "fp16", "bf16": t.precision == "bf16",
               "batch": [t.global_batch, t.micro_batch, plan.grad_accum], "optimizer": t.optimizer.name,
-              "offload": t.optimizer.offload if plan.zero else "none"}
+              "offload": t.optimizer.offload if plan.zero else "none",
+              "opt_params": {k: v for k, v in opt.items() if k in STATED_OPTIMIZER_PARAMS},
+              "scheduler": [sched["type"], sched["params"]] if sched else [None, None],
+              "clip": t.grad_clip, "autocast": False}
+    if plan.degrees.pp > 1:  # dsforge.runtime reads the interval from ds_config.json (pp = 1: no pipeline engine)
+        expect["pipeline"] = [plan.degrees.pp, 1 if t.recompute == "full" else 0]
     return Judged(errors, config, plan.degrees.dp, expect)
 
 
@@ -298,9 +401,21 @@ def classify(judged: Judged, oracle: dict[str, Any] | None) -> str:
     if not clean:
         return AGREE_NO
     got = oracle.get("summary", {})
-    if any(got.get(k) != v for k, v in judged.expect.items()) or oracle.get("dropped"):
+    if any(_differs(k, got.get(k), v) for k, v in judged.expect.items()) or oracle.get("dropped"):
         return ELSE
     return AGREE_OK
+
+
+#: The optimizer parameters a job states (training.optimizer): DeepSpeed must end up with dsforge's values.
+STATED_OPTIMIZER_PARAMS = ("lr", "betas", "eps", "weight_decay", "adam_w_mode")
+
+
+def _differs(key: str, got: Any, want: Any) -> bool:
+    """True when DeepSpeed's parsed value of ``key`` is not the job's (optimizer params: the stated ones)."""
+    if key == "opt_params":
+        return not isinstance(got, dict) or any(k not in got or got[k] != v or isinstance(got[k], bool) !=
+                                                isinstance(v, bool) for k, v in want.items())
+    return bool(got != want)
 
 
 # --- DeepSpeed's side: a worker process that imports it once ----------------------------------------------
@@ -330,7 +445,10 @@ def summary(c):
     return {"stage": int(c.zero_optimization_stage), "fp16": bool(c.float16_config.enabled),
             "bf16": bool(c.bfloat16_config.enabled),
             "batch": [c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps],
-            "optimizer": name, "offload": getattr(off.device, "value", off.device) if off else "none"}
+            "optimizer": name, "offload": getattr(off.device, "value", off.device) if off else "none",
+            "opt_params": c.optimizer_params, "scheduler": [c.scheduler_name, c.scheduler_params],
+            "clip": c.gradient_clipping, "autocast": bool(c.torch_autocast_enabled),
+            "pipeline": [c.pipeline.get("stages"), c.pipeline.get("activation_checkpoint_interval")]}
 
 def dropped(cfg, c, overrides):
     """ZeRO override values DeepSpeed does not end up with (another spelling of the setting won)."""
@@ -392,8 +510,10 @@ class Oracle:
 
     def __init__(self, python: str = sys.executable) -> None:
         env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+        # in a folder of its own: what a config makes DeepSpeed write (profiler or monitor output) stays there
+        self.folder = tempfile.TemporaryDirectory(prefix="dsforge-oracle-")
         self.proc = subprocess.Popen([python, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, env=env)
+                                     stderr=subprocess.DEVNULL, text=True, env=env, cwd=self.folder.name)
 
     def ask(self, config: dict[str, Any], dp: int, overrides: Any = None, init: bool = False) -> dict[str, Any]:
         """DeepSpeed's verdict on one config: {"ok", "error", "stage", "summary", "dropped"}."""
@@ -413,6 +533,7 @@ class Oracle:
         if self.proc.stdin:
             self.proc.stdin.close()
         self.proc.wait(timeout=60)
+        self.folder.cleanup()
 
 
 def run_case(case: Case, oracle: Oracle, folder: Path, init: bool = False) -> tuple[str, Judged, dict[str, Any] | None]:

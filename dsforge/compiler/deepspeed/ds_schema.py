@@ -11,49 +11,29 @@ and 1, an int field takes "5" and 5.0 but not "5e8" or 1.5, a float field takes 
 DeepSpeed reads with plain dict lookups fail only where the lookup or an operator on the value fails
 (``optimizer: null`` has no ``.keys()``, ``wall_clock_breakdown: "yes" | False`` is a TypeError).
 
-Not modelled (DeepSpeed's own validators run on them at parse; dsforge does not check their values yet):
-`UNMODELLED`. tests/compiler/deepspeed/test_ds_schema.py compares `MODELS` with the installed DeepSpeed's pydantic models and
-the coercions with pydantic's own, and tests/compiler/deepspeed/test_ds_differential.py compares `parse` with
-`DeepSpeedConfig` on generated jobs.
+The other sections are described in `dsforge.compiler.deepspeed.ds_sections` (the monitors, comms_logger, timers,
+leaf_module, checkpoint, torch_autocast, flops_profiler, aio), whose problems `parse` adds. Not modelled:
+`UNMODELLED`, the sections `ds_sections.REFUSED` refuses as `deepspeed:` overrides (rule DSF528), with why.
+tests/compiler/deepspeed/test_ds_schema.py and test_ds_sections.py compare `MODELS` with the installed
+DeepSpeed's pydantic models and the coercions with pydantic's own, and test_ds_differential.py there
+compares `parse` with `DeepSpeedConfig` on generated jobs.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-Path = tuple[str | int, ...]
+from dsforge.compiler.deepspeed import ds_sections
+from dsforge.compiler.deepspeed.ds_fields import I64 as _I64
+from dsforge.compiler.deepspeed.ds_fields import Field, Path, Problem, validate_in
+from dsforge.compiler.deepspeed.ds_fields import is_number as _number
+from dsforge.compiler.deepspeed.ds_fields import where as _where
 
-#: Sections DeepSpeed parses with validators of its own that this module does not describe value by value.
-UNMODELLED = ("zero_optimization.zenflow", "zero_optimization.leaf_module", "tensor_parallel", "expert_parallel",
-              "compile", "torch_autocast", "flops_profiler", "autotuning", "comms_logger", "tensorboard", "wandb",
-              "csv_monitor", "comet", "data_efficiency", "aio", "weight_quantization", "timers", "checkpoint")
-
-_I64 = 2**63
-
-
-class Invalid(ValueError):
-    """A value a pydantic field refuses; the message says what the field takes."""
-
-
-@dataclass(frozen=True)
-class Field:
-    """One pydantic field: its kind (bool, int, float, str, path, enum, model, opaque), bounds and spellings."""
-
-    kind: str
-    default: Any = None
-    optional: bool = False
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    lt: float | None = None
-    choices: tuple[Any, ...] = ()
-    model: str = ""
-    alias: str = ""
-    replaced_by: str = ""  # a deprecated field DeepSpeed moves onto this one (and refuses beside it)
+#: Sections not described value by value: each is refused as a `deepspeed:` override (ds_sections.REFUSED, DSF528).
+UNMODELLED = ("zenflow", "zero_optimization.zenflow", "tensor_parallel", "expert_parallel", "compile", "autotuning",
+              "data_efficiency", "weight_quantization", "checkpoint.writer")
 
 
 def _f(kind: str, default: Any = None, **kw: Any) -> Field:
@@ -98,7 +78,7 @@ MODELS: dict[str, dict[str, Field]] = {
             ("override_module_apply", True), ("log_trace_cache_warnings", False), ("enable_sanity_checks", False),
             ("save_muon_momentum_buffer_in_memory", False))},
         "zero_hpz_partition_size": _f("int", 1, ge=0),
-        "leaf_module": _f("opaque"),
+        "leaf_module": _f("opaque", optional=True),  # null is {} (its before-validator); see ds_sections
     },
     "offload_param": {
         "device": _f("enum", "none", choices=("none", "cpu", "nvme")), "nvme_path": _f("path", optional=True),
@@ -129,168 +109,12 @@ MODELS: dict[str, dict[str, Field]] = {
         "tp_gather_partition_size": _f("int", 8), "enable_cuda_graph": _f("bool", False),
     },
 }
-
-_TRUE = {"1", "on", "t", "true", "y", "yes"}
-_FALSE = {"0", "off", "f", "false", "n", "no"}
-_INT_TEXT = re.compile(r"[+-]?[0-9]+(_[0-9]+)*(\.0*)?")
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def coerce(field: Field, value: Any) -> Any:
-    """The value pydantic 2 (lax mode) makes of ``value`` for ``field``; Invalid when it refuses it."""
-    if value is None:
-        if field.optional:
-            return None
-        raise Invalid("a value is required, not null")
-    kind = field.kind
-    if kind == "bool":
-        if isinstance(value, bool):
-            return value
-        if _number(value) and value in (0, 1):
-            return bool(value)
-        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
-            return value.lower() in _TRUE
-        raise Invalid("takes true or false")
-    if kind == "int":
-        return _bounded(field, _to_int(value))
-    if kind == "float":
-        if isinstance(value, (int, float)):
-            return _bounded(field, float(value))
-        if isinstance(value, str) and value.isascii():  # pydantic parses ASCII digits only
-            try:
-                return _bounded(field, float(value.strip()))
-            except ValueError:
-                pass
-        raise Invalid("takes a number")
-    if kind in ("str", "path"):
-        if isinstance(value, str):
-            return value
-        raise Invalid("takes a string")
-    if kind == "enum":
-        return _enum(field, value)
-    if kind == "model":
-        if isinstance(value, dict):
-            return value
-        raise Invalid("takes a mapping")
-    return value  # opaque: DeepSpeed's own validators, not described here
-
-
-def _to_int(value: Any) -> int:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        if math.isfinite(value) and value == int(value) and abs(value) < _I64:
-            return int(value)
-        raise Invalid("takes a whole number" + (" (it has a fraction)" if math.isfinite(value) else ""))
-    if isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
-        return int(value.strip().replace("_", "").split(".")[0])
-    raise Invalid("takes a whole number (YAML reads 5e8 as text: write 500000000 or 5.0e+8)")
-
-
-def _enum(field: Field, value: Any) -> Any:
-    if all(isinstance(c, int) for c in field.choices):
-        try:
-            number = _to_int(value) if not isinstance(value, str) or value.strip() == value else None
-        except Invalid:
-            number = None
-        if number in field.choices:
-            return number
-    elif value in field.choices and isinstance(value, str):
-        return value
-    raise Invalid("takes one of " + ", ".join(str(c) for c in field.choices) +
-                  (" (lower case)" if isinstance(value, str) and value.lower() in field.choices else ""))
-
-
-def _bounded(field: Field, number: float) -> Any:
-    checks = ((field.ge, ">="), (field.gt, ">"), (field.le, "<="), (field.lt, "<"))
-    for bound, word in checks:
-        if bound is None:
-            continue
-        ok = {">=": number >= bound, ">": number > bound, "<=": number <= bound, "<": number < bound}[word]
-        if not ok:
-            raise Invalid(f"must be {word} {bound:g}")
-    return number
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One reason DeepSpeed refuses a config: the key path in the ds_config, what is wrong, and how to fix it.
-
-    ``kind``: "extra" (a key the section does not have), "value" (a type or range), "shape" (a section that
-    is not a mapping), "cross" (values that DeepSpeed refuses together).
-    """
-
-    path: Path
-    message: str
-    fix: str
-    kind: str = "value"
-
-
-def _where(path: Path) -> str:
-    return ".".join(str(p) for p in path)
+MODELS.update(ds_sections.SECTION_MODELS)
 
 
 def validate_model(name: str, data: Mapping[str, Any], path: Path) -> tuple[dict[str, Any], list[Problem]]:
-    """Validate one pydantic section as DeepSpeed's model does: the values it ends up with, and its problems.
-
-    A value "auto" is dropped, the field's default applies (DeepSpeedConfigModel.__init__, which HF's
-    integration relies on; measured: nested offload blocks drop it too).
-    """
-    fields, out, problems = MODELS[name], {}, []
-    by_alias = {f.alias: key for key, f in fields.items() if f.alias}
-    given: set[str] = set()
-    for key, value in data.items():
-        if isinstance(value, str) and value == "auto":
-            continue
-        field_name = by_alias.get(key, key)
-        if field_name not in fields or (field_name == key and fields[key].alias and fields[key].alias in data):
-            # pydantic prefers the alias: the field's own name beside it is an extra key
-            problems.append(Problem((*path, key), f"`{_where((*path, key))}` is not a key DeepSpeed's "
-                                    f"{_where(path)} takes", "fix the spelling or remove it", "extra"))
-            continue
-        field = fields[field_name]
-        try:
-            out[field_name] = coerce(field, value)
-        except Invalid as exc:
-            problems.append(Problem((*path, key), f"`{_where((*path, key))}`={value!r}: DeepSpeed {exc}",
-                                    _fix(field)))
-            continue
-        given.add(field_name)
-        if field.kind == "model" and out[field_name] is not None:
-            out[field_name], nested = validate_model(field.model, out[field_name], (*path, key))
-            problems += nested
-    for field_name, field in fields.items():
-        if field.replaced_by and field_name in given:
-            new = field.replaced_by
-            if new in given:
-                problems.append(Problem((*path, field_name), f"`{_where((*path, field_name))}` is the deprecated "
-                                        f"spelling of `{new}`, and DeepSpeed refuses both together",
-                                        f"remove {field_name} (dsforge writes {new})", "cross"))
-            elif out[field_name] is not None:
-                out[new] = {"device": "cpu"} if MODELS[name][new].kind == "model" and out[field_name] else (
-                    None if MODELS[name][new].kind == "model" else out[field_name])
-    for field_name, field in fields.items():
-        out.setdefault(field_name, field.default)
-    return out, problems
-
-
-def _fix(field: Field) -> str:
-    if field.kind == "enum":
-        return "use one of " + ", ".join(str(c) for c in field.choices)
-    if field.kind in ("int", "float"):
-        bounds = [f"{w} {b:g}" for b, w in ((field.ge, ">="), (field.gt, ">"), (field.le, "<="), (field.lt, "<"))
-                  if b is not None]
-        return f"give a {'whole ' if field.kind == 'int' else ''}number" + (f" ({', '.join(bounds)})" if bounds
-                                                                             else "")
-    if field.kind == "model":
-        return "give a mapping of its keys, or remove it"
-    return "give true or false" if field.kind == "bool" else "give a string"
-
+    """Validate one pydantic section (any of `MODELS`) as DeepSpeed's model does: its values and problems."""
+    return validate_in(MODELS, name, data, path)
 
 def _zero(cfg: Mapping[str, Any], problems: list[Problem]) -> dict[str, Any]:
     """runtime/zero/config.py get_zero_config and DeepSpeedZeroConfig's validators."""
@@ -407,6 +231,7 @@ def parse(cfg: Mapping[str, Any], world_size: int) -> list[Problem]:
     _monitors(cfg, problems)
     _sections(cfg, problems)
     problems += _batch(cfg, world_size)
+    problems += ds_sections.check(cfg)
     _cross(op, zero.get("stage", 0), fp16, bf16, bf16_key, problems)
     return problems
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 _BUILTIN = ("input", "layout", "model_shape", "batch", "topology", "deepspeed_compat", "ds_overrides", "memory",
-            "launch", "emit", "rewrite", "plugins", "internal", "paths", "pretrained",
+            "ds_job_values", "launch", "emit", "rewrite", "plugins", "internal", "paths", "pretrained",
             "runtime_support", "host_memory", "resume", "pipeline_split")
 _loaded = False
 

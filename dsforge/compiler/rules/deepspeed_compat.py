@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from dsforge.compiler.deepspeed.ds_fields import Field, Invalid, coerce
 from dsforge.compiler.deepspeed.ds_keys import (
     BF16_KEYS,
     COMM_DTYPES,
@@ -18,7 +19,8 @@ from dsforge.compiler.deepspeed.ds_keys import (
     TP_CONFIG_KEYS,
     ZERO_KEYS,
 )
-from dsforge.compiler.deepspeed.ds_schema import MODELS, Field, Invalid, coerce
+from dsforge.compiler.deepspeed.ds_schema import MODELS
+from dsforge.compiler.deepspeed.ds_sections import LOOSE_KEYS, STRICT_SECTIONS
 from dsforge.compiler.frontend.schema_errors import suggest
 from dsforge.compiler.rules.registry import Context, Finding, rule
 from dsforge.diagnostics import Severity
@@ -129,6 +131,9 @@ _CHECKED_SECTIONS = (
     (("tensor_parallel",), TENSOR_PARALLEL_KEYS, True),
     (("tensor_parallel", "tp"), TP_CONFIG_KEYS, True),
     (("pipeline",), PIPELINE_KEYS, False),
+    # the sections ds_sections describes: pydantic ones reject unknown keys, dict-read ones ignore them
+    *((path, frozenset(MODELS[model]), True) for path, model in STRICT_SECTIONS),
+    *((path, keys, False) for path, keys in LOOSE_KEYS.items()),
 )
 
 
@@ -143,14 +148,16 @@ def _subsection(ds: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
       source=DS + "runtime/config.py _reject_removed_config_keys, get_pipeline_config; runtime/zero/config.py, "
       "runtime/precision_config.py, runtime/tensor_parallel/config.py (pydantic, extra=forbid)")
 def override_keys(ctx: Context) -> Iterator[Finding]:
-    """Removed keys and unknown keys of the zero_optimization, bf16, fp16 and tensor_parallel sections
-    fail DeepSpeed's parse, and so does a field given under its own name beside its alias
+    """Removed keys and unknown keys of the zero_optimization (and its offload and leaf_module blocks), bf16,
+    fp16, tensor_parallel, comms_logger, timers.throughput and monitor (tensorboard, wandb, csv_monitor, comet)
+    sections fail DeepSpeed's parse, and so does a field given under its own name beside its alias
     (`max_live_parameters` with `stage3_max_live_parameters`): pydantic reads the alias and the name is an
-    extra key; unknown top-level and pipeline keys are silently ignored by DeepSpeed, so a typo there would
-    quietly not apply (a warning)."""
+    extra key; unknown top-level keys, and those of pipeline, checkpoint, torch_autocast, flops_profiler and aio
+    (read with dict lookups), are silently ignored by DeepSpeed, so a typo there would quietly not apply (a
+    warning)."""
     ds = ctx.spec.deepspeed
     for key in ds:
-        path = ("deepspeed", key)
+        path: tuple[str, ...] = ("deepspeed", key)
         if key in REMOVED_TOP_LEVEL_KEYS:
             yield Finding(f"deepspeed.{key} was removed from DeepSpeed and is rejected at parse", "remove it", path,
                           at_key=True)

@@ -12,7 +12,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from dsforge.compiler.deepspeed.ds_schema import MODELS, Invalid, Problem, coerce, merge_overrides, parse
+from dsforge.compiler.deepspeed.ds_fields import Invalid, Problem, coerce
+from dsforge.compiler.deepspeed.ds_schema import MODELS, merge_overrides, parse
 from dsforge.compiler.deepspeed.ds_settings import (
     DS_OPTIMIZER,
     emitted_zero_block,
@@ -224,7 +225,10 @@ def override_value_types(ctx: Context) -> Iterator[Finding]:
     a bool or "5" for an int are converted as pydantic converts them, exactly as DeepSpeed will. Top-level
     values DeepSpeed computes with (`wall_clock_breakdown | flops_profiler.enabled`) must have a type that
     computation takes. An HF-style "auto" at the top of a pydantic section is dropped by DeepSpeed (its
-    default applies) and is accepted here too."""
+    default applies) and is accepted here too. The other sections are checked the same way
+    (dsforge/compiler/deepspeed/ds_sections.py): the monitors, comms_logger, timers and ZeRO's leaf_module (pydantic), and
+    the values of checkpoint (`tag_validation` one of warn, ignore, fail), torch_autocast (`dtype` one of
+    DeepSpeed's dtype names) and aio that DeepSpeed's parse refuses."""
     for p in _problems(ctx):
         value = _get(ctx, *(str(k) for k in p.path))
         if isinstance(value, float) and not math.isfinite(value):
@@ -269,7 +273,8 @@ def optimizer_type_override(ctx: Context) -> Iterator[Finding]:
     """The `deepspeed:` overrides are merged into the optimizer and scheduler blocks dsforge writes, so another
     `type` would keep the job's parameters (`optimizer: {type: SGD}` keeps AdamW's `betas` and fails at
     initialize), and the estimate, the explain report and the runtime's optimizer would describe a different
-    job. The type is the job's: change training.optimizer / training.scheduler instead."""
+    job. The type is the job's: change training.optimizer / training.scheduler instead. (DeepSpeed reads an
+    optimizer type in any case; a scheduler's is a class name: `warmupcosinelr` is not found.)"""
     t = ctx.spec.training
     emitted = {"optimizer": DS_OPTIMIZER[t.optimizer.name],
                "scheduler": scheduler_type(t.scheduler.name, t.scheduler.warmup_steps)}
@@ -277,8 +282,9 @@ def optimizer_type_override(ctx: Context) -> Iterator[Finding]:
         block = ctx.spec.deepspeed.get(key)
         if not isinstance(block, dict) or "type" not in block:
             continue
-        given = _type_name(block)
-        if given != (want.lower() if want else None):
+        # DeepSpeed lower-cases its own optimizer names, but finds a scheduler with getattr(lr_schedules, type)
+        given = _type_name(block) if key == "optimizer" else block["type"]
+        if given != ((want.lower() if key == "optimizer" else want) if want else None):
             where = "training.optimizer.name" if key == "optimizer" else "training.scheduler"
             yield Finding(f"deepspeed.{key}.type={block['type']!r} replaces the {want or 'absent'} {key} the job "
                           f"describes, while keeping its parameters", f"remove it and set {where}",

@@ -469,7 +469,10 @@ class JobSpec(Section):
     training: TrainingSpec = section(TrainingSpec, "Batch sizes, precision, optimizer, schedule, data, checkpoints.")
     rewrite: list[RewriteRule] = field(
         ListOf(Nested(RewriteRule)), description="Extra rewrite rules (custom models).", factory=list)
-    deepspeed: dict[str, Any] = field(MappingOf(), description="Raw ds_config overrides, merged last.", factory=dict)
+    deepspeed: dict[str, Any] = field(MappingOf(), description=(
+        "Raw ds_config overrides, merged last and checked against DeepSpeed 0.19.8: they may restate, never change, "
+        "what the job states elsewhere (DSF508, DSF520, DSF525, DSF527); sections dsforge does not model are "
+        "refused (DSF528)."), factory=dict)
     launch: LaunchSpec = section(LaunchSpec, "How the compiled job is started.")
     search: SearchSpec | None = field(Optional(Nested(SearchSpec)), None,
                                       "The layout search for `auto` fields (`dsforge search`); absent: its defaults.")

@@ -61,6 +61,7 @@ INIT_CASES = [
     [("zero_int", 0, 12)], [("zero_int", 2, 1)], [("zero_bool", 4, 1)], [("zero_bool", 0, 4)],
     [("bf16", 1, 0), ("job", 4, 1)], [("fp16", 1, 0)], [("top", 5, 0)], [("sched", 0, 2)],
     [("opt_type", 0, 1)], [("opt_params", 0, 1)], [("job", 5, 0)], [("zero_bool", 4, 3), ("job", 0, 1)],
+    *DIFF.one_per_section().values(),  # every section, initialized and stepped
 ]
 
 
@@ -68,6 +69,28 @@ INIT_CASES = [
 def test_a_sample_initializes_and_trains_as_validate_says(oracle: Any, tmp_path: Path) -> None:
     seen = [_check(oracle, DIFF.make_case(SEEDS, "one-rank", ops), tmp_path, init=True) for ops in INIT_CASES]
     assert DIFF.AGREE_OK in seen and (DIFF.AGREE_NO in seen or DIFF.BY_DESIGN in seen), seen
+
+
+def test_the_campaign_draws_every_section() -> None:
+    """Every section of DeepSpeed's config (ds_sections.SECTION_NAMES: modelled or refused) is drawn by a kind."""
+    from dsforge.compiler.deepspeed.ds_sections import SECTION_NAMES
+
+    assert set(DIFF.one_per_section()) == set(SECTION_NAMES)
+    for name, ops in DIFF.one_per_section().items():
+        case = DIFF.make_case(SEEDS, "one-rank", ops)
+        node = case.job["deepspeed"]
+        for part in name.split("."):
+            assert isinstance(node, dict) and part in node, (name, case.changes)
+            node = node[part]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("section", sorted(DIFF.one_per_section()))
+def test_the_ci_sample_has_one_case_of_each_section(oracle: Any, tmp_path: Path, section: str) -> None:
+    """One case per section on a multi-rank example and on the one-rank job, both sides agreeing."""
+    ops = DIFF.one_per_section()[section]
+    for seed in ("one-rank", min(set(SEEDS) - {"one-rank"})):
+        _check(oracle, DIFF.make_case(SEEDS, seed, ops), tmp_path)
 
 
 def test_the_classification_counts_each_failure() -> None:
@@ -81,3 +104,10 @@ def test_the_classification_counts_each_failure() -> None:
     assert DIFF.classify(DIFF.Judged(["DSF517"], {"x": 1}, 2), {"ok": True}) == DIFF.FALSE_ALARM
     assert DIFF.classify(DIFF.Judged(["DSF520"], {"x": 1}, 2), {"ok": True}) == DIFF.BY_DESIGN
     assert DIFF.classify(DIFF.Judged(["DSF517"], {"x": 1}, 2), {"ok": False}) == DIFF.AGREE_NO
+    # DeepSpeed runs another lr or schedule than the job's: the override won
+    stated = DIFF.Judged([], {"x": 1}, 2, {"opt_params": {"lr": 1e-3}, "scheduler": ["WarmupLR", {"a": 1}]})
+    ran = {"opt_params": {"lr": 1e-3, "torch_adam": True}, "scheduler": ["WarmupLR", {"a": 1}]}
+    assert DIFF.classify(stated, {"ok": True, "summary": ran}) == DIFF.AGREE_OK
+    for other in ({**ran, "opt_params": {"lr": 2e-3}}, {**ran, "scheduler": ["WarmupLR", {"a": 2}]},
+                  {**ran, "opt_params": {}}):
+        assert DIFF.classify(stated, {"ok": True, "summary": other}) == DIFF.ELSE

@@ -14,15 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsforge.compiler.deepspeed.ds_schema import (
-    MODELS,
-    Field,
-    Invalid,
-    coerce,
-    merge_overrides,
-    merge_zero,
-    parse,
-)
+from dsforge.compiler.deepspeed.ds_fields import Field, Invalid, coerce
+from dsforge.compiler.deepspeed.ds_schema import MODELS, merge_overrides, merge_zero, parse
 
 pydantic = pytest.importorskip("pydantic")
 

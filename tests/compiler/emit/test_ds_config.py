@@ -123,12 +123,13 @@ def test_context_parallel_pins_sequence_communication_to_fp32(tmp_path: Path) ->
 def test_overrides_are_merged_last(tmp_path: Path) -> None:
     plan = variant_plan(tmp_path, "llama3-8b-dgx-h100", {"deepspeed": {
         "zero_optimization": {"reduce_bucket_size": 123}, "steps_per_print": 7,
-        "optimizer": {"params": {"lr": 1.0e-4}}}})
+        "optimizer": {"params": {"torch_adam": True}}}})  # (an lr the job states is DSF527's to refuse)
     cfg = build_ds_config(plan)
     assert cfg["zero_optimization"]["reduce_bucket_size"] == 123
     assert cfg["zero_optimization"]["stage"] == 1 and cfg["zero_optimization"]["allgather_bucket_size"] == 4096**2
     assert cfg["steps_per_print"] == 7
-    assert cfg["optimizer"]["params"]["lr"] == 1.0e-4 and cfg["optimizer"]["type"] == "AdamW"
+    assert cfg["optimizer"]["params"]["torch_adam"] is True and cfg["optimizer"]["type"] == "AdamW"
+    assert cfg["optimizer"]["params"]["lr"] == plan.spec.training.optimizer.lr  # merged into, not replaced
 
 
 def test_sequence_parallel_pipelines_send_whole_stage_activations(tmp_path: Path) -> None:

@@ -138,8 +138,9 @@ def test_degree_overrides_must_match_the_plan(write_job) -> None:
                    "  sequence_parallel_size: 1\n")
     assert [(r, m) for r, _, m, _ in found if r == "DSF508"] == [
         ("DSF508", "deepspeed.tensor_parallel.autotp_size=4 contradicts parallel.tp=2")]
-    # validate also reports what compile refuses: DeepSpeed would lay out the ranks itself (DSF606)
-    assert sorted(r for r, *_ in found) == ["DSF508", "DSF606", "DSF606"]
+    # validate also reports what compile refuses: DeepSpeed would lay out the ranks itself (DSF606), and the
+    # tensor_parallel section is not an override dsforge takes at all (DSF528)
+    assert sorted(r for r, *_ in found) == ["DSF508", "DSF528", "DSF606", "DSF606"]
 
 
 # ---- property: rules never crash on well-typed jobs, and every finding has a message and a fix ----
