@@ -49,7 +49,7 @@ LOGGING_DS_KEYS = ("steps_per_print", "wall_clock_breakdown", "dump_state", "ten
 #: plan.json keys derived from the rest (estimates, the rewrite plan, the file list).
 DERIVED_PLAN_KEYS = ("summary", "rewrite", "files")
 #: Rules whose warnings (a file that may exist only on other machines) are errors when the job runs here.
-LOCAL_FILE_RULES = ("DSF610",)
+LOCAL_FILE_RULES = ("DSF610", "DSF620")
 #: DeepSpeed schedulers whose rate depends on the run's length (total_num_steps).
 DECAYING_SCHEDULERS = ("WarmupCosineLR", "WarmupDecayLR")
 

@@ -51,17 +51,21 @@ class CausalLMLoss(nn.Module):
     sums gradients over dp x cp and divides by dp only; see groups.DeepSpeedMPU).
     """
 
-    def __init__(self, model: nn.Module, cp: int = 1) -> None:
+    def __init__(self, model: nn.Module, cp: int = 1, documents: bool = False) -> None:
         super().__init__()
         self.model, self.cp = model, cp
         self.head = getattr(model, "lm_head", None)
-        # HF numbers the tokens it sees from 0: wrong for a context-parallel shard, the same otherwise.
-        self.pass_positions = cp > 1
+        # HF numbers the tokens it sees from 0: wrong for a context-parallel shard, the same otherwise. Packed
+        # documents (``documents``) restart their positions, from which HF builds the per-document causal mask.
+        self.pass_positions = cp > 1 or documents
+        # HF looks for packed documents in the positions only without a KV cache (masking_utils)
+        self.extra = {"use_cache": False} if documents else {}
 
-    def forward(self, ids: Tensor, targets: Tensor, positions: Tensor) -> Tensor:
-        """(ids, targets, global positions) -> scalar loss share."""
-        logits = self.model(input_ids=ids, position_ids=positions if self.pass_positions else None).logits
-        return token_loss_sum(logits, targets, self.head) / (targets.numel() * self.cp)
+    def forward(self, ids: Tensor, targets: Tensor, positions: Tensor, denominator: float | None = None) -> Tensor:
+        """(ids, targets, global positions[, divisor of masked data]) -> scalar loss share."""
+        logits = self.model(input_ids=ids, position_ids=positions if self.pass_positions else None,
+                            **self.extra).logits
+        return token_loss_sum(logits, targets, self.head) / (denominator or targets.numel() * self.cp)
 
 
 def _sequence_parallel_hooks(model: nn.Module, group: dist.ProcessGroup) -> int:
@@ -277,4 +281,6 @@ def build_engine(plan: Plan, ds_config: dict[str, Any], groups: ParallelGroups, 
         return engine
     model = build_parallel_model(plan, groups, seed, ds_config)
     apply_job_recompute(model, plan, groups, ds_config)
-    return initialize_engine(CausalLMLoss(model, d.cp), ds_config, groups)
+    data = plan.spec.training.data
+    documents = data.kind in ("text", "megatron") and data.packing is True
+    return initialize_engine(CausalLMLoss(model, d.cp, documents), ds_config, groups)
