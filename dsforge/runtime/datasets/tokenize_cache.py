@@ -117,7 +117,8 @@ def _build(root: Path, final: Path, documents: Iterator[tuple[list[int], list[in
         count, masked = 0, False
         print(f"dsforge: tokenizing {what} into {final}", file=sys.stderr, flush=True)
         with open(tmp / "tokens.bin", "wb") as tok_f, open(tmp / "mask.bin", "wb") as mask_f, \
-                tqdm(desc="tokenizing", unit=" docs", file=sys.stderr, mininterval=2.0, leave=False) as bar:
+                tqdm(desc="tokenizing", unit=" docs", file=sys.stderr, mininterval=2.0, leave=False,
+                     disable=not sys.stderr.isatty()) as bar:  # a log file gets the summary line only
             for ids, mask in documents:
                 if not ids:
                     continue
@@ -136,5 +137,6 @@ def _build(root: Path, final: Path, documents: Iterator[tuple[list[int], list[in
         (tmp / "meta.json").write_text(json.dumps({"format": CACHE_FORMAT, "tokens": count, "documents": len(starts),
                                                    "masked": masked}), encoding="utf-8")
         os.replace(tmp, final)
+        print(f"dsforge: tokenized {len(starts):,} documents into {count:,} tokens", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
