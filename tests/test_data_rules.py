@@ -99,3 +99,42 @@ def test_any_index_header_is_diagnosed_not_raised(tmp_path_factory: pytest.TempP
         assert exc.rule in ("DSF620", "DSF625") and exc.message
     else:
         assert version == 1 and header.sequences == count and len(tail) >= count * 12 + (count + 1) * 8
+
+
+def _megatron(prefix: Path, docs: list[list[int]]) -> None:
+    """An MMIDIDX pair (Megatron-Core's megatron/core/datasets/indexed_dataset.py layout), uint16 tokens."""
+    prefix.with_suffix(".bin").write_bytes(b"".join(struct.pack(f"<{len(d)}H", *d) for d in docs))
+    sizes = [len(d) for d in docs]
+    pointers = [2 * sum(sizes[:i]) for i in range(len(docs))]
+    prefix.with_suffix(".idx").write_bytes(
+        b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(docs), len(docs) + 1)
+        + struct.pack(f"<{len(docs)}i", *sizes) + struct.pack(f"<{len(docs)}q", *pointers)
+        + struct.pack(f"<{len(docs) + 1}q", *range(len(docs) + 1)))
+
+
+def test_explain_states_tokens_and_epochs(tmp_path: Path) -> None:
+    from dsforge.compiler.parse import load_job
+    from dsforge.compiler.plan import build_plan
+    from dsforge.explain.report import explain_plan
+    from dsforge.explain.text import render
+
+    _megatron(tmp_path / "a", [[1] * 100] * 10)  # 1,000 tokens: (1000 - 1) // 64 = 15 sequences of seq_len 64
+    _megatron(tmp_path / "b", [[2] * 50] * 10)   # 500 tokens: 7 sequences
+    path = job(tmp_path, {"kind": "megatron", "path": ["a", "b"], "weights": [3, 1]},
+               )
+    doc = yaml.safe_load(path.read_text())
+    doc["training"].update(steps=10, global_batch=8)  # 80 sequences: 60 from a, 20 from b
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    loaded, _ = load_job(path)
+    assert loaded is not None
+    data = explain_plan(build_plan(loaded.spec)).summary["data"]
+    a, b = data["corpora"]
+    assert (a["tokens"], a["documents"], a["samples_per_epoch"]) == (1000, 10, 15)
+    assert (b["tokens"], b["samples_per_epoch"]) == (500, 7)
+    assert a["epochs"] == pytest.approx(60 / 15) and b["epochs"] == pytest.approx(20 / 7)
+    assert "Data" in render(explain_plan(build_plan(loaded.spec)).summary)
+    text = job(tmp_path, {"kind": "text", "path": "data/train.jsonl", "tokenizer": "data/tok"})
+    loaded, _ = load_job(text)
+    assert loaded is not None
+    (row,) = explain_plan(build_plan(loaded.spec)).summary["data"]["corpora"]
+    assert row["tokens"] is None and "not tokenized yet" in row["note"]

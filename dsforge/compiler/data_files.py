@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -243,3 +244,132 @@ def read_idx_header(prefix: str) -> IdxHeader:
     if sequences == 0:
         raise DataFileError("DSF620", f"{idx} holds no sequence", "preprocess a non-empty corpus")
     return IdxHeader(MEGATRON_DTYPES[code], sequences, documents, fixed)
+
+
+# --- the tokenization cache's key, and what explain says about a corpus -----------------------------------------
+#: Version of the cache layout (dsforge.runtime.datasets.tokenize_cache); part of every key.
+CACHE_FORMAT = 1
+CACHE_DIR = ".dsforge-cache"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+
+
+def tokenizer_digest(tok: TokenizerFiles) -> str:
+    """A hash of every file that changes what the tokenizer (and its chat template) produces."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in _TOKENIZER_FILES:
+        f = tok.directory / name if name != "tokenizer.json" else tok.file
+        if f.is_file():
+            digest.update(name.encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_root(path: str, files: TextFiles) -> Path:
+    """The directory the cache goes into: beside the data (the file's directory, the directory, the glob's
+    fixed part, or the HF datasets directory)."""
+    if files.hf is not None:
+        return files.hf
+    target = Path(path).expanduser()
+    if target.is_dir():
+        return target
+    if target.is_file():
+        return target.parent
+    fixed = Path(path.split("*")[0].split("?")[0].split("[")[0])
+    return fixed if fixed.is_dir() else fixed.parent
+
+
+def cache_key(files: TextFiles, tokenizer_hash: str, field: str | None, fmt: str) -> str:
+    """The hash naming a cache: format version, tokenizer, field, format and every data file's content."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{CACHE_FORMAT}\0{tokenizer_hash}\0{field}\0{fmt}\0".encode())
+    data = sorted(p for p in files.hf.rglob("*") if p.is_file() and CACHE_DIR not in p.parts) \
+        if files.hf is not None else list(files.files)
+    for path in data:
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:24]
+
+
+def text_field(files: TextFiles, field: str | None, fmt: str) -> str | None:
+    """The field records are read from (None for .txt files, whose lines are the documents)."""
+    if files.hf is None and all(p.suffix == ".txt" for p in files.files):
+        return None
+    return field or ("messages" if fmt == "chat" else "text")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """What explain says about a corpus: its tokens and documents (None before it was tokenized) and where."""
+
+    name: str
+    tokens: int | None
+    documents: int | None
+    note: str
+
+
+def idx_sizes_total(prefix: str) -> tuple[int, int]:
+    """(tokens, documents) of a Megatron dataset, summed from its .idx sequence lengths."""
+    import array
+
+    header = read_idx_header(prefix)
+    with open(Path(prefix + ".idx").expanduser(), "rb") as fh:
+        fh.seek(header.offset)
+        sizes = array.array("i")
+        sizes.frombytes(fh.read(4 * header.sequences))
+    if sys.byteorder != "little":
+        sizes.byteswap()
+    return sum(sizes), max(header.documents - 1, 1)
+
+
+def corpora(data: Any, pretrained: str | None) -> list[Corpus]:
+    """The training corpora of a `text` or `megatron` job, with their token counts where known."""
+    out = []
+    paths = [data.path] if isinstance(data.path, str) else list(data.path or [])
+    for path in paths:
+        if data.kind == "megatron":
+            tokens, docs = idx_sizes_total(path)
+            out.append(Corpus(path, tokens, docs, "from the .idx"))
+            continue
+        files = text_files(path)
+        tok = read_tokenizer(data.tokenizer, pretrained)
+        key = cache_key(files, tokenizer_digest(tok), text_field(files, data.field_, data.format), data.format)
+        meta = cache_root(path, files) / CACHE_DIR / key / "meta.json"
+        if meta.is_file():
+            info = json.loads(meta.read_text(encoding="utf-8"))
+            out.append(Corpus(path, int(info["tokens"]), int(info["documents"]), f"tokenized, cached in {meta.parent}"))
+        else:
+            size = sum(p.stat().st_size for p in files.files) if files.hf is None else \
+                sum(p.stat().st_size for p in files.hf.rglob("*.arrow"))
+            out.append(Corpus(path, None, None, f"not tokenized yet ({size:,} bytes); `dsforge run` tokenizes it once "
+                                                "and explain then counts its tokens"))
+    return out
+
+
+def data_summary(spec: Any) -> dict[str, Any] | None:
+    """Tokens of the corpus and the epochs `training.steps` makes over it (None for synthetic and token files)."""
+    t, m = spec.training, spec.model
+    data = t.data
+    if data.kind not in ("text", "megatron"):
+        return None
+    try:
+        found = corpora(data, m.pretrained)
+    except DataFileError as exc:
+        return {"error": exc.message}
+    share = 1.0 - (data.valid.fraction or 0.0) if data.valid is not None and not data.valid.path else 1.0
+    samples_needed = t.steps * t.global_batch
+    weights = list(data.weights) or [1.0] * len(found)
+    total_w = sum(weights) or 1.0
+    rows = []
+    for c, w in zip(found, weights):
+        row: dict[str, Any] = {"path": c.name, "tokens": c.tokens, "documents": c.documents, "note": c.note}
+        if c.tokens is not None and c.documents is not None:
+            per_epoch = int(((c.tokens - 1) // m.seq_len if data.packing is not False else c.documents) * share)
+            row["samples_per_epoch"] = per_epoch
+            row["epochs"] = samples_needed * (w / total_w) / per_epoch if per_epoch else None
+        rows.append(row)
+    return {"kind": data.kind, "packing": data.packing, "samples": samples_needed,
+            "train_tokens": samples_needed * m.seq_len, "corpora": rows}

@@ -181,6 +181,10 @@ def timing_section(s: dict[str, Any]) -> Section:
 def sections(s: dict[str, Any]) -> list[Section]:
     """The four tables in display order, then the rewrite plan when the summary carries one (--rewrite)."""
     out = [summary_section(s), memory_section(s), comm_section(s), timing_section(s)]
+    if "data" in s:
+        from dsforge.explain.data_text import data_section
+
+        out.append(data_section(s["data"]))
     return out + [rewrite_section(s["rewrite"])] if "rewrite" in s else out
 
 

@@ -66,6 +66,10 @@ def test_jsonl_is_tokenized_by_the_models_tokenizer_and_cached(model_dir: Path, 
     assert "tokenizing" not in capfd.readouterr().err and again.tokens.tolist() == s.tokens.tolist()
     caches = list((tmp_path / "data" / ".dsforge-cache").glob("*/meta.json"))
     assert len(caches) == 1
+    from dsforge.compiler.data_files import corpora  # explain finds the same cache, torch-free
+
+    (found,) = corpora(Spec(tokenizer=str(model_dir), path=str(path)).data, None)
+    assert (found.tokens, found.documents) == (len(s.tokens), 12)
     write_jsonl(path, records[:6])  # changed content: a new cache, never the stale one
     changed = source(model_dir, path=str(path))
     assert len(changed.starts) == 6 and len(list((tmp_path / "data" / ".dsforge-cache").glob("*/meta.json"))) == 2

@@ -88,7 +88,7 @@ def data_files_exist(ctx: Context) -> Iterator[Finding]:
     data = ctx.spec.training.data
     if data.kind not in USER_KINDS:
         return
-    keys = [(PATH, p) for p in _paths(data.path)]
+    keys: list[tuple[tuple[str, ...], str]] = [(PATH, p) for p in _paths(data.path)]
     if data.valid is not None and data.valid.path:
         keys.append(((*DATA, "valid", "path"), data.valid.path))
     for key, path in keys:

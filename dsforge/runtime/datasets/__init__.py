@@ -50,6 +50,7 @@ def default_field(data: Any) -> str:
 
 def text_source(data: Any, path: str, model: Any, seed: int, windows: tuple[float, float] = (0.0, 1.0)) -> PackedTokens:
     """Samples of `kind: text` files at ``path``, tokenized by the job's tokenizer through the cache."""
+    from dsforge.compiler.data_files import text_field
     from dsforge.runtime.datasets.text_files import resolve_files
     from dsforge.runtime.datasets.tokenize_cache import cache_key, tokenized
     from dsforge.runtime.datasets.tokenizer import load_tokenizer
@@ -59,7 +60,7 @@ def text_source(data: Any, path: str, model: Any, seed: int, windows: tuple[floa
     if tok.vocab > model.vocab:
         raise DataError(f"the tokenizer {tok.files.file} has {tok.vocab} tokens, more than model.vocab "
                         f"{model.vocab} (DSF623)")
-    field = None if files.hf is None and all(p.suffix == ".txt" for p in files.files) else default_field(data)
+    field = text_field(files, data.field_, data.format)
     key = cache_key(files, tok.digest, field, data.format)
     cache = tokenized(path, files, key, _documents(files, field, data.format, tok), path)
     return PackedTokens(cache.tokens, cache.starts, cache.mask, seq_len=model.seq_len, vocab=model.vocab, seed=seed,

@@ -11,8 +11,6 @@ whole or not at all, and a process killed while building leaves nothing another 
 from __future__ import annotations
 
 import fcntl
-import glob
-import hashlib
 import json
 import os
 import shutil
@@ -25,10 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from dsforge.compiler.data_files import TextFiles
+from dsforge.compiler.data_files import CACHE_DIR, CACHE_FORMAT, TextFiles, cache_key, cache_root  # noqa: F401 (cache_key: re-exported)
 from dsforge.runtime.data import DataError
 
-CACHE_FORMAT = 1
 #: Records tokenized per call into the tokenizer (its batch encoder runs them in parallel).
 CHUNK = 512
 
@@ -42,36 +39,6 @@ class Tokenized:
     starts: np.ndarray
     mask: np.ndarray | None
     directory: Path
-
-
-def cache_root(path: str, files: TextFiles) -> Path:
-    """The directory the cache goes into: beside the data."""
-    if files.hf is not None:
-        return files.hf
-    target = Path(path).expanduser()
-    if target.is_dir():
-        return target
-    if target.is_file():
-        return target.parent
-    fixed = Path(path.split("*")[0].split("?")[0].split("[")[0])
-    return fixed if glob.has_magic(path) and fixed.is_dir() else fixed.parent
-
-
-def _hash_file(digest: Any, path: Path) -> None:
-    digest.update(str(path.name).encode() + b"\0")
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-
-
-def cache_key(files: TextFiles, tokenizer_digest: str, field: str | None, fmt: str) -> str:
-    """The hash naming a cache: format version, tokenizer, field, format and every data file's content."""
-    digest = hashlib.sha256(f"{CACHE_FORMAT}\0{tokenizer_digest}\0{field}\0{fmt}\0".encode())
-    data = sorted(p for p in files.hf.rglob("*") if p.is_file() and ".dsforge-cache" not in p.parts) \
-        if files.hf is not None else list(files.files)
-    for path in data:
-        _hash_file(digest, path)
-    return digest.hexdigest()[:24]
 
 
 def open_cache(directory: Path) -> Tokenized:
@@ -90,7 +57,7 @@ def tokenized(path: str, files: TextFiles, key: str, documents: Iterator[tuple[l
     Every process takes an exclusive lock first; the one that finds no cache builds it while the others
     wait on the lock, then find it there.
     """
-    root = cache_root(path, files) / ".dsforge-cache"
+    root = cache_root(path, files) / CACHE_DIR
     final = root / key
     if (final / "meta.json").is_file():
         return open_cache(final)

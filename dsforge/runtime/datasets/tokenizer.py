@@ -3,12 +3,11 @@ through transformers' chat template, with the character spans of the assistant's
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
-from dsforge.compiler.data_files import DataFileError, TokenizerFiles, read_tokenizer
+from dsforge.compiler.data_files import DataFileError, TokenizerFiles, read_tokenizer, tokenizer_digest
 from dsforge.runtime.data import DataError
 
 #: End-of-text tokens of common tokenizers, tried in order when no configuration names one.
@@ -25,12 +24,7 @@ class JobTokenizer:
         self.tok = Tokenizer.from_file(str(files.file))
         self.vocab = files.vocab
         self.eos = self._eos(pretrained)
-        digest = hashlib.sha256()
-        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
-            f = files.directory / name if name != "tokenizer.json" else files.file
-            if f.is_file():
-                digest.update(name.encode() + b"\0" + f.read_bytes())
-        self.digest = digest.hexdigest()
+        self.digest = tokenizer_digest(files)
         self._hf: Any = None
 
     def _eos(self, pretrained: str | None) -> int:
