@@ -42,7 +42,7 @@ class RunError(Exception):
 #: length of the run (the data stream is a pure function of the step, so more steps just read on),
 #: the save interval, and how the job is started (interpreter, launcher settings).
 CONTINUABLE_JOB_KEYS: tuple[tuple[str, ...], ...] = (("training", "steps"), ("training", "checkpoint", "every"),
-                                                     ("launch",))
+                                                     ("launch",), ("training", "monitor"))
 #: DeepSpeed config keys that only log or monitor (in ds_config.json and in the job's `deepspeed:` overrides).
 LOGGING_DS_KEYS = ("steps_per_print", "wall_clock_breakdown", "dump_state", "tensorboard", "wandb", "csv_monitor",
                    "comet", "flops_profiler")

@@ -250,6 +250,8 @@ def read_idx_header(prefix: str) -> IdxHeader:
 #: Version of the cache layout (dsforge.runtime.datasets.tokenize_cache); part of every key.
 CACHE_FORMAT = 1
 CACHE_DIR = ".dsforge-cache"
+#: Bytes of text explain reads to find a corpus's cache (its key hashes the files' content): ~1 s of hashing.
+EXPLAIN_HASH_LIMIT = 1 << 30
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 
@@ -335,6 +337,12 @@ def corpora(data: Any, pretrained: str | None) -> list[Corpus]:
             out.append(Corpus(path, tokens, docs, "from the .idx"))
             continue
         files = text_files(path)
+        size = sum(p.stat().st_size for p in files.files) if files.hf is None else \
+            sum(p.stat().st_size for p in files.hf.rglob("*.arrow"))
+        if size > EXPLAIN_HASH_LIMIT:  # finding the cache means hashing every byte: not for a quick explain
+            out.append(Corpus(path, None, None, f"not counted ({size:,} bytes; explain hashes at most "
+                                                f"{EXPLAIN_HASH_LIMIT:,} to find the tokenization cache)"))
+            continue
         tok = read_tokenizer(data.tokenizer, pretrained)
         key = cache_key(files, tokenizer_digest(tok), text_field(files, data.field_, data.format), data.format)
         meta = cache_root(path, files) / CACHE_DIR / key / "meta.json"
@@ -342,8 +350,6 @@ def corpora(data: Any, pretrained: str | None) -> list[Corpus]:
             info = json.loads(meta.read_text(encoding="utf-8"))
             out.append(Corpus(path, int(info["tokens"]), int(info["documents"]), f"tokenized, cached in {meta.parent}"))
         else:
-            size = sum(p.stat().st_size for p in files.files) if files.hf is None else \
-                sum(p.stat().st_size for p in files.hf.rglob("*.arrow"))
             out.append(Corpus(path, None, None, f"not tokenized yet ({size:,} bytes); `dsforge run` tokenizes it once "
                                                 "and explain then counts its tokens"))
     return out

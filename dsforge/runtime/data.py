@@ -167,13 +167,18 @@ class Batches:
         ids = torch.stack([e.tokens[:-1] for e in examples])
         targets = torch.stack([e.targets for e in examples])
         pos = torch.stack([e.positions for e in examples])
-        denominator = None
-        if getattr(self.source, "masked", False):
+        denominator = self._denominator(step) if getattr(self.source, "masked", False) else None
+        return Batch(ids, targets, pos, ids.numel(), denominator)
+
+    def _denominator(self, step: int) -> float:
+        """Live targets of the whole global batch of ``step`` over dp x micro-batches (kept for the step)."""
+        memo = getattr(self, "_live", None)
+        if memo is None or memo[0] != step:
             first = step * self.global_batch
             live = sum(int((self.source.example(i).targets != IGNORE_INDEX).sum())
                        for i in range(first, first + self.global_batch))
-            denominator = max(live, 1) / (self.sharding.dp * self.grad_accum)
-        return Batch(ids, targets, pos, ids.numel(), denominator)
+            memo = self._live = (step, max(live, 1) / (self.sharding.dp * self.grad_accum))
+        return memo[1]
 
     def step(self, step: int) -> list[Batch]:
         """All micro-batches of one optimizer step, in order."""

@@ -273,3 +273,23 @@ def test_chat_template_of_the_fixture_is_the_one_saved(model_dir: Path) -> None:
     assert json.loads((model_dir / "tokenizer_config.json").read_text())["chat_template"] == CHAT_TEMPLATE
     assert SENTENCES[0] in load_tokenizer("auto", str(model_dir)).tok.decode(
         load_tokenizer("auto", str(model_dir)).encode([SENTENCES[0]])[0])
+
+
+def test_bad_records_are_named_by_file_and_line(model_dir: Path, tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "the fox"}\n{"text": "the dog"\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"bad.jsonl:2: not JSON"):
+        source(model_dir, path=str(path))
+    path.write_text('{"text": "the fox"}\n{"text": 3}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"bad.jsonl:2: field 'text' holds a int, not text"):
+        source(model_dir, path=str(path))
+    path.write_text('{"text": "the fox"}\n{"body": "x"}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"bad.jsonl:2: the record has no field 'text'"):
+        source(model_dir, path=str(path))
+    assert not list((tmp_path / ".dsforge-cache").glob("*/meta.json"))  # a failed build leaves no cache
+    path.write_text('{"text": "fox"}\n', encoding="utf-8")
+    with pytest.raises(DataError, match="fewer than one sequence"):
+        source(model_dir, seq_len=64, path=str(path))
+    chat = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "hello"}]}])
+    with pytest.raises(DataError, match="no assistant message"):
+        source(model_dir, path=str(chat), format="chat")
