@@ -293,3 +293,51 @@ def test_bad_records_are_named_by_file_and_line(model_dir: Path, tmp_path: Path)
     chat = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "hello"}]}])
     with pytest.raises(DataError, match="no assistant message"):
         source(model_dir, path=str(chat), format="chat")
+
+
+def test_the_cache_is_built_once_while_the_others_wait(tmp_path: Path) -> None:
+    """Four readers at once (flock conflicts between separate opens, as between ranks): one build, one cache."""
+    import threading
+    import time
+
+    from dsforge.compiler.data_files import text_files
+    from dsforge.runtime.datasets.tokenize_cache import tokenized
+
+    path = write_jsonl(tmp_path / "d.jsonl", corpus(4))
+    files = text_files(str(path))
+    builds: list[int] = []
+
+    def documents(n: int) -> Any:
+        builds.append(n)
+        time.sleep(0.3)  # long enough for every other reader to reach the lock
+        yield from (([1, 2, 3, 4], None) for _ in range(3))
+
+    results: list[Any] = []
+    threads = [threading.Thread(target=lambda n=n: results.append(tokenized(str(path), files, "k", documents(n), "d")))
+               for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(builds) == 1 and len(results) == 4
+    assert all(r.tokens.tolist() == [1, 2, 3, 4] * 3 and r.starts.tolist() == [0, 4, 8] for r in results)
+    assert not list((tmp_path / ".dsforge-cache").glob(".building-*"))
+
+
+def test_packed_chat_keeps_its_mask_and_a_held_out_fraction_is_never_trained(model_dir: Path, tmp_path: Path) -> None:
+    chats = [{"messages": [{"role": "user", "content": SENTENCES[i % 8]},
+                           {"role": "assistant", "content": SENTENCES[(i + 3) % 8]}]} for i in range(12)]
+    path = write_jsonl(tmp_path / "chat.jsonl", chats)
+    s = source(model_dir, seq_len=32, path=str(path), format="chat")
+    assert s.masked and s.packed
+    for i in range(s.samples):
+        e = s.example(i)
+        a = s.unit(i) * 32
+        want = np.asarray(s.mask[a + 1:a + 33], dtype=bool)
+        assert ((e.targets != IGNORE_INDEX).numpy() == want).all()
+    text = write_jsonl(tmp_path / "t.jsonl", corpus(40))
+    spec = Spec(tokenizer=str(model_dir), path=str(text), valid={"fraction": 0.25})
+    train, valid = source_for(spec.data, spec.model, 3), source_for(spec.data, spec.model, 3, valid=True)
+    seen_train = {train.unit(i) for i in range(train.samples)}
+    seen_valid = {valid.unit(i) for i in range(valid.samples)}
+    assert not seen_train & seen_valid and len(seen_train) + len(seen_valid) == (len(train.tokens) - 1) // 16
