@@ -162,11 +162,16 @@ class Batches:
                      tokens.shape[0] * seq_len)
 
     def _get_examples(self, step: int, micro: int) -> Batch:
-        """A micro-batch of a source with targets and positions of its own (cp = 1: validate refuses cp > 1)."""
+        """A micro-batch of a source with targets and positions of its own, cut to this rank's tokens when cp > 1
+        (per-document positions under cp are refused at validate time, DSF627: the CP attention ignores them)."""
         examples = [self.source.example(i) for i in self.samples(step, micro)]
         ids = torch.stack([e.tokens[:-1] for e in examples])
         targets = torch.stack([e.targets for e in examples])
         pos = torch.stack([e.positions for e in examples])
+        s = self.sharding
+        if s.cp > 1:
+            ids, targets, pos = (shard_sequence(x, s.cp_rank, s.cp, dim=1, load_balanced=s.load_balanced).contiguous()
+                                 for x in (ids, targets, pos))
         denominator = self._denominator(step) if getattr(self.source, "masked", False) else None
         return Batch(ids, targets, pos, ids.numel(), denominator)
 

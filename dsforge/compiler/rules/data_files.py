@@ -223,19 +223,17 @@ def document_boundaries_exact(ctx: Context) -> Iterator[Finding]:
     d = ctx.plan.degrees
     if data.kind not in USER_KINDS or d is None:
         return
-    if d.cp > 1:
-        yield Finding(f"training.data.kind {data.kind} is not read under context parallelism (cp={d.cp}) yet",
-                      "use cp: 1, or kind tokens", ("parallel", "cp"))
-        return
     if data.packing is not True:
         return
     why = (f"pipeline stages (pp={d.pp}) take no per-document positions" if d.pp > 1
+           else f"context-parallel attention (cp={d.cp}) takes no per-document positions" if d.cp > 1
            else "a model.factory module's attention may not follow per-document positions" if ctx.spec.model.factory
            else None)
     if why:
         yield Finding(f"training.data.packing: true keeps attention within documents, but {why}",
                       "set packing: concat (attention across documents) or packing: false (one document per "
-                      "sequence)" + (", or use pp: 1" if d.pp > 1 else ""), (*DATA, "packing"))
+                      "sequence)" + (", or use pp: 1" if d.pp > 1 else ", or use cp: 1" if d.cp > 1 else ""),
+                      (*DATA, "packing"))
 
 
 @rule("DSF628", "masked targets are averaged exactly", source="dsforge")
