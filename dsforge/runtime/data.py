@@ -168,12 +168,13 @@ class Batches:
         ids = torch.stack([e.tokens[:-1] for e in examples])
         targets = torch.stack([e.targets for e in examples])
         pos = torch.stack([e.positions for e in examples])
+        whole = ids.numel()
         s = self.sharding
         if s.cp > 1:
             ids, targets, pos = (shard_sequence(x, s.cp_rank, s.cp, dim=1, load_balanced=s.load_balanced).contiguous()
                                  for x in (ids, targets, pos))
         denominator = self._denominator(step) if getattr(self.source, "masked", False) else None
-        return Batch(ids, targets, pos, ids.numel(), denominator)
+        return Batch(ids, targets, pos, whole, denominator)
 
     def _denominator(self, step: int) -> float:
         """Live targets of the whole global batch of ``step`` over dp x micro-batches (kept for the step)."""

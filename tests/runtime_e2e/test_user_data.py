@@ -341,3 +341,40 @@ def test_packed_chat_keeps_its_mask_and_a_held_out_fraction_is_never_trained(mod
     seen_train = {train.unit(i) for i in range(train.samples)}
     seen_valid = {valid.unit(i) for i in range(valid.samples)}
     assert not seen_train & seen_valid and len(seen_train) + len(seen_valid) == (len(train.tokens) - 1) // 16
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=25), st.integers(2, 12), st.integers(0, 5),
+       st.sampled_from([True, "concat", False]))
+def test_packing_arithmetic(lengths: list[int], seq_len: int, seed: int, packing: Any) -> None:
+    """Windows tile the stream, each epoch visits every sample once, positions restart exactly at documents."""
+    from dsforge.runtime.datasets.packing import PackedTokens
+
+    starts = np.cumsum([0] + lengths[:-1])
+    tokens = np.arange(sum(lengths), dtype=np.uint32) % 97
+    doc_of = np.repeat(np.arange(len(lengths)), lengths)
+    if packing is not False and len(tokens) < seq_len + 1:
+        with pytest.raises(DataError, match="fewer than one sequence"):
+            PackedTokens(tokens, starts, None, seq_len=seq_len, vocab=97, seed=seed, packing=packing, eos=0, name="t")
+        return
+    s = PackedTokens(tokens, starts, None, seq_len=seq_len, vocab=97, seed=seed, packing=packing, eos=0, name="t")
+    assert sorted(s.unit(i) for i in range(s.samples)) == list(range(s.samples))
+    for i in range(s.samples):
+        e, u = s.example(i), s.unit(i)
+        if packing is False:
+            doc = tokens[starts[u]:starts[u] + lengths[u]][:seq_len + 1]
+            assert e.tokens[:len(doc)].tolist() == doc.tolist()
+            assert int((e.targets != IGNORE_INDEX).sum()) == len(doc) - 1
+            continue
+        a = u * seq_len
+        assert e.tokens.tolist() == tokens[a:a + seq_len + 1].tolist()
+        if packing == "concat":
+            assert e.positions.tolist() == list(range(seq_len))
+            continue
+        docs = doc_of[a:a + seq_len]
+        for j in range(seq_len):  # 0 at the window's start and at every document start, else one more
+            assert e.positions[j] == (0 if j == 0 or docs[j] != docs[j - 1] else e.positions[j - 1] + 1)
