@@ -70,6 +70,35 @@ def reference_losses(spec: Any, steps: int) -> list[float]:
     return losses
 
 
+def reference_valid_loss(spec: Any, steps: int) -> float:
+    """The validation loss one process computes after ``steps`` steps: the mean of the fixed batches' token means."""
+    from transformers import AutoModelForCausalLM
+
+    from dsforge.runtime.data import IGNORE_INDEX, Batches, Sharding
+    from dsforge.runtime.datasets import source_for
+
+    t, m = spec.training, spec.model
+    model = AutoModelForCausalLM.from_pretrained(m.pretrained, dtype=torch.float32, attn_implementation="sdpa").train()
+    momentum = spec.deepspeed.get("optimizer", {}).get("params", {}).get("momentum", 0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=t.optimizer.lr, momentum=momentum, weight_decay=t.optimizer.weight_decay)
+    train = Batches(source_for(t.data, m, t.seed), t.global_batch, t.global_batch, Sharding(1, 0))
+    valid = Batches(source_for(t.data, m, t.seed, valid=True), t.global_batch, t.global_batch, Sharding(1, 0))
+
+    def loss_of(mb: Any) -> torch.Tensor:
+        logits = model(input_ids=mb.ids, position_ids=mb.positions, use_cache=False).logits
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), mb.targets.reshape(-1),
+                               ignore_index=IGNORE_INDEX)
+
+    for step in range(steps):
+        loss_of(train.get(step, 0)).backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        values = [float(loss_of(valid.get(b, 0))) for b in range(t.data.valid.batches)]
+    return sum(values) / len(values)
+
+
 def _world(rank: int, world: int, tmp: str, model_dir: str, corpora: dict[str, str]) -> None:
     from dsforge.runtime import checkpoint as ckpt
 
@@ -97,6 +126,18 @@ def _world(rank: int, world: int, tmp: str, model_dir: str, corpora: dict[str, s
         spec = text_spec(jobs, name, model, {"cp": 2}, data)
         engine, _, losses, _ = run_parallel(spec, steps=3)
         compare(name, "losses", losses, reference_losses(spec, 3))
+        del engine
+    # The validation loss of a plain engine (dp=2) and of a pipeline engine (pp=2): one process's after 2 steps.
+    from dsforge.compiler.plan import build_plan
+    from dsforge.runtime.datasets.validation import Validation
+
+    for name, par in {"valid-dp2": {}, "valid-pp2": {"pp": 2}}.items():
+        spec = text_spec(jobs, name, model, par, {"kind": "text", "path": corpora["jsonl"], "packing": "concat",
+                                                  "valid": {"fraction": 0.25, "every": 1, "batches": 2}}, steps=2)
+        engine, groups, losses, _ = run_parallel(spec, steps=2)
+        compare(name, "losses", losses, reference_losses(spec, 2))
+        got = Validation(build_plan(spec), groups).loss(engine, 2)
+        compare(name, "validation loss", [got], [reference_valid_loss(spec, 2)])
         del engine
     # Resumed mid-epoch (step 2 of a 4-step epoch and more): the same next batches, so the same losses.
     spec = text_spec(jobs, "resume", model, {}, {"kind": "text", "path": corpora["jsonl"]}, steps=4)

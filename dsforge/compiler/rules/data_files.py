@@ -250,14 +250,15 @@ def masked_loss_exact(ctx: Context) -> Iterator[Finding]:
                       "use pp: 1 for masked data", (*DATA, "format" if data.format == "chat" else "packing"))
 
 
-@rule("DSF629", "the validation loss can be computed", source="dsforge")
-def validation_supported(ctx: Context) -> Iterator[Finding]:
-    """The validation loss runs the plain engine's forward on fixed batches; the pipeline engine is not wired yet."""
-    data = ctx.spec.training.data
-    d = ctx.plan.degrees
-    if data.valid is not None and d is not None and d.pp > 1:
-        yield Finding(f"training.data.valid is not computed under pipeline parallelism (pp={d.pp}) yet",
-                      "drop training.data.valid or use pp: 1", (*DATA, "valid"))
+@rule("DSF629", "the validation loss is computed within the run", severity=Severity.WARNING, source="dsforge")
+def validation_within_run(ctx: Context) -> Iterator[Finding]:
+    """The validation loss is computed after every `valid.every`-th step; an interval longer than the run
+    computes none."""
+    t = ctx.spec.training
+    v = t.data.valid
+    if v is not None and v.every > t.steps:
+        yield Finding(f"training.data.valid.every={v.every} exceeds steps={t.steps}: no validation loss is computed",
+                      f"use valid.every <= {t.steps}", (*DATA, "valid", "every"))
 
 
 @rule("DSF041", "the monitor's writers are installed", severity=Severity.WARNING, source="dsforge")

@@ -2,7 +2,8 @@
 
 The batches are the first ``batches`` global batches of the validation source (its own files, or the
 held-out share of the training windows), split over the ranks exactly as training batches are; the loss
-is their mean of global-batch token means, reduced over dp x cp, the number one process would compute.
+is their mean of global-batch token means, reduced over dp x cp, the number one process would compute (a
+pipeline engine's eval_batch averages over its micro-batches and dp, the same number for unmasked targets).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Validation:
 
     def loss(self, engine: Any, step: int) -> float:
         """The validation loss with the engine's current weights (every rank takes part)."""
+        if hasattr(engine, "eval_batch"):  # a PipelineEngine: its own schedule, averaged over micro-batches and dp
+            return self._pipeline_loss(engine, step)
         device = getattr(engine, "device", None)
         total = torch.zeros((), device=device)
         was_training = engine.module.training
@@ -54,5 +57,22 @@ class Validation:
         if self.groups.size("dp-cp") > 1:
             dist.all_reduce(total, group=self.groups.dp_cp)
         value = float(total) / (self.groups.size("dp") * self.batches.grad_accum * self.spec.batches)
+        self.history.append((step, value))
+        return value
+
+    def _pipeline_loss(self, engine: Any, step: int) -> float:
+        """The validation loss through PipelineEngine.eval_batch (unmasked targets only: DSF628 refuses masks)."""
+        from dsforge.runtime.engine import pipeline_inputs
+
+        total = 0.0
+        try:
+            for b in range(self.spec.batches):
+                loss = engine.eval_batch(iter(pipeline_inputs(self.batches.step(b))), compute_loss=True,
+                                         reduce_output="avg", bcast_loss=True)
+                total += float(loss)
+        finally:
+            engine.module.train()
+        # cp ranks hold shares of one sequence's loss (as in train_loop.pipeline_step); cp > 1 with pp > 1 is DSF140
+        value = total / self.spec.batches
         self.history.append((step, value))
         return value
