@@ -148,14 +148,20 @@ def build_parallel_model(plan: Plan, groups: ParallelGroups, seed: int | None = 
     return parallelize(skeleton, plan, groups, source=source, ds_config=ds_config)
 
 
-def pipeline_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """The last pipeline stage's loss: mean next-token cross entropy (targets come shifted by the data)."""
+def pipeline_loss(logits: Tensor, targets: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+    """The last pipeline stage's loss: mean next-token cross entropy (targets come shifted by the data); masked
+    data's labels carry the global divisor (pipeline_inputs), so DeepSpeed's means give the global token mean."""
+    if isinstance(targets, (tuple, list)):
+        targets, denominator = targets
+        return token_loss_sum(logits, targets, None) / denominator
     return token_loss_sum(logits, targets, None) / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
 
-def pipeline_inputs(batches: list[Batch]) -> list[tuple[Tensor, Tensor]]:
-    """A step's micro-batches as PipelineEngine.train_batch reads them: (first stage's input, last stage's labels)."""
-    return [(mb.ids, mb.targets) for mb in batches]
+def pipeline_inputs(batches: list[Batch]) -> list[tuple[Tensor, Tensor | tuple[Tensor, Tensor]]]:
+    """A step's micro-batches as PipelineEngine.train_batch reads them: (first stage's input, last stage's labels;
+    with masked targets the labels are (targets, the micro-batch's share of the global divisor))."""
+    return [(mb.ids, mb.targets if mb.denominator is None else (mb.targets, torch.tensor(float(mb.denominator))))
+            for mb in batches]
 
 
 def build_pipeline_module(plan: Plan, groups: ParallelGroups, ds_config: dict[str, Any],

@@ -1,6 +1,6 @@
 """Real runs on the user's data (2 gloo CPU ranks, DeepSpeed): a tiny pretrained Llama with its own BPE tokenizer
 fine-tunes on a JSONL corpus and on an HF datasets directory under tp=2 and dp=2 with the single-process
-losses; chat records train with the masked token mean (dp=2, cp=2), packed text under cp=2; one repeated sentence is learned; a run resumed
+losses; chat records train with the masked token mean (dp=2, cp=2, pp=2), packed text under cp=2; one repeated sentence is learned; a run resumed
 mid-epoch trains on the same next batches; `dsforge run` writes the validation loss and TensorBoard scalars.
 
 The single-process reference is the HF model from_pretrained trained with torch's SGD on each step's whole
@@ -119,6 +119,12 @@ def _world(rank: int, world: int, tmp: str, model_dir: str, corpora: dict[str, s
                                                    "packing": False})
     engine, _, losses, _ = run_parallel(spec, steps=3)
     compare("chat-dp2", "losses", losses, reference_losses(spec, 3))
+    del engine
+    # Masked chat targets through the pipeline engine (pp=2): the global token mean too.
+    spec = text_spec(jobs, "chat-pp2", model, {"pp": 2}, {"kind": "text", "path": corpora["chat"], "format": "chat",
+                                                         "packing": False})
+    engine, _, losses, _ = run_parallel(spec, steps=3)
+    compare("chat-pp2", "losses", losses, reference_losses(spec, 3))
     del engine
     # Context parallelism (ring): attention across documents (packing: concat), and masked chat targets.
     for name, data in {"concat-cp2": {"kind": "text", "path": corpora["jsonl"], "packing": "concat"},

@@ -1,4 +1,4 @@
-"""DSF040-042 and DSF620-629: the user's data (`training.data` of kind text or megatron) can be read as the job says.
+"""DSF040-041 and DSF620-627, DSF629: the user's data (`training.data` of kind text or megatron) can be read as the job says.
 
 Each check reads as little as it can (the first record of the first file, an .idx header, tokenizer.json
 as JSON) and imports neither torch nor numpy nor the optional readers (pyarrow, datasets): a CI job
@@ -234,20 +234,6 @@ def document_boundaries_exact(ctx: Context) -> Iterator[Finding]:
                       "set packing: concat (attention across documents) or packing: false (one document per "
                       "sequence)" + (", or use pp: 1" if d.pp > 1 else ", or use cp: 1" if d.cp > 1 else ""),
                       (*DATA, "packing"))
-
-
-@rule("DSF628", "masked targets are averaged exactly", source="dsforge")
-def masked_loss_exact(ctx: Context) -> Iterator[Finding]:
-    """Chat records and unpacked documents leave targets without loss (-100); the loss is then the global batch's
-    mean over the targets that carry it, which the pipeline engine (a mean per micro-batch) cannot form."""
-    data = ctx.spec.training.data
-    d = ctx.plan.degrees
-    if data.kind not in USER_KINDS or d is None or d.pp == 1:
-        return
-    if data.format == "chat" or data.packing is False:
-        yield Finding(f"{'format: chat' if data.format == 'chat' else 'packing: false'} masks targets, and under "
-                      f"pp={d.pp} the loss would be a mean of micro-batch means, not the token mean",
-                      "use pp: 1 for masked data", (*DATA, "format" if data.format == "chat" else "packing"))
 
 
 @rule("DSF629", "the validation loss is computed within the run", severity=Severity.WARNING, source="dsforge")

@@ -61,7 +61,7 @@ class Validation:
         return value
 
     def _pipeline_loss(self, engine: Any, step: int) -> float:
-        """The validation loss through PipelineEngine.eval_batch (unmasked targets only: DSF628 refuses masks)."""
+        """The validation loss through PipelineEngine.eval_batch (its mean over micro-batches and dp)."""
         from dsforge.runtime.engine import pipeline_inputs
 
         total = 0.0
