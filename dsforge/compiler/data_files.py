@@ -267,9 +267,18 @@ def tokenizer_digest(tok: TokenizerFiles) -> str:
     return digest.hexdigest()
 
 
+#: Environment variable naming a directory for the tokenization caches instead of beside the data (read-only
+#: data directories); the key is the same, so any directory is safe.
+CACHE_ENV = "DSFORGE_DATA_CACHE"
+
+
 def cache_root(path: str, files: TextFiles) -> Path:
     """The directory the cache goes into: beside the data (the file's directory, the directory, the glob's
-    fixed part, or the HF datasets directory)."""
+    fixed part, or the HF datasets directory), or $DSFORGE_DATA_CACHE where it is set."""
+    import os
+
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
     if files.hf is not None:
         return files.hf
     target = Path(path).expanduser()

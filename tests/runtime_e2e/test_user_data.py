@@ -378,3 +378,21 @@ def test_packing_arithmetic(lengths: list[int], seq_len: int, seed: int, packing
         docs = doc_of[a:a + seq_len]
         for j in range(seq_len):  # 0 at the window's start and at every document start, else one more
             assert e.positions[j] == (0 if j == 0 or docs[j] != docs[j - 1] else e.positions[j - 1] + 1)
+
+
+def test_a_read_only_data_directory_caches_elsewhere(model_dir: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    path = write_jsonl(tmp_path / "ro" / "d.jsonl", corpus(6))
+    os.chmod(tmp_path / "ro", 0o555)
+    try:
+        if not os.access(tmp_path / "ro", os.W_OK):  # root may write anywhere: then only the variable is tested
+            with pytest.raises(DataError, match="DSFORGE_DATA_CACHE"):
+                source(model_dir, path=str(path))
+    finally:
+        os.chmod(tmp_path / "ro", 0o755)
+    monkeypatch.setenv("DSFORGE_DATA_CACHE", str(tmp_path / "caches"))
+    s = source(model_dir, path=str(path))
+    assert len(list((tmp_path / "caches" / ".dsforge-cache").glob("*/meta.json"))) == 1 and len(s.starts) == 6
+    assert not (tmp_path / "ro" / ".dsforge-cache").exists()

@@ -66,7 +66,7 @@ def tokenized(path: str, files: TextFiles, key: str, documents: Iterator[tuple[l
         lock = open(root / f"{key}.lock", "a+")  # noqa: SIM115 (held until the cache is there)
     except OSError as exc:
         raise DataError(f"cannot write the tokenization cache in {root}: {exc}; make the data's directory "
-                        "writable") from exc
+                        "writable, or set DSFORGE_DATA_CACHE to a writable directory (on every node)") from exc
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (final / "meta.json").is_file():
