@@ -40,6 +40,8 @@ NOT_FROM_A_JOB_FILE = {
             "tests/compiler/plan/test_resume_layout.py" for rid in ("DSF164", "DSF165", "DSF166", "DSF167")},
     **{rid: "a rank reading a checkpoint's layout-free state: tests/runtime/test_train_state.py, "
             "tests/runtime_e2e/test_export.py" for rid in ("DSF641", "DSF642", "DSF643")},
+    "DSF626": "an optional package (pyarrow, datasets) absent, which the test environment has: "
+              "tests/compiler/rules/test_data_rules.py",
     "DSF690": "the cost model failing on a valid job (internal): tests/commands/test_compile.py",
     "DSF691": "the rewrite planner failing on a valid job (internal): tests/commands/test_compile_rewrite.py",
     "DSF699": "the emitter or a plugin launch target failing: tests/commands/test_compile_refusals.py",

@@ -42,14 +42,14 @@ class RunError(Exception):
 #: length of the run (the data stream is a pure function of the step, so more steps just read on),
 #: the save interval, and how the job is started (interpreter, launcher settings).
 CONTINUABLE_JOB_KEYS: tuple[tuple[str, ...], ...] = (("training", "steps"), ("training", "checkpoint", "every"),
-                                                     ("launch",))
+                                                     ("launch",), ("training", "monitor"))
 #: DeepSpeed config keys that only log or monitor (in ds_config.json and in the job's `deepspeed:` overrides).
 LOGGING_DS_KEYS = ("steps_per_print", "wall_clock_breakdown", "dump_state", "tensorboard", "wandb", "csv_monitor",
                    "comet", "flops_profiler")
 #: plan.json keys derived from the rest (estimates, the rewrite plan, the file list).
 DERIVED_PLAN_KEYS = ("summary", "rewrite", "files")
 #: Rules whose warnings (a file that may exist only on other machines) are errors when the job runs here.
-LOCAL_FILE_RULES = ("DSF610",)
+LOCAL_FILE_RULES = ("DSF610", "DSF620")
 #: DeepSpeed schedulers whose rate depends on the run's length (total_num_steps).
 DECAYING_SCHEDULERS = ("WarmupCosineLR", "WarmupDecayLR")
 

@@ -37,6 +37,11 @@ def explain_plan(plan: ResolvedPlan, tokens: float | None = None, rewrite: dict[
     summary = summarize(plan, tokens, step, memory)
     if rewrite is not None:
         summary = {**with_exact_params(summary, rewrite), "rewrite": rewrite}
+    from dsforge.compiler.frontend.data_files import data_summary
+
+    data = data_summary(plan.spec)  # text / megatron corpora: tokens and epochs
+    if data is not None:
+        summary = {**summary, "data": data}
     return Explanation(plan, summary, step, memory)
 
 

@@ -5,25 +5,14 @@ Each table is built once as a `Section` (title, header, rows, notes) that the te
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from dsforge.compiler.model.rewrite_policies import format_description
+from dsforge.explain.section import Section
 from dsforge.explain.units import count, gb, pct, plural, rate, seconds, table
 
 #: Memory components in display order (others the estimate adds are appended).
 _COMPONENTS = ("parameters", "gradients", "optimizer", "buffers", "activations", "logits", "reserve")
-
-
-@dataclass(frozen=True)
-class Section:
-    """One table: a title, column headers, rows of cells, the right-aligned columns and notes under it."""
-
-    title: str
-    headers: list[str]
-    rows: list[list[str]]
-    right: tuple[int, ...] = ()
-    notes: list[str] = field(default_factory=list)
 
 
 def headline(s: dict[str, Any]) -> str:
@@ -181,6 +170,10 @@ def timing_section(s: dict[str, Any]) -> Section:
 def sections(s: dict[str, Any]) -> list[Section]:
     """The four tables in display order, then the rewrite plan when the summary carries one (--rewrite)."""
     out = [summary_section(s), memory_section(s), comm_section(s), timing_section(s)]
+    if "data" in s:
+        from dsforge.explain.data_text import data_section
+
+        out.append(data_section(s["data"]))
     return out + [rewrite_section(s["rewrite"])] if "rewrite" in s else out
 
 

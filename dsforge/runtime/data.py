@@ -21,14 +21,8 @@ import torch
 from torch import Tensor
 
 from dsforge.runtime.attention.sequence import positions, shard_sequence
-from dsforge.runtime.errors import RuntimeRefusal
-
-#: Target id the loss skips (torch's and HF's convention).
-IGNORE_INDEX = -100
-
-
-class DataError(RuntimeRefusal, ValueError):
-    """The job's data cannot be read as configured; the message says what to change."""
+from dsforge.runtime.errors import DataError
+from dsforge.runtime.labels import IGNORE_INDEX
 
 
 class TokenSource(Protocol):
@@ -106,10 +100,14 @@ class Batch:
     targets: Tensor
     positions: Tensor
     tokens: int  # next-token targets of the micro-batch over the whole sequence (the loss's denominator)
+    # The loss's divisor for masked targets (-100): the global batch's live targets / (dp x micro-batches per
+    # rank), so the shares add up to the global token mean; None: every target is live (``tokens``).
+    denominator: float | None = None
 
     def to(self, device: torch.device | str) -> Batch:
         """The same micro-batch on ``device``."""
-        return Batch(self.ids.to(device), self.targets.to(device), self.positions.to(device), self.tokens)
+        return Batch(self.ids.to(device), self.targets.to(device), self.positions.to(device), self.tokens,
+                     self.denominator)
 
 
 @dataclass(frozen=True)
@@ -145,6 +143,8 @@ class Batches:
 
     def get(self, step: int, micro: int) -> Batch:
         """Micro-batch ``micro`` of step ``step``, cut to this rank's tokens when cp > 1."""
+        if hasattr(self.source, "example"):  # dsforge.runtime.datasets: its own targets (-100) and positions
+            return self._get_examples(step, micro)
         tokens = self.full(step, micro)
         ids, targets = tokens[:, :-1], tokens[:, 1:]
         seq_len = ids.shape[1]
@@ -155,6 +155,31 @@ class Batches:
             targets = shard_sequence(targets, s.cp_rank, s.cp, dim=1, load_balanced=s.load_balanced)
         return Batch(ids.contiguous(), targets.contiguous(), pos.unsqueeze(0).expand(ids.shape[0], -1).contiguous(),
                      tokens.shape[0] * seq_len)
+
+    def _get_examples(self, step: int, micro: int) -> Batch:
+        """A micro-batch of a source with targets and positions of its own, cut to this rank's tokens when cp > 1
+        (per-document positions under cp are refused at validate time, DSF627: the CP attention ignores them)."""
+        examples = [self.source.example(i) for i in self.samples(step, micro)]
+        ids = torch.stack([e.tokens[:-1] for e in examples])
+        targets = torch.stack([e.targets for e in examples])
+        pos = torch.stack([e.positions for e in examples])
+        whole = ids.numel()
+        s = self.sharding
+        if s.cp > 1:
+            ids, targets, pos = (shard_sequence(x, s.cp_rank, s.cp, dim=1, load_balanced=s.load_balanced).contiguous()
+                                 for x in (ids, targets, pos))
+        denominator = self._denominator(step) if getattr(self.source, "masked", False) else None
+        return Batch(ids, targets, pos, whole, denominator)
+
+    def _denominator(self, step: int) -> float:
+        """Live targets of the whole global batch of ``step`` over dp x micro-batches (kept for the step)."""
+        memo = getattr(self, "_live", None)
+        if memo is None or memo[0] != step:
+            first = step * self.global_batch
+            live = sum(int((self.source.example(i).targets != IGNORE_INDEX).sum())
+                       for i in range(first, first + self.global_batch))
+            memo = self._live = (step, max(live, 1) / (self.sharding.dp * self.grad_accum))
+        return memo[1]
 
     def step(self, step: int) -> list[Batch]:
         """All micro-batches of one optimizer step, in order."""
@@ -170,9 +195,13 @@ def batches_for(plan: Any, groups: Any, job_dir: str | os.PathLike[str] = ".") -
     """The job's batches for this rank: its data source, cut by the rank's dp and cp coordinates."""
     t, m = plan.spec.training, plan.spec.model
     source: TokenSource
-    if t.data.kind == "tokens":
-        if not t.data.path:
-            raise DataError("training.data.kind is tokens but training.data.path is not set")
+    if t.data.kind in ("text", "megatron"):
+        from dsforge.runtime.datasets import source_for
+
+        source = source_for(t.data, m, t.seed)
+    elif t.data.kind == "tokens":
+        if not isinstance(t.data.path, str) or not t.data.path:
+            raise DataError("training.data.kind is tokens but training.data.path is not one path")
         source = TokenFile(resolve_data_path(t.data.path, job_dir), t.data.dtype, m.vocab, m.seq_len)
     else:
         source = SyntheticTokens(m.vocab, m.seq_len, t.seed)

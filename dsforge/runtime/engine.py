@@ -48,17 +48,21 @@ class CausalLMLoss(nn.Module):
     sums gradients over dp x cp and divides by dp only; see groups.DeepSpeedMPU).
     """
 
-    def __init__(self, model: nn.Module, cp: int = 1) -> None:
+    def __init__(self, model: nn.Module, cp: int = 1, documents: bool = False) -> None:
         super().__init__()
         self.model, self.cp = model, cp
         self.head = getattr(model, "lm_head", None)
-        # HF numbers the tokens it sees from 0: wrong for a context-parallel shard, the same otherwise.
-        self.pass_positions = cp > 1
+        # HF numbers the tokens it sees from 0: wrong for a context-parallel shard, the same otherwise. Packed
+        # documents (``documents``) restart their positions, from which HF builds the per-document causal mask.
+        self.pass_positions = cp > 1 or documents
+        # HF looks for packed documents in the positions only without a KV cache (masking_utils)
+        self.extra = {"use_cache": False} if documents else {}
 
-    def forward(self, ids: Tensor, targets: Tensor, positions: Tensor) -> Tensor:
-        """(ids, targets, global positions) -> scalar loss share."""
-        logits = self.model(input_ids=ids, position_ids=positions if self.pass_positions else None).logits
-        return token_loss_sum(logits, targets, self.head) / (targets.numel() * self.cp)
+    def forward(self, ids: Tensor, targets: Tensor, positions: Tensor, denominator: float | None = None) -> Tensor:
+        """(ids, targets, global positions[, divisor of masked data]) -> scalar loss share."""
+        logits = self.model(input_ids=ids, position_ids=positions if self.pass_positions else None,
+                            **self.extra).logits
+        return token_loss_sum(logits, targets, self.head) / (denominator or targets.numel() * self.cp)
 
 
 def _sequence_parallel_hooks(model: nn.Module, group: dist.ProcessGroup) -> int:
@@ -141,14 +145,20 @@ def build_parallel_model(plan: ResolvedPlan, groups: ParallelGroups, seed: int |
     return parallelize(skeleton, plan, groups, source=source, ds_config=ds_config)
 
 
-def pipeline_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """The last pipeline stage's loss: mean next-token cross entropy (targets come shifted by the data)."""
+def pipeline_loss(logits: Tensor, targets: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+    """The last pipeline stage's loss: mean next-token cross entropy (targets come shifted by the data); masked
+    data's labels carry the global divisor (pipeline_inputs), so DeepSpeed's means give the global token mean."""
+    if isinstance(targets, (tuple, list)):
+        targets, denominator = targets
+        return token_loss_sum(logits, targets, None) / denominator
     return token_loss_sum(logits, targets, None) / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
 
-def pipeline_inputs(batches: list[Batch]) -> list[tuple[Tensor, Tensor]]:
-    """A step's micro-batches as PipelineEngine.train_batch reads them: (first stage's input, last stage's labels)."""
-    return [(mb.ids, mb.targets) for mb in batches]
+def pipeline_inputs(batches: list[Batch]) -> list[tuple[Tensor, Tensor | tuple[Tensor, Tensor]]]:
+    """A step's micro-batches as PipelineEngine.train_batch reads them: (first stage's input, last stage's labels;
+    with masked targets the labels are (targets, the micro-batch's share of the global divisor))."""
+    return [(mb.ids, mb.targets if mb.denominator is None else (mb.targets, torch.tensor(float(mb.denominator))))
+            for mb in batches]
 
 
 def build_pipeline_module(plan: ResolvedPlan, groups: ParallelGroups, ds_config: dict[str, Any],
@@ -272,4 +282,6 @@ def build_engine(plan: ResolvedPlan, ds_config: dict[str, Any], groups: Parallel
         return engine
     model = build_parallel_model(plan, groups, seed, ds_config)
     apply_job_recompute(model, plan, groups, ds_config)
-    return initialize_engine(CausalLMLoss(model, d.cp), ds_config, groups)
+    data = plan.spec.training.data
+    documents = data.kind in ("text", "megatron") and data.packing is True
+    return initialize_engine(CausalLMLoss(model, d.cp, documents), ds_config, groups)

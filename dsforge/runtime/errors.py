@@ -34,3 +34,7 @@ class EngineError(RuntimeRefusal, RuntimeError):
 
 class ModelBuildError(RuntimeRefusal, ValueError):
     """The model spec cannot be turned into a module (unsupported combination, or a failing factory)."""
+
+
+class DataError(RuntimeRefusal, ValueError):
+    """The job's data cannot be read as configured; the message says what to change."""

@@ -268,6 +268,9 @@ def start_engine(job: JobDir) -> tuple[Any, Any]:
     with quiet():
         ensure_deepspeed_comm()
     groups = create_groups(job.plan)
+    from dsforge.runtime.monitor import resolve_monitor_paths
+
+    resolve_monitor_paths(job.ds_config, job.path)  # TensorBoard/CSV files inside the job directory
     # DeepSpeed's own progress prints would repeat dsforge's (steps_per_print stays the bar's interval).
     verbose = os.environ.get("DSFORGE_VERBOSE") == "1"
     config = job.ds_config if verbose else {**job.ds_config, "steps_per_print": 10**9}
@@ -344,16 +347,21 @@ def train_session(job: JobDir, groups: Any, engine: Any, status: Any) -> None:
             ckpt.save(engine, policy, step, job_dir=job.path)
             status.update("training")
 
+    from dsforge.runtime.step_extras import StepExtras
+
     progress = Progress(steps, start, job.ds_config.get("steps_per_print", 10), rank == 0)
+    extras = StepExtras(job.path, plan, groups, engine)  # validation loss and monitor scalars
     results = train(engine, batches_for(plan, groups, job.path), groups, steps=steps, start=start,
                     pipeline=job.degrees.pp > 1, progress=progress, before_step=before,
-                    on_step=save, after_step=lambda result: log_step(job, result),
+                    on_step=lambda step: (save(step), extras.on_step(step)),
+                    after_step=lambda result: (log_step(job, result), extras.after_step(result)),
                     sync_at=lambda step: policy.due(step, steps))
     rows = gather_rows(rank_row(plan, rank, states.states, acts.bytes if acts.done else None))
     if rank == 0:
         # The first step pays for warm-up (lazy buffers, first collectives), the measured one for the probes.
         timed = [r for r in results if r.step not in (start + 1, measure_at + 1)] or results
         write_report(job, rows, results, timed)
+        extras.report()
 
 
 def trim_log(job_dir: Path, start: int) -> None:

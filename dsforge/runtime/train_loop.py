@@ -71,7 +71,8 @@ def plain_step(engine: Any, batches: Batches, step: int, groups: ParallelGroups)
     for mb in batches.step(step):
         if device is not None and mb.ids.device != device:  # the plain engine leaves inputs where they are
             mb = mb.to(device)
-        loss = engine(mb.ids, mb.targets, mb.positions)
+        loss = engine(mb.ids, mb.targets, mb.positions) if mb.denominator is None else \
+            engine(mb.ids, mb.targets, mb.positions, mb.denominator)
         engine.backward(loss)
         engine.step()
         total += loss.detach().float()

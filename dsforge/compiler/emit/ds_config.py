@@ -95,4 +95,7 @@ def build_ds_config(plan: ResolvedPlan) -> dict[str, Any]:
     sched = scheduler_section(t.scheduler, t.optimizer.lr, t.steps)
     if sched is not None:
         cfg["scheduler"] = sched
+    from dsforge.compiler.emit.monitor import monitor_sections
+
+    cfg.update(monitor_sections(plan.spec))
     return merge_overrides(cfg, plan.spec.deepspeed)

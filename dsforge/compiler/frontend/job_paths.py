@@ -23,7 +23,8 @@ Key = tuple[str, ...]
 
 #: Every job-file key that names a file or directory on disk. `model.factory` is a module path
 #: (`package.module:callable`, imported from sys.path), not a file, so it is not among them.
-PATH_KEYS: tuple[Key, ...] = (("training", "data", "path"), ("training", "checkpoint", "dir"), ("model", "pretrained"))
+PATH_KEYS: tuple[Key, ...] = (("training", "data", "path"), ("training", "checkpoint", "dir"), ("model", "pretrained"),
+                              ("training", "data", "tokenizer"), ("training", "data", "valid", "path"))
 
 
 def is_absolute(value: str) -> bool:
@@ -52,6 +53,12 @@ def resolve_job_paths(spec: JobSpec, raw: dict[str, Any], source: SourceMap) -> 
     """The spec with every relative path the job file wrote made absolute against its file's directory."""
     for key in PATH_KEYS:
         value = written_value(raw, key)
+        if key == ("training", "data", "tokenizer") and value == "auto":
+            continue  # not a path: model.pretrained's own tokenizer
+        if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):  # megatron blends
+            base = base_directory(source.locate(key, value=True).file)
+            spec = _replaced(spec, key, [v if is_absolute(v) else os.path.normpath(base / v) for v in value])
+            continue
         if not isinstance(value, str) or not value or is_absolute(value):
             continue
         base = base_directory(source.locate(key, value=True).file)
@@ -59,7 +66,7 @@ def resolve_job_paths(spec: JobSpec, raw: dict[str, Any], source: SourceMap) -> 
     return spec
 
 
-def _replaced(section: Any, key: Key, value: str) -> Any:
+def _replaced(section: Any, key: Key, value: str | list[str]) -> Any:
     """A copy of ``section`` with the field at ``key`` set to ``value`` (sections are frozen)."""
     head, *rest = key
     new = value if not rest else _replaced(getattr(section, head), tuple(rest), value)

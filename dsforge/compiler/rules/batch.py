@@ -103,6 +103,9 @@ def token_data_path(ctx: Context) -> Iterator[Finding]:
     if data.kind == "tokens" and not data.path:
         yield Finding("training.data.kind is tokens but no path is given", "add `path:` to the token file",
                       ("training", "data"))
+    elif data.kind == "tokens" and not isinstance(data.path, str):
+        yield Finding("training.data.kind is tokens but path is a list; a token file is one file",
+                      "give one path (lists of paths are for kind: megatron blends)", ("training", "data", "path"))
 
 
 @rule("DSF206", "warm-up and checkpoint intervals fit in the run", severity=Severity.WARNING, source="dsforge")

@@ -34,8 +34,8 @@ def data_file_exists(ctx: Context) -> Iterator[Finding]:
     absolute path may be a mount that exists only on the machines that run the job, so there it is a
     warning (`dsforge run`, which trains on this machine, refuses either)."""
     data = ctx.spec.training.data
-    if data.kind != "tokens" or not data.path:
-        return  # DSF205 reports a missing path
+    if data.kind != "tokens" or not isinstance(data.path, str) or not data.path:
+        return  # DSF205 reports a missing path (and a list of paths)
     target = Path(data.path).expanduser()
     if target.is_file():
         return

@@ -320,13 +320,53 @@ class SchedulerSpec(Section):
     min_lr: float = field(NON_NEG_FLOAT, 0.0, "Learning rate at the end of the decay.")
 
 
-class DataSpec(Section):
-    """Training data: synthetic tokens, or a flat token file."""
+class ValidSpec(Section):
+    """Validation data and how often its loss is computed (dsforge.runtime.datasets.validation)."""
 
-    kind: Literal["synthetic", "tokens"] = field(Choice("synthetic", "tokens"), "synthetic", "synthetic or a token file.")
-    path: str | None = field(Optional(Str()), None, "Token file (flat uint16/uint32 array) for kind: tokens; a relative "
-                                                    "path is taken from the job file's directory.")
+    path: str | None = field(Optional(Str()), None, "Validation files, read as training.data reads its path (same "
+                                                    "kind, field and tokenizer); unset: a held-out fraction.")
+    fraction: float | None = field(Optional(Float(gt=0, lt=1)), None,
+                                   "Share of the training sequences held out for validation (instead of a path).")
+    every: int = field(Int(ge=1, le=MAX_STEPS), 100, "Compute the validation loss every this many optimizer steps.")
+    batches: int = field(Int(ge=1, le=2**20), 8, "Fixed global batches the validation loss averages over.")
+
+
+class DataSpec(Section):
+    """Training data: synthetic tokens, a flat token file, text/JSONL/Parquet/HF datasets, or Megatron datasets."""
+
+    kind: Literal["synthetic", "tokens", "text", "megatron"] = field(
+        Choice("synthetic", "tokens", "text", "megatron"), "synthetic",
+        "synthetic; tokens (a flat token file); text (.jsonl/.json/.parquet/.txt files, a directory or glob of them, "
+        "or an HF datasets directory); megatron (the prefix of .bin/.idx indexed datasets).")
+    path: str | list[str] | None = field(
+        Optional(AnyOf(Str(), ListOf(Str()), expected="a path or a list of paths")), None,
+        "Token file (kind: tokens), text files, a directory or glob (kind: text), or .bin/.idx prefixes (kind: "
+        "megatron; a list blends them by `weights`); a relative path is taken from the job file's directory.")
     dtype: Literal["uint16", "uint32"] = field(Choice("uint16", "uint32"), "uint16", "Element type of the token file.")
+    field_: str | None = field(Optional(Str(min_length=1)), None, "The record's field holding the text (default: text) "
+                               "or, for format: chat, the messages (default: messages).", alias="field")
+    format: Literal["text", "chat"] = field(
+        Choice("text", "chat"), "text", "text: plain documents; chat: lists of {role, content} messages rendered with "
+                                        "the tokenizer's chat template, the loss on assistant tokens only.")
+    tokenizer: str = field(Str(min_length=1), "auto", "auto: model.pretrained's own tokenizer (tokenizer.json next to "
+                                                     "config.json); or a tokenizer directory or tokenizer.json file.")
+    packing: bool | str = field(
+        AnyOf(Bool(), Choice("concat"), expected="true, false or `concat`"), True,
+        "true: documents packed to seq_len with EOS between them, positions and attention not crossing documents; "
+        "concat: packed, attention crossing documents (Megatron's default); false: one document per sequence, padded.")
+    weights: list[float] = field(ListOf(Float(gt=0, le=1e18)), factory=list,
+                                 description="Blending weights of several megatron prefixes, one per path.")
+    valid: ValidSpec | None = field(Optional(Nested(ValidSpec)), None, "Validation loss every N steps.")
+
+
+class MonitorSpec(Section):
+    """DeepSpeed's `monitor` writers: the loss, learning rate, throughput and validation loss of every step."""
+
+    tensorboard: bool = field(Bool(), False, "TensorBoard event files under `dir` (needs the tensorboard package).")
+    csv: bool = field(Bool(), False, "DeepSpeed's csv_monitor: one CSV file per scalar under `dir`.")
+    wandb: bool = field(Bool(), False, "Weights & Biases (needs wandb, installed and logged in).")
+    dir: str = field(Str(min_length=1), "monitor", "Where TensorBoard and CSV files go; relative: inside the job "
+                                                    "directory.")
 
 
 class CheckpointSpec(Section):
@@ -359,6 +399,7 @@ class TrainingSpec(Section):
     seed: int = field(Int(ge=0, le=2**32 - 1), 1234, "Random seed.")
     data: DataSpec = section(DataSpec, "Training data.")
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Checkpoint directory, interval and resume.")
+    monitor: MonitorSpec = section(MonitorSpec, "TensorBoard, CSV and wandb logging through DeepSpeed's monitor.")
 
 
 

@@ -42,6 +42,13 @@ BY_RULE: dict[str, tuple[str, ...]] = {
     "attention/sequence.py:_chunks_of:ValueError": ("DSF111", "DSF112"),
     "data.py:__init__:DataError": ("DSF610", "DSF201"),  # also a token file's size and dtype: its content
     "data.py:batches_for:DataError": ("DSF205",),
+    # The user's data (dsforge.runtime.datasets): validate reads the same files through dsforge.compiler.frontend.data_files.
+    "datasets/__init__.py:text_source:DataError": ("DSF623",),
+    "datasets/__init__.py:source_for:DataError": ("DSF040",),
+    "datasets/megatron_indexed.py:__init__:DataError": ("DSF620", "DSF625"),  # also the arrays' content
+    "datasets/text_files.py:resolve_files:DataError": ("DSF620", "DSF626"),
+    "datasets/tokenizer.py:render:DataError": ("DSF624",),
+    "datasets/tokenizer.py:load_tokenizer:DataError": ("DSF622",),
     "groups.py:_placement_of:LayoutError": ("DSF101", "DSF600"),
     "groups.py:pipe_axes:LayoutError": ("DSF140", "DSF117"),  # cp apart from dp matters only with cp > 1 and pp > 1
     "moe.py:__init__:LayoutError": ("DSF113",),
@@ -65,6 +72,16 @@ BY_RULE: dict[str, tuple[str, ...]] = {
 
 #: Refusals no job layout causes, and why.
 NOT_A_LAYOUT: dict[str, str] = {
+    **{f"datasets/{site}:DataError": "data content: a record past the first, which validate reads (DSF621)"
+       for site in ("__init__.py:_documents", "chat.py:check_messages", "chat.py:assistant_spans",
+                    "text_files.py:records", "text_files.py:_loads", "text_files.py:_field",
+                    "text_files.py:_parquet_records", "text_files.py:_hf_records")},
+    "datasets/packing.py:__init__:DataError": "data content: a corpus shorter than one sequence",
+    "datasets/packing.py:example:DataError": "data content: a token id beyond model.vocab (DSF623 for a tokenizer)",
+    "datasets/tokenize_cache.py:tokenized:DataError": "the environment: the data's directory is not writable",
+    "datasets/tokenize_cache.py:_build:DataError": "data content: every document empty",
+    "datasets/tokenizer.py:_eos:DataError": "tokenizer content: no end-of-text token",
+    "datasets/__init__.py:require_document_masks:DataError": "the environment: transformers < 4.54 where it runs",
     "main.py:load:JobDirError": "job directory: plan.json unreadable or from another dsforge version",
     "main.py:_stopped:exc": "re-raises the exception that stopped the rank",
     "versions.py:require_deepspeed:UnsupportedVersionError": "environment: the installed DeepSpeed version",
