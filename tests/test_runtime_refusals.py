@@ -65,6 +65,9 @@ BY_RULE: dict[str, tuple[str, ...]] = {
 
 #: Refusals no job layout causes, and why.
 NOT_A_LAYOUT: dict[str, str] = {
+    "kernels/loss.py:check_fused_head:FusedLossError": "a model.factory module whose LM head or logit config is not "
+                                                        "its arch's (only the built module shows it; the message "
+                                                        "names training.kernels.fused_loss: false)",
     "main.py:load:JobDirError": "job directory: plan.json unreadable or from another dsforge version",
     "main.py:_stopped:exc": "re-raises the exception that stopped the rank",
     "versions.py:require_deepspeed:UnsupportedVersionError": "environment: the installed DeepSpeed version",

@@ -60,7 +60,13 @@ class CausalLMLoss(nn.Module):
 
     def forward(self, ids: Tensor, targets: Tensor, positions: Tensor) -> Tensor:
         """(ids, targets, global positions) -> scalar loss share."""
-        logits = self.model(input_ids=ids, position_ids=positions if self.pass_positions else None).logits
+        pos = positions if self.pass_positions else None
+        if "fused_loss" in getattr(self.model, "_dsforge_kernels", ()):  # dsforge/runtime/kernels/loss.py
+            from dsforge.runtime.kernels.loss import fused_token_loss_sum
+
+            hidden = self.model.base_model(input_ids=ids, position_ids=pos).last_hidden_state
+            return fused_token_loss_sum(hidden, targets, self.head, IGNORE_INDEX) / (targets.numel() * self.cp)
+        logits = self.model(input_ids=ids, position_ids=pos).logits
         return token_loss_sum(logits, targets, self.head) / (targets.numel() * self.cp)
 
 
@@ -117,7 +123,23 @@ def parallelize(model: nn.Module, plan: Plan, groups: ParallelGroups, gather_log
         install_context_parallel(model, plan.spec.parallel.context_parallel.kind, groups.cp)
     if rp.sequence_parallel:
         _finish_sequence_parallel(model, plan, groups)
+    _install_kernels(model, plan)
     return model
+
+
+def _install_kernels(model: nn.Module, plan: Plan) -> None:
+    """The job's lean kernels (training.kernels; dsforge/runtime/kernels) on this rank's model."""
+    from dsforge.compiler.estimate.lean import requested_kernels
+    from dsforge.compiler.lean_kernels import lean_kernels
+    from dsforge.runtime.kernels.install import install_lean_kernels
+
+    d = plan.degrees
+    on = lean_kernels(plan.model, requested_kernels(plan), d.pp if d else 1)
+    if "fused_loss" in on:
+        from dsforge.runtime.kernels.loss import check_fused_head
+
+        check_fused_head(model)
+    install_lean_kernels(model, on)
 
 
 def _finish_sequence_parallel(model: nn.Module, plan: Plan, groups: ParallelGroups) -> None:
@@ -184,6 +206,7 @@ def build_pipeline_module(plan: Plan, groups: ParallelGroups, ds_config: dict[st
         check_real(module, f"pipeline stage {groups.index('pp')}")
     if rp.sequence_parallel:
         _finish_sequence_parallel(module, plan, groups)
+    _install_kernels(module, plan)  # pp > 1: fused_loss is never among them (compiler/lean_kernels.py)
     return module
 
 

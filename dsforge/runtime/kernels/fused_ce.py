@@ -51,11 +51,13 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
         for lo in range(0, n, step):
             hi = min(n, lo + step)
+            # in place from the fp32 copy on: one chunk holds its logits in the compute dtype only while they
+            # are copied to fp32 (none in fp32), then one fp32 tensor (estimate: activations.logits_bytes)
             logits = F.linear(hidden[lo:hi], weight).float()
             row_max, picked, _ = _chunk_stats(logits, target[lo:hi], vocab_start, pg)
-            shifted = logits - row_max.unsqueeze(-1)
             # one all-reduce carries both per-token sums (the target logit lives on one rank)
-            sums = torch.stack([picked, shifted.exp().sum(dim=-1)])
+            sums = torch.stack([picked, logits.sub_(row_max.unsqueeze(-1)).exp_().sum(dim=-1)])
+            del logits
             if pg is not None:
                 dist.all_reduce(sums, group=pg)
             lse[lo:hi] = sums[1].log() + row_max
@@ -76,12 +78,12 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             if ctx.needs_input_grad[1] else None
         for lo in range(0, n, step):
             hi = min(n, lo + step)
-            logits = F.linear(hidden[lo:hi], weight).float()
-            probs = (logits - lse[lo:hi].unsqueeze(-1)).exp_()
+            probs = F.linear(hidden[lo:hi], weight).float().sub_(lse[lo:hi].unsqueeze(-1)).exp_()
             local = target[lo:hi] - ctx.vocab_start
             mine = (local >= 0) & (local < weight.shape[0])
             probs.scatter_add_(-1, local.masked_fill(~mine, 0).unsqueeze(-1), -mine.unsqueeze(-1).to(probs.dtype))
-            g = (probs * scale[lo:hi].unsqueeze(-1)).to(hidden.dtype)
+            g = probs.mul_(scale[lo:hi].unsqueeze(-1)).to(hidden.dtype)
+            del probs
             if grad_hidden is not None:
                 grad_hidden[lo:hi] = g @ weight
             if grad_weight is not None:

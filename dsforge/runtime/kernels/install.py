@@ -2,7 +2,8 @@
 
 `install_lean_kernels` swaps the forward of each module whose class it knows, leaving the module, its
 parameters and every hook on it as they were (the rewrite's sequence regions and gradient hooks still
-apply): HF's Llama-style RMSNorms run `norms.rms_norm`, SwiGLU MLPs `swiglu.swiglu`, GPT-2's `gelu_new`
+apply): HF's Llama-style RMSNorms run `norms.rms_norm`, SwiGLU MLPs and dsforge's routed experts
+(`moe.GatedExpert`) `swiglu.swiglu`, GPT-2's `gelu_new`
 `gelu.LeanGeluNew`. Which kernels run is decided before, by `dsforge.compiler.lean_kernels` (the estimate
 reads the same table); a module class outside the known ones keeps its own forward.
 """
@@ -18,6 +19,7 @@ from torch import Tensor, nn
 from dsforge.runtime.kernels.gelu import LeanGeluNew
 from dsforge.runtime.kernels.norms import rms_norm
 from dsforge.runtime.kernels.swiglu import swiglu
+from dsforge.runtime.moe import GatedExpert
 
 #: HF RMSNorms computing weight * normed.to(dtype) (LlamaRMSNorm's forward) and (weight * normed).to(dtype).
 RMS_CAST_FIRST = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MixtralRMSNorm",
@@ -44,6 +46,11 @@ def _gate_up_forward(self: nn.Module, hidden_states: Tensor) -> Tensor:
     return self.down_proj(swiglu(gate, up))
 
 
+def _expert_forward(self: nn.Module, x: Tensor) -> Tensor:
+    gate, up = self.gate_up(x).chunk(2, dim=-1)
+    return self.down(swiglu(gate, up))
+
+
 def _silu(module: Any) -> bool:
     return type(module).__name__ in _SILU
 
@@ -63,6 +70,9 @@ def install_lean_kernels(model: nn.Module, kernels: Iterable[str]) -> dict[str, 
             counts["swiglu"] += 1
         elif "swiglu" in on and name in FUSED_GATE_UP_MLPS and _silu(getattr(module, "activation_fn", None)):
             module.forward = types.MethodType(_gate_up_forward, module)
+            counts["swiglu"] += 1
+        elif "swiglu" in on and isinstance(module, GatedExpert):  # dsforge's routed experts (moe.py)
+            module.forward = types.MethodType(_expert_forward, module)
             counts["swiglu"] += 1
         elif "gelu" in on and name == "GPT2MLP" and type(getattr(module, "act", None)).__name__ == "NewGELUActivation":
             module.act = LeanGeluNew()

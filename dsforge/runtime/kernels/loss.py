@@ -24,9 +24,13 @@ def check_fused_head(model: nn.Module) -> None:
         if getattr(cfg, key, None) not in (None, 1, 1.0):
             raise FusedLossError(f"the model's config sets {key}={getattr(cfg, key)!r}: the fused loss does not apply "
                                  "it; set training.kernels.fused_loss: false")
+    base = getattr(model, "base_model", None)
+    if not isinstance(base, nn.Module) or base is model:
+        raise FusedLossError(f"the model ({type(model).__name__}) has no HF base_model to take the hidden states "
+                             "from: set training.kernels.fused_loss: false")
     head = getattr(model, "lm_head", None)
     if isinstance(head, VocabParallelLMHead):
-        if head.gather_output:
+        if head.gather_output and head.tp > 1:
             raise FusedLossError("the LM head gathers its logits: the fused loss needs them split over the vocabulary")
     elif not isinstance(head, nn.Linear) or head.bias is not None:
         raise FusedLossError(f"the model's lm_head is a {type(head).__name__}"
