@@ -8,7 +8,7 @@ runtime's model; tests/runtime/test_lean_kernels.py, each kernel alone):
   copy and the normalised output: `Kernels.hf_rmsnorm` False (LayerNorm families: no change);
 * ``swiglu``: gate and up saved by the Function, the product by the down projection: 3 f-wide tensors for a
   dense MLP, a shared expert or dsforge's routed experts (runtime/kernels/swiglu.py; Megatron's SwiGLUFunction
-  keeps the same); HF's own experts module (tp = ep = 1, no rewrite) keeps plain ops (4);
+  keeps the same); HF's own experts module (ep = 1: not replaced) keeps plain ops (4);
 * ``gelu``: gelu_new's input and the output projection's input: 2 (runtime/kernels/gelu.py);
 * ``fused_loss``: no full-vocabulary fp32 logits; an fp32 log-sum-exp and the target per token, one chunk of
   logits at a time (runtime/kernels/fused_ce.py): `Kernels.fp32_logits` False, `chunked_loss` True.
@@ -49,10 +49,10 @@ def stack_kernels(plan: Plan) -> Kernels:
 
 def experts_converted(plan: Plan) -> bool:
     """True when the runtime replaces HF's routed experts with its own (dsforge/runtime/moe.py GatedExpert, which
-    the lean SwiGLU serves): the rewrite runs only for tp > 1 or ep > 1 (engine.parallelize); at tp = ep = 1 HF's
-    experts module runs its own loop of plain ops."""
+    the lean SwiGLU serves): only for ep > 1 (rewrite/apply.py `_moe_block`); at ep = 1 HF's experts module
+    stays whole and runs its own loop of plain ops."""
     d = plan.degrees
-    return d is not None and (d.tp > 1 or d.ep > 1)
+    return d is not None and d.ep > 1
 
 
 def lean_note(plan: Plan) -> str:
