@@ -41,7 +41,8 @@ def stack_kernels(plan: Plan) -> Kernels:
     return replace(base,
                    hf_rmsnorm=base.hf_rmsnorm and "norm" not in on,
                    swiglu_tensors=3 if "swiglu" in on else base.swiglu_tensors,
-                   expert_swiglu_tensors=3 if "swiglu" in on and experts_converted(plan) else base.swiglu_tensors,
+                   expert_swiglu_tensors=(3 if experts_converted(plan) else base.swiglu_tensors) if "swiglu" in on
+                   else base.expert_swiglu_tensors,
                    gelu_tensors=2 if "gelu" in on else base.gelu_tensors,
                    fp32_logits=base.fp32_logits and "fused_loss" not in on,
                    chunked_loss="fused_loss" in on)
