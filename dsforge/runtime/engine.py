@@ -123,18 +123,21 @@ def parallelize(model: nn.Module, plan: Plan, groups: ParallelGroups, gather_log
         install_context_parallel(model, plan.spec.parallel.context_parallel.kind, groups.cp)
     if rp.sequence_parallel:
         _finish_sequence_parallel(model, plan, groups)
-    _install_kernels(model, plan)
+    install_job_kernels(model, plan, fused_loss=not gather_logits)  # whole logits: the caller forms the loss
     return model
 
 
-def _install_kernels(model: nn.Module, plan: Plan) -> None:
-    """The job's lean kernels (training.kernels; dsforge/runtime/kernels) on this rank's model."""
+def install_job_kernels(model: nn.Module, plan: Plan, fused_loss: bool = True) -> None:
+    """The job's lean kernels (training.kernels; dsforge/runtime/kernels) on this rank's model (``fused_loss``:
+    False where the caller computes the loss from the model's logits, as `dsforge.initialize`'s loop does)."""
     from dsforge.compiler.estimate.lean import requested_kernels
     from dsforge.compiler.lean_kernels import lean_kernels
     from dsforge.runtime.kernels.install import install_lean_kernels
 
     d = plan.degrees
     on = lean_kernels(plan.model, requested_kernels(plan), d.pp if d else 1)
+    if not fused_loss:
+        on -= {"fused_loss"}
     if "fused_loss" in on:
         from dsforge.runtime.kernels.loss import check_fused_head
 
@@ -206,7 +209,7 @@ def build_pipeline_module(plan: Plan, groups: ParallelGroups, ds_config: dict[st
         check_real(module, f"pipeline stage {groups.index('pp')}")
     if rp.sequence_parallel:
         _finish_sequence_parallel(module, plan, groups)
-    _install_kernels(module, plan)  # pp > 1: fused_loss is never among them (compiler/lean_kernels.py)
+    install_job_kernels(module, plan)  # pp > 1: fused_loss is never among them (compiler/lean_kernels.py)
     return module
 
 

@@ -77,9 +77,9 @@ def expected_shard(full: torch.Tensor, entry: ModulePlan, name: str, rank: int, 
 
 def lean(model: nn.Module, plan: Any) -> frozenset[str]:
     """The runtime's lean kernels for this job (training.kernels auto: each where it is exact) on ``model``."""
-    from dsforge.runtime.engine import _install_kernels
+    from dsforge.runtime.engine import install_job_kernels
 
-    _install_kernels(model, plan)
+    install_job_kernels(model, plan)
     return frozenset(model._dsforge_kernels)
 
 

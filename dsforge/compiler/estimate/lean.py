@@ -62,3 +62,13 @@ def lean_note(plan: Plan) -> str:
     lean = ", ".join(k for k in KERNELS if k in on)
     return ("activations: dsforge's HF models (SDPA flash attention, no dropout) with lean kernels: "
             + (lean or "none") + " (training.kernels)")
+
+
+def plain_kernels(plan: Plan) -> Plan:
+    """The plan with every lean kernel off: what a model trained outside dsforge's runtime keeps (the trainer
+    plugins train the user's own HF modules and loss, so their memory report predicts with this plan)."""
+    from dsforge.compiler.plan import build_plan
+
+    t = plan.spec.training
+    off = t.kernels.model_copy(update=dict.fromkeys(KERNELS, False))
+    return build_plan(plan.spec.model_copy(update={"training": t.model_copy(update={"kernels": off})}))
