@@ -124,7 +124,7 @@ def test_the_estimate_prices_each_kernel_term_by_term(write_job: WriteJob) -> No
     vocab = 128256
     saved_lean, _ = act.logits_bytes(m, a, vocab)
     saved_plain, _ = act.logits_bytes(m, p, vocab)
-    assert saved_lean == n * (4 + 8)
+    assert saved_lean == n * (2 * 4 + 8)
     assert saved_plain == n * vocab / 2 * 4 + n * 8
 
 

@@ -181,7 +181,7 @@ def estimated_outside(plan: Plan) -> float:
 
 @pytest.mark.parametrize("key", ["tp1-none", "tp2-none", "tp2-sp-none"])
 def test_lean_loss_and_head_within_10_percent(measured: dict[str, Any], key: str) -> None:
-    # The fused, chunked loss keeps the head's input, an fp32 log-sum-exp and the target per token: what the
+    # The fused, chunked loss keeps the head's input, the fp32 row maximum and sum of exponentials and the target per token: what the
     # estimate's `chunked_loss` prices (the plain loss kept tokens x vocab/tp fp32 probabilities besides)
     parts = key.split("-")
     plan = runtime_plan(tp=int(parts[0][2:]), sp="sp" in parts)

@@ -53,8 +53,8 @@ class Kernels:
     # Under sequence parallelism an MoE block's router reads (and saves) the whole gathered sequence: dsforge's
     # runtime gathers it at the block boundary and runs the replicated router on it (Megatron routes the shard).
     moe_input_gathered: bool = False
-    # dsforge's fused, chunked LM head + loss (dsforge/runtime/kernels/fused_ce.py): an fp32 log-sum-exp and the
-    # int64 target per token kept, one chunk of logits alive at a time (compiler/lean_kernels.py)
+    # dsforge's fused, chunked LM head + loss (dsforge/runtime/kernels/fused_ce.py): the fp32 row maximum and sum
+    # of exponentials and the int64 target per token kept, one chunk of logits alive at a time
     chunked_loss: bool = False
     # f-wide tensors a routed SwiGLU expert saves, when they differ from the dense MLP's (0: swiglu_tensors)
     expert_swiglu_tensors: int = 0
@@ -242,12 +242,13 @@ def logits_bytes(model: ResolvedModel, a: ActivationShape, vocab: int) -> tuple[
     cross-entropy)."""
     cells = a.tokens * vocab / a.tp
     if a.kernels.chunked_loss:
-        # fused_ce.py: the head's input (head_bytes) and per token an fp32 log-sum-exp and the int64 target;
+        # fused_ce.py: the head's input (head_bytes) and per token the fp32 row maximum and sum of exponentials
+        # and the int64 target;
         # alive at once: one chunk's logits in the compute dtype and their fp32 copy (in fp32 the same
         # tensor), which the loss then works on in place (its exponentials, or in backward its gradient)
         chunk = min(a.tokens, loss_chunk_tokens(max(1, int(vocab // a.tp)))) * vocab / a.tp
         copy = FP32 if a.element_bytes != FP32 else 0
-        return a.tokens * (FP32 + 8), chunk * (a.element_bytes + copy)
+        return a.tokens * (2 * FP32 + 8), chunk * (a.element_bytes + copy)
     upcast = FP32 if a.kernels.fp32_logits and a.element_bytes != FP32 else 0
     return cells * FP32 + a.tokens * 8, cells * (a.element_bytes + upcast)
 

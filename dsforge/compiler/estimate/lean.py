@@ -10,7 +10,7 @@ runtime's model; tests/runtime/test_lean_kernels.py, each kernel alone):
   dense MLP, a shared expert or dsforge's routed experts (runtime/kernels/swiglu.py; Megatron's SwiGLUFunction
   keeps the same); HF's own experts module (ep = 1: not replaced) keeps plain ops (4);
 * ``gelu``: gelu_new's input and the output projection's input: 2 (runtime/kernels/gelu.py);
-* ``fused_loss``: no full-vocabulary fp32 logits; an fp32 log-sum-exp and the target per token, one chunk of
+* ``fused_loss``: no full-vocabulary fp32 logits; the fp32 row maximum and sum of exponentials and the target per token, one chunk of
   logits at a time (runtime/kernels/fused_ce.py): `Kernels.fp32_logits` False, `chunked_loss` True.
 
 Another stack's profile is its own (`stacks/`); the job's kernels do not change it.

@@ -3,8 +3,8 @@
 The unfused path (an LM head, then `F.cross_entropy` on `logits.float()` or dsforge's
 `vocab_parallel_cross_entropy`) keeps tokens x vocab/tp fp32 probabilities for backward and, while the
 loss is formed, the logits in the compute dtype and their fp32 copy. This Function keeps only what the
-head's backward needs anyway (its input and weight) plus one fp32 log-sum-exp and the int64 target per
-token; forward and backward walk the tokens in chunks of at most `LOSS_CHUNK_CELLS` logit cells and the
+head's backward needs anyway (its input and weight) plus per token the fp32 row maximum and sum of
+exponentials and the int64 target; forward and backward walk the tokens in chunks of at most `LOSS_CHUNK_CELLS` logit cells and the
 backward recomputes each chunk's logits (the idea of Liger-Kernel's fused_linear_cross_entropy and
 DeepSpeed's TiledFusedLogitsLoss in ulysses_sp.py; written here for the vocabulary-parallel head).
 
@@ -47,7 +47,9 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 vocab_start: int, ignore_index: int) -> Tensor:
         n = hidden.shape[0]
         step = loss_chunk_tokens(weight.shape[0])
-        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        # per token the row maximum and the sum of exponentials, kept apart: folded into one log-sum-exp,
+        # exp(logit - lse) near a saturated token loses the digits softmax - onehot needs (the ulp of the max)
+        stats = torch.empty(2, n, dtype=torch.float32, device=hidden.device)
         loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
         for lo in range(0, n, step):
             hi = min(n, lo + step)
@@ -60,17 +62,17 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             del logits
             if pg is not None:
                 dist.all_reduce(sums, group=pg)
-            lse[lo:hi] = sums[1].log() + row_max
+            stats[0, lo:hi], stats[1, lo:hi] = row_max, sums[1]
             loss[lo:hi] = sums[1].log() - sums[0]
         valid = target != ignore_index
         loss = loss * valid
-        ctx.save_for_backward(hidden, weight, target, lse)
+        ctx.save_for_backward(hidden, weight, target, stats)
         ctx.pg, ctx.vocab_start, ctx.ignore_index = pg, vocab_start, ignore_index
         return loss
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None, None]:
-        hidden, weight, target, lse = ctx.saved_tensors
+        hidden, weight, target, stats = ctx.saved_tensors
         n, step = hidden.shape[0], loss_chunk_tokens(weight.shape[0])
         scale = grad * (target != ctx.ignore_index)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
@@ -78,7 +80,9 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             if ctx.needs_input_grad[1] else None
         for lo in range(0, n, step):
             hi = min(n, lo + step)
-            probs = F.linear(hidden[lo:hi], weight).float().sub_(lse[lo:hi].unsqueeze(-1)).exp_()
+            # softmax as the unfused loss forms it: exp(logit - max) / sum
+            probs = F.linear(hidden[lo:hi], weight).float().sub_(stats[0, lo:hi].unsqueeze(-1)).exp_()
+            probs.div_(stats[1, lo:hi].unsqueeze(-1))
             local = target[lo:hi] - ctx.vocab_start
             mine = (local >= 0) & (local < weight.shape[0])
             probs.scatter_add_(-1, local.masked_fill(~mine, 0).unsqueeze(-1), -mine.unsqueeze(-1).to(probs.dtype))
