@@ -345,7 +345,7 @@ class KernelsSpec(Section):
     fused_loss: bool | str = field(AnyOf(Bool(), Choice("auto")), "auto",
                                    "Fused, chunked LM head + cross entropy: no full-vocabulary fp32 logits.")
     swiglu: bool | str = field(AnyOf(Bool(), Choice("auto")), "auto",
-                               "SwiGLU that saves only gate and up (dense MLPs and shared experts).")
+                               "SwiGLU that saves only gate and up (dense MLPs, shared experts, routed experts at ep > 1).")
     gelu: bool | str = field(AnyOf(Bool(), Choice("auto")), "auto", "GPT-2's gelu_new that saves only its input.")
     norm: bool | str = field(AnyOf(Bool(), Choice("auto")), "auto",
                              "HF's RMSNorm saving only its input and an fp32 rstd (no fp32 copy).")
