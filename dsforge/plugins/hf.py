@@ -181,7 +181,9 @@ class DsforgeCallback(TrainerCallback):  # type: ignore[misc]
 
         states, activations = self._probes
         rank = dist.get_rank() if dist.is_initialized() else 0
-        self.report = gather_rows(rank_row(self.job.plan, rank, states.states,
+        from dsforge.compiler.estimate.lean import plain_kernels  # the Trainer runs HF's own modules and loss
+
+        self.report = gather_rows(rank_row(plain_kernels(self.job.plan).resolve(), rank, states.states,
                                            activations.bytes if activations.done else None))
         log.info("dsforge: %s", render_table(self.report))
         if rank == 0:  # like the Trainer's own metrics lines: visible without configuring logging

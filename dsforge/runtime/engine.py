@@ -60,9 +60,15 @@ class CausalLMLoss(nn.Module):
 
     def forward(self, ids: Tensor, targets: Tensor, positions: Tensor, denominator: float | None = None) -> Tensor:
         """(ids, targets, global positions[, divisor of masked data]) -> scalar loss share."""
-        logits = self.model(input_ids=ids, position_ids=positions if self.pass_positions else None,
-                            **self.extra).logits
-        return token_loss_sum(logits, targets, self.head) / (denominator or targets.numel() * self.cp)
+        pos = positions if self.pass_positions else None
+        divisor = denominator or targets.numel() * self.cp
+        if "fused_loss" in getattr(self.model, "_dsforge_kernels", ()):  # dsforge/runtime/kernels/loss.py
+            from dsforge.runtime.kernels.loss import fused_token_loss_sum
+
+            hidden = self.model.base_model(input_ids=ids, position_ids=pos, **self.extra).last_hidden_state
+            return fused_token_loss_sum(hidden, targets, self.head, IGNORE_INDEX) / divisor
+        logits = self.model(input_ids=ids, position_ids=pos, **self.extra).logits
+        return token_loss_sum(logits, targets, self.head) / divisor
 
 
 def _sequence_parallel_hooks(model: nn.Module, group: dist.ProcessGroup) -> int:
@@ -118,7 +124,26 @@ def parallelize(model: nn.Module, plan: ResolvedPlan, groups: ParallelGroups, ga
         install_context_parallel(model, plan.spec.parallel.context_parallel.kind, groups.cp)
     if rp.sequence_parallel:
         _finish_sequence_parallel(model, plan, groups)
+    install_job_kernels(model, plan, fused_loss=not gather_logits)  # whole logits: the caller forms the loss
     return model
+
+
+def install_job_kernels(model: nn.Module, plan: ResolvedPlan, fused_loss: bool = True) -> None:
+    """The job's lean kernels (training.kernels; dsforge/runtime/kernels) on this rank's model (``fused_loss``:
+    False where the caller computes the loss from the model's logits, as `dsforge.initialize`'s loop does)."""
+    from dsforge.compiler.estimate.lean import requested_kernels
+    from dsforge.compiler.model.lean_kernels import lean_kernels
+    from dsforge.runtime.kernels.install import install_lean_kernels
+
+    d = plan.degrees
+    on = lean_kernels(plan.model, requested_kernels(plan), d.pp if d else 1)
+    if not fused_loss:
+        on -= {"fused_loss"}
+    if "fused_loss" in on:
+        from dsforge.runtime.kernels.loss import check_fused_head
+
+        check_fused_head(model)
+    install_lean_kernels(model, on)
 
 
 def _finish_sequence_parallel(model: nn.Module, plan: ResolvedPlan, groups: ParallelGroups) -> None:
@@ -190,6 +215,7 @@ def build_pipeline_module(plan: ResolvedPlan, groups: ParallelGroups, ds_config:
         check_real(module, f"pipeline stage {groups.index('pp')}")
     if rp.sequence_parallel:
         _finish_sequence_parallel(module, plan, groups)
+    install_job_kernels(module, plan)  # pp > 1: fused_loss is never among them (compiler/lean_kernels.py)
     return module
 
 

@@ -146,15 +146,17 @@ version: 1
 model: {{preset: {preset}, seq_len: {seq}}}
 hardware: {{preset: cpu-local, gpus_per_node: 2}}
 parallel: {{tp: {tp}, cp: {cp}, dp: auto, zero: {zero}, sequence_parallel: {sp}, context_parallel: {{kind: ring}}}}
-training: {{global_batch: 8, micro_batch: 2, precision: {precision}, recompute: {recompute}}}
+training: {{global_batch: 8, micro_batch: 2, precision: {precision}, recompute: {recompute}{kernels}}}
 """
+#: training.kernels with every lean kernel off: the plain HF modules and loss (the "before" of the lean runtime)
+PLAIN_KERNELS = ", kernels: {fused_loss: false, swiglu: false, gelu: false, norm: false}"
 
 
 def runtime_job_yaml(tp: int = 1, recompute: str = "none", sp: bool = False, cp: int = 1, seq: int = 64,
-                     precision: str = "fp32", zero: int = 0, preset: str = "tiny-llama") -> str:
-    """The job file text of one runtime-model measurement."""
+                     precision: str = "fp32", zero: int = 0, preset: str = "tiny-llama", plain: bool = False) -> str:
+    """The job file text of one runtime-model measurement (``plain``: every lean kernel off)."""
     return RUNTIME_JOB.format(tp=tp, recompute=recompute, sp=str(sp).lower(), cp=cp, seq=seq, precision=precision,
-                              zero=zero, preset=preset)
+                              zero=zero, preset=preset, kernels=PLAIN_KERNELS if plain else "")
 
 
 def _plan(text: str) -> Any:
@@ -180,6 +182,8 @@ def measure_runtime(text: str) -> dict[str, int]:
     plan = _plan(text)
     groups = create_groups(plan)
     model = build_parallel_model(plan, groups, seed=0).train()
+    if plan.spec.training.precision == "bf16":  # as DeepSpeed's bf16 engine holds the module
+        model = model.to(torch.bfloat16)
     apply_job_recompute(model, plan, groups, build_ds_config(plan))
     cp, me = groups.size("cp"), groups.index("cp")
     task = CausalLMLoss(model, cp)
@@ -349,6 +353,11 @@ def main() -> None:
                 out["activations"][f"tp{tp}-{recompute}-{name}"] = measure_activations(tp, recompute, dtype)
     out["runtime"] = {f"tp{tp}{'-sp' if sp else ''}-{recompute}": measure_runtime(runtime_job_yaml(tp, recompute, sp))
                       for tp, sp in ((1, False), (2, False), (2, True)) for recompute in ("none", "selective", "full")}
+    # the lean kernels' before/after on the runtime's model: every kernel off, tp 1 and tp 2 with SP, and bf16
+    out["plain"] = {f"tp{tp}{'-sp' if tp > 1 else ''}-none-{p}": measure_runtime(
+        runtime_job_yaml(tp, "none", tp > 1, precision=p, plain=True)) for tp in (1, 2) for p in ("fp32", "bf16")}
+    out["lean-bf16"] = {f"tp{tp}{'-sp' if tp > 1 else ''}-none": measure_runtime(
+        runtime_job_yaml(tp, "none", tp > 1, precision="bf16")) for tp in (1, 2)}
     out["moe"] = {f"tp2{'-sp' if sp else ''}-none": measure_runtime(runtime_job_yaml(2, sp=sp, preset="tiny-mixtral"))
                   for sp in (False, True)}
     out["ring"] = {"cp2-ring": measure_runtime(runtime_job_yaml(cp=2, seq=1024)),

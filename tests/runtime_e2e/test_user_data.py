@@ -22,7 +22,13 @@ from dsforge.runtime.data import IGNORE_INDEX, Batches, DataError, Sharding
 from dsforge.runtime.datasets import source_for
 from dsforge.runtime.datasets.megatron_indexed import IndexedDataset
 from dsforge.runtime.datasets.tokenizer import load_tokenizer
-from tests.runtime_e2e.text_data import CHAT_TEMPLATE, SENTENCES, corpus, pretrained_with_tokenizer, write_jsonl
+from tests.runtime_e2e.text_data import (
+    CHAT_TEMPLATE,
+    SENTENCES,
+    corpus,
+    pretrained_with_tokenizer,
+    write_jsonl,
+)
 
 
 class Spec:
@@ -217,8 +223,7 @@ def write_megatron(prefix: Path, documents: list[list[int]], dtype: Any = np.uin
                    code: int | None = None) -> None:
     item = np.dtype(dtype).itemsize
     with open(f"{prefix}.bin", "wb") as fh:
-        for doc in documents:
-            fh.write(np.asarray(doc, dtype=dtype).tobytes())
+        fh.writelines(np.asarray(doc, dtype=dtype).tobytes() for doc in documents)
     sizes = [len(d) for d in documents]
     pointers, at = [], 0
     for n in sizes:
@@ -343,8 +348,8 @@ def test_packed_chat_keeps_its_mask_and_a_held_out_fraction_is_never_trained(mod
     assert not seen_train & seen_valid and len(seen_train) + len(seen_valid) == (len(train.tokens) - 1) // 16
 
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 @settings(max_examples=40, deadline=None)

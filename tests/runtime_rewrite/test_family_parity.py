@@ -75,6 +75,32 @@ def expected_shard(full: torch.Tensor, entry: ModulePlan, name: str, rank: int, 
     return full.chunk(tp, dim=shard.dim)[rank]
 
 
+def lean(model: nn.Module, plan: Any) -> frozenset[str]:
+    """The runtime's lean kernels for this job (training.kernels auto: each where it is exact) on ``model``."""
+    from dsforge.runtime.engine import install_job_kernels
+
+    install_job_kernels(model, plan)
+    return frozenset(model._dsforge_kernels)
+
+
+def lean_loss(model: nn.Module, ids: torch.Tensor, targets: torch.Tensor, count: torch.Tensor | int,
+              position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The loss as the runtime forms it (engine.CausalLMLoss): the fused head + cross entropy where it runs."""
+    if "fused_loss" in model._dsforge_kernels:
+        from dsforge.runtime.kernels.loss import fused_token_loss_sum
+
+        hidden = model.base_model(input_ids=ids, position_ids=position_ids).last_hidden_state
+        return fused_token_loss_sum(hidden, targets, model.lm_head, -100) / count
+    out = model(input_ids=ids, position_ids=position_ids).logits
+    from dsforge.runtime.engine import token_loss_sum
+
+    return token_loss_sum(out, targets, getattr(model, "lm_head", None)) / count
+
+
+def _shifted(ids: torch.Tensor) -> torch.Tensor:
+    return torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)
+
+
 def _sgd(params: list[nn.Parameter]) -> None:
     with torch.no_grad():
         for p in params:
@@ -124,15 +150,18 @@ def tp_parity(rank: int, spec: JobSpec, corrupt: bool = False, tag: str = "") ->
     if corrupt:  # the per-head q/k norms kept whole, but their partial gradients never summed
         rp = dataclasses.replace(rp, modules=[dataclasses.replace(m, variant="replicate") if m.variant == "head_norm"
                                               else m for m in rp.modules])
-    apply_rewrite(model, rp, groups)
+    apply_rewrite(model, rp, groups, gather_logits=False)  # vocabulary-split logits, as the runtime's engine
+    kernels = lean(model, plan)  # the runtime's lean kernels against the plain HF reference
     tag = tag or f"{spec.model.arch}/{spec.model.factory.rpartition(':')[2] if spec.model.factory else ''} tp2"
+    tag += f" [{','.join(sorted(kernels)) or 'no lean kernels'}]"
     for step in range(STEPS):
         ids = _tokens(spec.model.vocab, 3 + step)
         ref = dense(input_ids=ids, labels=ids)
         ref.loss.backward()
-        out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
-        report(f"{tag} step {step} loss", out.loss, ref.loss, RTOL)
+        targets = _shifted(ids)
+        loss = lean_loss(model, ids, targets, (targets != -100).sum())
+        loss.backward()
+        report(f"{tag} step {step} loss", loss, ref.loss, RTOL)
         _check_tp_grads(f"{tag} step {step}", model, dense, rp, rank, tp)
         _sgd(list(dense.parameters()))
         _sgd(list(model.parameters()))
@@ -150,7 +179,8 @@ def ep_parity(rank: int, spec: JobSpec) -> None:
     model = copy.deepcopy(dense)
     rp = plan_rewrite(model, plan)
     apply_rewrite(model, rp, groups)
-    tag = f"{spec.model.arch} ep2 top-{spec.model.moe.top_k if spec.model.moe else 0}"
+    kernels = lean(model, plan)
+    tag = f"{spec.model.arch} ep2 top-{spec.model.moe.top_k if spec.model.moe else 0} [{','.join(sorted(kernels))}]"
     blocks = _moe_blocks(rp)
     dp = groups.size("dp-cp")
     held = sum(p.numel() for n, p in model.named_parameters() if ".deepspeed_experts." not in n)
@@ -165,9 +195,11 @@ def ep_parity(rank: int, spec: JobSpec) -> None:
         batches = [_tokens(spec.model.vocab, 10 * step + r) for r in range(dp)]
         ref = dense(input_ids=torch.cat(batches), labels=torch.cat(batches))
         ref.loss.backward()
-        out = model(input_ids=batches[groups.index("dp-cp")], labels=batches[groups.index("dp-cp")])
-        (out.loss / dp).backward()
-        loss = out.loss.detach().clone()
+        mine = batches[groups.index("dp-cp")]
+        targets = _shifted(mine)
+        own = lean_loss(model, mine, targets, (targets != -100).sum())
+        (own / dp).backward()
+        loss = own.detach().clone()
         dist.all_reduce(loss, group=groups.dp_cp)
         report(f"{tag} step {step} loss", loss / dp, ref.loss, RTOL)
         ref_params = dict(dense.named_parameters())
@@ -200,7 +232,8 @@ def cp_parity(rank: int, spec: JobSpec) -> None:
     dense = build_model(plan.model, "cpu", 1, seed=7)
     model = copy.deepcopy(dense)
     install_context_parallel(model, "ring", groups.cp)
-    tag = f"{spec.model.arch} cp2 ring"
+    kernels = lean(model, plan)
+    tag = f"{spec.model.arch} cp2 ring [{','.join(sorted(kernels))}]"
     for step in range(STEPS):
         ids = _tokens(spec.model.vocab, 20 + step)
         targets = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)
@@ -211,8 +244,7 @@ def cp_parity(rank: int, spec: JobSpec) -> None:
         local = shard_sequence(ids, me, cp, dim=1, load_balanced=True)
         local_t = shard_sequence(targets, me, cp, dim=1, load_balanced=True)
         pos = positions(ids.shape[1], me, cp).unsqueeze(0).expand(ids.shape[0], -1)
-        out = model(input_ids=local, position_ids=pos).logits
-        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), local_t.reshape(-1), reduction="sum") / count
+        loss = lean_loss(model, local, local_t, count, position_ids=pos)
         loss.backward()
         total = loss.detach().clone()
         dist.all_reduce(total, group=groups.cp)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsforge.compiler.model.lean_kernels import loss_chunk_tokens
 from dsforge.compiler.model.params import has_bias, kv_heads_per_rank, shared_gate
 from dsforge.compiler.model.resolved import ResolvedModel
 
@@ -52,6 +53,11 @@ class Kernels:
     # Under sequence parallelism an MoE block's router reads (and saves) the whole gathered sequence: dsforge's
     # runtime gathers it at the block boundary and runs the replicated router on it (Megatron routes the shard).
     moe_input_gathered: bool = False
+    # dsforge's fused, chunked LM head + loss (dsforge/runtime/kernels/fused_ce.py): the fp32 row maximum and sum
+    # of exponentials and the int64 target per token kept, one chunk of logits alive at a time
+    chunked_loss: bool = False
+    # f-wide tensors a routed SwiGLU expert saves, when they differ from the dense MLP's (0: swiglu_tensors)
+    expert_swiglu_tensors: int = 0
 
 
 MEGATRON = Kernels(fused_attention=False, dropout=True, byte_masks=True, causal_mask_saved=False,
@@ -139,9 +145,12 @@ def attention_terms(model: ResolvedModel, a: ActivationShape) -> dict[str, float
     return terms
 
 
-def _mlp_inner(model: ResolvedModel, a: ActivationShape, ffn: int, tp: int | None = None) -> float:
-    """Bytes per token an MLP saves inside its tp-split region (the f-wide tensors)."""
+def _mlp_inner(model: ResolvedModel, a: ActivationShape, ffn: int, tp: int | None = None,
+               routed: bool = False) -> float:
+    """Bytes per token an MLP saves inside its tp-split region (the f-wide tensors; ``routed``: an expert's)."""
     per = a.kernels.swiglu_tensors if model.activation == "swiglu" else a.kernels.gelu_tensors
+    if routed and model.activation == "swiglu" and a.kernels.expert_swiglu_tensors:
+        per = a.kernels.expert_swiglu_tensors
     return per * ffn / (a.tp if tp is None else tp) * a.element_bytes
 
 
@@ -169,7 +178,7 @@ def mlp_terms(model: ResolvedModel, a: ActivationShape, moe: bool) -> dict[str, 
         # Experts run whole on every TP rank, on all the micro-batch's tokens (the runtime gathers the
         # sequence into the MoE block under SP): neither the ffn width nor the tokens split by tp.
         # (A stack with expert tensor parallelism splits the ffn width over tp, still on all routed tokens.)
-        inner = _mlp_inner(model, a, m.ffn_hidden, tp=a.tp if a.experts_split else 1)
+        inner = _mlp_inner(model, a, m.ffn_hidden, tp=a.tp if a.experts_split else 1, routed=True)
         terms["experts"] = routed * (2 * h * e + inner)  # input, inner, output
         if m.shared_experts:
             terms["shared_experts"] = n * shared_expert_bytes(model, a)
@@ -232,6 +241,14 @@ def logits_bytes(model: ResolvedModel, a: ActivationShape, vocab: int) -> tuple[
     logits) alive while the loss is formed. The vocabulary is split over tp (vocabulary-parallel
     cross-entropy)."""
     cells = a.tokens * vocab / a.tp
+    if a.kernels.chunked_loss:
+        # fused_ce.py: the head's input (head_bytes) and per token the fp32 row maximum and sum of exponentials
+        # and the int64 target;
+        # alive at once: one chunk's logits in the compute dtype and their fp32 copy (in fp32 the same
+        # tensor), which the loss then works on in place (its exponentials, or in backward its gradient)
+        chunk = min(a.tokens, loss_chunk_tokens(max(1, int(vocab // a.tp)))) * vocab / a.tp
+        copy = FP32 if a.element_bytes != FP32 else 0
+        return a.tokens * (2 * FP32 + 8), chunk * (a.element_bytes + copy)
     upcast = FP32 if a.kernels.fp32_logits and a.element_bytes != FP32 else 0
     return cells * FP32 + a.tokens * 8, cells * (a.element_bytes + upcast)
 

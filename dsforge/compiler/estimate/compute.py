@@ -22,9 +22,11 @@ from dataclasses import dataclass
 
 from dsforge.compiler.deepspeed.ds_settings import on_cpu
 from dsforge.compiler.estimate import flops
+from dsforge.compiler.estimate.lean import requested_kernels
 from dsforge.compiler.estimate.memo import bounded
 from dsforge.compiler.estimate.shares import kv_heads_per_rank
 from dsforge.compiler.estimate.stacks import StackProfile, profile_of
+from dsforge.compiler.model.lean_kernels import lean_kernels
 from dsforge.compiler.model.params import is_moe_layer, padded_vocab
 from dsforge.compiler.model.resolved import ResolvedModel
 from dsforge.compiler.plan.plan import AnyPlan
@@ -133,15 +135,18 @@ def chunk_time(plan: AnyPlan, first_layer: int, layers: int, first: bool, last: 
     e = 4 if t.precision == "fp32" else 2
     tokens = t.micro_batch * model.seq_len / d.cp
     sp_div = d.tp if plan.spec.parallel.sequence_parallel and d.tp > 1 else 1
+    fused = last and "fused_loss" in lean_kernels(model, requested_kernels(plan), d.pp) \
+        if plan.spec.stack == "dsforge" else False
     return _chunk_time(model, d.tp, d.ep, sp_div, e, tokens, plan.spec.stack, t.recompute, r,
-                       flops.moe_phase(model, first_layer), layers, last)
+                       flops.moe_phase(model, first_layer), layers, last, fused)
 
 
 @bounded(maxsize=4096)
 def _chunk_time(model: ResolvedModel, tp: int, ep: int, sp_div: int, e: int, tokens: float, stack: str,
-                recompute: str, r: Rates, phase: int, layers: int, last: bool) -> ChunkTime:
+                recompute: str, r: Rates, phase: int, layers: int, last: bool, fused_loss: bool = False) -> ChunkTime:
     """`chunk_time` from what it reads: the layers from period ``phase`` (`flops.moe_phase`) are summed one by
-    one, the order the per-chunk sum always had, so the seconds are the same floats."""
+    one, the order the per-chunk sum always had, so the seconds are the same floats (``fused_loss``: dsforge's
+    fused loss recomputes the head's logits in backward, dsforge/runtime/kernels/fused_ce.py)."""
     prof = profile_of(stack)
     fwd = bwd = attn = 0.0
     cache: dict[bool, tuple[float, float, float]] = {}
@@ -163,5 +168,5 @@ def _chunk_time(model: ResolvedModel, tp: int, ep: int, sp_div: int, e: int, tok
         head = _gemm(tokens, model.hidden, vocab, e, r)
         loss = tokens * vocab * prof.ce_bytes / r.memory_Bps
         fwd += head + loss / 2
-        bwd += 2 * head + loss / 2
+        bwd += 2 * head + loss / 2 + (head if fused_loss else 0.0)
     return ChunkTime(fwd * r.slowdown, bwd * r.slowdown, attn * r.slowdown)

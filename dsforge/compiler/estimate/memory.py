@@ -24,6 +24,7 @@ from functools import cached_property
 
 from dsforge.compiler.deepspeed.ds_settings import emitted_checkpointing_block, on_cpu
 from dsforge.compiler.estimate import activations as act
+from dsforge.compiler.estimate.lean import lean_note, stack_kernels
 from dsforge.compiler.estimate.memo import bounded, plan_memo
 from dsforge.compiler.estimate.model_states import ModelStates, megatron_states, model_states
 from dsforge.compiler.estimate.shares import RankParams, chunk_table, kind_table, stage_share
@@ -106,7 +107,7 @@ def _activation_shape(plan: AnyPlan) -> act.ActivationShape:
     return act.ActivationShape(
         micro_batch=t.micro_batch, seq_len=plan.model.seq_len, tp=plan.degrees.tp, cp=plan.degrees.cp,
         sequence_parallel=p.sequence_parallel and plan.degrees.tp > 1,
-        element_bytes=4 if t.precision == "fp32" else 2, kernels=profile_of(plan.spec.stack).kernels,
+        element_bytes=4 if t.precision == "fp32" else 2, kernels=stack_kernels(plan),
         partition_checkpoints=partitions_checkpoints(plan),
         experts_split=profile_of(plan.spec.stack).experts_split_over_tp)
 
@@ -304,8 +305,7 @@ def estimate_memory(plan: AnyPlan) -> MemoryEstimate:
                                   host=dict(same.host), moments={k: dict(v) for k, v in same.moments.items()}))
     stack = plan.spec.stack
     notes = (f"reserve: {'CPU 0.45 GB' if on_cpu(plan) else 'GPU 2 GB + 5 % fragmentation'}",
-             "activations: dsforge's HF models (SDPA flash attention, no dropout, HF norms and activations)"
-             if stack == "dsforge" else
+             lean_note(plan) if stack == "dsforge" else
              f"stack {stack}: TE flash attention, fused norms/SwiGLU/GELU, fused vocab-parallel cross-entropy, "
              "no pipeline output buffers, experts split over TP, distributed optimizer (zero: 1)")
     out = MemoryEstimate(stages, plan.spec.hardware.accelerator.memory_gb * 1e9, m, notes)

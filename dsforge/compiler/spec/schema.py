@@ -378,6 +378,19 @@ class CheckpointSpec(Section):
     resume: Literal["auto", "never"] = field(Choice("auto", "never"), "auto", "auto: resume from the latest checkpoint.")
 
 
+class KernelsSpec(Section):
+    """dsforge's lean runtime kernels (dsforge.compiler.model.lean_kernels): auto runs each where it is exact for the
+    model's family, true requires it (refused where it is not: DSF050), false runs the plain HF modules."""
+
+    fused_loss: bool | str = field(AnyOf(Bool(), Choice("auto")), "auto",
+                                   "Fused, chunked LM head + cross entropy: no full-vocabulary fp32 logits.")
+    swiglu: bool | str = field(AnyOf(Bool(), Choice("auto")), "auto",
+                               "SwiGLU that saves only gate and up (dense MLPs, shared experts, routed experts at ep > 1).")
+    gelu: bool | str = field(AnyOf(Bool(), Choice("auto")), "auto", "GPT-2's gelu_new that saves only its input.")
+    norm: bool | str = field(AnyOf(Bool(), Choice("auto")), "auto",
+                             "HF's RMSNorm saving only its input and an fp32 rstd (no fp32 copy).")
+
+
 class TrainingSpec(Section):
     """Batch sizes, precision, recomputation, optimizer, schedule, data and checkpoints."""
 
@@ -400,6 +413,7 @@ class TrainingSpec(Section):
     data: DataSpec = section(DataSpec, "Training data.")
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Checkpoint directory, interval and resume.")
     monitor: MonitorSpec = section(MonitorSpec, "TensorBoard, CSV and wandb logging through DeepSpeed's monitor.")
+    kernels: KernelsSpec = section(KernelsSpec, "dsforge's lean runtime kernels (stack dsforge), each auto/true/false.")
 
 
 

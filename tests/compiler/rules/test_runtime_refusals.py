@@ -82,6 +82,9 @@ NOT_A_LAYOUT: dict[str, str] = {
     "datasets/tokenize_cache.py:_build:DataError": "data content: every document empty",
     "datasets/tokenizer.py:_eos:DataError": "tokenizer content: no end-of-text token",
     "datasets/__init__.py:require_document_masks:DataError": "the environment: transformers < 4.54 where it runs",
+    "kernels/loss.py:check_fused_head:FusedLossError": "a model.factory module whose LM head or logit config is not "
+                                                        "its arch's (only the built module shows it; the message "
+                                                        "names training.kernels.fused_loss: false)",
     "main.py:load:JobDirError": "job directory: plan.json unreadable or from another dsforge version",
     "main.py:_stopped:exc": "re-raises the exception that stopped the rank",
     "versions.py:require_deepspeed:UnsupportedVersionError": "environment: the installed DeepSpeed version",
