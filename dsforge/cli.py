@@ -185,8 +185,13 @@ def compile_job(file: str, out: str, force: bool, fmt: str, no_rewrite: bool, se
     """
     from dsforge.compiler.emit.compile import TargetError, compile_file
     from dsforge.formatters import get
+    from dsforge.runtime.run_lock import release_all
 
+    click.get_current_context().call_on_close(release_all)
     try:
+        from dsforge.runtime.preflight import lock_for_compile
+
+        lock_for_compile(out)  # a directory a run is using is never replaced under it (--force included)
         result = compile_file(file, out, force, rewrite=not no_rewrite, selection=_selection(select, ignore))
     except TargetError as exc:
         click.echo(f"dsforge compile: {exc}", err=True)
@@ -393,6 +398,9 @@ def run_job(file: str, out: str | None, fresh: bool) -> None:
     """
     from dsforge import runner
     from dsforge.runner import INSTALL_HINT, RunError, launch, missing_runtime, prepare, unsupported_deepspeed
+    from dsforge.runtime.run_lock import release_all
+
+    click.get_current_context().call_on_close(release_all)  # the directory locks end with the command
 
     missing = missing_runtime()
     if missing:
@@ -414,6 +422,10 @@ def run_job(file: str, out: str | None, fresh: bool) -> None:
             click.echo(f"dsforge run: {verb} {prepared.job_dir}", err=True)
         for note in prepared.notes:
             click.echo(f"dsforge run: note: {note}", err=True)
+        from dsforge.runtime.preflight import before_launch
+
+        for line in before_launch(prepared.job_dir):  # the checkpoint directory's lock, free space, build locks
+            click.echo(f"dsforge run: {line}", err=True)
         code = launch(prepared.job_dir)
     except RunError as exc:
         click.echo(exc.report, nl=False)

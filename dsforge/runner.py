@@ -42,7 +42,8 @@ class RunError(Exception):
 #: length of the run (the data stream is a pure function of the step, so more steps just read on),
 #: the save interval, and how the job is started (interpreter, launcher settings).
 CONTINUABLE_JOB_KEYS: tuple[tuple[str, ...], ...] = (("training", "steps"), ("training", "checkpoint", "every"),
-                                                     ("launch",))
+                                                     ("launch",), ("training", "checkpoint", "keep"),
+                                                     ("training", "checkpoint", "if_damaged"))
 #: DeepSpeed config keys that only log or monitor (in ds_config.json and in the job's `deepspeed:` overrides).
 LOGGING_DS_KEYS = ("steps_per_print", "wall_clock_breakdown", "dump_state", "tensorboard", "wandb", "csv_monitor",
                    "comet", "flops_profiler")
@@ -210,10 +211,15 @@ def prepare(file: str, out: str | None, fresh: bool) -> Prepared:
             refuse_working_directory(Path(out))  # --fresh would delete it, a rewrite would mix a job into it
         except TargetError as exc:
             raise RunError(str(exc)) from None
+    from dsforge.runtime.preflight import lock_for_run
+
+    if out:
+        lock_for_run(Path(out).resolve())  # before anything is written there (dsforge.runtime.run_lock)
     scratch = Path(out).resolve().parent if out else Path("runs").resolve()
     tmp, report = _compile(file, scratch)
     name = json.loads((tmp / "plan.json").read_text(encoding="utf-8"))["name"]
     target = Path(out).resolve() if out else scratch / _slug(name)
+    lock_for_run(target)  # the default directory is known once the job's name is (a no-op with -o)
     try:
         if target.exists() and any(target.iterdir()):
             if not _is_job_dir(target):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsforge.compiler.rewrite_policies import format_description
+from dsforge.explain.checkpoint_text import checkpoint_rows
 from dsforge.explain.units import count, gb, pct, plural, rate, seconds, table
 
 #: Memory components in display order (others the estimate adds are appended).
@@ -53,7 +54,7 @@ def summary_section(s: dict[str, Any]) -> Section:
                               f"({count(t['train_steps'])} steps)")],
             ["memory peak", (f"{gb(mem['peak_bytes'])} on stage {mem['peak_stage']} (rank {mem['peak_rank']}), "
                             f"{pct(mem['utilization'])} of {gb(mem['capacity_bytes'])}")],
-            _params_row(s["params"])]
+            _params_row(s["params"]), *checkpoint_rows(s)]
     note = (f"assumption: kernels reach {t['achievable_fraction']:.2f} of peak "
             f"({t['achievable_fraction_source']})")
     return Section("Summary", ["quantity", "estimate"], rows, notes=[note, *pace_note(s["pipeline"])])

@@ -112,6 +112,13 @@ def _params(plan: Plan) -> dict[str, Any]:
             "per_gpu_by_stage": [{"stage": s, "dense": x.dense, "expert": x.expert} for s, x in enumerate(shares)]}
 
 
+def checkpoint_summary(plan: Plan) -> dict[str, Any]:
+    """The `checkpoint` section (dsforge.compiler.estimate.checkpoint_size)."""
+    from dsforge.compiler.estimate.checkpoint_size import checkpoint_summary as section
+
+    return section(plan)
+
+
 def summarize(plan: Plan, tokens: float | None = None, step: StepTime | None = None,
               memory: MemoryEstimate | None = None) -> dict[str, Any]:
     """The JSON-ready estimate of a valid plan; ``tokens`` sets the training horizon (default: steps x batch)."""
@@ -135,4 +142,5 @@ def summarize(plan: Plan, tokens: float | None = None, step: StepTime | None = N
         "communication": {"stage": step.critical_stage, "collectives": rows, "exposed_s": dict(step.comm_s)},
         "pipeline": _pipeline(plan, step),
         "time": _time(plan, step, tokens),
+        "checkpoint": checkpoint_summary(plan),  # disk bytes of one checkpoint and of the retention (issue 26)
     }
