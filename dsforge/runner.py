@@ -339,12 +339,19 @@ def launch(job_dir: Path) -> int:
     clear(job_dir)  # the ranks' status files describe this launch only
     # No PATH changes: launch.sh names its interpreter (the one that compiled it, or launch.python), so
     # `dsforge run` starts exactly what `./launch.sh` starts.
-    proc = subprocess.Popen(["bash", str(job_dir / "launch.sh")])
+    from dsforge.launcher_output import start_relay
+
+    # stderr through dsforge (dsforge.launcher_output): torchrun's ChildFailedError block must not follow the report.
+    proc = subprocess.Popen(["bash", str(job_dir / "launch.sh")], stderr=subprocess.PIPE)
+    relay = start_relay(proc.stderr)
     try:
         return proc.wait()
     except KeyboardInterrupt as exc:
         _stop(proc, terminated=isinstance(exc, Terminated))
         raise
+    finally:
+        if relay is not None:
+            relay.join(timeout=10)  # the ranks may hold the pipe a moment longer than the launcher
 
 
 def _stop(proc: subprocess.Popen[bytes], terminated: bool) -> None:

@@ -203,6 +203,10 @@ sys.meta_path.insert(0, SlowClick())
 """
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("how", ["console-script", "python-m"])
 def test_ctrl_c_during_start_up_imports_exits_130_without_a_traceback(tmp_path: Path, how: str) -> None:
     script = Path(sys.executable).parent / "dsforge"
@@ -213,8 +217,10 @@ def test_ctrl_c_during_start_up_imports_exits_130_without_a_traceback(tmp_path: 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
            "MARK": str(mark)}
     cmd = [str(script)] if how == "console-script" else [sys.executable, "-m", "dsforge"]
+    # A suite started in the background or under nohup inherits SIGINT ignored, and so would the child (Python
+    # then installs no KeyboardInterrupt handler): give it the default disposition a terminal's command has.
     proc = subprocess.Popen([*cmd, "validate", str(example_path("tiny-tp2-dp2"))], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
     deadline = time.monotonic() + 60
     while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)

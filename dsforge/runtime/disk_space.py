@@ -1,9 +1,10 @@
 """A checkpoint save that runs out of disk space (ENOSPC, EDQUOT) ends with one line, its partial tag removed.
 
 torch.save reports a short write as ``RuntimeError: ... unexpected pos N vs M`` (PyTorchStreamWriter)
-and DeepSpeed passes it on; the errno is lost on the way. A failure inside a save counts as a full
-disk when an errno in its chain is ENOSPC or EDQUOT, or when it is such a short write (nothing else
-makes a local write come up short). The line names the checkpoint, the bytes it needed (the size of
+and DeepSpeed passes it on; safetensors as ``SafetensorError: ... No space left on device (os error
+28)``; the errno is lost on the way. A failure inside a save counts as a full disk when an errno in
+its chain is ENOSPC or EDQUOT, or its message is such a short write or names one of them (nothing
+else makes a local write come up short). The line names the checkpoint, the bytes it needed (the size of
 the previous complete checkpoint, measured from its manifest, else the cost model's figure from
 plan.json) and the free space left; ``latest`` still names the last complete checkpoint.
 """
@@ -26,7 +27,8 @@ class DiskFullError(CheckpointError):
 
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-SHORT_WRITE_MARKS = ("unexpected pos", "No space left", "Disk quota exceeded", "PytorchStreamWriter failed writing")
+SHORT_WRITE_MARKS = ("unexpected pos", "No space left on device", "Disk quota exceeded", "os error 28)",
+                     "os error 122)", "PytorchStreamWriter failed writing")
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -37,7 +39,7 @@ def is_disk_full(exc: BaseException) -> bool:
         seen.add(id(cur))
         if isinstance(cur, OSError) and cur.errno in FULL_ERRNOS:
             return True
-        if isinstance(cur, RuntimeError) and any(m in str(cur) for m in SHORT_WRITE_MARKS):
+        if any(m in str(cur) for m in SHORT_WRITE_MARKS):  # safetensors' SafetensorError is no OSError
             return True
         cur = cur.__cause__ or cur.__context__
     return False

@@ -9,7 +9,9 @@ The lock is ``fcntl.flock`` on a small file (``.<job dir name>.dsforge-lock`` be
 so that a compile replacing the directory as a whole, or ``--fresh`` deleting it, keeps it;
 ``.dsforge-lock`` inside a checkpoint directory). The kernel drops it when its holder exits however
 it exits (SIGKILL, a crash, a node reboot), so a crashed run never leaves a lock that blocks the next;
-the file's text (pid, host, start time) only names the holder. A file whose text names a process that
+the file's text (pid, host, start time) only names the holder. A clean exit deletes the file (while
+still holding the lock; a process that opened it meanwhile sees that the path now names another
+file, or none, and locks again), so only a crash leaves one: a file whose text names a process that
 is no longer running, with no lock held on it, is taken over and the takeover is said.
 
 Network file systems: on NFS (v4, or v3 with lockd) Linux maps flock onto POSIX byte-range locks,
@@ -52,9 +54,9 @@ class Lock:
     took_over: str = ""
 
     def release(self) -> None:
-        """Drop the lock (the file stays, marked released, so its text never names a live holder)."""
+        """Drop the lock and delete its file (while still holding it: see ``acquire`` for why that is safe)."""
         try:
-            os.ftruncate(self.fd, 0)
+            self.path.unlink()
         except OSError:
             pass
         os.close(self.fd)
@@ -102,21 +104,18 @@ def acquire(path: Path, what: str, command: str, how_to_proceed: str) -> Lock:
     path = Path(os.path.abspath(path))
     if path in _HELD:
         return _HELD[path]
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise BusyError(f"cannot create the lock file {path} ({exc.strerror}); {what} needs a writable parent "
-                        "directory") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        text = _read(fd)
+    for _ in range(20):
+        fd = _locked_fd(path, what, how_to_proceed)
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        # The holder deleted the file as it released it, after this process opened it: lock the new one.
         os.close(fd)
-        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise BusyError(f"cannot lock {path} ({exc.strerror}); the file system of {what} must support "
-                            "locks (docs/runtime.md, 'One run per job directory')") from None
-        raise BusyError(f"DSF612: {what} is in use by another dsforge command: {describe(_holder(text))} "
-                        f"(lock {path}); {how_to_proceed}") from None
+    else:
+        raise BusyError(f"cannot lock {path}: it is deleted and re-created faster than it can be locked")
     previous = _holder(_read(fd))
     took_over = ""
     if previous and previous.get("pid") is not None:
@@ -132,6 +131,26 @@ def acquire(path: Path, what: str, command: str, how_to_proceed: str) -> Lock:
     lock = Lock(path, fd, took_over)
     _HELD[path] = lock
     return lock
+
+
+def _locked_fd(path: Path, what: str, how_to_proceed: str) -> int:
+    """``path`` opened (created if needed) and flock-ed; BusyError naming the holder when another process has it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise BusyError(f"cannot create the lock file {path} ({exc.strerror}); {what} needs a writable parent "
+                        "directory") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        text = _read(fd)
+        os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise BusyError(f"cannot lock {path} ({exc.strerror}); the file system of {what} must support "
+                            "locks (docs/runtime.md, 'One run per job directory')") from None
+        raise BusyError(f"DSF612: {what} is in use by another dsforge command: {describe(_holder(text))} "
+                        f"(lock {path}); {how_to_proceed}") from None
+    return fd
 
 
 def _read(fd: int) -> str:

@@ -152,7 +152,8 @@ class FullDisk(Engine):
 
 @pytest.mark.parametrize("exc", [RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 6049088 "
                                               "vs 6048976"), OSError(errno.ENOSPC, "No space left on device"),
-                                 OSError(errno.EDQUOT, "Disk quota exceeded")])
+                                 OSError(errno.EDQUOT, "Disk quota exceeded"),
+                                 ValueError("Error while serializing: I/O error: No space left on device (os error 28)")])
 def test_a_full_disk_inside_a_save_is_one_line_and_leaves_latest(tmp_path: Path, exc: BaseException) -> None:
     p = policy(tmp_path)
     ckpt.save(BigEngine(), p, 1)
