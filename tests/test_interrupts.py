@@ -203,10 +203,6 @@ sys.meta_path.insert(0, SlowClick())
 """
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.parametrize("how", ["console-script", "python-m"])
 def test_ctrl_c_during_start_up_imports_exits_130_without_a_traceback(tmp_path: Path, how: str) -> None:
     script = Path(sys.executable).parent / "dsforge"
@@ -218,9 +214,14 @@ def test_ctrl_c_during_start_up_imports_exits_130_without_a_traceback(tmp_path: 
            "MARK": str(mark)}
     cmd = [str(script)] if how == "console-script" else [sys.executable, "-m", "dsforge"]
     # A suite started in the background or under nohup inherits SIGINT ignored, and so would the child (Python
-    # then installs no KeyboardInterrupt handler): give it the default disposition a terminal's command has.
-    proc = subprocess.Popen([*cmd, "validate", str(example_path("tiny-tp2-dp2"))], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+    # then installs no KeyboardInterrupt handler): give it the default disposition a terminal's command has. An
+    # ignored signal stays ignored across exec, a handled one is reset to the default, so handle it while starting.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([*cmd, "validate", str(example_path("tiny-tp2-dp2"))], env=env, cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 60
     while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
