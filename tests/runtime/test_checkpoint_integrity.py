@@ -45,7 +45,7 @@ def test_every_commit_writes_a_manifest_of_every_file(tmp_path: Path) -> None:
     p = policy(tmp_path)
     ckpt.save(BigEngine(), p, 1)
     doc = json.loads((p.directory / "step1" / manifest.MANIFEST).read_text())
-    assert doc["algorithm"] == "blake2b-256"
+    assert doc["algorithm"] == manifest.XXH3  # xxhash comes with the runtime extra
     assert set(doc["files"]) == {"mp_rank_00_model_states.pt", "optim_states.pt", ckpt.COMMIT}
     assert doc["files"]["optim_states.pt"]["size"] == 256 * 64
     assert not list((p.directory / "step1").glob(".rank*.digests.json"))  # shares merged and removed
@@ -87,6 +87,19 @@ def test_fall_back_skips_damaged_checkpoints_to_the_newest_intact_one(
     flip(p.directory / "step1" / "optim_states.pt")
     with pytest.raises(manifest.DamagedCheckpoint, match="no older checkpoint there is intact"):
         ckpt.resume(engine, p)
+
+
+def test_without_xxhash_the_manifest_is_blake2b_and_still_catches_a_flip(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(manifest, "default_algorithm", lambda: manifest.BLAKE2B)
+    p, engine = policy(tmp_path), BigEngine()
+    ckpt.save(engine, p, 1)
+    doc = json.loads((p.directory / "step1" / manifest.MANIFEST).read_text())
+    assert doc["algorithm"] == manifest.BLAKE2B and len(doc["files"][ckpt.COMMIT]["digest"]) == 64
+    monkeypatch.undo()  # the check follows the manifest's algorithm, not the installed default
+    assert manifest.check(p.directory / "step1") == []
+    flip(p.directory / "step1" / "optim_states.pt", 5)
+    assert "differs from its digest" in manifest.check(p.directory / "step1")[0]
 
 
 def test_a_checkpoint_without_a_manifest_loads_with_a_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,7 +23,7 @@ report_id("DSF614", "the checkpoint file system holds what the retention needs",
           "space at start (explain's `checkpoint on disk`); with keep: all the shortfall is a warning.", _SRC)
 report_id("DSF615", "a checkpoint's files match its manifest",
           "A flipped byte in a checkpoint loads silently and trains from damaged weights (the loss jumps by orders "
-          "of magnitude). Every committed checkpoint carries each file's size and BLAKE2b digest; a resume and an "
+          "of magnitude). Every committed checkpoint carries each file's size and digest (XXH3-128); a resume and an "
           "export check them first and refuse naming the file, or, with training.checkpoint.if_damaged: "
           "fall_back, resume from the newest intact checkpoint.", _SRC)
 report_id("DSF616", "a save that runs out of disk space says so",
