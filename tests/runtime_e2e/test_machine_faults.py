@@ -54,6 +54,13 @@ def run(args: list[str], capfd: pytest.CaptureFixture[str]) -> tuple[int, str]:
     return result.exit_code, result.output + out + err
 
 
+def assert_checkpoint_size(job_dir: Path, tag_dir: Path) -> None:
+    """explain's `checkpoint on disk` (plan.json's summary.checkpoint) within 5 % of the real checkpoint's bytes."""
+    planned = json.loads((job_dir / "plan.json").read_text())["summary"]["checkpoint"]["bytes_total"]
+    real = sum(p.stat().st_size for p in tag_dir.rglob("*") if p.is_file())
+    assert abs(planned - real) / real < 0.05, (tag_dir, planned, real)
+
+
 def snapshot(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
@@ -153,10 +160,7 @@ def test_a_damaged_checkpoint_is_refused_or_falls_back_and_keep_leaves_two(
     assert tags(ck) == ["latest", "step3", "step4"]  # keep: 2
     losses = {e["step"]: e["loss"] for e in logged(job_dir)}
 
-    # explain's figure against the real checkpoint (the plan.json copy inside it is part of both).
-    planned = json.loads((job_dir / "plan.json").read_text())["summary"]["checkpoint"]["bytes_total"]
-    real = sum(p.stat().st_size for p in (ck / "step4").rglob("*") if p.is_file())
-    assert abs(planned - real) / real < 0.05, (planned, real)
+    assert_checkpoint_size(job_dir, ck / "step4")
 
     write_job(tmp_path / "job.yaml", "damaged", steps=6, every=1, keep=2)
     model = ck / "step4" / "mp_rank_00_model_states.pt"
