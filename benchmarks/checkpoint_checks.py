@@ -30,16 +30,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.build_memory import LAYOUTS, MODEL  # noqa: E402
+from benchmarks.build_memory import LAYOUTS, MODEL
 
 GIB = 1 << 30
 
 
 def _plan(layout: dict[str, int]):  # type: ignore[no-untyped-def]
+    import yaml
+
     from dsforge.compiler.parse import load_job
     from dsforge.compiler.plan import build_plan
-
-    import yaml
 
     doc = {"version": 1, "name": "bench-1b", "model": dict(MODEL), "hardware": {"preset": "cpu-local", "gpus_per_node": 2},
            "parallel": dict(layout), "training": {"global_batch": 2, "micro_batch": 1, "precision": "bf16",
@@ -62,8 +62,7 @@ def _digest_rates(folder: Path, gib: float) -> dict[str, tuple[float, float]]:
     out = {}
     try:
         with open(path, "wb") as fh:
-            for _ in range(size // len(block)):
-                fh.write(block)
+            fh.writelines(block for _ in range(size // len(block)))
             fh.flush()
             os.fsync(fh.fileno())
         for algorithm in (XXH3, BLAKE2B):
@@ -122,7 +121,8 @@ def main() -> int:
         lock_s = _per_call(lock_once)
         space_s = _per_call(lambda: free_bytes(Path(tmp)))
         scan_s = _per_call(lambda: preflight.build_lock_check(Path(tmp)))
-    print(f"load: {open('/proc/loadavg').read().split()[:3]} (1, 5, 15 min), {os.cpu_count()} CPUs")
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    print(f"load: {load} (1, 5, 15 min), {os.cpu_count()} CPUs")
     for algorithm, (cold, warm) in rates.items():
         print(f"{algorithm} over a {args.gib:g} GiB file in {folder}: {cold:.2f} s/GiB cold (page cache dropped), "
               f"{warm:.2f} s/GiB warm")
