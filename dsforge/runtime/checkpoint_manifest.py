@@ -101,7 +101,7 @@ def digest(path: Path, algorithm: str = BLAKE2B) -> str:
             if not n:
                 break
             h.update(view[:n])
-    return h.hexdigest()
+    return str(h.hexdigest())
 
 
 def share(sizes: dict[str, int], rank: int, world: int) -> list[str]:

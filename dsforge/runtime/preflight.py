@@ -133,7 +133,8 @@ def build_lock_check(root: Path | None = None, now: float | None = None) -> list
     root = root or extensions_root()
     now = time.time() if now is None else now
     locks = sorted({*root.glob("*/lock"), *root.glob("*/*/lock")})
-    stale, young = [], []
+    stale: list[tuple[Path, float]] = []
+    young: list[tuple[Path, float]] = []
     for lock in locks:
         try:
             age = now - lock.stat().st_mtime

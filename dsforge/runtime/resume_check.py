@@ -42,7 +42,7 @@ def problems_of(tag_dir: Path) -> list[str] | None:
 
     rank, world = _rank_world()
     try:
-        local = [] if read_manifest(tag_dir) is not None else None
+        local: list[str] | None = [] if read_manifest(tag_dir) is not None else None
         if local is not None:
             local = check_share(tag_dir, rank, world)
     except DamagedCheckpoint as exc:
