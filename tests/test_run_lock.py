@@ -125,7 +125,29 @@ def test_a_stale_build_lock_is_refused_naming_the_file(tmp_path: Path) -> None:
     lock.parent.mkdir(parents=True)
     lock.touch()
     now = time.time()
-    assert "another start is building" in preflight.build_lock_check(tmp_path, now)[0]
-    with pytest.raises(preflight.PreflightError, match=rf"DSF617: {lock}: .*rm {lock}$"):
-        preflight.build_lock_check(tmp_path, now + preflight.STALE_BUILD_LOCK_S + 60)
+    assert "another start is building" in preflight.build_lock_check(tmp_path, now)[0]  # just taken
+    with pytest.raises(preflight.PreflightError, match=rf"DSF617: {lock}: .*no process works in its build.*rm {lock}$"):
+        preflight.build_lock_check(tmp_path, now + preflight.IDLE_BUILD_LOCK_S + 5)  # and nothing builds there
+    building = subprocess.Popen(["sleep", "60"], cwd=lock.parent)  # as ninja runs in the build directory
+    try:
+        assert "another start is building" in preflight.build_lock_check(tmp_path, now + 300)[0]
+        with pytest.raises(preflight.PreflightError, match="DSF617"):  # a build does not take 15 minutes
+            preflight.build_lock_check(tmp_path, now + preflight.STALE_BUILD_LOCK_S + 60)
+    finally:
+        building.kill()
+        building.wait()
     assert preflight.build_lock_check(tmp_path / "none", now) == []
+
+
+def test_dsforge_run_refuses_to_start_over_a_stale_build_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lock = tmp_path / "ext" / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    old = time.time() - preflight.STALE_BUILD_LOCK_S - 60
+    os.utime(lock, (old, old))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setattr(runner, "launch", lambda d: pytest.fail(f"launched {d}: it would wait for {lock} forever"))
+    (tmp_path / "job.yaml").write_text(GOOD)
+    ran = CliRunner().invoke(cli, ["run", str(tmp_path / "job.yaml"), "-o", str(tmp_path / "job")])
+    assert ran.exit_code == 2 and f"DSF617: {lock}" in ran.output and f"rm {lock}" in ran.output, ran.output
+    assert not run_lock.held()  # the command's locks ended with it

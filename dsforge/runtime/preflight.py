@@ -22,6 +22,8 @@ from typing import Any
 
 #: A lock file older than this is no build in progress (a CPU op builds in a minute or two).
 STALE_BUILD_LOCK_S = 15 * 60
+#: ... nor one this old that no process works beside (torch writes the ninja file, then ninja runs there).
+IDLE_BUILD_LOCK_S = 60
 
 
 class PreflightError(RuntimeError):
@@ -128,8 +130,33 @@ def extensions_root() -> Path:
     return Path(cache) / "torch_extensions"
 
 
+def _building(build_dir: Path) -> bool | None:
+    """Whether a process works in ``build_dir`` (ninja and the compiler run there); None when /proc cannot tell."""
+    target = str(build_dir.resolve())
+    seen_any = False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for pid in entries:
+        if not pid.isdigit():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue  # gone, or another user's
+        seen_any = True
+        if cwd == target or cwd.startswith(target + os.sep):
+            return True
+    return False if seen_any else None
+
+
 def build_lock_check(root: Path | None = None, now: float | None = None) -> list[str]:
-    """PreflightError (DSF617) for a build lock older than STALE_BUILD_LOCK_S; a note for a younger one."""
+    """PreflightError (DSF617) for a stale build lock; a note for one a build in progress holds.
+
+    Stale: no process works in its build directory and it is older than IDLE_BUILD_LOCK_S, or (where
+    /proc does not tell) it is older than STALE_BUILD_LOCK_S.
+    """
     root = root or extensions_root()
     now = time.time() if now is None else now
     locks = sorted({*root.glob("*/lock"), *root.glob("*/*/lock")})
@@ -140,11 +167,14 @@ def build_lock_check(root: Path | None = None, now: float | None = None) -> list
             age = now - lock.stat().st_mtime
         except OSError:
             continue
-        (stale if age > STALE_BUILD_LOCK_S else young).append((lock, age))
+        building = _building(lock.parent)
+        dead = (building is False and age > IDLE_BUILD_LOCK_S) or age > STALE_BUILD_LOCK_S
+        (stale if dead else young).append((lock, age))
     if stale:
         shown = " ".join(str(p) for p, _ in stale)
-        raise PreflightError(f"DSF617: {shown}: a build lock of torch's JIT compiler, left {stale[0][1] / 60:.0f} "
-                             "minutes ago by a run killed while it built a DeepSpeed op; every start would wait for "
-                             f"it forever. If no build is running on this machine, remove it: rm {shown}")
+        raise PreflightError(f"DSF617: {shown}: a build lock of torch's JIT compiler, left {stale[0][1]:.0f} s ago "
+                             "by a run killed while it built a DeepSpeed op (no process works in its build "
+                             "directory); every start would wait for it forever. If no build is running on this "
+                             f"machine, remove it: rm {shown}")
     return [f"note: {p} is a build lock of torch's JIT compiler ({age:.0f} s old): another start is building a "
             "DeepSpeed op, and this one waits until it finishes" for p, age in young]
