@@ -32,4 +32,5 @@ report_id("DSF616", "a save that runs out of disk space says so",
           "complete one.", _SRC)
 report_id("DSF617", "no stale torch_extensions build lock",
           "torch's JIT build of a DeepSpeed op leaves `<build dir>/lock` when it is killed, and every later start "
-          "on the machine waits for it forever; an old one is refused at start naming the file to remove.", _SRC)
+          "on the machine waits for it forever; one that no process works beside is refused at start naming the "
+          "file to remove.", _SRC)
