@@ -76,7 +76,10 @@ def validate(files: tuple[str, ...], fmt: str, strict: bool, output: str | None,
         raise click.UsageError("`-` (standard input) can be read only once; give it at most once")
     chosen = _selection(select, ignore)
     results = [validate_file(f, selection=chosen) for f in files]
-    diags = [d for r in results for d in r.diagnostics]
+    from dsforge.compiler.shared_checkpoints import shared_checkpoint_dirs
+
+    shared = shared_checkpoint_dirs(results)  # DSF613: files validated together, one checkpoint directory
+    diags = [d for r in results for d in r.diagnostics] + shared
     text = get(fmt)(diags)
     if output:
         problem = write_report(text, output)
@@ -87,7 +90,7 @@ def validate(files: tuple[str, ...], fmt: str, strict: bool, output: str | None,
         click.echo(text, nl=False)
     if any(r.unusable for r in results):
         sys.exit(EXIT_UNUSABLE)
-    failed = any(has_errors(r.diagnostics, strict or r.strict) for r in results)
+    failed = any(has_errors(r.diagnostics, strict or r.strict) for r in results) or bool(shared)
     sys.exit(EXIT_FINDINGS if failed else EXIT_CLEAN)
 
 

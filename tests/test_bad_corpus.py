@@ -48,6 +48,7 @@ NOT_FROM_A_JOB_FILE = {
     **{rid: "the machine a run meets (a busy directory, the disk, a damaged checkpoint, a build lock): "
             "tests/test_run_lock.py, tests/runtime/test_checkpoint_integrity.py, tests/runtime_e2e/test_machine_faults.py"
        for rid in ("DSF612", "DSF614", "DSF615", "DSF616", "DSF617")},
+    "DSF613": "two job files validated together (a cross-file check): tests/test_run_lock.py",
 }
 REGENERATE = "if the change is intended, run `python scripts/update_snapshots.py` and review the diff"
 

@@ -151,3 +151,19 @@ def test_dsforge_run_refuses_to_start_over_a_stale_build_lock(tmp_path: Path, mo
     ran = CliRunner().invoke(cli, ["run", str(tmp_path / "job.yaml"), "-o", str(tmp_path / "job")])
     assert ran.exit_code == 2 and f"DSF617: {lock}" in ran.output and f"rm {lock}" in ran.output, ran.output
     assert not run_lock.held()  # the command's locks ended with it
+
+
+def test_two_job_files_validated_together_must_not_share_a_checkpoint_dir(tmp_path: Path) -> None:
+    shared = tmp_path / "shared-ckpt"
+    for name in ("a", "b", "c"):
+        directory = shared if name != "c" else tmp_path / "own"
+        text = GOOD.replace("lock-job", f"job-{name}").replace("steps: 2}", f"steps: 2, checkpoint: {{dir: {directory}}}}}")
+        (tmp_path / f"{name}.yaml").write_text(text)
+    both = CliRunner().invoke(cli, ["validate", str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml"),
+                                    str(tmp_path / "c.yaml")])
+    assert both.exit_code == 1, both.output
+    lines = [x for x in both.output.splitlines() if "DSF613" in x]
+    assert len(lines) == 2 and lines[0].startswith(f"{tmp_path / 'a.yaml'}:5:") and str(tmp_path / "b.yaml") in lines[0]
+    assert lines[1].startswith(f"{tmp_path / 'b.yaml'}:5:") and str(tmp_path / "a.yaml") in lines[1]
+    alone = CliRunner().invoke(cli, ["validate", str(tmp_path / "a.yaml"), str(tmp_path / "c.yaml")])
+    assert alone.exit_code == 0 and "DSF613" not in alone.output, alone.output

@@ -1,6 +1,6 @@
 """DSF612-DSF617: faults of the machine a run meets: a busy job directory, the disk, a damaged checkpoint.
 
-None of these can come from a job file alone: `dsforge run` reports DSF612, DSF614 and DSF617 before
+None of these can come from a job file alone (DSF613 compares the job files validated together): `dsforge run` reports DSF612, DSF614 and DSF617 before
 any rank starts (dsforge.runtime.preflight, dsforge.runtime.run_lock), a rank reports DSF615 when it
 resumes (dsforge.runtime.resume_check) and DSF616 when a save runs out of space
 (dsforge.runtime.disk_space); `dsforge export` reports DSF615 too.
@@ -17,6 +17,11 @@ report_id("DSF612", "one run per job directory and per checkpoint directory",
           "both report success. `dsforge run` and `dsforge compile --force` hold an OS lock (flock) beside the job "
           "directory, and `dsforge run` one in a checkpoint directory outside it; a second command is refused "
           "naming the holder's pid, host and start time. A lock whose holder died is free again.", _SRC)
+report_id("DSF613", "two jobs do not share one checkpoint directory",
+          "Two jobs writing one training.checkpoint.dir resume from and write over each other's checkpoints. "
+          "`dsforge validate` refuses two job files given together that name the same directory "
+          "(dsforge/compiler/shared_checkpoints.py); `dsforge run` refuses a second job on a checkpoint directory "
+          "in use (its lock, DSF612) in any case.", _SRC)
 report_id("DSF614", "the checkpoint file system holds what the retention needs",
           "A save that finds the disk full loses the interval of training since the previous one. With "
           "training.checkpoint.keep: N, the N complete checkpoints and the one being saved must fit in the free "
