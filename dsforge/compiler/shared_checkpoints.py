@@ -27,10 +27,10 @@ def shared_checkpoint_dirs(results: Sequence[Any]) -> list[Diagnostic]:
     for r in results:
         if r.job is None:
             continue
-        directory = Path(r.job.spec.training.checkpoint.dir).expanduser()
-        if not directory.is_absolute():
+        written = Path(r.job.spec.training.checkpoint.dir).expanduser()
+        if not written.is_absolute():
             continue  # inside the job's own directory
-        by_dir.setdefault(os.path.normpath(directory), []).append(r)
+        by_dir.setdefault(os.path.normpath(written), []).append(r)
     out = []
     for directory, group in by_dir.items():
         files = {os.path.abspath(r.file) for r in group}
