@@ -54,7 +54,8 @@ def summary_section(s: dict[str, Any]) -> Section:
                               f"({count(t['train_steps'])} steps)")],
             ["memory peak", (f"{gb(mem['peak_bytes'])} on stage {mem['peak_stage']} (rank {mem['peak_rank']}), "
                             f"{pct(mem['utilization'])} of {gb(mem['capacity_bytes'])}")],
-            _params_row(s["params"]), *checkpoint_rows(s)]
+            *checkpoint_rows(s),
+            _params_row(s["params"])]
     note = (f"assumption: kernels reach {t['achievable_fraction']:.2f} of peak "
             f"({t['achievable_fraction_source']})")
     return Section("Summary", ["quantity", "estimate"], rows, notes=[note, *pace_note(s["pipeline"])])
