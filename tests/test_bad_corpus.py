@@ -47,6 +47,11 @@ NOT_FROM_A_JOB_FILE = {
     "DSF699": "the emitter or a plugin launch target failing: tests/commands/test_compile_refusals.py",
     "DSF701": "a broken plugin installation: tests/plugins/test_fixture_plugin.py",
     "DSF900": "a crashing rule: tests/compiler/rules/test_rules.py",
+    **{rid: "the machine a run meets (a busy directory, the disk, a damaged checkpoint, a build lock): "
+            "tests/runtime/test_run_lock.py, tests/runtime/test_checkpoint_integrity.py, "
+            "tests/runtime_e2e/test_machine_faults.py"
+       for rid in ("DSF612", "DSF614", "DSF615", "DSF616", "DSF617")},
+    "DSF613": "two job files validated together (a cross-file check): tests/runtime/test_run_lock.py",
 }
 REGENERATE = "if the change is intended, run `python scripts/update_snapshots.py` and review the diff"
 
@@ -121,5 +126,8 @@ def test_update_script_writes_the_stored_format_over_every_fixture() -> None:
     module = load_script(ROOT / "scripts" / "update_snapshots.py", "update_snapshots")
     assert module.fixture_names() == FIXTURES
     assert module.render(SNAPSHOT) == (BAD / "expected.json").read_text(encoding="utf-8")
-    name = "dsf010-extends-cycle-a.yaml"
-    assert module.diagnose(name) == [["DSF010", 2, "dsf010-extends-cycle-b.yaml"]]  # the far end of the cycle
+    # A diagnostic in another file than the fixture names that file (a preset file's own line)...
+    name = "dsf304-preset-file-extra-section.yaml"
+    assert module.diagnose(name) == [["DSF304", 8, "dsf304-preset-file-extra-section.yml"]]
+    # ...and an `extends` cycle is the job file's own `extends:` line, the far end named in the message (issue 26).
+    assert module.diagnose("dsf010-extends-cycle-a.yaml") == [["DSF010", 2]]

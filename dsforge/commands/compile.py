@@ -116,9 +116,13 @@ def command(file: str, out: str, force: bool, fmt: str, no_rewrite: bool, select
     import click
 
     from dsforge.commands import EXIT_FINDINGS, EXIT_UNUSABLE
+    from dsforge.commands.preflight import lock_for_compile
     from dsforge.formatters import get
+    from dsforge.runtime.run_lock import release_all
 
+    click.get_current_context().call_on_close(release_all)
     try:
+        lock_for_compile(out)  # a directory a run is using is never replaced under it (--force included)
         result = compile_file(file, out, force, rewrite=not no_rewrite, selection=selection)
     except TargetError as exc:
         click.echo(f"dsforge compile: {exc}", err=True)

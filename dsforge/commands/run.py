@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsforge.commands.run_error import RunError
 from dsforge.compiler.plan.resume_layout import flat_leaves
 
 RUNTIME_MODULES = ("torch", "deepspeed", "transformers")
@@ -30,19 +31,12 @@ INSTALL_HINT = ("pip install torch==2.13.0 (the CPU build: pip install torch==2.
                 "https://download.pytorch.org/whl/cpu), then pip install 'dsforge[runtime]'")
 
 
-class RunError(Exception):
-    """`dsforge run` cannot start the job; ``code`` is the CLI exit code (1 job or run failed, 2 unusable)."""
-
-    def __init__(self, message: str, code: int = 2, report: str = "") -> None:
-        super().__init__(message)
-        self.code, self.report = code, report
-
-
 #: Keys of plan.json's ``job`` that do not change what a checkpoint holds or how it is read back: the
 #: length of the run (the data stream is a pure function of the step, so more steps just read on),
 #: the save interval, and how the job is started (interpreter, launcher settings).
 CONTINUABLE_JOB_KEYS: tuple[tuple[str, ...], ...] = (("training", "steps"), ("training", "checkpoint", "every"),
-                                                     ("launch",), ("training", "monitor"))
+                                                     ("launch",), ("training", "monitor"), ("training", "checkpoint", "keep"),
+                                                     ("training", "checkpoint", "if_damaged"))
 #: DeepSpeed config keys that only log or monitor (in ds_config.json and in the job's `deepspeed:` overrides).
 LOGGING_DS_KEYS = ("steps_per_print", "wall_clock_breakdown", "dump_state", "tensorboard", "wandb", "csv_monitor",
                    "comet", "flops_profiler")
@@ -210,10 +204,15 @@ def prepare(file: str, out: str | None, fresh: bool) -> Prepared:
             refuse_working_directory(Path(out))  # --fresh would delete it, a rewrite would mix a job into it
         except TargetError as exc:
             raise RunError(str(exc)) from None
+    from dsforge.commands.preflight import lock_for_run
+
+    if out:
+        lock_for_run(Path(out).resolve())  # before anything is written there (dsforge.runtime.run_lock)
     scratch = Path(out).resolve().parent if out else Path("runs").resolve()
     tmp, report = _compile(file, scratch)
     name = json.loads((tmp / "plan.json").read_text(encoding="utf-8"))["name"]
     target = Path(out).resolve() if out else scratch / _slug(name)
+    lock_for_run(target)  # the default directory is known once the job's name is (a no-op with -o)
     try:
         if target.exists() and any(target.iterdir()):
             if not _is_job_dir(target):
@@ -333,12 +332,19 @@ def launch(job_dir: Path) -> int:
     clear(job_dir)  # the ranks' status files describe this launch only
     # No PATH changes: launch.sh names its interpreter (the one that compiled it, or launch.python), so
     # `dsforge run` starts exactly what `./launch.sh` starts.
-    proc = subprocess.Popen(["bash", str(job_dir / "launch.sh")])
+    from dsforge.commands.launcher_output import start_relay
+
+    # stderr through dsforge (dsforge.commands.launcher_output): torchrun's ChildFailedError block must not follow the report.
+    proc = subprocess.Popen(["bash", str(job_dir / "launch.sh")], stderr=subprocess.PIPE)
+    relay = start_relay(proc.stderr)
     try:
         return proc.wait()
     except KeyboardInterrupt as exc:
         _stop(proc, terminated=isinstance(exc, Terminated))
         raise
+    finally:
+        if relay is not None:
+            relay.join(timeout=10)  # the ranks may hold the pipe a moment longer than the launcher
 
 
 def _stop(proc: subprocess.Popen[bytes], terminated: bool) -> None:
@@ -388,7 +394,9 @@ def command(file: str, out: str | None, fresh: bool) -> None:
     import click
 
     from dsforge.commands import EXIT_FINDINGS, EXIT_UNUSABLE
+    from dsforge.runtime.run_lock import release_all
 
+    click.get_current_context().call_on_close(release_all)  # the directory locks end with the command
     missing = missing_runtime()
     if missing:
         click.echo(f"dsforge run: this Python has no {', '.join(missing)}; install the runtime: {INSTALL_HINT}",
@@ -409,6 +417,10 @@ def command(file: str, out: str | None, fresh: bool) -> None:
             click.echo(f"dsforge run: {verb} {prepared.job_dir}", err=True)
         for note in prepared.notes:
             click.echo(f"dsforge run: note: {note}", err=True)
+        from dsforge.commands.preflight import before_launch
+
+        for line in before_launch(prepared.job_dir):  # the checkpoint directory's lock, free space, build locks
+            click.echo(f"dsforge run: {line}", err=True)
         code = launch(prepared.job_dir)
     except RunError as exc:
         click.echo(exc.report, nl=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from dsforge.compiler.model.rewrite_policies import format_description
+from dsforge.explain.checkpoint_text import checkpoint_rows
 from dsforge.explain.section import Section
 from dsforge.explain.units import count, gb, pct, plural, rate, seconds, table
 
@@ -42,6 +43,7 @@ def summary_section(s: dict[str, Any]) -> Section:
                               f"({count(t['train_steps'])} steps)")],
             ["memory peak", (f"{gb(mem['peak_bytes'])} on stage {mem['peak_stage']} (rank {mem['peak_rank']}), "
                             f"{pct(mem['utilization'])} of {gb(mem['capacity_bytes'])}")],
+            *checkpoint_rows(s),
             _params_row(s["params"])]
     note = (f"assumption: kernels reach {t['achievable_fraction']:.2f} of peak "
             f"({t['achievable_fraction_source']})")

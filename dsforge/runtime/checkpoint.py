@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dsforge.compiler.spec.schema import CheckpointSpec
-from dsforge.runtime.errors import RuntimeRefusal
+from dsforge.runtime.errors import CheckpointError
 
 CLIENT_KEY = "dsforge"
 PARTIAL = ".partial"  # suffix of a tag being written
@@ -37,10 +37,6 @@ COMMIT = "dsforge-checkpoint.json"  # written by the commit: step, world size
 JOB_FILES = ("plan.json", "ds_config.json")  # the compile that wrote the checkpoint, kept in each tag
 
 
-class CheckpointError(RuntimeRefusal, RuntimeError):
-    """A checkpoint cannot be loaded into this job; the message says which and why."""
-
-
 @dataclass(frozen=True)
 class CheckpointPolicy:
     """Where checkpoints go, how often, and whether to resume from the newest one."""
@@ -48,6 +44,8 @@ class CheckpointPolicy:
     directory: Path
     every: int
     resume: bool
+    keep: int | str = "all"  # training.checkpoint.keep (dsforge.runtime.retention)
+    fall_back: bool = False  # training.checkpoint.if_damaged: fall_back (dsforge.runtime.resume_check)
 
     @classmethod
     def from_spec(cls, spec: CheckpointSpec, job_dir: str | Path) -> CheckpointPolicy:
@@ -56,7 +54,7 @@ class CheckpointPolicy:
         directory = Path(spec.dir).expanduser()
         if not directory.is_absolute():
             directory = Path(job_dir) / directory
-        return cls(directory, spec.every, spec.resume == "auto")
+        return cls(directory, spec.every, spec.resume == "auto", spec.keep, spec.if_damaged == "fall_back")
 
     def due(self, step: int, last: int) -> bool:
         """Save after optimizer step ``step`` (1-based count of steps done)? Every N, and always after the last."""
@@ -94,23 +92,30 @@ def save(engine: Any, policy: CheckpointPolicy, step: int, extra: dict[str, Any]
         _remove_incomplete(directory)  # no rank writes a checkpoint now: all wait at the barrier below
     _barrier()
     state = {CLIENT_KEY: {"step": step, **(extra or {})}}
-    engine.save_checkpoint(str(directory), tag=partial.name, client_state=state, save_latest=False)
-    from dsforge.runtime.weights_io import save_rank_weights
+    from dsforge.runtime.disk_space import guard_save
 
-    # Layout-free copies of the weights (dsforge export): collective under ZeRO-3, like the save itself.
-    save_rank_weights(engine, partial, rank)
-    from dsforge.runtime.train_state import save_state
+    with guard_save(partial, directory, step, job_dir):  # a full disk: one line, the partial tag removed
+        engine.save_checkpoint(str(directory), tag=partial.name, client_state=state, save_latest=False)
+        from dsforge.runtime.weights_io import save_rank_weights
 
-    save_state(engine, partial, rank, step)  # collective under ZeRO, like the save itself
-    if rank == 0 and job_dir is not None:
-        for name in JOB_FILES:
-            if (Path(job_dir) / name).is_file():
-                shutil.copyfile(Path(job_dir) / name, partial / name)
-    fault("save", step)
-    (partial / _marker(rank)).write_text(json.dumps({"rank": rank, "step": step}), encoding="utf-8")
-    _barrier()
-    if rank == 0:
-        commit(directory, tag, step, world)
+        # Layout-free copies of the weights (dsforge export): collective under ZeRO-3, like the save itself.
+        save_rank_weights(engine, partial, rank)
+        from dsforge.runtime.train_state import save_state
+
+        save_state(engine, partial, rank, step)  # collective under ZeRO, like the save itself
+        if rank == 0 and job_dir is not None:
+            for name in JOB_FILES:
+                if (Path(job_dir) / name).is_file():
+                    shutil.copyfile(Path(job_dir) / name, partial / name)
+        fault("save", step)
+        (partial / _marker(rank)).write_text(json.dumps({"rank": rank, "step": step}), encoding="utf-8")
+        _barrier()
+        from dsforge.runtime.checkpoint_manifest import write_share
+
+        write_share(partial, rank, world)  # this rank's share of the digests (every file is written now)
+        _barrier()
+        if rank == 0:
+            commit(directory, tag, step, world, policy.keep)
     _barrier()  # nobody goes on (and may die) before the commit: every rank resumes from the same tag
     return directory / tag
 
@@ -119,8 +124,12 @@ def _marker(rank: int) -> str:
     return f".rank{rank}.done"
 
 
-def commit(directory: Path, tag: str, step: int, world: int) -> None:
-    """Make ``<tag>.partial`` the checkpoint ``tag`` and point ``latest`` at it, once every rank's marker is there."""
+def commit(directory: Path, tag: str, step: int, world: int, keep: int | str = "all") -> None:
+    """Make ``<tag>.partial`` the checkpoint ``tag`` and point ``latest`` at it, once every rank's marker is there.
+
+    The integrity manifest is written before the renames; ``keep`` then deletes older checkpoints
+    (dsforge.runtime.retention).
+    """
     partial = directory / f"{tag}{PARTIAL}"
     missing = [r for r in range(world) if not (partial / _marker(r)).is_file()]
     if missing:
@@ -129,12 +138,18 @@ def commit(directory: Path, tag: str, step: int, world: int) -> None:
                               "marker (every rank must write into the same directory: on several nodes, a shared "
                               f"file system); {LATEST} still names the previous checkpoint")
     (partial / COMMIT).write_text(json.dumps({"step": step, "world_size": world}), encoding="utf-8")
+    from dsforge.runtime.checkpoint_manifest import write_manifest
+
+    write_manifest(partial, world)
     final, replaced = directory / tag, directory / f"{tag}{REPLACED}"
     if final.exists():  # a complete save of this step whose commit a kill interrupted, or an older run's
         os.replace(final, replaced)
     os.replace(partial, final)
     _replace_text(directory / LATEST, tag)
     shutil.rmtree(replaced, ignore_errors=True)
+    from dsforge.runtime.retention import apply_retention
+
+    apply_retention(directory, step, keep)
 
 
 def _replace_text(path: Path, text: str) -> None:
@@ -202,6 +217,9 @@ def resume(engine: Any, policy: CheckpointPolicy, job: dict[str, Any] | None = N
     if not (policy.directory / tag).is_dir():
         raise CheckpointError(f"{policy.directory / LATEST} names {tag}, which is not there; move the checkpoint "
                               "directory away or set training.checkpoint.resume: never to start over")
+    from dsforge.runtime.resume_check import intact_tag
+
+    tag = intact_tag(policy, tag)  # the manifest checked before anything is loaded; a fallback is said
     saved = _saved_job(policy.directory / tag)
     if job is not None and saved is not None:
         from dsforge.compiler.plan.resume_layout import resume_refusals, same_layout

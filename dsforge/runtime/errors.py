@@ -38,3 +38,7 @@ class ModelBuildError(RuntimeRefusal, ValueError):
 
 class DataError(RuntimeRefusal, ValueError):
     """The job's data cannot be read as configured; the message says what to change."""
+
+
+class CheckpointError(RuntimeRefusal, RuntimeError):
+    """A checkpoint cannot be loaded into this job; the message says which and why."""

@@ -58,6 +58,14 @@ def _checkpoint(job: Any, step: int | None) -> tuple[Path, int]:
     if not path.is_dir():
         have = sorted(p.name for p in policy.directory.glob("step*") if p.is_dir()) if policy.directory.is_dir() else []
         raise ExportError(f"{path} does not exist (checkpoints there: {', '.join(have) or 'none'})")
+    from dsforge.runtime.checkpoint_manifest import DamagedCheckpoint, check
+
+    try:
+        problems = check(path)  # every file against the manifest the save wrote (none: an older dsforge's)
+    except DamagedCheckpoint as exc:
+        raise ExportError(str(exc)) from None
+    if problems:
+        raise ExportError(f"{DamagedCheckpoint(path, problems)}; export another checkpoint with --step N")
     return path, step
 
 

@@ -411,6 +411,12 @@ REPORT_NOTES = [
 ]
 
 
+def _resume_record() -> dict[str, Any]:
+    from dsforge.runtime.resume_check import RESUME_RECORD
+
+    return dict(RESUME_RECORD)
+
+
 def write_report(job: JobDir, rows: list[dict[str, Any]], results: list[Any], timed: list[Any]) -> None:
     """memory_report.json beside plan.json, and the table and a throughput line on stdout."""
     from dsforge.runtime.measure import render_table
@@ -419,7 +425,7 @@ def write_report(job: JobDir, rows: list[dict[str, Any]], results: list[Any], ti
     doc = {"job": job.plan.spec.name, "units": "bytes", "ranks": rows,
            "step_seconds_mean": mean_s, "step_seconds_median": statistics.median(r.seconds for r in timed),
            "tokens_per_s_mean": sum(r.tokens_per_s for r in timed) / len(timed),
-           "final_loss": results[-1].loss,
+           "final_loss": results[-1].loss, "resume": _resume_record(),
            "notes": REPORT_NOTES}
     (job.path / "memory_report.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
     print(render_table(rows), flush=True)

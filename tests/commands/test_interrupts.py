@@ -213,8 +213,15 @@ def test_ctrl_c_during_start_up_imports_exits_130_without_a_traceback(tmp_path: 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
            "MARK": str(mark)}
     cmd = [str(script)] if how == "console-script" else [sys.executable, "-m", "dsforge"]
-    proc = subprocess.Popen([*cmd, "validate", str(example_path("tiny-tp2-dp2"))], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A suite started in the background or under nohup inherits SIGINT ignored, and so would the child (Python
+    # then installs no KeyboardInterrupt handler): give it the default disposition a terminal's command has. An
+    # ignored signal stays ignored across exec, a handled one is reset to the default, so handle it while starting.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([*cmd, "validate", str(example_path("tiny-tp2-dp2"))], env=env, cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 60
     while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from dsforge.cli import cli
 from dsforge.compiler.frontend.parse import load_job
 from tests.runtime_e2e.harness import RTOL, SGD_DEEPSPEED, reference_run, training
+from tests.runtime_e2e.test_machine_faults import assert_checkpoint_size
 
 JOB = "continued"
 
@@ -52,6 +53,7 @@ def test_raising_steps_continues_from_the_checkpoint_like_an_uninterrupted_run(
     assert first.exit_code == 0, first.output + out[-4000:]
     assert [e["step"] for e in logged(job_dir)] == [1, 2]
     assert (job_dir / "checkpoints" / "latest").read_text().strip() == "step2"
+    assert_checkpoint_size(job_dir, job_dir / "checkpoints" / "step2")  # DP2 ZeRO-1 (issue 26)
 
     write_job(path, 4)
     second = CliRunner().invoke(cli, ["run", "job.yaml"])
@@ -71,6 +73,7 @@ def test_raising_steps_continues_from_the_checkpoint_like_an_uninterrupted_run(
     assert f"resumed from {job_dir / 'checkpoints' / 'step4'} after step 4" in out, out[-4000:]
     log = logged(job_dir)
     assert [e["step"] for e in log] == [1, 2, 3, 4, 5, 6]
+    assert_checkpoint_size(job_dir, job_dir / "checkpoints" / "step6")  # TP2 ZeRO-0
 
     spec = load_job(path)[0]
     assert spec is not None

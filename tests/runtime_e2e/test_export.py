@@ -227,6 +227,9 @@ def _refusals(tmp: Path, source: Path) -> None:
 
     shutil.copytree(source / "checkpoints", old / "checkpoints")
     shutil.rmtree(old / "checkpoints" / "step4" / STATE_DIR)  # as a dsforge without layout-free state saved it
+    from dsforge.runtime.checkpoint_manifest import MANIFEST
+
+    (old / "checkpoints" / "step4" / MANIFEST).unlink()  # nor integrity manifests: its files are not checked
     relaid = JobDir.load(compile_job(tmp, "no-state", "tiny-llama", {"zero": 1}, 2, None, 8, old))
     policy = ckpt.CheckpointPolicy.from_spec(relaid.plan.spec.training.checkpoint, relaid.path)
     with pytest.raises(ckpt.CheckpointError, match=r"DSF641: .* holds no layout-free state"):

@@ -109,6 +109,13 @@ def _params(plan: ResolvedPlan) -> dict[str, Any]:
             "per_gpu_by_stage": [{"stage": s, "dense": x.dense, "expert": x.expert} for s, x in enumerate(shares)]}
 
 
+def checkpoint_summary(plan: ResolvedPlan) -> dict[str, Any]:
+    """The `checkpoint` section (dsforge.compiler.estimate.checkpoint_size)."""
+    from dsforge.compiler.estimate.checkpoint_size import checkpoint_summary as section
+
+    return section(plan)
+
+
 def summarize(plan: ResolvedPlan, tokens: float | None = None, step: StepTime | None = None,
               memory: MemoryEstimate | None = None) -> dict[str, Any]:
     """The JSON-ready estimate of a valid plan; ``tokens`` sets the training horizon (default: steps x batch)."""
@@ -131,4 +138,5 @@ def summarize(plan: ResolvedPlan, tokens: float | None = None, step: StepTime | 
         "communication": {"stage": step.critical_stage, "collectives": rows, "exposed_s": dict(step.comm_s)},
         "pipeline": _pipeline(plan, step),
         "time": _time(plan, step, tokens),
+        "checkpoint": checkpoint_summary(plan),  # disk bytes of one checkpoint and of the retention (issue 26)
     }

@@ -111,7 +111,7 @@ def _with_bases(data: dict[str, Any], smap: SourceMap, folder: Path, here: list[
         shown = " -> ".join([*trail, display_path(target)])
         if target in here:
             raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` forms a cycle: {shown}", loc,
-                                         "remove one link of the chain", ("extends",))])
+                                         "remove one link of the chain", ("extends",), {"extends_cycle": True})])
         if len(trail) >= MAX_CHAIN:
             raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` chain is deeper than {MAX_CHAIN}: {shown}", loc,
                                          "flatten the chain", ("extends",))])
@@ -123,7 +123,14 @@ def _with_bases(data: dict[str, Any], smap: SourceMap, folder: Path, here: list[
             raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` names something that is not a regular "
                                          f"file: {shown}", loc, f"name a YAML base file (relative to {relative_to})",
                                          ("extends",))])
-        base, bsmap = _load(target, here)
+        try:
+            base, bsmap = _load(target, here)
+        except InputError as exc:
+            if len(trail) == 1:  # the job file itself (or standard input): its own `extends:` line is where the chain starts
+                from dsforge.compiler.extends_cycle import at_job_file
+
+                raise at_job_file(exc, loc) from None
+            raise
         merged = deep_merge(merged, base)
         msmap.overlay(bsmap)
     msmap.overlay(smap)

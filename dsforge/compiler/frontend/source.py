@@ -334,6 +334,11 @@ def load_yaml(text: str, display: str) -> tuple[dict[str, Any], SourceMap]:
     try:
         node = yaml.compose(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
+        from dsforge.compiler.yaml_flow import unclosed_flow
+
+        flow = unclosed_flow(exc, display)  # an open `[` / `{`: named where it opened and where the parser gave up
+        if flow is not None:
+            raise _fail("DSF004", flow[0], flow[1], flow[2]) from None
         mark = exc.problem_mark or exc.context_mark
         loc = _loc(display, mark) if mark is not None else Location(display, 1, 1)
         problem = (exc.problem or exc.context or "invalid YAML").strip()

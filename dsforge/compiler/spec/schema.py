@@ -376,6 +376,15 @@ class CheckpointSpec(Section):
                                            "from the job file's directory, the default lies inside the job directory.")
     every: int = field(Int(ge=0, le=MAX_STEPS), 0, "Save every this many optimizer steps (0: only at the end).")
     resume: Literal["auto", "never"] = field(Choice("auto", "never"), "auto", "auto: resume from the latest checkpoint.")
+    # h26 (issue 26): integrity and retention, dsforge/runtime/checkpoint_manifest.py and retention.py
+    if_damaged: Literal["refuse", "fall_back"] = field(
+        Choice("refuse", "fall_back"), "refuse",
+        "A checkpoint whose manifest check fails at resume (a file changed, truncated or missing): refuse names the "
+        "file and stops; fall_back resumes from the newest intact checkpoint instead and says so.")
+    keep: int | Literal["all"] = field(
+        AnyOf(Int(ge=1, le=MAX_STEPS), Choice("all"), expected=f"a whole number from 1 to {MAX_STEPS} or `all`"), "all",
+        "Complete checkpoints to keep: once a newer one has committed, older ones beyond this many are deleted "
+        "(never the one `latest` names); all (the default) keeps every one.")
 
 
 class KernelsSpec(Section):

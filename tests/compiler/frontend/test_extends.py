@@ -64,8 +64,10 @@ def test_cycle_names_the_whole_chain(write_job) -> None:
     write_job("extends: c.yaml\n", "b.yaml")
     write_job("extends: a.yaml\n", "c.yaml")
     rule, where, line, message = _fail(write_job("extends: b.yaml\nversion: 1\n", "a.yaml"))
-    assert (rule, where, line) == ("DSF010", "c.yaml", 1)
-    assert "a.yaml -> " in message and "b.yaml -> " in message and message.rstrip().endswith("a.yaml")
+    # The job file's own `extends:` line, and the included line that closes the cycle (issue 26).
+    assert (rule, where, line) == ("DSF010", "a.yaml", 1)
+    assert "a.yaml -> " in message and "b.yaml -> " in message and "c.yaml -> " in message
+    assert "a.yaml (closed by `extends:` at " in message and message.rstrip().endswith("c.yaml line 1, column 10)")
 
 
 def test_self_extends_is_a_cycle(write_job) -> None:

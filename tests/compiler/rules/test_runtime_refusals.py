@@ -144,6 +144,20 @@ NOT_A_LAYOUT: dict[str, str] = {
     "train_state.py:cut:TrainStateError": "checkpoint content: a layout-free piece of another shape (DSF642)",
     "train_state.py:load_state:TrainStateError": ("checkpoint content: no layout-free state, or an optimizer whose "
                                                   "state it cannot set (DSF641, DSF643)"),
+    # Faults of the machine (issue 26): no job file can show them.
+    "checkpoint_manifest.py:_hasher:CheckpointError": "environment: the digest a checkpoint's manifest names",
+    "checkpoint_manifest.py:read_manifest:DamagedCheckpoint": "checkpoint content: its manifest unreadable (DSF615)",
+    "resume_check.py:intact_tag:with_fix": "checkpoint content: files that differ from the manifest (DSF615)",
+    "disk_space.py:guard_save:DiskFullError": "the machine: the disk filled during a save (DSF616)",
+    "preflight.py:lock_for_run:RunError": "the machine: a job directory in use (DSF612)",
+    "preflight.py:lock_for_compile:TargetError": "the machine: a job directory in use (DSF612)",
+    "preflight.py:before_launch:RunError": "the machine: a directory in use, free space, a build lock (DSF612-617)",
+    "preflight.py:space_check:PreflightError": "the machine: too little free space for the retention (DSF614)",
+    "preflight.py:build_lock_check:PreflightError": "the machine: a stale torch_extensions build lock (DSF617)",
+    "run_lock.py:acquire:BusyError": "the machine: a directory in use or not lockable (DSF612)",
+    "run_lock.py:_locked_fd:BusyError": "the machine: a directory in use or not lockable (DSF612)",
+    "run_lock.py:lock_job_dir:BusyError": "the machine: a job directory's parent that cannot be created",
+    "run_lock.py:lock_checkpoint_dir:BusyError": "the machine: a checkpoint directory that cannot be created",
 }
 
 #: Runtime refusals whose rule the runtime_support module adds, with the bad-corpus job that shows it.
