@@ -160,6 +160,8 @@ class Rule:
 
 #: `stacks=` of a rule about what dsforge's own runtime builds and runs (DSF140-DSF145, DSF154, DSF606, DSF607).
 DSFORGE_RUNTIME: tuple[str, ...] = ("dsforge",)
+#: `stacks=` of a rule about DeepSpeed's engine itself (its PipelineEngine, its MoE layer): the stacks that run on it.
+DEEPSPEED_ENGINE: tuple[str, ...] = ("dsforge", "megatron-deepspeed")
 
 _RULES: dict[str, Rule] = {}
 
