@@ -14,9 +14,9 @@ scaling series is in the right order when the predicted TFLOP/s rank its runs as
 from __future__ import annotations
 
 import statistics
-from itertools import pairwise
 import sys
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
