@@ -219,10 +219,13 @@ def predicted(plan: ResolvedPlan, stage: int) -> dict[str, Any]:
     flight = in_flight(plan.spec.parallel.pipeline.schedule, plan.degrees.pp, stage, est.micro_batches,
                        len(stage_chunks(plan, stage)))
     step = row.moments.get("step", c)
+    # activations live during backward: read them there, since the peak moment (``c``) may be the optimizer
+    # step, which holds none (full recompute made this read 0 per micro-batch; issue 24 item 6)
+    live = row.moments.get("backward", c)
     return {"parameters": step["parameters"], "gradients": step["gradients"], "optimizer": step["optimizer"],
             "at_peak": {"phase": row.phase, **{k: c[k] for k in ("parameters", "gradients", "optimizer", "buffers")}},
-            "activations": c["activations"], "logits": c["logits"], "in_flight_micro_batches": flight,
-            "activations_per_micro_batch": (c["activations"] + c["logits"]) / max(1, flight),
+            "activations": live["activations"], "logits": live["logits"], "in_flight_micro_batches": flight,
+            "activations_per_micro_batch": (live["activations"] + live["logits"]) / max(1, flight),
             "peak": row.device_bytes}
 
 
