@@ -13,6 +13,10 @@ For the tiny GPT of tests/dist/tiny_gpt.py (2 layers, hidden 64, 136,960 paramet
   of tests/dist/measure_memory.py (one launcher run, ~40-80 s on 2 cores).
 
     python benchmarks/estimate_accuracy.py [--measured measured.json]
+
+With ``--published`` it prints the published-run set instead (benchmarks/published_runs.py): how many of the
+runs in benchmarks/published/ validate accepts, the median |TFLOP/s error|, the worst off-nominal error and
+whether each scaling series comes out in the published order.
 """
 
 from __future__ import annotations
@@ -103,7 +107,13 @@ def main() -> int:
     """Print the side-by-side table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measured", type=Path, help="reuse a JSON written by tests/dist/measure_memory.py")
+    parser.add_argument("--published", action="store_true",
+                        help="instead: the published-run set of benchmarks/published/ (accepted, TFLOP/s error, trends)")
     args = parser.parse_args()
+    if args.published:
+        from published_runs import main as published_main
+
+        return published_main()
     if args.measured:
         data = json.loads(args.measured.read_text())
     else:

@@ -402,8 +402,8 @@ def log_step(job: JobDir, result: Any) -> None:
 
 REPORT_NOTES = [
     "predicted: dsforge.compiler.estimate.memory for the rank's pipeline stage",
-    ("activations_per_micro_batch: predicted (activations + logits) / micro-batches in flight; "
-     "measured: bytes autograd saved in one forward"),
+    ("activations_per_micro_batch: predicted (activations + saved logits, at the backward moment) / "
+     "micro-batches in flight; measured: bytes autograd saved in one forward"),
     "peak: predicted device total incl. reserve; measured peak RSS (CPU) or max allocated (GPU)",
     ("parameters/gradients/optimizer: live storages inside the optimizer step (ZeRO has already freed the "
      "gradients it reduced into its fp32 partitions), predicted for that same moment; predicted.at_peak "

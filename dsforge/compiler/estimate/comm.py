@@ -27,12 +27,12 @@ from dsforge.compiler.estimate.shares import (
     layer_kinds,
     stage_share,
 )
-from dsforge.compiler.estimate.stacks import profile_of
+from dsforge.compiler.estimate.stacks.grad_dtype import fp32_main_grads
 from dsforge.compiler.estimate.zero_config import zero_settings
 from dsforge.compiler.model.params import padded_vocab
 from dsforge.compiler.plan.plan import AnyPlan
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}  # fp8: TE keeps activations between GEMMs in bf16
 
 
 @dataclass(frozen=True)
@@ -281,7 +281,7 @@ def grad_bytes(plan: AnyPlan) -> int:
     megatron/training/arguments.py turns accumulate_allreduce_grads_in_fp32 on unless --grad-reduce-in-bf16;
     param_and_grad_buffer.py reduces the buffer in its grad_dtype)."""
     weight = zero_settings(plan).weight_bytes
-    return 4 if profile_of(plan.spec.stack).fp32_main_grads else weight
+    return 4 if fp32_main_grads(plan.spec.stack, plan.spec.training.grad_reduce, weight) else weight
 
 
 def data_parallel(plan: AnyPlan, stage: int) -> list[Collective]:

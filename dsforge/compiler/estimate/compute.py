@@ -18,7 +18,7 @@ time-share them: the ranks of a node on ``hardware.host_cores`` cores run ranks/
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dsforge.compiler.deepspeed.ds_settings import on_cpu
 from dsforge.compiler.estimate import flops
@@ -50,6 +50,9 @@ class Rates:
     slowdown: float  # ranks per compute unit (>= 1): CPU processes sharing cores
     override: float | None  # achievable_fraction: every FLOP at this fraction of peak, nothing else
     source: str
+    #: the linear layers' GEMM peak where it differs from ``peak_flops`` (FP8: TE's FP8 GEMMs; attention's
+    #: core, the router and the LM head stay 16-bit, as Megatron-Core runs them)
+    linear_peak_flops: float | None = None
 
     @property
     def fraction(self) -> float:
@@ -58,7 +61,17 @@ class Rates:
 
 
 def rates(plan: AnyPlan, peak_flops: float) -> Rates:
-    """The compute rates of a plan's accelerator (see the module doc for the precedence)."""
+    """The compute rates of a plan's accelerator (see the module doc for the precedence); FP8 jobs run their
+    linear layers at the FP8 peak."""
+    base = _rates(plan, peak_flops)
+    if plan.spec.training.precision != "fp8" or base.override is not None:
+        return base
+    fp8 = flops.fp8_peak_flops(plan.spec.hardware.accelerator)
+    return replace(base, linear_peak_flops=fp8 or None,
+                   source=base.source + "; linear-layer GEMMs at the FP8 peak (Transformer Engine)")
+
+
+def _rates(plan: AnyPlan, peak_flops: float) -> Rates:
     hw = plan.spec.hardware
     acc = hw.accelerator
     ranks = min(plan.world_size, hw.gpus_per_node)
@@ -94,6 +107,13 @@ def _gemm(m: float, k: float, n: float, e: int, r: Rates) -> float:
     return max(2.0 * m * k * n / (r.peak_flops * r.gemm_efficiency), e * (m * k + k * n + m * n) / r.memory_Bps)
 
 
+def _linear(m: float, k: float, n: float, e: int, r: Rates) -> float:
+    """A linear layer's GEMM: at the FP8 peak under FP8 (its 1-byte operands), else as `_gemm`."""
+    if r.linear_peak_flops is None or m <= 0 or k <= 0 or n <= 0:
+        return _gemm(m, k, n, e, r)
+    return max(2.0 * m * k * n / (r.linear_peak_flops * r.gemm_efficiency), (m * k + k * n + e * m * n) / r.memory_Bps)
+
+
 def _layer(model: ResolvedModel, moe: bool, tokens: float, tp: int, ep: int, sp_div: int, e: int,
            prof: StackProfile, r: Rates) -> tuple[float, float, float]:
     """(GEMM seconds, attention-core seconds, memory-bound seconds) of one layer's forward on one rank."""
@@ -101,7 +121,7 @@ def _layer(model: ResolvedModel, moe: bool, tokens: float, tp: int, ep: int, sp_
     kv = kv_heads_per_rank(model, tp) * model.head_dim
     q = model.heads * model.head_dim  # heads x head_dim need not equal hidden (Qwen3, Gemma)
     mats = 3 if model.activation == "swiglu" else 2
-    gemm = _gemm(tokens, h, q / tp + 2 * kv, e, r) + _gemm(tokens, q / tp, h, e, r)
+    gemm = _linear(tokens, h, q / tp + 2 * kv, e, r) + _linear(tokens, q / tp, h, e, r)
     core_flops = 4.0 * tokens * s * q / tp
     attention = max(core_flops / (r.peak_flops * r.gemm_efficiency),
                     e * tokens * (2 * q / tp + 2 * kv) / r.memory_Bps)
@@ -113,12 +133,12 @@ def _layer(model: ResolvedModel, moe: bool, tokens: float, tp: int, ep: int, sp_
         local = max(1, m.experts // max(1, ep))
         per_expert = routed / local
         gemm += _gemm(tokens, h, m.experts, e, r)
-        gemm += local * (_gemm(per_expert, h, (mats - 1) * m.ffn_hidden / xtp, e, r)
-                         + _gemm(per_expert, m.ffn_hidden / xtp, h, e, r))
+        gemm += local * (_linear(per_expert, h, (mats - 1) * m.ffn_hidden / xtp, e, r)
+                         + _linear(per_expert, m.ffn_hidden / xtp, h, e, r))
         elementwise += routed * prof.f_bytes * e * m.ffn_hidden / xtp
     else:
         f = model.ffn_hidden
-        gemm += _gemm(tokens, h, (mats - 1) * f / tp, e, r) + _gemm(tokens, f / tp, h, e, r)
+        gemm += _linear(tokens, h, (mats - 1) * f / tp, e, r) + _linear(tokens, f / tp, h, e, r)
         elementwise += tokens * prof.f_bytes * e * f / tp
     return gemm, attention, elementwise / r.memory_Bps
 

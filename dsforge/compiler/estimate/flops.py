@@ -204,13 +204,18 @@ def _hardware_per_token(model: ResolvedModel, tp: int, split: bool, recompute: s
 
 def dense_peak_flops(accelerator: AcceleratorSpec, precision: str) -> float:
     """Dense (no sparsity) peak FLOP/s of the accelerator in the compute precision, from its data sheet."""
-    if precision == "bf16":
+    if precision in ("bf16", "fp8"):  # fp8: utilisation against the bf16 peak, as Megatron and NeMo report it
         tflops = accelerator.bf16_tflops
     elif precision == "fp16":
         tflops = accelerator.fp16_tflops if accelerator.fp16_tflops is not None else accelerator.bf16_tflops
     else:
         tflops = accelerator.fp32_tflops or 0.0
     return tflops * 1e12
+
+
+def fp8_peak_flops(accelerator: AcceleratorSpec) -> float:
+    """Dense FP8 peak FLOP/s (0 where the accelerator states none): the rate of Transformer Engine's FP8 GEMMs."""
+    return float(getattr(accelerator, "fp8_tflops", None) or 0.0) * 1e12
 
 
 def utilization(flops_per_step: float, step_s: float, gpus: int, peak_flops: float) -> float:

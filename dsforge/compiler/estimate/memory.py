@@ -29,6 +29,7 @@ from dsforge.compiler.estimate.memo import bounded, plan_memo
 from dsforge.compiler.estimate.model_states import ModelStates, megatron_states, model_states
 from dsforge.compiler.estimate.shares import RankParams, chunk_table, kind_table, stage_share
 from dsforge.compiler.estimate.stacks import profile_of
+from dsforge.compiler.estimate.stacks.options import stack_options
 from dsforge.compiler.estimate.zero_config import ZeroSettings, zero_settings
 from dsforge.compiler.model.params import padded_vocab
 from dsforge.compiler.model.resolved import ResolvedModel
@@ -193,7 +194,8 @@ def _template(plan: AnyPlan, stage: int, z: ZeroSettings, m: int, per: _PerLayer
     dense, moe = ctx.kinds[stage]
     layers = {False: dense, True: moe}  # `layer_kinds`
     share = stage_share(plan, stage, z.persistence_threshold, layers)
-    st = _stage_states(plan.spec.stack, share, z, d.dp * d.cp, max(1, d.expert_dp), m, ctx.cpu)
+    st = _stage_states(plan.spec.stack, share, z, d.dp * d.cp, max(1, d.expert_dp), m, ctx.cpu,
+                       *stack_options(plan.spec, z.weight_bytes))
     kinds = {moe: count for moe, count in layers.items() if count}
     per_mb = sum(count * per.kept[moe] for moe, count in kinds.items())
     return _Template(share, st, per_mb, max((per.working_set[moe] for moe in kinds), default=0.0))
@@ -240,14 +242,14 @@ class _States:
 
 @bounded(maxsize=4096)
 def _stage_states(stack: str, share: RankParams, z: ZeroSettings, n_dense: int, n_expert: int, m: int,
-                  cpu: bool) -> _States:
+                  cpu: bool, fp32_grads: bool = False, fp8_recipe: str | None = None) -> _States:
     """The model states of a stage's share under the stack's optimizer layout, with the moments that hold no
     activations (the same for every stage of that share); shared, so its readers copy what they keep."""
     prof = profile_of(stack)
-    if prof.name == "dsforge":
+    if prof.optimizer == "deepspeed":  # DeepSpeed's engine: dsforge's runtime and Megatron-DeepSpeed
         states = model_states(share, z, n_dense, n_expert, m)
     else:
-        states = megatron_states(share, z, n_dense, n_expert, prof.fp32_main_grads, prof.distributed_optimizer)
+        states = megatron_states(share, z, n_dense, n_expert, fp32_grads, prof.distributed_optimizer, fp8_recipe)
     update = _with_reserve(cpu, {**_ZEROS, **states.update})
     return _States(states, update, _with_reserve(cpu, {**_ZEROS, **states.step}), sum(update.values()))
 
@@ -307,7 +309,10 @@ def estimate_memory(plan: AnyPlan) -> MemoryEstimate:
     notes = (f"reserve: {'CPU 0.45 GB' if on_cpu(plan) else 'GPU 2 GB + 5 % fragmentation'}",
              lean_note(plan) if stack == "dsforge" else
              f"stack {stack}: TE flash attention, fused norms/SwiGLU/GELU, fused vocab-parallel cross-entropy, "
-             "no pipeline output buffers, experts split over TP, distributed optimizer (zero: 1)")
+             "no pipeline output buffers, experts split over TP, distributed optimizer (zero: 1)"
+             if stack == "megatron-te" else
+             f"stack {stack}: Megatron's fused softmax/bias-GELU, unfused attention scores, DeepSpeed's "
+             "PipelineEngine output buffers and ZeRO as configured")
     out = MemoryEstimate(stages, plan.spec.hardware.accelerator.memory_gb * 1e9, m, notes)
     memo["memory_estimate"] = out
     return out

@@ -195,20 +195,26 @@ def _zero3(share: RankParams, pn: float, b: int, k: int, z: ZeroSettings) -> Mod
 
 
 def megatron_states(share: RankParams, z: ZeroSettings, n_dense: int, n_expert: int, fp32_grads: bool,
-                    distributed: bool) -> ModelStates:
+                    distributed: bool, fp8_recipe: str | None = None) -> ModelStates:
     """Model states under Megatron-Core (the `megatron-te` stack): 16-bit weights, a contiguous main-grad
     buffer (fp32 with ``fp32_grads``, megatron/core/distributed/param_and_grad_buffer.py) and fp32 master
     weights and moments, sharded over data parallelism with the distributed optimizer (zero: 1):
     docs/source/api-guide/dist_optimizer.md gives 6 + 12/d bytes per parameter for bf16 weights and fp32
-    grads (18 without), which this reproduces; dense parameters shard over dp x cp, experts over expert-dp."""
+    grads (18 without), which this reproduces; dense parameters shard over dp x cp, experts over expert-dp.
+    zero 2/3 are Megatron-FSDP's shardings and ``fp8_recipe`` adds TE's FP8 weight caches
+    (stacks/megatron_fsdp.py)."""
+    from dsforge.compiler.estimate.stacks.megatron_fsdp import fp8_cache_bytes, fsdp_parts
+
     b, k = z.weight_bytes, z.optimizer_bytes
     p = share.dense + share.expert
-    grads = (4 if fp32_grads or b == 4 else b) * p
+    pn = share.dense / max(1, n_dense) + share.expert / max(1, n_expert)
+    gb = 4 if fp32_grads or b == 4 else b
     master = 0 if b == 4 else 4
     per = master + k
     if distributed and z.stage >= 1:
-        optimizer = per * (share.dense / max(1, n_dense) + share.expert / max(1, n_expert))
+        optimizer = per * pn
     else:
         optimizer = per * p
-    same = _states(b * p, grads, optimizer)
+    weights, grads, gathered = fsdp_parts(z.stage if distributed else 0, b, gb, p, pn, share.largest_module)
+    same = _states(weights, grads, optimizer, gathered + fp8_cache_bytes(fp8_recipe, p if z.stage < 3 else pn))
     return ModelStates(same, dict(same), step=dict(same))

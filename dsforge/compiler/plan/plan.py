@@ -17,6 +17,7 @@ from typing import Any
 
 from dsforge.compiler.model.params import embedding_params, head_params, is_moe_layer, layer_params
 from dsforge.compiler.model.resolved import ResolvedModel, resolve_model
+from dsforge.compiler.plan.megatron_split import accounted_partition
 from dsforge.compiler.plan.placement import OrderError, Placement, place
 from dsforge.compiler.spec.schema import JobSpec
 
@@ -210,13 +211,18 @@ class Plan:
         chunks = self.degrees.pp * self.virtual_stages
         if isinstance(part, list):
             return list(part) if len(part) == chunks and sum(part) == m.layers else []
+        if getattr(pipe, "account_for_embedding", False) or getattr(pipe, "account_for_loss", False):
+            # Megatron-Core's embedding/loss-counting split (plan/megatron_split.py; DSF306 refuses what fails)
+            return accounted_partition(m.layers, self.degrees.pp, self.virtual_stages, pipe.account_for_embedding,
+                                       pipe.account_for_loss)
         if pipe.first_stage_layers is not None or pipe.last_stage_layers is not None:
             return end_stage_partition(m.layers, self.degrees.pp, self.virtual_stages, pipe.first_stage_layers,
                                        pipe.last_stage_layers)
         if m.layers < chunks:
             return []
-        # Megatron-Core splits layers evenly over the chunks (DSF109 refuses what does not divide)
-        if part == "uniform" or chunks == 1 or self.spec.stack == "megatron-te":
+        # Megatron-Core splits layers evenly over the chunks (DSF109 refuses what does not divide); DeepSpeed's
+        # type:transformer weighs each transformer layer 1 and the rest 0 (plan/megatron_split.py's neighbour)
+        if part in ("uniform", "type:transformer") or chunks == 1 or self.spec.stack == "megatron-te":
             return uniform_partition(m.layers, chunks)
         # "parameters": DeepSpeed weighs every layer spec, embeddings and head included.
         return list(parameter_partition(m, self.degrees.tp, chunks))

@@ -22,14 +22,15 @@ from dsforge.compiler.deepspeed.ds_keys import (
 from dsforge.compiler.deepspeed.ds_schema import MODELS
 from dsforge.compiler.deepspeed.ds_sections import LOOSE_KEYS, STRICT_SECTIONS
 from dsforge.compiler.frontend.schema_errors import suggest
-from dsforge.compiler.rules.registry import Context, Finding, rule
+from dsforge.compiler.rules.registry import DEEPSPEED_ENGINE, Context, Finding, rule
 from dsforge.diagnostics import Severity
 
 DS = "deepspeed 0.19.8 "
 
 
 @rule("DSF501", "ZeRO-2/3 is refused with pipeline parallelism",
-      source=DS + "runtime/pipe/engine.py PipelineEngine.__init__", reads=("pp", "zero"))
+      source=DS + "runtime/pipe/engine.py PipelineEngine.__init__", reads=("pp", "zero"),
+      stacks=DEEPSPEED_ENGINE)
 def zero_with_pipeline(ctx: Context) -> Iterator[Finding]:
     """DeepSpeed's PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
     on every rank at initialize (observed on CPU: PP2 x DP2 with ZeRO-2 fails; ZeRO-1 trains)."""
@@ -40,7 +41,8 @@ def zero_with_pipeline(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF502", "DeepSpeed's MoE layer is refused with ZeRO-3",
-      source=DS + "runtime/engine.py _validate_zero3_moe_compatibility", reads=("zero",))
+      source=DS + "runtime/engine.py _validate_zero3_moe_compatibility", reads=("zero",),
+      stacks=DEEPSPEED_ENGINE)
 def moe_with_zero3(ctx: Context) -> Iterator[Finding]:
     """The native MoE layer asserts "Native DeepSpeed MoE is not supported with ZeRO Stage 3" at
     initialize (observed on CPU with ep_size=2)."""

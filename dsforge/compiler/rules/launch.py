@@ -16,7 +16,7 @@ from dsforge.compiler.launch_targets import (
     SBATCH_VALUE,
     SINGLE_MACHINE_LAUNCHERS,
 )
-from dsforge.compiler.rules.registry import Context, Finding, rule
+from dsforge.compiler.rules.registry import DSFORGE_RUNTIME, Context, Finding, rule
 
 LOOPBACK = ("127.", "localhost", "::1")
 
@@ -117,7 +117,7 @@ def _image(ctx: Context) -> Iterator[Finding]:
 
 @rule("DSF606", "DeepSpeed does not re-shard what dsforge.runtime shards",
       source=("deepspeed 0.19.8 runtime/engine.py _apply_autotp_partitioning, _configure_expert_parallel; "
-        "deepspeed/__init__.py initialize (mesh_device)"), reads=())
+        "deepspeed/__init__.py initialize (mesh_device)"), reads=(), stacks=DSFORGE_RUNTIME)
 def _runtime_owned(ctx: Context) -> Iterator[Finding]:
     """dsforge.runtime shards tensor-parallel layers and experts itself and hands DeepSpeed an mpu with the
     plan's groups. AutoTP (runtime/engine.py _apply_autotp_partitioning) or AutoEP

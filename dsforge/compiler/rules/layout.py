@@ -180,6 +180,8 @@ def layers_split(ctx: Context) -> Iterator[Finding]:
     pipe = par.pipeline
     if d is None or isinstance(pipe.partition, list) or (pipe.first_stage_layers, pipe.last_stage_layers) != (None, None):
         return
+    if getattr(pipe, "account_for_embedding", False) or getattr(pipe, "account_for_loss", False):
+        return  # Megatron-Core's embedding/loss-counting split is DSF306's
     chunks = d.pp * par.pipeline.virtual_stages
     what = f"pp*virtual_stages = {d.pp}*{par.pipeline.virtual_stages} = {chunks}"
     if m.layers < chunks:
@@ -188,7 +190,8 @@ def layers_split(ctx: Context) -> Iterator[Finding]:
     elif m.layers % chunks and ctx.spec.stack == "megatron-te":
         yield Finding(f"Megatron-Core splits layers evenly: layers={m.layers} are not divisible by {what}",
                       f"use pp*virtual_stages in {choices(divisors(m.layers))}, or give the end stages their own "
-                      "counts (parallel.pipeline.first_stage_layers / last_stage_layers)", ("parallel", "pp"))
+                      "counts (parallel.pipeline.first_stage_layers / last_stage_layers), or count the embedding "
+                      "and loss as layers (account_for_embedding / account_for_loss)", ("parallel", "pp"))
     elif m.layers % chunks and par.pipeline.schedule == "interleaved":
         yield Finding(f"the interleaved schedule needs layers={m.layers} divisible by {what}",
                       f"use pp*virtual_stages in {choices(divisors(m.layers))}", ("parallel", "pipeline",

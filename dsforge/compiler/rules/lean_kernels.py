@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dsforge.compiler.model.lean_kernels import refused_kernels
-from dsforge.compiler.rules.registry import Context, Finding, rule
+from dsforge.compiler.rules.registry import DSFORGE_RUNTIME, Context, Finding, rule
 
 
 @rule("DSF050", "a required lean kernel (training.kernels) cannot run exactly for this model or layout",
-      source="dsforge/compiler/model/lean_kernels.py kernel_problem; dsforge/runtime/kernels", reads=("pp",))
+      source="dsforge/compiler/model/lean_kernels.py kernel_problem; dsforge/runtime/kernels", reads=("pp",),
+      stacks=DSFORGE_RUNTIME)
 def kernel_exact(ctx: Context) -> Iterator[Finding]:
     """Each `true` kernel must be exact for the model's family at this layout (see `lean_kernels`)."""
     d = ctx.plan.degrees

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dsforge.compiler.model.params import padded_vocab
-from dsforge.compiler.rules.registry import Context, Finding, rule
+from dsforge.compiler.rules.registry import DSFORGE_RUNTIME, Context, Finding, rule
 from dsforge.compiler.rules.util import choices, divisors, next_multiple
 from dsforge.diagnostics import Severity
 
@@ -249,7 +249,8 @@ def mla_replicated(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF154", "sequence parallelism is implemented for gpt2, llama and mixtral",
-      source="dsforge/runtime/rewrite/sequence.py wrap_sequence_parallel", reads=("tp", "sequence_parallel"))
+      source="dsforge/runtime/rewrite/sequence.py wrap_sequence_parallel", reads=("tp", "sequence_parallel"),
+      stacks=DSFORGE_RUNTIME)
 def sequence_parallel_family(ctx: Context) -> Iterator[Finding]:
     """The sequence-parallel regions wrap each decoder block's attention and MLP; they were checked against
     the GPT-2, Llama (Mistral, Qwen2) and Mixtral forwards only, so other families refuse it."""

@@ -126,7 +126,7 @@ def pretrained_window_covers_sequence(ctx: Context) -> Iterator[Finding]:
                       f"nothing to do; a model.seq_len above {window} would be refused (DSF012)", PRETRAINED)
 
 
-_PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}  # fp8: bf16 weights
 
 
 @rule("DSF163", "the checkpoint's dtype conversion is stated", severity=Severity.INFO, source="dsforge")

@@ -134,6 +134,14 @@ class Rule:
     #: once per class of candidates equal in these fields, before estimating any of them
     #: (tests/compiler/search/test_search_rule_classes.py runs each on whole spaces and finds one verdict per class).
     reads: tuple[str, ...] | None = None
+    #: The stacks (the job's `stack:` values) whose jobs the rule is about; empty: every stack. A rule about what
+    #: dsforge's own runtime can build says ("dsforge",): another stack runs the job with its own engine, and
+    #: validate only estimates it there, so run_rules does not ask the check for it (docs/rules.md says which).
+    stacks: tuple[str, ...] = ()
+
+    def applies_to(self, stack: str) -> bool:
+        """True when the rule is about jobs of ``stack`` (every stack when it names none)."""
+        return not self.stacks or stack in self.stacks
 
     @property
     def rationale(self) -> str:
@@ -149,6 +157,11 @@ class Rule:
         """True when a finding of this rule at ``severity`` may be silenced (warnings and notes always)."""
         return severity is not Severity.ERROR or self.suppressible
 
+
+#: `stacks=` of a rule about what dsforge's own runtime builds and runs (DSF140-DSF145, DSF154, DSF606, DSF607).
+DSFORGE_RUNTIME: tuple[str, ...] = ("dsforge",)
+#: `stacks=` of a rule about DeepSpeed's engine itself (its PipelineEngine, its MoE layer): the stacks that run on it.
+DEEPSPEED_ENGINE: tuple[str, ...] = ("dsforge", "megatron-deepspeed")
 
 _RULES: dict[str, Rule] = {}
 
@@ -168,14 +181,15 @@ def register(entry: Rule) -> Rule:
 
 def rule(rule_id: str, summary: str, *, severity: Severity = Severity.ERROR, source: str = "",
          origin: str = "dsforge", phase: str = "validate", suppressible: bool = False,
-         reads: tuple[str, ...] | None = None) -> Callable[[Check], Check]:
-    """Register a check function under a stable id (``reads``: the layout fields its verdict depends on)."""
+         reads: tuple[str, ...] | None = None, stacks: tuple[str, ...] = ()) -> Callable[[Check], Check]:
+    """Register a check function under a stable id (``reads``: the layout fields its verdict depends on;
+    ``stacks``: the stacks whose jobs it is about, empty for all)."""
 
     def wrap(fn: Check) -> Check:
         if _RULES.get(rule_id, None) is not None and _RULES[rule_id].check is fn:
             return fn
         register(Rule(rule_id, severity, summary, source, fn, origin, phase, suppressible=suppressible,
-                      reads=reads))
+                      reads=reads, stacks=stacks))
         return fn
 
     return wrap
@@ -260,10 +274,12 @@ def locate(ctx: Context, path: Path, at_key: bool = False) -> Location:
 
 def run_rules(ctx: Context, rules: list[Rule] | None = None) -> list[Diagnostic]:
     """Run checks over one job (default: validate's); a crashing rule becomes a DSF900 diagnostic, never an
-    exception. Reported ids in ``rules`` (no check function) are skipped."""
+    exception. Reported ids in ``rules`` (no check function), and rules about another stack than the job's, are
+    skipped."""
     out: list[Diagnostic] = []
+    stack = getattr(ctx.spec, "stack", "dsforge")
     for r in rules if rules is not None else checks("validate"):
-        if r.check is None:
+        if r.check is None or not r.applies_to(stack):
             continue
         try:
             for f in _iterate(r.check(ctx)):

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dsforge.compiler.rules.registry import Context, Finding, report_id, rule
+from dsforge.compiler.rules.registry import DSFORGE_RUNTIME, Context, Finding, report_id, rule
 from dsforge.diagnostics import Severity
 
 LEFTOVER_FIX = ("give each module named a `rewrite:` rule (as: column, row, vocab, norm, replicate or expert), or "
@@ -27,7 +27,8 @@ def _path(ctx: Context) -> tuple[str, ...]:
 
 
 @rule("DSF607", "the rewrite policies place every module of the model",
-      source="dsforge.runtime.rewrite (describe, plan_rewrite); dsforge/compiler/model/rewrite_policies.py", phase="compile")
+      source="dsforge.runtime.rewrite (describe, plan_rewrite); dsforge/compiler/model/rewrite_policies.py", phase="compile",
+      stacks=DSFORGE_RUNTIME)
 def _placed(ctx: Context) -> Iterator[Finding]:
     """dsforge.runtime rewrites the model by the rewrite policy of its family (`model.arch`) and the job's
     `rewrite:` rules; a module with parameters that no rule claims, a shard that does not divide, or a model

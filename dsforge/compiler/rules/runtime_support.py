@@ -2,7 +2,8 @@
 
 Each rule mirrors one refusal of `dsforge.runtime` (tests/compiler/rules/test_runtime_refusals.py lists every
 `raise` of the runtime and checks that each start-up limitation names a rule here or elsewhere). They
-apply to `stack: dsforge` only: another stack runs the job with its own engine and its own limits.
+apply to `stack: dsforge` only (`stacks=DSFORGE_RUNTIME`, so run_rules skips them for another stack, and
+docs/rules.md says so): another stack runs the job with its own engine and its own limits.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dsforge.compiler.model.builtin_models import NotBuiltIn, builtin_problem
-from dsforge.compiler.rules.registry import Context, Finding, rule
+from dsforge.compiler.rules.registry import DSFORGE_RUNTIME, Context, Finding, rule
 
 DS = "deepspeed/"
 
@@ -27,7 +28,7 @@ def _dsforge_runtime(ctx: Context) -> bool:
 
 @rule("DSF140", "dsforge's runtime does not combine context and pipeline parallelism",
       source="dsforge.runtime.engine build_pipeline_module; dsforge/runtime/pipeline_stages.py DecoderStage",
-      reads=("cp", "pp"))
+      reads=("cp", "pp"), stacks=DSFORGE_RUNTIME)
 def cp_with_pp(ctx: Context) -> Iterator[Finding]:
     """The pipeline stages pass only hidden states between them and number token positions from 0 in
     each stage, while ring and Ulysses attention need every rank's global positions and a causal mask over
@@ -44,7 +45,7 @@ def cp_with_pp(ctx: Context) -> Iterator[Finding]:
 
 @rule("DSF141", "pipeline parallelism needs a family the runtime can cut into stages",
       source="dsforge/runtime/pipeline_stages.py STRUCTURES, layer_list; " + DS + "runtime/pipe/module.py",
-      reads=("pp",))
+      reads=("pp",), stacks=DSFORGE_RUNTIME)
 def pipeline_family(ctx: Context) -> Iterator[Finding]:
     """For pp > 1 the runtime hands DeepSpeed a flat layer list (embedding, one entry per decoder layer,
     final norm and head), which it knows how to build for the families in its structure table only; for
@@ -60,7 +61,7 @@ def pipeline_family(ctx: Context) -> Iterator[Finding]:
 
 @rule("DSF142", "dsforge's runtime runs one model chunk per pipeline stage",
       source="dsforge/runtime/pipeline_stages.py boundaries; " + DS + "runtime/pipe/module.py PipelineModule",
-      reads=("pp", "virtual_stages"))
+      reads=("pp", "virtual_stages"), stacks=DSFORGE_RUNTIME)
 def one_chunk_per_stage(ctx: Context) -> Iterator[Finding]:
     """DeepSpeed's PipelineModule gives each stage one contiguous run of layers; interleaved model chunks
     (virtual_stages > 1, Narayanan et al. 2021 sec. 2.2) have no form there, so the runtime refuses them
@@ -74,7 +75,8 @@ def one_chunk_per_stage(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF143", "dsforge's runtime shards whole KV heads (no KV-head replication)",
-      source="dsforge/runtime/rewrite/apply.py _even; Ainslie et al. 2023 (GQA)", reads=("tp",))
+      source="dsforge/runtime/rewrite/apply.py _even; Ainslie et al. 2023 (GQA)", reads=("tp",),
+      stacks=DSFORGE_RUNTIME)
 def replicated_kv_heads(ctx: Context) -> Iterator[Finding]:
     """`parallel.replicate_kv_heads: true` lets tp exceed kv_heads (each KV head copied onto tp/kv_heads
     ranks), which the cost model and DeepSpeed's AutoTP know; dsforge's tensor-parallel layers cut every
@@ -90,7 +92,8 @@ def replicated_kv_heads(ctx: Context) -> Iterator[Finding]:
 
 @rule("DSF144", "context-parallel attention is plain causal attention: no soft-capping, windows or dropout",
       source="dsforge/runtime/hf_attention.py plain_causal_problems, check_plain_causal; HF Gemma2/Gemma3/Mistral/"
-             "Phi3/Qwen2 attention (sliding_window, attn_logit_softcapping)", phase="compile")
+             "Phi3/Qwen2 attention (sliding_window, attn_logit_softcapping)", phase="compile",
+      stacks=DSFORGE_RUNTIME)
 def context_parallel_attention(ctx: Context) -> Iterator[Finding]:
     """Ring and Ulysses attention compute causal softmax attention over the whole sequence; a model whose
     attention also soft-caps its scores (Gemma2), attends within a sliding window shorter than
@@ -115,7 +118,8 @@ def context_parallel_attention(ctx: Context) -> Iterator[Finding]:
 
 @rule("DSF145", "dsforge's built-in model families can express the model keys",
       source="dsforge/compiler/model/builtin_models.py (the checks dsforge.runtime.models.hf_config makes); "
-             "transformers GPT2Config, LlamaConfig, Qwen2Config, MixtralConfig", reads=())
+             "transformers GPT2Config, LlamaConfig, Qwen2Config, MixtralConfig", reads=(),
+      stacks=DSFORGE_RUNTIME)
 def builtin_model(ctx: Context) -> Iterator[Finding]:
     """Without `model.factory` or `model.pretrained`, dsforge builds the model itself as an HF GPT-2, Llama
     (Qwen2 with q/k/v biases) or Mixtral from the model keys, and each of those configs holds some shapes only

@@ -159,6 +159,8 @@ class AcceleratorSpec(Section):
     bf16_tflops: float = field(TFLOPS, description="Dense bf16 peak (TFLOP/s); 0 means bf16 is not supported (else at least 1e-6).")
     fp16_tflops: float | None = field(Optional(TFLOPS), None, "Dense fp16 peak (TFLOP/s; 0, or at least 1e-6); default: bf16_tflops.")
     fp32_tflops: float | None = field(Optional(TFLOPS), None, "fp32 (TF32 where it applies) peak (TFLOP/s; 0, or at least 1e-6).")
+    fp8_tflops: float | None = field(Optional(TFLOPS), None, "Dense FP8 Tensor Core peak (TFLOP/s; 0 or absent: no FP8), "
+                                     "the rate of precision fp8's linear layers.")
     hbm_gbs: float = field(GBS, description="Device memory bandwidth (GB/s).")
     # real kernels reach 0.3-0.7 of peak; below 10^-3 no estimate would mean anything
     achievable_fraction: float | None = field(
@@ -265,9 +267,10 @@ class PipelineSpec(Section):
         Choice("gpipe", "1f1b", "interleaved", "auto"), "1f1b", "Pipeline schedule (auto: the search chooses).")
     virtual_stages: int = field(AnyOf(Int(ge=1, le=MAX_STAGES), Choice("auto")), 1,
                                       "Model chunks per pipeline rank (interleaved schedule); auto: the search chooses.")
-    partition: Literal["parameters", "uniform"] | list[int] = field(
-        AnyOf(Choice("parameters", "uniform"), ListOf(Int(ge=1, le=MAX_LAYERS))), "parameters",
-        "Layer split: balance parameters, uniform, or layers per stage (a list).")
+    partition: Literal["parameters", "uniform", "type:transformer"] | list[int] = field(
+        AnyOf(Choice("parameters", "uniform", "type:transformer"), ListOf(Int(ge=1, le=MAX_LAYERS))), "parameters",
+        "Layer split: balance parameters, uniform, balance transformer layers only (DeepSpeed's "
+        "type:transformer, Megatron-DeepSpeed's default), or layers per stage (a list).")
     # Megatron-Core's uneven pipeline (--decoder-first/last-pipeline-num-layers): the ends get their own counts
     first_stage_layers: int | None = field(
         Optional(Int(ge=1, le=MAX_LAYERS)), None,
@@ -276,6 +279,13 @@ class PipelineSpec(Section):
     last_stage_layers: int | None = field(
         Optional(Int(ge=1, le=MAX_LAYERS)), None,
         "Layers of the last pipeline stage (Megatron-Core's decoder_last_pipeline_num_layers).")
+    # Megatron-Core's --account-for-embedding/loss-in-pipeline-split (transformer_block.py get_num_layers_to_build)
+    account_for_embedding: bool = field(
+        Bool(), False, "Count the embedding as one layer of the first stage when splitting (Megatron-Core's "
+        "account_for_embedding_in_pipeline_split; stack megatron-te).")
+    account_for_loss: bool = field(
+        Bool(), False, "Count the loss as one layer of the last stage when splitting (Megatron-Core's "
+        "account_for_loss_in_pipeline_split; stack megatron-te).")
 
 
 class ParallelSpec(Section):
@@ -407,7 +417,17 @@ class TrainingSpec(Section):
     # `auto` (here and in recompute): resolved by the layout search before any plan is built (validate), so the code after it sees the value
     micro_batch: int = field(AnyOf(Int(ge=1, le=MAX_BATCH), Choice("auto")), 1,
                                    "Sequences per rank per forward/backward pass (auto: the search chooses).")
-    precision: Literal["bf16", "fp16", "fp32"] = field(Choice("bf16", "fp16", "fp32"), "bf16", "Compute precision.")
+    precision: Literal["bf16", "fp16", "fp32", "fp8"] = field(
+        Choice("bf16", "fp16", "fp32", "fp8"), "bf16",
+        "Compute precision; fp8: Transformer Engine's FP8 GEMMs with bf16 weights (stack megatron-te; see fp8_recipe).")
+    fp8_recipe: Literal["delayed", "current", "blockwise", "mxfp8"] | None = field(
+        Optional(Choice("delayed", "current", "blockwise", "mxfp8")), None,
+        "Transformer Engine's FP8 scaling recipe with precision fp8 (delayed or current tensor scaling, "
+        "blockwise, MXFP8); default: delayed.")
+    grad_reduce: Literal["auto", "fp32", "bf16"] = field(
+        Choice("auto", "fp32", "bf16"), "auto",
+        "Dtype of the gradient buffer and its reduction: auto (the stack's default: fp32 under megatron-te with "
+        "bf16, DeepSpeed's compute dtype otherwise), fp32, or bf16 (Megatron's --grad-reduce-in-bf16).")
     recompute: Literal["none", "selective", "full"] = field(
         Choice("none", "selective", "full", "auto"), "none",
         "Activation recomputation (Korthikanti et al. 2022); auto: the search chooses.")
@@ -523,10 +543,11 @@ class JobSpec(Section):
 
     version: Literal[1] = field(Choice(1), description="Job-file format version.")
     name: str = field(Str(min_length=1), "job", "Job name (used in file and queue names).")
-    stack: Literal["dsforge", "megatron-te"] = field(
-        Choice("dsforge", "megatron-te"), "dsforge",
-        "What runs the job: dsforge (its runtime, the default) or megatron-te (Megatron-Core with Transformer "
-        "Engine); memory, FLOPs and time follow its kernels.")
+    stack: Literal["dsforge", "megatron-te", "megatron-deepspeed"] = field(
+        Choice("dsforge", "megatron-te", "megatron-deepspeed"), "dsforge",
+        "What runs the job: dsforge (its runtime, the default), megatron-te (Megatron-Core with Transformer "
+        "Engine) or megatron-deepspeed (DeepSpeed's Megatron fork: its fused kernels on DeepSpeed's engine); "
+        "memory, FLOPs and time follow its kernels.")
     model: ModelSpec = field(Nested(ModelSpec), description="The model to train.")
     hardware: HardwareSpec = field(Nested(HardwareSpec), description="The machines it runs on.")
     parallel: ParallelSpec = section(ParallelSpec, "The parallel layout.")

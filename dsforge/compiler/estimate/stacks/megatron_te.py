@@ -32,6 +32,7 @@ PROFILE = StackProfile(
     # TE layers launch ~20 kernels forward and ~40 backward per layer (one per fused op, GEMM and collective)
     ops_forward=20,
     ops_backward=40,
+    optimizer="megatron",
     sources=("activations: Korthikanti et al. 2022 Table 2 with flash attention (TE DotProductAttention)",
              "megatron/training/theoretical_memory_usage.py: (18 + 4 ffn/h) s b h per layer (selective, SP)",
              "pipeline: schedules.py deallocate_output_tensor",

@@ -26,3 +26,6 @@ class StackProfile:
     ops_forward: int  # framework operations one layer's forward dispatches
     ops_backward: int  # and its backward
     sources: tuple[str, ...]
+    #: whose optimizer keeps the model states: "deepspeed" (DeepSpeed's engine and ZeRO, model_states.py) or
+    #: "megatron" (Megatron-Core's DDP buffer and distributed optimizer, model_states.megatron_states)
+    optimizer: str = "deepspeed"
