@@ -6,7 +6,7 @@ import importlib
 
 _BUILTIN = ("input", "layout", "model_shape", "batch", "topology", "deepspeed_compat", "ds_overrides", "memory",
             "launch", "emit", "rewrite", "plugins", "internal", "paths", "pretrained",
-            "runtime_support", "host_memory", "resume", "pipeline_split")
+            "runtime_support", "host_memory", "resume", "pipeline_split", "hf_plans")
 _loaded = False
 
 
