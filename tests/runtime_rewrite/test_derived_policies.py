@@ -92,3 +92,23 @@ def test_a_family_without_a_hand_written_policy_is_planned_by_its_own_plan(job, 
     model = build_model(resolve_model(spec.model), "meta")
     assert rp.total_params == sum(p.numel() for p in model.parameters())
     assert derived_arch(model) == "hf:starcoder2"
+
+
+def _apertus(m):
+    from transformers import ApertusConfig
+
+    from tests.runtime_rewrite.families import _build, _common
+    return _build(ApertusConfig(**_common(m)))
+
+
+def test_a_learnt_activation_between_two_splits_is_refused_naming_it(job, monkeypatch):
+    import tests.runtime_rewrite.families as fam
+    from dsforge.compiler.model.hf_plans import SPLIT_NEIGHBOUR, PlanRefusal
+
+    monkeypatch.setattr(fam, "apertus", _apertus, raising=False)
+    spec, _ = job({**FAMILY_JOBS["qwen3"], "arch": "auto", "factory": "tests.runtime_rewrite.families:apertus"})
+    model = build_model(resolve_model(spec.model), "meta")
+    with pytest.raises(PlanRefusal) as exc:
+        derived_arch(model)
+    assert exc.value.rule == SPLIT_NEIGHBOUR
+    assert "model.layers.0.mlp.act_fn" in exc.value.message and "model.layers.0.mlp.up_proj" in exc.value.message

@@ -36,6 +36,7 @@ _P = r"(?:.+\.)?"
 #: Rule ids of this module (registered in dsforge/compiler/rules/hf_plans.py).
 STYLE_REFUSED = "DSF170"
 NO_PLAN = "DSF171"
+SPLIT_NEIGHBOUR = "DSF172"
 
 #: HF style -> (dsforge variant, fused blocks, why); None: refused, with the reason.
 STYLES: dict[str, tuple[Variant, int, str] | str] = {

@@ -1,4 +1,4 @@
-"""DSF170-DSF171: rewrite policies derived from an HF model's own parallel plans (dsforge.compiler.model.hf_plans).
+"""DSF170-DSF172: rewrite policies derived from an HF model's own parallel plans (dsforge.compiler.model.hf_plans).
 
 Both are reported where the policy is derived: the rewrite (compile's meta build, and the runtime) of an HF
 model whose family has no hand-written policy.
@@ -6,7 +6,7 @@ model whose family has no hand-written policy.
 
 from __future__ import annotations
 
-from dsforge.compiler.model.hf_plans import NO_PLAN, STYLE_REFUSED
+from dsforge.compiler.model.hf_plans import NO_PLAN, SPLIT_NEIGHBOUR, STYLE_REFUSED
 from dsforge.compiler.rules.registry import report_id
 
 _SRC = "transformers base_model_tp_plan / base_model_ep_plan (transformers/distributed/tensor_parallel.py)"
@@ -23,3 +23,8 @@ report_id(NO_PLAN, "an HF model without a hand-written policy states a parallel 
           "expert-parallel plans; a model_type whose transformers classes state none cannot be split exactly "
           "by name alone, so tp > 1 or ep > 1 is refused (tp = ep = 1, or `rewrite:` rules with model.arch: "
           "custom).", _SRC)
+report_id(SPLIT_NEIGHBOUR, "what the HF plan leaves unlisted does not sit beside what it splits",
+          "HF replicates every module its plan does not name. A parameter owner beside a module the plan splits "
+          "(Apertus' learnt activation between up_proj and down_proj) would see this rank's part of the "
+          "activations, and its gradient would cover those channels only; the derived policy refuses it, naming "
+          "the module and its split neighbour, rather than train with a partial gradient.", _SRC)
