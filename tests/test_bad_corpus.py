@@ -36,6 +36,9 @@ NOT_FROM_A_JOB_FILE = {
               " tests/commands/test_compile_refusals.py",
     "DSF607": "compile only, from the rewrite plan torch computes: tests/commands/test_compile_rewrite.py",
     "DSF640": "a rank loading model.pretrained, at start-up: tests/runtime/test_materialize.py",
+    **{rid: "the rewrite of an HF model by its own parallel plans (compile's meta build, a rank); in a pretrained "
+            "job's DSF012 message: tests/compiler/model/test_hf_plans.py, tests/runtime_rewrite/test_derived_policies.py"
+       for rid in ("DSF170", "DSF171", "DSF172")},
     **{rid: "a new compile against the one that wrote a checkpoint (dsforge run, a rank's resume): "
             "tests/compiler/plan/test_resume_layout.py" for rid in ("DSF164", "DSF165", "DSF166", "DSF167")},
     **{rid: "a rank reading a checkpoint's layout-free state: tests/runtime/test_train_state.py, "

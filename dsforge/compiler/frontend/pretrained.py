@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dsforge.compiler.frontend.job_paths import base_directory
+from dsforge.compiler.frontend.pretrained_derived import DerivedRefusal, derived_keys, derived_window
 from dsforge.compiler.frontend.source import SourceMap
 from dsforge.diagnostics import Diagnostic, Severity
 
@@ -132,9 +133,13 @@ def model_keys(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
     """The job-file `model:` keys config.json describes; DSF012 for a model dsforge cannot express exactly."""
     mtype = cfg.get("model_type")
     if mtype not in FAMILIES:
-        raise PretrainedError("DSF012", f"{path}: model_type {mtype!r} is not a family dsforge can rewrite "
-                              f"({', '.join(sorted(FAMILIES))})", "use a checkpoint of a supported family, or "
-                              "model.factory with `rewrite:` rules for another")
+        try:  # a family only its own HF tp plan places (dsforge.compiler.frontend.pretrained_derived)
+            return derived_keys(cfg, path)
+        except DerivedRefusal as why:
+            raise PretrainedError("DSF012", f"{path}: model_type {mtype!r} is not a family dsforge can rewrite "
+                                  f"(hand-written: {', '.join(sorted(FAMILIES))}; by its HF plan: {why})",
+                                  "use a checkpoint of a supported family, or model.factory with `rewrite:` rules "
+                                  "for another") from None
     arch = FAMILIES[str(mtype)]
     if arch in MOE_FAMILIES:
         router = router_problem(cfg)
@@ -232,6 +237,8 @@ def sliding_window(cfg: dict[str, Any]) -> int | None:
     """
     mtype = cfg.get("model_type")
     window = cfg.get("sliding_window")
+    if mtype not in FAMILIES:
+        return derived_window(cfg)
     if mtype in _OPT_IN_WINDOW:
         layer_types = cfg.get("layer_types")
         used = bool(cfg.get("use_sliding_window")) or (

@@ -27,7 +27,10 @@ report_id("DSF011", "model.pretrained names a readable HF model directory",
 report_id("DSF012", "config.json describes a model dsforge can rewrite exactly",
           "Its model_type must be a family whose modules the rewrite policies place and whose tensors the runtime "
           "reads (llama, mistral, qwen2, gpt2, qwen3, and the MoE families mixtral, qwen2_moe and qwen3_moe, whose "
-          "per-expert tensors are read as the stacks transformers builds of them; their every layer sparse), with the shape fields present and nothing the job's model keys cannot "
+          "per-expert tensors are read as the stacks transformers builds of them; their every layer sparse), or a dense "
+          "causal LM whose transformers classes state a tensor-parallel plan with an exact placement for every style "
+          "(placed by that plan under arch: auto; any sliding_window it states counts as applied), with the shape "
+          "fields present and nothing the job's model keys cannot "
           "state (a sliding window shorter than model.seq_len, Llama's attention_bias or mlp_bias, which bias "
           "o_proj and the MLP too, Llama's pretraining_tp slicing). head_dim and qwen2's q/k/v biases are read "
           "into model.head_dim and model.qkv_bias.", _SRC)

@@ -16,6 +16,7 @@ from dsforge.compiler.model.resolved import ResolvedModel
 from dsforge.compiler.plan.plan import AnyPlan
 from dsforge.compiler.spec.schema import JobSpec, ModelSpec
 from dsforge.runtime.models import ModelBuildError, build_model
+from dsforge.runtime.rewrite.derived import PlanRefusal, derived_arch, hf_plans_of, prefers_derived
 from dsforge.runtime.rewrite.detect import detect_arch
 from dsforge.runtime.rewrite.planner import ModulePlan, RewriteError, RewritePlan, plan_module
 
@@ -30,7 +31,15 @@ def resolve_arch(model: nn.Module, spec: JobSpec) -> str:
         return arch
     if arch != "auto":
         return arch
+    derived_problem = None
+    if prefers_derived(model):
+        try:  # an HF model of a type no hand-written family lists: the policy its own tp/ep plans state
+            return derived_arch(model)
+        except PlanRefusal as exc:
+            derived_problem = str(exc)
     found, reasons = detect_arch(model, list(spec.rewrite))
+    if derived_problem is not None:
+        reasons[f"hf:{hf_plans_of(model).model_type}"] = derived_problem  # type: ignore[union-attr]
     if found is None:
         raise RewriteError("auto", [f"arch: auto recognises none of the families: {a}: {r}"
                                     for a, r in reasons.items()] +

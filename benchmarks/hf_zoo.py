@@ -1,0 +1,227 @@
+"""The HF zoo: every causal-LM type of the installed transformers with a tp plan, tiny and random, under dsforge tp=2.
+
+For each model type of dsforge/compiler/model/hf_plans_table.py whose plans state a tensor- or
+expert-parallel plan, a tiny config is made from the type's defaults (2 layers, hidden 64, 4 query
+and 2 key/value heads of 16 channels, vocabulary 128, 4 experts of top-2; every other width left as
+the config derives it), built on CPU with a fixed seed and run through one forward and backward
+("builds"). Then `arch: auto` plans it at tp=2 on the meta device (refusals carry their rule id), and
+two gloo ranks train the rewritten model for 2 SGD steps against plain HF trained the same way on one
+process: the loss of every step and the gradient of every parameter (each rank's slice of the dense
+gradient), with tests/runtime_rewrite/test_family_parity.py's tolerance (1e-5 of the reference's scale).
+
+Not covered here (yet): ep=2 and pp=2 runs, save_pretrained/from_pretrained and the export round trip.
+
+    python benchmarks/hf_zoo.py [--only t1,t2] [--timeout 300] [--json out.json]
+
+Each type runs in its own processes (a crash or a hang in one cannot stop the others; a hang is cut at
+--timeout). It prints one line per type and the table: exact / refused (rule) / crash / differs /
+does not build, with the run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+BASE: dict[str, Any] = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 96, "vocab": 128,
+                        "seq_len": 16}
+#: Config attributes set on every tiny model where the config has them (names differ between families).
+_SIZES: dict[str, Any] = {
+    "hidden_size": 64, "n_embd": 64, "d_model": 64, "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2,
+    "num_attention_heads": 4, "n_head": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96,
+    "n_inner": 96, "ffn_hidden_size": 96, "vocab_size": 128, "max_position_embeddings": 64, "n_positions": 64,
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4, "num_experts_per_tok": 2,
+    "moe_topk": 2, "moe_k": 2, "top_k": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+    "expert_intermediate_size": 32, "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+    "sliding_window": 64, "use_cache": False, "output_router_logits": False, "router_jitter_noise": 0.0,
+    "tie_word_embeddings": False, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "rotary_dim": 8,
+}
+
+
+def tiny_config(model_type: str) -> Any:
+    """The type's default config shrunk to the zoo's widths (dropouts 0), eager attention."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(model_type)
+    for key, value in _SIZES.items():
+        if hasattr(cfg, key) or key in cfg.to_dict():
+            try:
+                setattr(cfg, key, value)
+            except Exception:  # noqa: BLE001, S110 - a config that refuses the value keeps its own
+                pass
+    for key in list(cfg.to_dict()):
+        if "dropout" in key or key.endswith("_pdrop"):
+            try:
+                setattr(cfg, key, 0.0)
+            except Exception:  # noqa: BLE001, S110 - a config that refuses the value keeps its own
+                pass
+    if isinstance(getattr(cfg, "qk_rope_head_dim", None), int):  # MLA: head_dim is the rotary part's width
+        try:
+            cfg.head_dim = cfg.qk_rope_head_dim
+        except Exception:  # noqa: BLE001, S110 - a config that refuses the value keeps its own
+            pass
+    layers = getattr(cfg, "num_hidden_layers", 2)
+    for key in ("layer_types", "mlp_layer_types", "layers_block_type"):
+        value = getattr(cfg, key, None)
+        if isinstance(value, list) and value:
+            setattr(cfg, key, (value * layers)[:layers])
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def _factory(model_type: str) -> Any:
+    def build(_model: Any = None) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        cfg = tiny_config(model_type)
+        return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float()
+    return build
+
+
+def __getattr__(name: str) -> Any:
+    """`model.factory: benchmarks.hf_zoo:zoo_<model_type>` builds that type's tiny model."""
+    if name.startswith("zoo_"):
+        return _factory(name[4:])
+    raise AttributeError(name)
+
+
+def _job_keys(model: Any, model_type: str) -> dict[str, Any]:
+    cfg = model.config
+    keys = {**BASE, "arch": "auto", "factory": f"benchmarks.hf_zoo:zoo_{model_type}",
+            "tied_embeddings": bool(getattr(cfg, "tie_word_embeddings", False))}
+    heads = getattr(cfg, "num_attention_heads", None)
+    if isinstance(heads, int):
+        keys["heads"] = heads
+        kv = getattr(cfg, "num_key_value_heads", None)
+        keys["kv_heads"] = kv if isinstance(kv, int) and kv > 0 else heads
+    hidden = getattr(cfg, "hidden_size", None)
+    if isinstance(hidden, int):
+        keys["hidden"] = hidden
+    hd = getattr(cfg, "head_dim", None)
+    if isinstance(hd, int) and hd > 0:
+        keys["head_dim"] = hd
+    return keys
+
+
+def _parity_worker(rank: int, world: int, keys: dict[str, Any], tmp: str) -> None:
+    import contextlib
+    import io
+
+    from tests.runtime_rewrite.conftest import make_job
+    from tests.runtime_rewrite.test_family_parity import tp_parity
+
+    mine = Path(tmp) / f"rank{rank}"  # each rank writes its own job file (one shared name races)
+    mine.mkdir(exist_ok=True)
+    spec = make_job(mine, keys, {"tp": 2})
+    with contextlib.redirect_stdout(io.StringIO()):
+        tp_parity(rank, spec, tag=keys["factory"])
+
+
+def run_one(model_type: str) -> dict[str, Any]:
+    """Build, plan and (when planned) run one type; the result as a dict."""
+    import tempfile
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import torch
+
+    t0 = time.perf_counter()
+    try:
+        torch.manual_seed(0)
+        model = _factory(model_type)()
+        ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+        model(input_ids=ids, labels=ids).loss.backward()
+    except Exception as exc:  # noqa: BLE001 - any failure to build tiny is a row of the table
+        return {"type": model_type, "result": "no build", "why": f"{type(exc).__name__}: {exc}"[:200]}
+    from dsforge.compiler.plan.plan import build_plan
+    from dsforge.runtime.rewrite import plan_rewrite
+    from dsforge.runtime.rewrite.planner import RewriteError
+    from tests.runtime_rewrite.conftest import make_job
+
+    tmp = tempfile.mkdtemp(prefix="hf-zoo-")
+    keys = _job_keys(model, model_type)
+    try:
+        spec = make_job(Path(tmp), keys, {"tp": 2})
+        rp = plan_rewrite(spec.model, build_plan(spec))
+    except RewriteError as exc:
+        text = "; ".join(exc.problems)
+        inner = next((w for w in text.replace(":", " ").split() if w.startswith("DSF")), None)
+        rule = "DSF607" + (f"/{inner}" if inner else "")  # compile reports a RewriteError as DSF607
+        return {"type": model_type, "result": "refused", "rule": rule, "why": text[:300],
+                "seconds": round(time.perf_counter() - t0, 1)}
+    except Exception as exc:  # noqa: BLE001 - a planner crash is a row too
+        return {"type": model_type, "result": "crash", "why": f"plan: {type(exc).__name__}: {exc}"[:300],
+                "seconds": round(time.perf_counter() - t0, 1)}
+    from tests.runtime.launcher import run
+
+    try:
+        run(_parity_worker, 2, keys, tmp)
+    except Exception as exc:  # noqa: BLE001 - classified below
+        text = str(exc)
+        result = "differs" if "of the reference's scale" in text or "does not hold its slice" in text else "crash"
+        last = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or [type(exc).__name__]
+        return {"type": model_type, "result": result, "arch": rp.arch, "why": last[0][:300],
+                "seconds": round(time.perf_counter() - t0, 1)}
+    return {"type": model_type, "result": "exact", "arch": rp.arch, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def zoo_types() -> list[str]:
+    """The model types whose transformers plans state a tp or ep plan."""
+    from dsforge.compiler.model.hf_plans import known_types, plans_for_type
+
+    return [t for t in known_types() if (p := plans_for_type(t)) is not None and (p.tp or p.ep)]
+
+
+def main() -> int:
+    """Run the zoo (or one type with --one) and print the table."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--one")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if args.one:
+        print("ZOO " + json.dumps(run_one(args.one)), flush=True)
+        return 0
+    types = [t for t in args.only.split(",") if t] or zoo_types()
+    rows = []
+    start = time.perf_counter()
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for t in types:
+        t0 = time.perf_counter()
+        try:
+            out = subprocess.run([sys.executable, __file__, "--one", t], capture_output=True, text=True,
+                                 timeout=args.timeout, env=env, cwd=ROOT, check=False)
+            line = next((ln for ln in out.stdout.splitlines() if ln.startswith("ZOO ")), None)
+            row = json.loads(line[4:]) if line else {"type": t, "result": "crash",
+                                                       "why": (out.stderr.strip().splitlines() or ["?"])[-1][:300]}
+        except subprocess.TimeoutExpired:
+            row = {"type": t, "result": "crash", "why": f"timed out after {args.timeout} s"}
+        row.setdefault("seconds", round(time.perf_counter() - t0, 1))
+        rows.append(row)
+        print(f"{t:<28} {row['result']:<9} {row.get('rule', '')} {row.get('arch', '')} {row.get('seconds')} s  "
+              f"{row.get('why', '')}",
+              flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["result"]] = counts.get(r["result"], 0) + 1
+    built = len(rows) - counts.get("no build", 0)
+    print(f"\n{len(rows)} types with a tp/ep plan; {built} build tiny on CPU; "
+          + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+          + f"; {time.perf_counter() - start:.0f} s in all")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""`model.pretrained` of a dense HF family without a hand-written policy: placed by its own tp plan (no torch).
+
+config.json's ``model_type`` names a row of the generated plan table (dsforge.compiler.model.hf_plans);
+when its plans derive a policy, the job's model keys are read from the usual HF config names with
+``arch: auto`` (the runtime builds the checkpoint's own HF model and `arch: auto` places it by that
+policy, so the training mathematics is HF's forward). The keys feed the estimates and the layout
+rules only; the features they cannot state (biases, norms with bias, logit scales, ...) make the
+estimates approximate, which explain states from the meta build's exact count.
+
+Refused here (DSF012, with the reason): a type without a derived policy (no plan, or a style without
+an exact placement), MoE types (their checkpoints' expert layouts are read for the hand-written
+families only), and a sliding window, wherever config.json states one, shorter than model.seq_len.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dsforge.compiler.model.hf_plans import PlanRefusal, derive_policy, plans_for_type
+
+#: config.json keys that mark a mixture of experts in the families transformers ships.
+_MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+_ALIASES = {"hidden": ("hidden_size", "n_embd", "d_model"), "layers": ("num_hidden_layers", "n_layer", "num_layers"),
+            "heads": ("num_attention_heads", "n_head"), "ffn_hidden": ("intermediate_size", "n_inner", "ffn_hidden_size"),
+            "seq_len": ("max_position_embeddings", "n_positions")}
+
+
+class DerivedRefusal(Exception):
+    """Why a model_type cannot be loaded by its derived policy (the loader reports it as DSF012)."""
+
+
+def _first(cfg: dict[str, Any], names: tuple[str, ...]) -> Any:
+    return next((cfg[n] for n in names if cfg.get(n) is not None), None)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def derived_keys(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The model keys of a dense checkpoint whose family only its HF plan places; DerivedRefusal when it cannot."""
+    mtype = str(cfg.get("model_type"))
+    plans = plans_for_type(mtype)
+    if plans is None:
+        raise DerivedRefusal(f"model_type {mtype!r} is not a causal LM of transformers' auto mapping")
+    try:
+        derive_policy(plans)
+    except PlanRefusal as exc:
+        raise DerivedRefusal(f"{exc.message} ({exc.rule})") from None
+    if plans.ep or any(_positive(cfg.get(k)) and int(cfg[k]) > 1 for k in _MOE_KEYS):
+        raise DerivedRefusal(f"model_type {mtype!r} is a mixture of experts: its checkpoint's expert tensors are read "
+                             "for mixtral, qwen2_moe and qwen3_moe only")
+    keys: dict[str, Any] = {"arch": "auto"}
+    for key, names in _ALIASES.items():
+        value = _first(cfg, names)
+        if key == "ffn_hidden" and value is None:
+            continue
+        if not _positive(value):
+            raise DerivedRefusal(f"{path}: {names[0]} is {value!r}, not a positive integer")
+        keys[key] = value
+    vocab = cfg.get("vocab_size")
+    if not _positive(vocab):
+        raise DerivedRefusal(f"{path}: vocab_size is {vocab!r}, not a positive integer")
+    keys["vocab"] = vocab
+    kv = cfg.get("num_key_value_heads", cfg.get("num_kv_heads"))
+    keys["kv_heads"] = kv if _positive(kv) else keys["heads"]
+    head_dim = cfg.get("head_dim")
+    keys["head_dim"] = head_dim if _positive(head_dim) else keys["hidden"] // keys["heads"]
+    keys["tied_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
+    act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu")))
+    keys["activation"] = "swiglu" if act in ("silu", "swish") else "gelu"
+    keys["position"] = "rope"
+    return keys
+
+
+def derived_window(cfg: dict[str, Any]) -> int | None:
+    """The sliding window of a derived family: any positive ``sliding_window`` config.json states counts as used.
+
+    Families differ in how they switch it on (every layer, alternate layers, ``layer_types``); taking
+    every stated window as applied refuses a few jobs that would have been exact, never runs one that is not.
+    """
+    window = cfg.get("sliding_window")
+    layer_types = cfg.get("layer_types")
+    sliding_layers = isinstance(layer_types, list) and "sliding_attention" in layer_types
+    if window is None or (cfg.get("use_sliding_window") is False and not sliding_layers):
+        return None
+    return window if _positive(window) else 0

@@ -1,0 +1,67 @@
+"""The rewrite policy of an HF model read from its own classes' parallel plans (dsforge.compiler.model.hf_plans).
+
+Used for `arch: auto` when no hand-written family recognises the model: the model's configuration
+class gives ``base_model_tp_plan``/``base_model_ep_plan``/``base_model_pp_plan`` and its class the head's
+``_tp_plan``; each parameter owner the plan does not name is replicated, as HF's own tensor
+parallelism does. The policy is registered under ``hf:<model_type>`` so the planner, plan.json and
+explain name it.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from dsforge.compiler.model.hf_plans import (
+    SPLIT_NEIGHBOUR,
+    HfPlans,
+    PlanRefusal,
+    complete_rows,
+    derive_policy,
+    plans_from_classes,
+)
+from dsforge.compiler.model.rewrite_policies import FAMILIES, POLICIES
+from dsforge.runtime.rewrite.walk import match_rows
+
+
+def prefers_derived(model: nn.Module) -> bool:
+    """True for an HF model whose model_type no hand-written family lists: its own plan places it first."""
+    plans = hf_plans_of(model)
+    return plans is not None and all(plans.model_type not in types for types in FAMILIES.values())
+
+
+def hf_plans_of(model: nn.Module) -> HfPlans | None:
+    """The plans of an HF PreTrainedModel (None for a module that is not one, or has no model_type)."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if config is None or not isinstance(model_type, str) or not model_type:
+        return None
+    return plans_from_classes(model_type, type(config), type(model))
+
+
+def derived_arch(model: nn.Module) -> str:
+    """Register the model's derived policy (leftover parameter owners replicated) and return its arch name.
+
+    Raises PlanRefusal (DSF170/DSF171) when the plans cannot be placed exactly, DSF172 when a parameter
+    owner the plan leaves unlisted sits beside a module it splits (an activation's learnt parameters
+    between a column and a row split: replicated, its gradient would cover this rank's channels only),
+    and ValueError for a module that is not an HF model.
+    """
+    plans = hf_plans_of(model)
+    if plans is None:
+        raise ValueError("not an HF PreTrainedModel (no config.model_type): its classes state no parallel plan")
+    derived = derive_policy(plans)
+    walk = match_rows(model, [(f"{derived.policy.arch}[{i}]", r) for i, r in enumerate(derived.policy.rows)])
+    split = [c.name for c in walk.claims if c.row.variant in ("column", "row")]
+    beside = [(left, c) for left in walk.leftover for c in split if c.rpartition(".")[0] == left.rpartition(".")[0]]
+    if beside:
+        left, c = beside[0]
+        raise PlanRefusal(SPLIT_NEIGHBOUR, f"model_type {plans.model_type!r}: {left} holds parameters the HF plan "
+                          f"does not name, beside {c}, which the plan splits: replicated, it would see this rank's "
+                          "part of the activations and its gradient would be partial (HF's plan has the same gap)",
+                          "run it at tp=1, or place that module with `rewrite:` rules under model.arch: custom")
+    policy = complete_rows(derived.policy, walk.leftover)
+    POLICIES[policy.arch] = policy  # replaced on every build: the leftovers depend on the model's widths
+    return policy.arch
+
+
+__all__ = ["PlanRefusal", "derived_arch", "hf_plans_of", "prefers_derived"]

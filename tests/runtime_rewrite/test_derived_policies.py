@@ -1,0 +1,114 @@
+"""Derived policies (from HF's own tp/ep plans) against the hand-written ones, parameter by parameter, on meta.
+
+For every family that has both, the policy transformers' plans give must place each parameter as
+the hand-written policy does (variant, fused blocks, head kind) — or the family is one of
+``KEEP_HANDWRITTEN``, whose HF plan gathers or omits what the hand-written policy splits, and then the
+test requires the difference to be exactly the modules that list names (so the list stays true).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from dsforge.compiler.model.hf_plans import KEEP_HANDWRITTEN, complete_rows, derive_policy, plans_for_type
+from dsforge.compiler.model.resolved import resolve_model
+from dsforge.compiler.model.rewrite_policies import POLICIES, PolicyRow
+from dsforge.runtime.models import build_model
+from dsforge.runtime.rewrite import plan_rewrite
+from dsforge.runtime.rewrite.derived import derived_arch, hf_plans_of
+from dsforge.runtime.rewrite.walk import match_rows
+from tests.runtime_rewrite.families import FAMILY_JOBS
+
+
+def _placement(row: PolicyRow) -> tuple[object, ...]:
+    # norm and replicate both keep the parameter whole on every rank; they differ only in the gradient sum
+    # sequence parallelism adds, which derived policies refuse (sequence_parallel False): the same placement.
+    variant = "replicate" if row.variant == "norm" else row.variant
+    return (variant, row.fused, row.heads, row.blocks)
+
+
+def _per_param(model, rows):
+    walk = match_rows(model, [(f"r{i}", r) for i, r in enumerate(rows)])
+    out = {}
+    for claim in walk.claims:
+        for name, _ in claim.module.named_parameters():
+            out[f"{claim.name}.{name}" if claim.name else name] = _placement(claim.row)
+    return out, walk.leftover
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_JOBS))
+def test_the_derived_policy_places_every_parameter_as_the_hand_written_one(job, family):
+    keys = FAMILY_JOBS[family]
+    spec, _ = job(keys)
+    model = build_model(resolve_model(spec.model), "meta")
+    mtype = model.config.model_type
+    derived = derive_policy(plans_for_type(mtype))
+    _, leftover = _per_param(model, derived.policy.rows)
+    policy = complete_rows(derived.policy, leftover)
+    got, left = _per_param(model, policy.rows)
+    hand = POLICIES[keys["arch"]]
+    want, hand_left = _per_param(model, hand.rows)
+    assert not derived.policy.sequence_parallel
+    assert left == [] and hand_left == []
+    assert set(got) == set(want) == {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    differ = sorted({re.sub(r"\.\d+\.", ".*.", n) for n in want if got[n] != want[n]})
+    if mtype in KEEP_HANDWRITTEN:
+        assert differ == sorted(KEEP_HANDWRITTEN[mtype][1]), differ
+    else:
+        assert differ == [], {n: (want[n], got[n]) for n in want if got[n] != want[n]}
+
+
+def test_plans_from_the_classes_match_the_generated_table(job):
+    spec, _ = job(FAMILY_JOBS["qwen3_moe"])
+    model = build_model(resolve_model(spec.model), "meta")
+    from_classes, from_table = hf_plans_of(model), plans_for_type("qwen3_moe")
+    assert (from_classes.tp, from_classes.ep, from_classes.head_tp) == (from_table.tp, from_table.ep, from_table.head_tp)
+
+
+def _starcoder2(m):
+    from transformers import Starcoder2Config
+
+    from tests.runtime_rewrite.families import _build, _common
+    return _build(Starcoder2Config(**_common(m), residual_dropout=0.0, embedding_dropout=0.0))
+
+
+def test_a_family_without_a_hand_written_policy_is_planned_by_its_own_plan(job, monkeypatch):
+    import tests.runtime_rewrite.families as fam
+
+    monkeypatch.setattr(fam, "starcoder2", _starcoder2, raising=False)
+    keys = {**FAMILY_JOBS["qwen3"], "arch": "auto", "factory": "tests.runtime_rewrite.families:starcoder2"}
+    spec, plan = job(keys, {"tp": 2})
+    rp = plan_rewrite(spec.model, plan)
+    assert rp.arch == "hf:starcoder2"
+    assert rp.module("model.layers.0.self_attn.k_proj").variant == "column"
+    assert rp.module("model.layers.0.self_attn.k_proj").params[0].shard == (16, 64)  # one of the 2 kv heads
+    assert rp.module("model.layers.0.mlp.c_fc").variant == "column"
+    assert rp.module("model.layers.0.mlp.c_proj").variant == "row"
+    assert rp.module("model.embed_tokens").variant == "vocab"
+    model = build_model(resolve_model(spec.model), "meta")
+    assert rp.total_params == sum(p.numel() for p in model.parameters())
+    assert derived_arch(model) == "hf:starcoder2"
+
+
+def _apertus(m):
+    from transformers import ApertusConfig
+
+    from tests.runtime_rewrite.families import _build, _common
+    return _build(ApertusConfig(**_common(m)))
+
+
+def test_a_learnt_activation_between_two_splits_is_refused_naming_it(job, monkeypatch):
+    import tests.runtime_rewrite.families as fam
+    from dsforge.compiler.model.hf_plans import SPLIT_NEIGHBOUR, PlanRefusal
+
+    monkeypatch.setattr(fam, "apertus", _apertus, raising=False)
+    spec, _ = job({**FAMILY_JOBS["qwen3"], "arch": "auto", "factory": "tests.runtime_rewrite.families:apertus"})
+    model = build_model(resolve_model(spec.model), "meta")
+    with pytest.raises(PlanRefusal) as exc:
+        derived_arch(model)
+    assert exc.value.rule == SPLIT_NEIGHBOUR
+    assert "model.layers.0.mlp.act_fn" in exc.value.message and "model.layers.0.mlp.up_proj" in exc.value.message
