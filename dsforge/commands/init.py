@@ -205,7 +205,7 @@ class _Judge:
         """The busiest rank stays within MEMORY_TARGET (the rules aside)."""
         plan = self._plan(data)
         try:
-            return plan is not None and estimate_memory(plan).utilization <= MEMORY_TARGET
+            return plan is not None and estimate_memory(plan.priced()).utilization <= MEMORY_TARGET
         except ValueError:
             return False
 
