@@ -25,7 +25,6 @@ def command(file: str, fmt: str, plot_dir: str | None, html_path: str | None, to
     except InvalidJob as exc:
         click.echo(get(fmt)(exc.result.diagnostics), nl=False)
         sys.exit(EXIT_UNUSABLE if exc.result.unusable else EXIT_FINDINGS)
-    assert result.plan is not None  # require_valid returns planned jobs only
     # the layout search's choice for `auto` fields (DSF133) is said with the warnings: the estimate below is of it
     warnings = [d for d in result.diagnostics if d.severity == Severity.WARNING or d.rule == "DSF133"]
     if warnings:

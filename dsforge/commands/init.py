@@ -205,7 +205,7 @@ class _Judge:
         """The busiest rank stays within MEMORY_TARGET (the rules aside)."""
         plan = self._plan(data)
         try:
-            return plan is not None and estimate_memory(plan).utilization <= MEMORY_TARGET
+            return plan is not None and estimate_memory(plan.priced()).utilization <= MEMORY_TARGET
         except ValueError:
             return False
 
@@ -214,7 +214,8 @@ class _Judge:
         if not self.memory_ok(data):  # first: it rejects most candidates and costs about what the rules do
             return False
         plan = self._plan(data)
-        assert plan is not None
+        if plan is None:  # memory_ok found one: never taken
+            return False
         found = run_rules(Context(plan.spec, plan, self.smap, data), self.rules)
         return not any(d.severity in (Severity.ERROR, Severity.WARNING) for d in found)
 

@@ -106,10 +106,24 @@ class InvalidJob(Exception):
         self.result = result
 
 
-def require_valid(path: str | Path, selection: Selection | None = None) -> Result:
+@dataclass(frozen=True)
+class ValidJob:
+    """A job `require_valid` accepted: its result (diagnostics: warnings at most), its loaded job and its plan."""
+
+    result: Result
+    job: LoadedJob
+    plan: Plan
+
+    @property
+    def diagnostics(self) -> list[Diagnostic]:
+        """The job's reported findings (no errors)."""
+        return self.result.diagnostics
+
+
+def require_valid(path: str | Path, selection: Selection | None = None) -> ValidJob:
     """Validate a job file that is about to be used (explain, the runtime, the trainer plugins); InvalidJob when
     it is unusable or has errors, so that every caller refuses exactly the same jobs."""
     result = validate_file(path, selection=selection)
     if result.unusable or result.job is None or result.plan is None or has_errors(result.diagnostics):
         raise InvalidJob(result)
-    return result
+    return ValidJob(result, result.job, result.plan)

@@ -76,7 +76,6 @@ def load_job(job: JobLike) -> TrainerJob:
     except InvalidJob as exc:
         text = get("text")(exc.result.diagnostics)
         raise PluginError(f"the job file {job} cannot be used:\n{text}".rstrip()) from None
-    assert result.job is not None and result.plan is not None  # require_valid returns planned jobs only
     warnings = [d for d in result.diagnostics if d.severity == Severity.WARNING]
     return TrainerJob(str(job), result.plan.resolve(), result.job.source, result.job.raw, warnings)
 

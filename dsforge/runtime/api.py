@@ -54,7 +54,6 @@ def load_plan(job: str | os.PathLike[str] | JobSpec | Plan | ResolvedPlan) -> Pl
         result = require_valid(path)
     except InvalidJob as exc:
         raise JobError(f"{path} has errors:\n{get('text')(exc.result.diagnostics)}") from None
-    assert result.plan is not None  # require_valid returns planned jobs only
     return result.plan
 
 

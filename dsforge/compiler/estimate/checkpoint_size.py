@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from dsforge.compiler.estimate.shares import layer_kinds, stage_share
 from dsforge.compiler.estimate.zero_config import zero_settings
-from dsforge.compiler.plan.plan import AnyPlan
+from dsforge.compiler.plan.plan import Priced
 
 FP32 = 4
 #: plan.json and ds_config.json copies, the commit file and the manifest (bytes, rank 0).
@@ -66,15 +66,14 @@ def peak_checkpoints(saves: int, keep: int | str) -> int:
     return saves if not isinstance(keep, int) else min(saves, keep + 1)
 
 
-def checkpoint_summary(plan: AnyPlan) -> dict[str, object]:
+def checkpoint_summary(plan: Priced) -> dict[str, object]:
     """plan.json's and explain's `checkpoint` section of ``plan``."""
     ck = plan.spec.training.checkpoint
     return checkpoint_size(plan).as_dict(saves_of(plan.spec.training.steps, ck.every), ck.keep)
 
 
-def checkpoint_size(plan: AnyPlan) -> CheckpointSize:
+def checkpoint_size(plan: Priced) -> CheckpointSize:
     """The bytes one checkpoint of ``plan`` takes (needs a valid layout)."""
-    assert plan.degrees is not None
     d, z = plan.degrees, zero_settings(plan)
     b, k = z.weight_bytes, z.optimizer_bytes
     replicas = d.dp * d.cp  # ranks holding the same dense shard (ZeRO partitions over them)

@@ -30,7 +30,7 @@ from dsforge.compiler.estimate.shares import (
 from dsforge.compiler.estimate.stacks.grad_dtype import fp32_main_grads
 from dsforge.compiler.estimate.zero_config import zero_settings
 from dsforge.compiler.model.params import padded_vocab
-from dsforge.compiler.plan.plan import AnyPlan
+from dsforge.compiler.plan.plan import Priced
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}  # fp8: TE keeps activations between GEMMs in bf16
 
@@ -44,7 +44,7 @@ class Link:
     latency_s: float
 
 
-def link_of(plan: AnyPlan, kind: str) -> Link:
+def link_of(plan: Priced, kind: str) -> Link:
     """The link a group kind crosses: the network if any group of that kind spans nodes, else NVLink."""
     hw = plan.spec.hardware
     crosses = plan.placement is not None and plan.placement.crosses_nodes(kind)
@@ -111,14 +111,13 @@ class Collective:
         return self.repeat * wire_bytes(self.op, self.payload_bytes, self.group_size)
 
 
-def _activation_bytes(plan: AnyPlan) -> float:
+def _activation_bytes(plan: Priced) -> float:
     """One layer-boundary activation of a micro-batch on one cp rank: b·(s/cp)·h elements."""
-    assert plan.degrees is not None
     m, t = plan.model, plan.spec.training
     return t.micro_batch * m.seq_len / plan.degrees.cp * m.hidden * DTYPE_BYTES[t.precision]
 
 
-def tensor_parallel(plan: AnyPlan) -> list[Collective]:
+def tensor_parallel(plan: Priced) -> list[Collective]:
     """Megatron TP (Shoeybi et al. 2019, sec. 3): per layer 2 all-reduces forward, 2 backward.
 
     With sequence parallelism each becomes an all-gather plus a reduce-scatter of the same tensor
@@ -126,7 +125,6 @@ def tensor_parallel(plan: AnyPlan) -> list[Collective]:
     scatters with SP) its output; the LM head's input is all-gathered (SP) or its gradient all-reduced.
     Full recompute repeats the forward collectives during backward (counted in `steptime`).
     """
-    assert plan.degrees is not None
     tp = plan.degrees.tp
     if tp <= 1:
         return []
@@ -151,7 +149,7 @@ def tensor_parallel(plan: AnyPlan) -> list[Collective]:
     return ops
 
 
-def context_parallel(plan: AnyPlan) -> list[Collective]:
+def context_parallel(plan: Priced) -> list[Collective]:
     """CP per layer: ring exchange of K/V chunks, or Ulysses all-to-alls.
 
     Ring (Liu et al. 2023, Ring Attention; Megatron-Core context parallelism): cp-1 exchanges of this
@@ -159,7 +157,6 @@ def context_parallel(plan: AnyPlan) -> list[Collective]:
     Ulysses (Jacobs et al. 2023, DeepSpeed-Ulysses sec. 3): all-to-all of Q, K, V before attention and
     of the output after it, the same four again backward, on the critical path.
     """
-    assert plan.degrees is not None
     d, m = plan.degrees, plan.model
     if d.cp <= 1:
         return []
@@ -180,13 +177,12 @@ def context_parallel(plan: AnyPlan) -> list[Collective]:
                        link, "none")]
 
 
-def expert_parallel(plan: AnyPlan) -> list[Collective]:
+def expert_parallel(plan: Priced) -> list[Collective]:
     """EP per MoE layer: dispatch and combine all-to-alls forward, both again backward.
 
     DeepSpeed-MoE (Rajbhandari et al. 2022, sec. 5; deepspeed/moe/sharded_moe.py) sends every
     token's top_k copies, padded to capacity_factor, to the ranks owning their experts and back.
     """
-    assert plan.degrees is not None
     d, m = plan.degrees, plan.model
     if d.ep <= 1 or m.moe is None:
         return []
@@ -199,14 +195,13 @@ def expert_parallel(plan: AnyPlan) -> list[Collective]:
                        link, "none", 2)]
 
 
-def pipeline_parallel(plan: AnyPlan) -> list[Collective]:
+def pipeline_parallel(plan: Priced) -> list[Collective]:
     """PP: one activation send forward and one gradient send backward per micro-batch and chunk boundary.
 
     Narayanan et al. 2021 sec. 2.2; each tp rank sends its 1/tp slice when activations are
     sequence-parallel (their scatter/gather optimisation, sec. 4.1), the whole tensor otherwise. A
     tied embedding's gradient is all-reduced between the first and last stage once per step.
     """
-    assert plan.degrees is not None
     d, m = plan.degrees, plan.model
     if d.pp <= 1:
         return []
@@ -235,7 +230,7 @@ def _op(group: str, op: str, purpose: str, phase: str, scope: str, payload: floa
     return Collective(group, op, purpose, phase, scope, payload / calls, n, link, overlap, calls)
 
 
-def _dp_ops(group: str, n: int, params: float, plan: AnyPlan, gathered: tuple[float, int] = (0.0, 0)) -> list[Collective]:
+def _dp_ops(group: str, n: int, params: float, plan: Priced, gathered: tuple[float, int] = (0.0, 0)) -> list[Collective]:
     """The ZeRO collectives over one data-parallel group for ``params`` rank-local parameters.
 
     ``gathered`` is ZeRO-3's (parameters fetched each pass, tensors fetched): the tensors at or below the
@@ -275,7 +270,7 @@ def _dp_ops(group: str, n: int, params: float, plan: AnyPlan, gathered: tuple[fl
     return ops
 
 
-def grad_bytes(plan: AnyPlan) -> int:
+def grad_bytes(plan: Priced) -> int:
     """Bytes per gradient element on the wire: the 16-bit compute dtype under DeepSpeed (its default
     communication_data_type), 4 where the stack reduces an fp32 main-grad buffer (Megatron-Core with bf16:
     megatron/training/arguments.py turns accumulate_allreduce_grads_in_fp32 on unless --grad-reduce-in-bf16;
@@ -284,7 +279,7 @@ def grad_bytes(plan: AnyPlan) -> int:
     return 4 if fp32_main_grads(plan.spec.stack, plan.spec.training.grad_reduce, weight) else weight
 
 
-def data_parallel(plan: AnyPlan, stage: int) -> list[Collective]:
+def data_parallel(plan: Priced, stage: int) -> list[Collective]:
     """DP collectives of one pipeline stage's ranks, by ZeRO stage (Rajbhandari et al. 2020, sec. 7).
 
     ZeRO-0 all-reduces gradients once per step (2Ψ). ZeRO-1 reduce-scatters them at the step and
@@ -295,7 +290,6 @@ def data_parallel(plan: AnyPlan, stage: int) -> list[Collective]:
     data-parallel group. Bytes are in the 16-bit compute dtype, DeepSpeed's default
     communication_data_type (deepspeed/runtime/engine.py); gradients in `grad_bytes`.
     """
-    assert plan.degrees is not None
     d = plan.degrees
     # a stage's collectives follow from its parameters: whether it is first or last and its layers by kind
     kinds = layer_kinds(plan, stage)
@@ -310,10 +304,9 @@ def data_parallel(plan: AnyPlan, stage: int) -> list[Collective]:
     return list(ops)
 
 
-def _zero3_gathers(plan: AnyPlan, stage: int) -> tuple[tuple[float, int], tuple[float, int]]:
+def _zero3_gathers(plan: Priced, stage: int) -> tuple[tuple[float, int], tuple[float, int]]:
     """ZeRO-3's per-pass fetches on one rank of ``stage``, (parameters, tensors) for dense and for expert
     weights: every tensor above stage3_param_persistence_threshold, one all-gather call each."""
-    assert plan.degrees is not None
     d, model = plan.degrees, plan.model
     threshold = zero_settings(plan).persistence_threshold
     share = stage_share(plan, stage, threshold)
@@ -330,7 +323,7 @@ def _zero3_gathers(plan: AnyPlan, stage: int) -> tuple[tuple[float, int], tuple[
     return (max(0.0, share.dense - share.small), dense_tensors), (share.expert, expert_tensors)
 
 
-def model_parallel(plan: AnyPlan) -> list[Collective]:
+def model_parallel(plan: Priced) -> list[Collective]:
     """The collectives every stage runs alike: TP, CP, EP and PP (DP differs by stage: `data_parallel`); built
     once per plan, since every stage's passes ask."""
     memo = plan_memo(plan)

@@ -29,7 +29,7 @@ from dsforge.compiler.estimate.stacks import StackProfile, profile_of
 from dsforge.compiler.model.lean_kernels import lean_kernels
 from dsforge.compiler.model.params import is_moe_layer, padded_vocab
 from dsforge.compiler.model.resolved import ResolvedModel
-from dsforge.compiler.plan.plan import AnyPlan
+from dsforge.compiler.plan.plan import Priced
 
 #: Large-GEMM efficiency for an accelerator that states none: cuBLAS bf16 GEMMs of 8k-16k reach 0.7-0.8 of
 #: dense peak on A100 and H100 (NVIDIA's Deep Learning Performance guide, "Matrix multiplication" section).
@@ -60,7 +60,7 @@ class Rates:
         return self.override if self.override is not None else self.gemm_efficiency
 
 
-def rates(plan: AnyPlan, peak_flops: float) -> Rates:
+def rates(plan: Priced, peak_flops: float) -> Rates:
     """The compute rates of a plan's accelerator (see the module doc for the precedence); FP8 jobs run their
     linear layers at the FP8 peak."""
     base = _rates(plan, peak_flops)
@@ -71,7 +71,7 @@ def rates(plan: AnyPlan, peak_flops: float) -> Rates:
                    source=base.source + "; linear-layer GEMMs at the FP8 peak (Transformer Engine)")
 
 
-def _rates(plan: AnyPlan, peak_flops: float) -> Rates:
+def _rates(plan: Priced, peak_flops: float) -> Rates:
     hw = plan.spec.hardware
     acc = hw.accelerator
     ranks = min(plan.world_size, hw.gpus_per_node)
@@ -143,9 +143,8 @@ def _layer(model: ResolvedModel, moe: bool, tokens: float, tp: int, ep: int, sp_
     return gemm, attention, elementwise / r.memory_Bps
 
 
-def chunk_time(plan: AnyPlan, first_layer: int, layers: int, first: bool, last: bool, r: Rates) -> ChunkTime:
+def chunk_time(plan: Priced, first_layer: int, layers: int, first: bool, last: bool, r: Rates) -> ChunkTime:
     """Seconds of one micro-batch through layers [first_layer, first_layer + layers) on one rank."""
-    assert plan.degrees is not None
     d, model, t = plan.degrees, plan.model, plan.spec.training
     if r.override is not None:
         f = flops.chunk_flops(plan, first_layer, layers, first, last)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from dsforge.compiler.estimate.shares import gathered_tensors, layer_kinds
 from dsforge.compiler.model.params import has_bias
-from dsforge.compiler.plan.plan import AnyPlan
+from dsforge.compiler.plan.plan import Priced
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,8 @@ class EngineOverhead:
     tensors: int
 
 
-def rank_tensors(plan: AnyPlan, stage: int) -> int:
+def rank_tensors(plan: Priced, stage: int) -> int:
     """Parameter tensors one rank of ``stage`` holds (each has its own gradient hook and optimizer entry)."""
-    assert plan.degrees is not None
     d, model = plan.degrees, plan.model
     count = 0
     for moe, layers in layer_kinds(plan, stage).items():
@@ -48,7 +47,7 @@ def rank_tensors(plan: AnyPlan, stage: int) -> int:
     return count
 
 
-def engine_overhead(plan: AnyPlan, stage: int) -> EngineOverhead:
+def engine_overhead(plan: Priced, stage: int) -> EngineOverhead:
     """The engine host time of one rank of ``stage`` (zero when the hardware states no engine_overhead)."""
     hw = plan.spec.hardware
     tensors = rank_tensors(plan, stage)

@@ -22,7 +22,7 @@ from dsforge.compiler.estimate.memo import bounded
 from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.model.params import is_moe_layer, padded_vocab
 from dsforge.compiler.model.resolved import ResolvedModel
-from dsforge.compiler.plan.plan import AnyPlan
+from dsforge.compiler.plan.plan import Priced
 from dsforge.compiler.spec.schema import AcceleratorSpec
 
 
@@ -88,7 +88,7 @@ def model_flops_per_token(model: ResolvedModel, tp: int = 1) -> float:
     return 3.0 * (layers + logits_forward_flops(model, tp))
 
 
-def model_flops_per_step(plan: AnyPlan) -> float:
+def model_flops_per_step(plan: Priced) -> float:
     """Model FLOPs of one optimizer step: per-token FLOPs x global_batch x seq_len."""
     t, m = plan.spec.training, plan.model
     tp = plan.degrees.tp if plan.degrees else 1
@@ -133,14 +133,13 @@ def _unsplit_by_tp(hw: LayerFlops, moe: bool, split: bool = False) -> float:
     return hw.mlp + hw.router if moe and not split else 0.0
 
 
-def chunk_flops(plan: AnyPlan, first_layer: int, layers: int, first: bool, last: bool) -> ChunkFlops:
+def chunk_flops(plan: Priced, first_layer: int, layers: int, first: bool, last: bool) -> ChunkFlops:
     """Per-GPU hardware FLOPs of one micro-batch through layers [first_layer, first_layer + layers).
 
     The micro-batch's micro_batch·seq_len tokens are split over cp (each rank owns a slice of the
     sequence) and every matmul over tp (Shoeybi et al. 2019), except the MoE experts, which every TP
     rank runs whole (``_unsplit_by_tp``); the last chunk adds the logits.
     """
-    assert plan.degrees is not None
     model, t = plan.model, plan.spec.training
     tokens = t.micro_batch * model.seq_len / plan.degrees.cp
     split = profile_of(plan.spec.stack).experts_split_over_tp
@@ -180,7 +179,7 @@ def _chunk_per_token(model: ResolvedModel, tp: int, split: bool, recompute: str,
     return fwd, core, extra
 
 
-def hardware_flops_per_step(plan: AnyPlan) -> float:
+def hardware_flops_per_step(plan: Priced) -> float:
     """All FLOPs the GPUs execute in one step: model FLOPs plus recomputation and MoE capacity padding."""
     model, t = plan.model, plan.spec.training
     tp = plan.degrees.tp if plan.degrees else 1

@@ -33,7 +33,7 @@ from dsforge.compiler.estimate.stacks.options import stack_options
 from dsforge.compiler.estimate.zero_config import ZeroSettings, zero_settings
 from dsforge.compiler.model.params import padded_vocab
 from dsforge.compiler.model.resolved import ResolvedModel
-from dsforge.compiler.plan.plan import AnyPlan
+from dsforge.compiler.plan.plan import Priced
 
 GPU_RESERVE_BYTES = 2.0e9
 CPU_RESERVE_BYTES = 0.45e9
@@ -92,7 +92,7 @@ class MemoryEstimate:
         return self.peak.device_bytes / self.capacity_bytes
 
 
-def activation_shape(plan: AnyPlan) -> act.ActivationShape:
+def activation_shape(plan: Priced) -> act.ActivationShape:
     """The activation-sizing inputs of a plan: micro-batch, sequence, tp/cp/sp, precision, kernels (once per plan:
     every stage asks, and the emitted checkpointing block it reads merges the job's overrides)."""
     memo = plan_memo(plan)
@@ -102,8 +102,7 @@ def activation_shape(plan: AnyPlan) -> act.ActivationShape:
     return shape
 
 
-def _activation_shape(plan: AnyPlan) -> act.ActivationShape:
-    assert plan.degrees is not None
+def _activation_shape(plan: Priced) -> act.ActivationShape:
     t, p = plan.spec.training, plan.spec.parallel
     return act.ActivationShape(
         micro_batch=t.micro_batch, seq_len=plan.model.seq_len, tp=plan.degrees.tp, cp=plan.degrees.cp,
@@ -113,17 +112,16 @@ def _activation_shape(plan: AnyPlan) -> act.ActivationShape:
         experts_split=profile_of(plan.spec.stack).experts_split_over_tp)
 
 
-def partitions_checkpoints(plan: AnyPlan) -> bool:
+def partitions_checkpoints(plan: Priced) -> bool:
     """True when the emitted ds_config (overrides merged) partitions checkpointed layer inputs over tp."""
     block = emitted_checkpointing_block(plan)
     return plan.degrees is not None and plan.degrees.tp > 1 and bool(block.get("partition_activations", False))
 
 
-def micro_batches(plan: AnyPlan) -> int:
+def micro_batches(plan: Priced) -> int:
     """Micro-batches per optimizer step (gradient-accumulation steps), at least 1."""
     if plan.grad_accum:
         return plan.grad_accum
-    assert plan.degrees is not None
     t = plan.spec.training
     return max(1, t.global_batch // (t.micro_batch * plan.degrees.dp))
 
@@ -136,7 +134,7 @@ class _PerLayer:
     working_set: dict[bool, float]
 
     @classmethod
-    def of(cls, plan: AnyPlan, shape: act.ActivationShape) -> _PerLayer:
+    def of(cls, plan: Priced, shape: act.ActivationShape) -> _PerLayer:
         return _per_layer(plan.model, shape, plan.spec.training.recompute)
 
 
@@ -163,11 +161,12 @@ class _Context:
     logits: tuple[float, float]  # act.logits_bytes: (saved, transient)
 
 
-def _context(plan: AnyPlan) -> _Context:
+def _context(plan: Priced) -> _Context:
     memo = plan_memo(plan)
     ctx: _Context | None = memo.get("memory_context")
     if ctx is None:
-        assert plan.degrees is not None and plan.placement is not None
+        if plan.placement is None:  # estimate_memory refuses such plans first; the search's bound gives 0
+            raise ValueError("the memory estimate needs a rank placement (degrees filling the world, an order)")
         model, shape = plan.model, activation_shape(plan)
         ctx = memo["memory_context"] = _Context(
             chunk_table(plan), kind_table(plan), shape, plan.placement.first_group("pp"), on_cpu(plan),
@@ -188,8 +187,7 @@ class _Template:
     working_set: float
 
 
-def _template(plan: AnyPlan, stage: int, z: ZeroSettings, m: int, per: _PerLayer, ctx: _Context) -> _Template:
-    assert plan.degrees is not None
+def _template(plan: Priced, stage: int, z: ZeroSettings, m: int, per: _PerLayer, ctx: _Context) -> _Template:
     d = plan.degrees
     dense, moe = ctx.kinds[stage]
     layers = {False: dense, True: moe}  # `layer_kinds`
@@ -201,9 +199,8 @@ def _template(plan: AnyPlan, stage: int, z: ZeroSettings, m: int, per: _PerLayer
     return _Template(share, st, per_mb, max((per.working_set[moe] for moe in kinds), default=0.0))
 
 
-def _activations(plan: AnyPlan, stage: int, ctx: _Context, m: int, tpl: _Template) -> tuple[float, float]:
+def _activations(plan: Priced, stage: int, ctx: _Context, m: int, tpl: _Template) -> tuple[float, float]:
     """(activations, logits) bytes one rank of ``stage`` holds at its peak under the schedule."""
-    assert plan.degrees is not None
     model, d, shape = plan.model, plan.degrees, ctx.shape
     chunks = len(ctx.chunks[stage])
     flight = act.in_flight(ctx.schedule, d.pp, stage, m, chunks)
@@ -254,14 +251,13 @@ def _stage_states(stack: str, share: RankParams, z: ZeroSettings, n_dense: int, 
     return _States(states, update, _with_reserve(cpu, {**_ZEROS, **states.step}), sum(update.values()))
 
 
-def stage_memory(plan: AnyPlan, stage: int, z: ZeroSettings, m: int, per: _PerLayer | None = None) -> StageMemory:
-    """Device and host bytes of one rank of pipeline ``stage``."""
-    assert plan.degrees is not None and plan.placement is not None
+def stage_memory(plan: Priced, stage: int, z: ZeroSettings, m: int, per: _PerLayer | None = None) -> StageMemory:
+    """Device and host bytes of one rank of pipeline ``stage`` (ValueError without a rank placement)."""
     ctx = _context(plan)
     return _stage_memory(plan, stage, m, ctx, _template(plan, stage, z, m, per or _PerLayer.of(plan, ctx.shape), ctx))
 
 
-def _stage_memory(plan: AnyPlan, stage: int, m: int, ctx: _Context, tpl: _Template) -> StageMemory:
+def _stage_memory(plan: Priced, stage: int, m: int, ctx: _Context, tpl: _Template) -> StageMemory:
     st = tpl.st
     activ, logits = _activations(plan, stage, ctx, m, tpl)
     backward = _with_reserve(ctx.cpu, {**_ZEROS, **st.states.backward, "activations": activ, "logits": logits})
@@ -275,7 +271,7 @@ def _with_reserve(cpu: bool, comps: dict[str, float]) -> dict[str, float]:
     return {**comps, "reserve": _reserve(cpu, sum(comps.values()))}
 
 
-def estimate_memory(plan: AnyPlan) -> MemoryEstimate:
+def estimate_memory(plan: Priced) -> MemoryEstimate:
     """Estimate every pipeline stage's memory for a plan whose layout is valid (else ValueError)."""
     if not plan.layout_ok or plan.degrees is None or plan.placement is None or not plan.stage_layers:
         raise ValueError("estimate_memory needs a valid layout (degrees filling the world, a stage partition)")
@@ -318,11 +314,10 @@ def estimate_memory(plan: AnyPlan) -> MemoryEstimate:
     return out
 
 
-def _stage_class(plan: AnyPlan, stage: int, m: int) -> tuple[object, ...]:
+def _stage_class(plan: Priced, stage: int, m: int) -> tuple[object, ...]:
     """Everything of a stage `stage_memory` reads besides its index: first or last (embedding, head, logits,
     output buffers), its layers by kind and per chunk, and the micro-batches it holds in flight. Stages alike
     in these have the same bytes (a deep pipeline's middle stages), so `estimate_memory` computes them once."""
-    assert plan.degrees is not None
     d, ctx = plan.degrees, _context(plan)
     chunks = ctx.chunks[stage]
     flight = act.in_flight(ctx.schedule, d.pp, stage, m, len(chunks))

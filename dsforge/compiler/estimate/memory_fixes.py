@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
-from dsforge.compiler.plan.plan import Plan, build_plan
+from dsforge.compiler.plan.plan import Plan, Priced, build_plan
 from dsforge.compiler.spec.schema import JobSpec
 
 
@@ -41,10 +41,9 @@ def _with(spec: JobSpec, section: str, **values: Any) -> JobSpec:
     return changed
 
 
-def _relayout(spec: JobSpec, plan: Plan, **degrees: int) -> tuple[str, JobSpec] | None:
+def _relayout(spec: JobSpec, plan: Priced, **degrees: int) -> tuple[str, JobSpec] | None:
     """Change tp or pp, keeping the world size by recomputing dp; None when it does not divide."""
     d = plan.degrees
-    assert d is not None
     tp, pp = degrees.get("tp", d.tp), degrees.get("pp", d.pp)
     if plan.world_size % (tp * pp * d.cp):
         return None
@@ -54,10 +53,9 @@ def _relayout(spec: JobSpec, plan: Plan, **degrees: int) -> tuple[str, JobSpec] 
     return f"{label} (dp {d.dp} -> {dp})", _with(spec, "parallel", **degrees, dp=dp_value)
 
 
-def candidates(spec: JobSpec, plan: Plan) -> Iterator[tuple[str, JobSpec]]:
+def candidates(spec: JobSpec, plan: Priced) -> Iterator[tuple[str, JobSpec]]:
     """Every single change that could lower the peak (`ranked_fixes` prices each and checks what it breaks)."""
     d, t, par = plan.degrees, spec.training, spec.parallel
-    assert d is not None
     for stage in range(plan.zero + 1, 4):
         yield f"parallel.zero: {stage}", _with(spec, "parallel", zero=stage)
     for policy in ("selective", "full"):
@@ -118,11 +116,11 @@ def ranked_fixes(search: FixSearch, limit: int = 5) -> list[MemoryFix]:
     """
     before = search.estimate.peak.device_bytes
     fixes = []
-    for change, new_spec in candidates(search.spec, search.plan):
+    for change, new_spec in candidates(search.spec, search.plan.priced()):
         new_plan = build_plan(new_spec)
         if not _estimable(new_plan):
             continue
-        est = estimate_memory(new_plan)
+        est = estimate_memory(new_plan.priced())
         saving = before - est.peak.device_bytes
         if saving > 0 and search.check(new_spec, new_plan) <= search.present:
             fixes.append(MemoryFix(change, new_spec, new_plan, est, saving))

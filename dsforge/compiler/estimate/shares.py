@@ -17,7 +17,7 @@ from dsforge.compiler.estimate.memo import bounded, plan_memo
 from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.model.params import has_bias, kv_heads_per_rank, moe_count, padded_vocab, shared_gate
 from dsforge.compiler.model.resolved import ResolvedModel
-from dsforge.compiler.plan.plan import AnyPlan
+from dsforge.compiler.plan.plan import Priced
 
 __all__ = ["RankParams", "chunk_table", "embedding_share", "gathered_tensors", "head_share", "kind_share",
            "kind_table", "kv_heads_per_rank", "layer_kinds", "stage_chunks", "stage_share"]
@@ -100,18 +100,17 @@ def gathered_tensors(model: ResolvedModel, moe: bool, tp: int, ep: int, threshol
     return sum(n > threshold for n in dense), experts * sum(n > threshold for n in one_expert)
 
 
-def layer_kinds(plan: AnyPlan, stage: int) -> dict[bool, int]:
+def layer_kinds(plan: Priced, stage: int) -> dict[bool, int]:
     """How many dense (False) and MoE (True) layers one rank of ``stage`` holds."""
     dense, moe = kind_table(plan)[stage]
     return {False: dense, True: moe}
 
 
-def kind_table(plan: AnyPlan) -> tuple[tuple[int, int], ...]:
+def kind_table(plan: Priced) -> tuple[tuple[int, int], ...]:
     """(dense, MoE) layers of every stage, once per plan (from the partition alone: `_kind_table`)."""
     memo = plan_memo(plan)
     kinds = memo.get("kinds")
     if kinds is None:
-        assert plan.degrees is not None
         moe = plan.model.moe
         kinds = memo["kinds"] = _kind_table(tuple(plan.stage_layers), plan.degrees.pp, moe.every if moe else 0)
     return kinds
@@ -147,7 +146,7 @@ def head_share(model: ResolvedModel, tp: int, pp: int) -> float:
     return norm + table
 
 
-def stage_chunks(plan: AnyPlan, stage: int) -> list[tuple[int, int]]:
+def stage_chunks(plan: Priced, stage: int) -> list[tuple[int, int]]:
     """The (first layer, layer count) of each model chunk a pipeline rank holds, in execution order.
 
     Chunk j of rank i is global chunk j * pp + i (Megatron's interleaved assignment; one chunk when
@@ -156,12 +155,11 @@ def stage_chunks(plan: AnyPlan, stage: int) -> list[tuple[int, int]]:
     return list(chunk_table(plan)[stage])
 
 
-def chunk_table(plan: AnyPlan) -> tuple[tuple[tuple[int, int], ...], ...]:
+def chunk_table(plan: Priced) -> tuple[tuple[tuple[int, int], ...], ...]:
     """`stage_chunks` of every stage, once per plan (every stage's estimate asks for them, often)."""
     memo = plan_memo(plan)
     chunks = memo.get("chunks")
     if chunks is None:
-        assert plan.degrees is not None
         chunks = memo["chunks"] = _chunk_table(tuple(plan.stage_layers), plan.degrees.pp)
     return chunks
 
@@ -174,12 +172,11 @@ def _chunk_table(layers: tuple[int, ...], pp: int) -> tuple[tuple[tuple[int, int
     return tuple(tuple((starts[c], layers[c]) for c in range(stage, len(layers), pp)) for stage in range(pp))
 
 
-def stage_share(plan: AnyPlan, stage: int, threshold: float, kinds: dict[bool, int] | None = None) -> RankParams:
+def stage_share(plan: Priced, stage: int, threshold: float, kinds: dict[bool, int] | None = None) -> RankParams:
     """All parameters one rank of ``stage`` holds: its layers, plus embedding/head where they live.
 
     ``kinds`` may pass `layer_kinds(plan, stage)` when the caller already has it.
     """
-    assert plan.degrees is not None
     d = plan.degrees
     dense, moe = (kinds.get(False, 0), kinds.get(True, 0)) if kinds else kind_table(plan)[stage]
     return _stage_share(plan.model, d.tp, d.ep, d.pp, profile_of(plan.spec.stack).experts_split_over_tp,

@@ -42,7 +42,7 @@ from dsforge.compiler.estimate.schedule import Timeline, simulate
 from dsforge.compiler.estimate.shares import chunk_table, layer_kinds, stage_share
 from dsforge.compiler.estimate.zero_config import zero_settings
 from dsforge.compiler.model.params import moe_layers_in
-from dsforge.compiler.plan.plan import AnyPlan
+from dsforge.compiler.plan.plan import Priced
 
 #: Kept for callers of the old constant: the GEMM efficiency an accelerator that states none is given.
 DEFAULT_ACHIEVABLE_FRACTION = DEFAULT_GEMM_EFFICIENCY
@@ -66,7 +66,7 @@ class Pass:
         return self.compute_s + sum(self.comm_s.values()) + self.engine_s
 
 
-def achievable_fraction(plan: AnyPlan) -> tuple[float, str]:
+def achievable_fraction(plan: Priced) -> tuple[float, str]:
     """The fraction of dense peak compute-bound kernels are taken to reach, and where it came from."""
     r = rates(plan, 1.0)
     return r.fraction, r.source
@@ -107,10 +107,9 @@ def _pass(ops: tuple[Collective, ...], compute_s: float, attention_s: float, uni
     return Pass(compute_s, _exposed_per_link(timed, compute_s, attention_s), engine_s)
 
 
-def _phase_ops(plan: AnyPlan, stage: int) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
+def _phase_ops(plan: Priced, stage: int) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
     """The forward and the backward collectives of one pass of ``stage`` (the pipeline's dependencies left to
     the schedule); once per plan and stage class (what `comm.data_parallel` keys on)."""
-    assert plan.degrees is not None
     d = plan.degrees
     kinds = layer_kinds(plan, stage)
     key = ("phase_ops", stage == 0, stage == d.pp - 1, kinds[False], kinds[True])
@@ -127,10 +126,9 @@ def _phase_ops(plan: AnyPlan, stage: int) -> tuple[tuple[Collective, ...], tuple
     return found
 
 
-def stage_passes(plan: AnyPlan, stage: int, speed: float | Rates) -> tuple[list[Pass], list[Pass]]:
+def stage_passes(plan: Priced, stage: int, speed: float | Rates) -> tuple[list[Pass], list[Pass]]:
     """Forward and backward passes of each chunk rank ``stage`` holds, at ``speed``: the compute `Rates`
     (`compute.rates`), or a FLOP/s figure that every FLOP runs at."""
-    assert plan.degrees is not None
     d, model = plan.degrees, plan.model
     r = speed if isinstance(speed, Rates) else Rates(speed, 1.0, 1.0, 0.0, 1.0, 1.0, "FLOP/s given")
     fwd_ops, bwd_ops = _phase_ops(plan, stage)
@@ -165,7 +163,7 @@ HOST_MEMORY_BPS = 200e9
 DEFAULT_HOST_LINK_GBS = 25.0
 
 
-def optimizer_seconds(plan: AnyPlan, stage: int) -> float:
+def optimizer_seconds(plan: Priced, stage: int) -> float:
     """The optimizer step of one rank: a memory-bound sweep over its partition of the parameters.
 
     Adam-family updates read the fp32 master weight, gradient and states and write weight and states
@@ -175,7 +173,6 @@ def optimizer_seconds(plan: AnyPlan, stage: int) -> float:
     over PCIe (``hardware.host_link_gbs``) and runs DeepSpeedCPUAdam over the same bytes in host memory
     (`HOST_MEMORY_BPS` per node, shared by the node's ranks); DeepSpeed overlaps neither with the step.
     """
-    assert plan.degrees is not None
     d, hw = plan.degrees, plan.spec.hardware
     z = zero_settings(plan)
     share = stage_share(plan, stage, 0.0)
@@ -189,10 +186,9 @@ def optimizer_seconds(plan: AnyPlan, stage: int) -> float:
     return params * touched / (hw.accelerator.hbm_gbs * 1e9 * efficiency)
 
 
-def stage_tail(plan: AnyPlan, stage: int, last_backward_s: float, slowdown: float = 1.0) -> dict[str, float]:
+def stage_tail(plan: Priced, stage: int, last_backward_s: float, slowdown: float = 1.0) -> dict[str, float]:
     """Exposed seconds after rank ``stage``'s last pass: DP reductions and gathers, tied embeddings, optimizer,
     and the engine's per-step host work (``slowdown``: CPU ranks time-sharing cores, `compute.Rates`)."""
-    assert plan.degrees is not None
     ops = [o for o in comm.data_parallel(plan, stage) if o.scope == "step"]
     if stage in (0, plan.degrees.pp - 1):
         ops += [o for o in comm.pipeline_parallel(plan) if o.scope == "step"]
@@ -249,17 +245,16 @@ class StepTime:
         return tokens / self.tokens_per_s
 
 
-def _check(plan: AnyPlan) -> None:
-    """Raise EstimateError unless the plan resolves to a placeable layout with whole micro-batches."""
+def _check(plan: Priced) -> int:
+    """The plan's micro-batches per step; EstimateError unless it resolves to a placeable layout with whole ones."""
     if not plan.layout_ok or plan.placement is None or plan.grad_accum is None or not plan.stage_layers:
         raise EstimateError("the layout does not resolve (run `dsforge validate` for the reasons)")
+    return plan.grad_accum
 
 
-def estimate_step(plan: AnyPlan) -> StepTime:
+def estimate_step(plan: Priced) -> StepTime:
     """Time one optimizer step of a valid plan (see the module docstring for the model)."""
-    _check(plan)
-    assert plan.degrees is not None and plan.grad_accum is not None
-    spec, m = plan.spec, plan.grad_accum
+    spec, m = plan.spec, _check(plan)
     peak = flops.dense_peak_flops(spec.hardware.accelerator, spec.training.precision)
     if peak <= 0:
         raise EstimateError(f"{spec.hardware.accelerator.name} has no {spec.training.precision} peak")

@@ -249,6 +249,20 @@ class Plan:
         """Why the order string cannot place this layout, or None."""
         return self._placed[1]
 
+    @cached_property
+    def _priced(self) -> PricedPlan | None:
+        d = self.degrees
+        return None if d is None else PricedPlan(self.spec, self.model, d, self.stage_layers, self.placement,
+                                                 self.grad_accum, self.layout_ok)
+
+    def priced(self) -> PricedPlan:
+        """What the estimates read of this plan, built once (its memos live on it); UnresolvedPlan while a degree
+        is `auto` (the search's candidates and the plans the memory rules price have every degree)."""
+        priced = self._priced
+        if priced is None:
+            raise UnresolvedPlan("the plan is incomplete (degrees unresolved); run `dsforge validate` for the reasons")
+        return priced
+
     def resolve(self) -> ResolvedPlan:
         """This plan with every derived value present; UnresolvedPlan (naming what is missing) when its layout
         does not resolve, which the rules report first (DSF1xx), so a checked job never meets it."""
@@ -311,8 +325,53 @@ class ResolvedPlan:
         return True
 
 
-#: Either kind of plan: what the rules (which meet unresolved plans) and the emitter (resolved ones) both read.
-AnyPlan = Plan | ResolvedPlan
+@dataclass(frozen=True)
+class PricedPlan:
+    """What the estimates read of a plan whose degrees resolved (`Plan.priced`), before the rules have judged it:
+    DSF301's fixes and the search's bounds price such plans. ``stage_layers``: [] when the layers do not split;
+    ``placement``: None when the degrees do not fill the world or cannot be ordered (every link then counts as
+    intra-node, and the memory estimate refuses it); ``grad_accum``: None when global_batch does not split (the
+    memory estimate then prices `memory.micro_batches`, the step estimate refuses it). Equal when their specs are."""
+
+    spec: JobSpec
+    model: ResolvedModel = field(compare=False, repr=False)
+    degrees: Degrees = field(compare=False)
+    stage_layers: list[int] = field(compare=False, repr=False)
+    placement: Placement | None = field(compare=False, repr=False)
+    grad_accum: int | None = field(compare=False)
+    layout_ok: bool = field(compare=False)
+
+    @property
+    def nodes(self) -> int:
+        """Number of nodes."""
+        return self.spec.hardware.nodes
+
+    @property
+    def gpus_per_node(self) -> int:
+        """Ranks per node."""
+        return self.spec.hardware.gpus_per_node
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the job: nodes x gpus_per_node."""
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def zero(self) -> int:
+        """ZeRO stage (`auto` counts as 0 until the search picks one)."""
+        return self.spec.parallel.zero if isinstance(self.spec.parallel.zero, int) else 0
+
+    @property
+    def virtual_stages(self) -> int:
+        """Model chunks per pipeline rank (1 unless the interleaved schedule is chosen)."""
+        return self.spec.parallel.pipeline.virtual_stages
+
+
+#: What the estimates price: a plan with its degrees (DSF301's fixes and the search's bounds), or a resolved one.
+Priced = PricedPlan | ResolvedPlan
+
+#: Any kind of plan: what reads the job's settings alone (ds_settings, the ZeRO settings, the FLOPs and rates).
+AnyPlan = Plan | PricedPlan | ResolvedPlan
 
 
 def build_plan(spec: JobSpec) -> Plan:

@@ -35,20 +35,19 @@ def host_memory_fits(ctx: Context) -> Iterator[Finding]:
     gradient partition in host memory; the ranks of a node share its RAM, so a node whose ranks together
     need more than `hardware.host_ram_gb` is killed by the kernel's out-of-memory handler mid-step. Checked
     only when the hardware states its host RAM."""
-    ram = ctx.spec.hardware.host_ram_gb
-    if ram is None or not _estimable(ctx):
+    ram, placement = ctx.spec.hardware.host_ram_gb, ctx.plan.placement
+    if ram is None or placement is None or not _estimable(ctx):
         return
-    est = estimate_memory(ctx.plan)
+    est = estimate_memory(ctx.plan.priced())
     if not any(s.host_bytes for s in est.stages):
         return
     plan, per = ctx.plan, ctx.spec.hardware.gpus_per_node
-    assert plan.placement is not None
     by_stage = [s.host_bytes for s in est.stages]
     if plan.world_size <= EXACT_RANKS:
         nodes: dict[int, float] = {}
         for rank in range(plan.world_size):
             node = rank // per
-            nodes[node] = nodes.get(node, 0.0) + by_stage[plan.placement.coordinates(rank)["pp"]]
+            nodes[node] = nodes.get(node, 0.0) + by_stage[placement.coordinates(rank)["pp"]]
         node, need = max(nodes.items(), key=lambda kv: kv[1])
         what = f"node {node} needs {need / 1e9:.1f} GB"
     else:

@@ -94,7 +94,7 @@ def memory_fits(ctx: Context) -> Iterator[Finding]:
     job already had (its own diagnostic) disqualifies no fix."""
     if not _estimable(ctx):
         return
-    est = estimate_memory(ctx.plan)
+    est = estimate_memory(ctx.plan.priced())
     if est.utilization <= WARN_ABOVE:
         return
     peak = est.peak

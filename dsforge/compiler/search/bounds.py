@@ -29,10 +29,10 @@ from dsforge.compiler.estimate.shares import stage_share
 from dsforge.compiler.estimate.zero_config import OPTIMIZER_STATE_BYTES
 from dsforge.compiler.model.params import is_moe_layer
 from dsforge.compiler.model.resolved import ResolvedModel
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import Priced
 
 
-def model_state_bytes(plan: Plan, average: bool = False) -> float:
+def model_state_bytes(plan: Priced, average: bool = False) -> float:
     """A lower bound of the busiest rank's device bytes: its model states alone (0 when the plan does not split);
     ``average``: the mean over the stages, which bounds the busiest stage of every split into chunks (the layers
     and the embedding and head are the same whatever the split), so one bound serves every virtual_stages."""
@@ -71,7 +71,7 @@ def stage_classes(model: ResolvedModel, layers: tuple[int, ...], pp: int) -> tup
     return tuple((first, count) for first, count in found.values())
 
 
-def compute_speed(plan: Plan) -> float:
+def compute_speed(plan: Priced) -> float:
     """The fastest FLOP/s the cost model lets one rank compute at: the dense peak times the share of it that its
     compute-bound kernels reach, over the ranks that time-share a core (`compute.rates`). `compute.chunk_time`
     prices every FLOP that `flops.chunk_flops` counts at no more than this (each GEMM and the attention core at
@@ -87,7 +87,7 @@ def compute_speed(plan: Plan) -> float:
     return peak * r.fraction / r.slowdown if r.fraction > 0 else peak
 
 
-def compute_floor_s(plan: Plan, hardware_flops: float | None = None, speed: float | None = None) -> float:
+def compute_floor_s(plan: Priced, hardware_flops: float | None = None, speed: float | None = None) -> float:
     """A lower bound of the step time from FLOPs at ``speed`` (default `compute_speed`: no FLOP runs faster in
     the cost model) and the analytic bubble of the pipeline (``hardware_flops``: the step's, when the caller
     has it)."""
@@ -110,7 +110,7 @@ def chain_floor_s(busy: float, pp: int, m: int, virtual_stages: int) -> float:
     return max(busy, per_micro_batch / (1.0 - (1.0 - 1.0 / m) ** pp))
 
 
-def micro_batch_dp_s(plan: Plan) -> float:
+def micro_batch_dp_s(plan: Priced) -> float:
     """A lower bound of one micro-batch's passes (forward plus backward, over its chunks) on pipeline rank 0
     from the data-parallel collectives it runs every micro-batch alone (ZeRO-2's gradient reduce-scatter,
     ZeRO-3's parameter gathers; none under ZeRO 0-1): a pass lasts at least the busy time of each link it
@@ -132,7 +132,7 @@ def micro_batch_dp_s(plan: Plan) -> float:
     return total
 
 
-def edge_memory_bytes(plan: Plan, stop_above: float = float("inf"), cache: dict[Any, Any] | None = None) -> float:
+def edge_memory_bytes(plan: Priced, stop_above: float = float("inf"), cache: dict[Any, Any] | None = None) -> float:
     """A lower bound of the busiest rank's device bytes: the larger of the first and the last pipeline stage's
     estimate (the peak is the largest stage; these two hold the embedding, the logits and, in 1F1B, the most
     micro-batches in flight, so the bound is nearly always the peak itself) at the cost of two stages, not pp;
@@ -165,7 +165,7 @@ def edge_memory_bytes(plan: Plan, stop_above: float = float("inf"), cache: dict[
         return 0.0
 
 
-def pass_floor_s(plan: Plan, stages: str = "all") -> float:
+def pass_floor_s(plan: Priced, stages: str = "all") -> float:
     """A lower bound of the step time from the estimate's own pass durations (`estimate_step` prices them with
     the same rates and simulates the schedule over them): rank 0 finishes its last backward no earlier than
     max_k (sum_{s<k} (F_s + B_s) + 2k t + m busy_k) (micro-batch 1's forward reaches stage k over k transfers of
@@ -181,7 +181,8 @@ def pass_floor_s(plan: Plan, stages: str = "all") -> float:
         from dsforge.compiler.estimate.steptime import stage_passes, stage_tail
 
         d, m = plan.degrees, plan.grad_accum
-        assert d is not None and m is not None
+        if m is None:  # global_batch does not split: no chain to bound
+            return 0.0
         peak = flops.dense_peak_flops(plan.spec.hardware.accelerator, plan.spec.training.precision)
         if peak <= 0:
             return 0.0
@@ -205,7 +206,7 @@ def pass_floor_s(plan: Plan, stages: str = "all") -> float:
         return 0.0
 
 
-def _passes(plan: Plan, speed: Any) -> list[Any]:
+def _passes(plan: Priced, speed: Any) -> list[Any]:
     """`stage_passes` of every stage, priced once per kind of stage: a stage's passes follow from whether it
     is the first or the last (embedding, head, their parameters) and from the layers of each of its chunks
     (how many, how many MoE); the collectives of the other layers are the same on every stage
@@ -215,7 +216,6 @@ def _passes(plan: Plan, speed: Any) -> list[Any]:
     from dsforge.compiler.estimate.steptime import stage_passes
     from dsforge.compiler.model.params import is_moe_layer
 
-    assert plan.degrees is not None
     pp, model = plan.degrees.pp, plan.model
     seen: dict[tuple[Any, ...], Any] = {}
     out = []

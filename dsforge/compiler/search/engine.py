@@ -307,7 +307,7 @@ class _Search:
             # averaged over the stages (both count its members without listing them)
             if self._class_refused(first, "skeleton", partial(skeleton_size, self.spec, self.model, skel)):
                 continue
-            states = model_state_bytes(_model_seeded(apply_layout(self.spec, first), self.model), average=True)
+            states = model_state_bytes(_model_seeded(apply_layout(self.spec, first), self.model).priced(), average=True)
             if _below(states) > self.limit * self.capacity:  # the mean sums the stages in another order
                 n = skeleton_size(self.spec, self.model, skel)
                 self.funnel.considered += n
@@ -352,7 +352,7 @@ class _Search:
         """The busiest stage's model states, the same for every member of a memory group."""
         key = (lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.zero, lay.virtual_stages)
         if key not in self._states_of:
-            self._states_of[key] = model_state_bytes(plan if plan is not None else self._plan(lay))
+            self._states_of[key] = model_state_bytes((plan if plan is not None else self._plan(lay)).priced())
         return self._states_of[key]
 
     def _staircase(self, group: list[Layout], plans: dict[Layout, Plan]) -> list[Layout]:
@@ -384,7 +384,7 @@ class _Search:
         if len(grid) != len(mbs) * len({k[1] for k in grid}):  # not a full grid: no order to walk, bound each
             for lay in grid.values():
                 plans.setdefault(lay, self._plan(lay))
-                got = edge_memory_bytes(plans[lay], limit, self._memo)
+                got = edge_memory_bytes(plans[lay].priced(), limit, self._memo)
                 self.funnel.bounded += 1
                 if got <= limit:
                     fits.append(lay)
@@ -398,7 +398,7 @@ class _Search:
             lay = grid[(mbs[i], r)]
             if lay not in plans:
                 plans[lay] = self._plan(lay)
-            got = seen[(i, r)] = edge_memory_bytes(plans[lay], limit, self._memo)
+            got = seen[(i, r)] = edge_memory_bytes(plans[lay].priced(), limit, self._memo)
             self.funnel.bounded += 1
             return got
 
@@ -443,9 +443,9 @@ class _Search:
         if key not in self._flops or self._speed is None:
             plan = plan if plan is not None else self._plan(lay)
             if self._speed is None:
-                self._speed = compute_speed(plan)  # one rate for every candidate of this node count
+                self._speed = compute_speed(plan.priced())  # one rate for every candidate of this node count
             if key not in self._flops:
-                self._flops[key] = flops.hardware_flops_per_step(plan)
+                self._flops[key] = flops.hardware_flops_per_step(plan.priced())
         world = lay.nodes * self.spec.hardware.gpus_per_node
         m = lay.global_batch // (lay.dp * lay.micro_batch)
         floor = chain_floor_s(self._flops[key] / (world * self._speed), lay.pp, m, lay.virtual_stages) \
@@ -453,7 +453,7 @@ class _Search:
         if lay.zero >= 2:  # collectives every micro-batch: ZeRO-3's gathers outweigh the compute of many layouts
             dkey = (lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.zero, lay.virtual_stages)
             if dkey not in self._dp_floor:
-                self._dp_floor[dkey] = _below(micro_batch_dp_s(plan if plan is not None else self._plan(lay)))
+                self._dp_floor[dkey] = _below(micro_batch_dp_s((plan if plan is not None else self._plan(lay)).priced()))
             floor = max(floor, m * self._dp_floor[dkey])
         return floor
 
@@ -497,17 +497,17 @@ class _Search:
             mem = self._memory(lay, plan)
             return (0.0, mem) if mem is not None else None
         # two stages of the estimate: the full one waits until the bounds rank it
-        edge = 0.0 if bounded else edge_memory_bytes(plan, self.limit * self.capacity, self._memo)
+        edge = 0.0 if bounded else edge_memory_bytes(plan.priced(), self.limit * self.capacity, self._memo)
         if edge > self.limit * self.capacity:
             util = edge / self.capacity
             self._miss(lay, MEMORY_RULE if util > 1.0 else "memory",
                        f"peak {_gb(edge)} is {util:.0%} of {_gb(self.capacity)}", util)
             return None
-        return _below(pass_floor_s(plan, "edges")), None
+        return _below(pass_floor_s(plan.priced(), "edges")), None
 
     def _memory(self, lay: Layout, plan: Plan) -> MemoryEstimate | None:
         """The memory estimate, or None (and the miss counted) when it exceeds search.memory_fraction."""
-        mem = estimate_memory(plan)
+        mem = estimate_memory(plan.priced())
         if mem.utilization > self.limit:
             reason = MEMORY_RULE if mem.utilization > 1.0 else "memory"
             self._miss(lay, reason, f"peak {_gb(mem.peak.device_bytes)} is {mem.utilization:.0%} of "
@@ -619,13 +619,13 @@ class _Search:
             if mem is None:
                 return
             if not self.exhaustive:
-                floor1 = _below(pass_floor_s(plan))
+                floor1 = _below(pass_floor_s(plan.priced()))
                 if floor1 > floor:  # the whole chain: back into the heap under its tighter bound
                     self._push(heap, self._bound_value(floor1, lay), tiebreak, _Sized(lay, plan, floor1, mem))
                     return
         if not self._rules_pass(lay, plan):
             return
-        step = estimate_step(plan)
+        step = estimate_step(plan.priced())
         self.funnel.estimated += 1
         if step.step_s < floor * (1 - BOUND_SLACK):
             self.violated = True  # a bound above the estimate: the caller repeats without pruning
@@ -652,7 +652,7 @@ class _Search:
             if got is None or mem is None or not self._rules_pass(lay, got[1], every=True):
                 return self.misses[-1]
             plan = got[1]
-            step = estimate_step(plan)
+            step = estimate_step(plan.priced())
             tokens = lay.global_batch * self.model.seq_len
             return Evaluated(lay, plan.spec, plan.resolve(), mem, step,
                              self.objective.value(step.step_s, tokens, plan.world_size))

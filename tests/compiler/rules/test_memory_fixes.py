@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dsforge.compiler.estimate import memory_fixes
 from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
-from dsforge.compiler.plan.plan import Plan
+from dsforge.compiler.plan.plan import Plan, PricedPlan
 from dsforge.compiler.rules import memory as memory_rule
 from dsforge.compiler.rules.registry import Context
 from dsforge.compiler.rules.util import divisors
@@ -75,9 +75,9 @@ def test_a_change_that_brings_its_own_error_stays_out_beside_an_unrelated_error(
 
 def test_every_plan_is_estimated_once(write_job: WriteJob, monkeypatch: pytest.MonkeyPatch) -> None:
     # the combined search runs here (no single change fits), the path that used to re-estimate the job
-    estimated: list[Plan] = []
+    estimated: list[PricedPlan] = []
 
-    def counting(plan: Plan) -> MemoryEstimate:
+    def counting(plan: PricedPlan) -> MemoryEstimate:
         estimated.append(plan)
         return estimate_memory(plan)
 
@@ -86,7 +86,7 @@ def test_every_plan_is_estimated_once(write_job: WriteJob, monkeypatch: pytest.M
     path = write_job(MULTINODE_24GB.format(batch=128))
     result = validate_file(path)
     assert "together" in next(d.fix for d in result.diagnostics if d.rule == "DSF301")
-    assert result.plan is not None and sum(p is result.plan for p in estimated) == 1
+    assert result.plan is not None and sum(p is result.plan.priced() for p in estimated) == 1  # what the rule prices
     assert len({id(p) for p in estimated}) == len(estimated), "a plan was estimated twice"
 
 

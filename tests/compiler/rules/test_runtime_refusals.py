@@ -120,6 +120,8 @@ NOT_A_LAYOUT: dict[str, str] = {
     "rewrite/apply.py:_expert:RewriteError": "model content (factory): expert parallelism of a non-Mixtral block",
     "rewrite/apply.py:_moe_block:RewriteError": "model content: DeepSpeed's MoE layer refused the block",
     "rewrite/apply.py:_tie:RewriteError": "model content (factory): a tied LM head with a bias",
+    "rewrite/derived.py:derived_arch:ValueError": "programming error: resolve_arch asks prefers_derived first",
+    "rewrite/derived.py:derived_arch:PlanRefusal": "model content: resolve_arch folds it into DSF607's reasons",
     "materialize.py:values:MaterializeError": "programming error: a parameter the build did not plan",
     "materialize.py:values:PretrainedLoadError": "checkpoint content: model.pretrained's tensors (DSF640)",
     "materialize.py:owned_ranges:MaterializeError": "programming error: a slice rule the build lacks",
