@@ -37,7 +37,7 @@ def model_state_bytes(plan: Priced, average: bool = False) -> float:
     ``average``: the mean over the stages, which bounds the busiest stage of every split into chunks (the layers
     and the embedding and head are the same whatever the split), so one bound serves every virtual_stages."""
     d = plan.degrees
-    if d is None or not plan.stage_layers:
+    if not plan.stage_layers:
         return 0.0
     t = plan.spec.training
     b = 4 if t.precision == "fp32" else 2
