@@ -117,9 +117,9 @@ def main() -> int:
     parser.add_argument("--gib", type=float, default=2.0, help="size of the file digested (GiB)")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where that file is written")
     args = parser.parse_args()
-    from dsforge.compiler.estimate.checkpoint_size import checkpoint_size
     from dsforge.commands import preflight
-from dsforge.runtime import run_lock
+    from dsforge.compiler.estimate.checkpoint_size import checkpoint_size
+    from dsforge.runtime import run_lock
     from dsforge.runtime.disk_space import free_bytes
 
     folder = Path(args.dir)

@@ -63,7 +63,7 @@ def write_files(directory: Path, files: dict[str, JobFile]) -> Path:
 
 def render_to(directory: Path, plan: Plan) -> Path:
     """Render a plan's job directory into ``directory``."""
-    return write_files(directory, render_job(plan))
+    return write_files(directory, render_job(plan.resolve()))
 
 
 def dry_run(script: Path, extra_env: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:

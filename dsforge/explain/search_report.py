@@ -66,7 +66,7 @@ def funnel_text(result: SearchResult) -> str:
 def fragment(result: SearchResult) -> str:
     """The winner's values of the `auto` fields as a job-file fragment."""
     w = result.winner
-    assert w is not None
+    assert w is not None  # a public helper over a SearchResult; render asks it only of a search with a winner
     tree: dict[str, Any] = {}
     for key in result.keys:
         node = tree

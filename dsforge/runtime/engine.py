@@ -101,8 +101,6 @@ def parallelize(model: nn.Module, plan: ResolvedPlan, groups: ParallelGroups, ga
     each is partitioned as soon as it is filled (dsforge.runtime.rank_build.fill_rank).
     """
     d = plan.degrees
-    if d is None:
-        raise EngineError("the plan's degrees are unresolved (some degree is still `auto`)")
     rp = plan_rewrite(model, plan)  # also checks that the policies place every module of the model
     if d.tp > 1 or d.ep > 1:
         # With tp = ep = 1 every rank's shard is the whole model: the parallel layers would only add
@@ -135,8 +133,7 @@ def install_job_kernels(model: nn.Module, plan: ResolvedPlan, fused_loss: bool =
     from dsforge.compiler.model.lean_kernels import lean_kernels
     from dsforge.runtime.kernels.install import install_lean_kernels
 
-    d = plan.degrees
-    on = lean_kernels(plan.model, requested_kernels(plan), d.pp if d else 1)
+    on = lean_kernels(plan.model, requested_kernels(plan), plan.degrees.pp)
     if not fused_loss:
         on -= {"fused_loss"}
     if "fused_loss" in on:
@@ -160,10 +157,9 @@ def build_parallel_model(plan: ResolvedPlan, groups: ParallelGroups, seed: int |
     parameters stay whole (callers that change the module before ``deepspeed.initialize``).
     A `model.factory` module has its own initialisation, so it is built whole from the seed and sliced.
     """
-    d = plan.degrees
     seed = plan.spec.training.seed if seed is None else seed
     if plan.model.factory:
-        return parallelize(build_model(plan.model, "cpu", d.tp if d else 1, seed=seed), plan, groups)
+        return parallelize(build_model(plan.model, "cpu", plan.degrees.tp, seed=seed), plan, groups)
     from dsforge.runtime.rank_build import rank_skeleton
 
     skeleton, source = rank_skeleton(plan, seed)
@@ -295,8 +291,6 @@ def initialize_engine(module: nn.Module, ds_config: dict[str, Any], groups: Para
 def build_engine(plan: ResolvedPlan, ds_config: dict[str, Any], groups: ParallelGroups, seed: int | None = None) -> Any:
     """The DeepSpeed engine of the plan on this rank (plain for pp = 1, pipeline for pp > 1)."""
     d = plan.degrees
-    if d is None:
-        raise EngineError("the plan's degrees are unresolved (some degree is still `auto`)")
     torch.manual_seed(plan.spec.training.seed if seed is None else seed)
     ensure_deepspeed_comm()  # PipelineModule and DeepSpeed's MoE layers talk through deepspeed.comm
     if d.pp > 1:

@@ -38,8 +38,7 @@ def weight_source(plan: ResolvedPlan, skeleton: nn.Module, seed: int) -> WeightS
 
 def rank_skeleton(plan: ResolvedPlan, seed: int) -> tuple[nn.Module, WeightSource]:
     """The job's dense model with its parameters on meta, and the source of this rank's values."""
-    d = plan.degrees
-    skeleton = build_skeleton(plan.model, d.tp if d else 1)
+    skeleton = build_skeleton(plan.model, plan.degrees.tp)
     return skeleton, weight_source(plan, skeleton, seed)
 
 

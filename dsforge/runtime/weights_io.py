@@ -126,7 +126,7 @@ def load_slices(directory: Path) -> list[tuple[SliceTag, Tensor]]:
     for path in sorted((directory / WEIGHTS_DIR).glob("rank*.safetensors")):
         with safe_open(str(path), framework="pt") as fh:
             meta = json.loads((fh.metadata() or {}).get("dsforge", "{}"))
-            for key in fh.keys():
+            for key in fh.keys():  # noqa: SIM118 - safe_open is no dict: keys() is its API
                 out.append((SliceTag.from_json(meta[key]), fh.get_tensor(key)))
     return out
 

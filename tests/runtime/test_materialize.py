@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -29,7 +31,7 @@ def test_a_seeded_slice_equals_the_slice_of_the_whole(rows: int, cols: int, chun
         whole = chunked_init(7, spec, (rows, cols))
         n = (rows, cols)[dim]
         cuts = sorted(data.draw(st.lists(st.integers(0, n), min_size=2, max_size=6)))
-        ranges = [(a, b - a) for a, b in zip(cuts, cuts[1:]) if b > a] or [(0, n)]
+        ranges = [(a, b - a) for a, b in pairwise(cuts) if b > a] or [(0, n)]
         got = chunked_init(7, spec, (rows, cols), dim, ranges)
         want = torch.cat([whole.narrow(dim, s, length) for s, length in ranges], dim=dim)
         assert torch.equal(got, want)

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dsforge.commands import run as runner
 from dsforge.cli import cli
 from dsforge.commands import preflight
+from dsforge.commands import run as runner
 from dsforge.runtime import run_lock
 
 HOLD = """

@@ -49,8 +49,8 @@ def save_tiny(kind: str, out: Path) -> Path:
     """A tiny random HF model written with save_pretrained (Qwen2: tied head, biases, 8 safetensors shards)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-    common = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=128, vocab_size=256, max_position_embeddings=64)
+    common = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64}
     torch.manual_seed(5)
     if kind == "llama":
         model = AutoModelForCausalLM.from_config(LlamaConfig(**common, tie_word_embeddings=False))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -121,11 +122,11 @@ def test_packed_documents_do_not_attend_across_each_other(model_dir: Path, tmp_p
     cut = inner[0] - s.unit(0) * 32
     assert e.positions[cut] == 0 and e.positions[cut - 1] == cut - 1 and e.positions[0] == 0
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    ids, targets = e.tokens[:-1].unsqueeze(0), e.targets.unsqueeze(0)
+    ids = e.tokens[:-1].unsqueeze(0)
     cuts = [0] + [x - s.unit(0) * 32 for x in inner] + [32]
     with torch.no_grad():
         packed = model(input_ids=ids, position_ids=e.positions.unsqueeze(0), use_cache=False).logits
-        apart = torch.cat([model(input_ids=ids[:, a:b]).logits for a, b in zip(cuts, cuts[1:])], dim=1)
+        apart = torch.cat([model(input_ids=ids[:, a:b]).logits for a, b in pairwise(cuts)], dim=1)
         crossing = model(input_ids=ids).logits
     torch.testing.assert_close(packed, apart, rtol=1e-5, atol=1e-5)
     assert (crossing[:, cut:] - apart[:, cut:]).abs().max() > 1e-3  # without the reset the documents mix

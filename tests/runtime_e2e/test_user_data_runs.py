@@ -186,7 +186,7 @@ def test_dsforge_run_writes_validation_loss_and_tensorboard_scalars(tmp_path: Pa
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    model = pretrained_with_tokenizer(tmp_path)
+    pretrained_with_tokenizer(tmp_path)  # tmp_path/model: the job's model.pretrained
     write_jsonl(tmp_path / "data" / "train.jsonl", corpus(40))
     write_jsonl(tmp_path / "data" / "valid.jsonl", corpus(12)[::-1])
     job = {"version": 1, "name": "finetune", "model": {"pretrained": "model", "seq_len": 32},

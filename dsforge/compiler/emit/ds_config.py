@@ -34,12 +34,9 @@ class EmitError(ValueError):
 
 def batch_section(plan: ResolvedPlan) -> dict[str, Any]:
     """The three batch keys; they satisfy DeepSpeed's identity with world size = the plan's dp."""
-    d, gas = plan.degrees, plan.grad_accum
     t = plan.spec.training
-    if d is None or gas is None:
-        raise EmitError(f"global_batch={t.global_batch} does not split into micro_batch={t.micro_batch} x dp")
     return {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
-            "gradient_accumulation_steps": gas}
+            "gradient_accumulation_steps": plan.grad_accum}
 
 
 def pipeline_section(plan: ResolvedPlan) -> dict[str, Any]:
@@ -47,7 +44,7 @@ def pipeline_section(plan: ResolvedPlan) -> dict[str, Any]:
     switches (runtime/pipe/engine.py); stages and partition are read by dsforge.runtime, which builds
     the PipelineModule."""
     d = plan.degrees
-    if d is None or d.pp == 1:
+    if d.pp == 1:
         return {}
     part = plan.spec.parallel.pipeline.partition
     return {"pipeline": {"stages": d.pp, "partition": part if isinstance(part, str) else list(part),
@@ -65,8 +62,7 @@ def parallel_sections(plan: ResolvedPlan) -> dict[str, Any]:
     ``seq_parallel_communication_data_type`` (runtime/engine.py ``_configure_distributed_model``), so it is
     pinned to fp32 to keep reductions exact.
     """
-    d = plan.degrees
-    if d is not None and d.cp > 1:
+    if plan.degrees.cp > 1:
         return {"seq_parallel_communication_data_type": "fp32"}
     return {}
 

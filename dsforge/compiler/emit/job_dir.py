@@ -8,7 +8,7 @@ from typing import Any
 from dsforge.compiler.emit.ds_config import EmitError, build_ds_config
 from dsforge.compiler.emit.interpreter import with_interpreter
 from dsforge.compiler.emit.launchers import CORE_FILES, launch_context, launch_files
-from dsforge.compiler.emit.plan_doc import plan_document, plan_ready
+from dsforge.compiler.emit.plan_doc import plan_document
 from dsforge.compiler.emit.render import render
 from dsforge.compiler.plan.plan import ResolvedPlan
 from dsforge.version import __version__
@@ -43,7 +43,6 @@ def render_job(plan: ResolvedPlan, summary: dict[str, Any] | None = None,
     this one), which the launcher runs unless `launch.python` names another.
     """
     plan = with_interpreter(plan, python)
-    plan_ready(plan)
     launch = plan.spec.launch
     if launch.launcher == "deepspeed" and plan.nodes > 1 and len(launch.hosts) != plan.nodes:
         raise EmitError(f"the hostfile needs {plan.nodes} host names in launch.hosts, got {len(launch.hosts)}")

@@ -14,7 +14,6 @@ from dataclasses import asdict
 from typing import Any
 
 from dsforge.compiler.deepspeed.ds_settings import on_cpu
-from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.plan.placement import Placement
 from dsforge.compiler.plan.plan import Degrees, ResolvedPlan
 from dsforge.compiler.strict_json import non_finite
@@ -66,19 +65,6 @@ def summarize_safely(plan: ResolvedPlan) -> tuple[dict[str, Any] | None, str | N
     return result, None
 
 
-def plan_ready(plan: ResolvedPlan) -> tuple[Degrees, Placement]:
-    """The plan's degrees and placement; EmitError unless it has what a job directory needs (a guard for
-    callers outside the type-checked compiler: a ResolvedPlan always has them).
-
-    Validation errors explain an incomplete plan, so compile never gets here with one.
-    """
-    d, p = plan.degrees, plan.placement
-    if d is None or p is None or plan.grad_accum is None or not plan.stage_layers:
-        raise EmitError("the plan is incomplete (degrees, placement, batch split or stage partition unresolved); "
-                        "run `dsforge validate` for the reasons")
-    return d, p
-
-
 #: Largest world whose groups plan.json lists rank by rank (16,384 ranks: ~130,000 numbers, about a megabyte);
 #: above it each kind of group is summarised, so plan.json stays small and quick to write for any world.
 LISTED_RANKS = 16_384
@@ -106,7 +92,7 @@ def plan_document(plan: ResolvedPlan, files: list[str], summary: dict[str, Any] 
                   rewrite: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plan.json document: resolved job, degrees, batch, partition, placement, DeepSpeed's view, summary,
     and the rewrite plan (``dsforge.runtime.rewrite.describe``, or why it was skipped)."""
-    d, p = plan_ready(plan)
+    d, p = plan.degrees, plan.placement
     t = plan.spec.training
     doc: dict[str, Any] = {
         "format": FORMAT,

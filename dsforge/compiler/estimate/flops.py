@@ -91,7 +91,7 @@ def model_flops_per_token(model: ResolvedModel, tp: int = 1) -> float:
 def model_flops_per_step(plan: Priced) -> float:
     """Model FLOPs of one optimizer step: per-token FLOPs x global_batch x seq_len."""
     t, m = plan.spec.training, plan.model
-    tp = plan.degrees.tp if plan.degrees else 1
+    tp = plan.degrees.tp
     return model_flops_per_token(m, tp) * t.global_batch * m.seq_len
 
 
@@ -182,7 +182,7 @@ def _chunk_per_token(model: ResolvedModel, tp: int, split: bool, recompute: str,
 def hardware_flops_per_step(plan: Priced) -> float:
     """All FLOPs the GPUs execute in one step: model FLOPs plus recomputation and MoE capacity padding."""
     model, t = plan.model, plan.spec.training
-    tp = plan.degrees.tp if plan.degrees else 1
+    tp = plan.degrees.tp
     split = profile_of(plan.spec.stack).experts_split_over_tp
     return _hardware_per_token(model, tp, split, t.recompute) * t.global_batch * model.seq_len
 

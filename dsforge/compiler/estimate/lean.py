@@ -23,7 +23,7 @@ from dataclasses import replace
 from dsforge.compiler.estimate.activations import Kernels
 from dsforge.compiler.estimate.stacks import profile_of
 from dsforge.compiler.model.lean_kernels import KERNELS, lean_kernels
-from dsforge.compiler.plan.plan import AnyPlan, Plan
+from dsforge.compiler.plan.plan import AnyPlan, Plan, Priced
 
 
 def requested_kernels(plan: AnyPlan) -> dict[str, bool | str]:
@@ -32,10 +32,10 @@ def requested_kernels(plan: AnyPlan) -> dict[str, bool | str]:
     return {k: getattr(spec, k, "auto") for k in KERNELS}
 
 
-def stack_kernels(plan: AnyPlan) -> Kernels:
+def stack_kernels(plan: Priced) -> Kernels:
     """The `Kernels` the job's stack runs: for dsforge, HF's modules with the job's lean kernels swapped in."""
     base = profile_of(plan.spec.stack).kernels
-    if plan.spec.stack != "dsforge" or plan.degrees is None:
+    if plan.spec.stack != "dsforge":
         return base
     on = lean_kernels(plan.model, requested_kernels(plan), plan.degrees.pp)
     return replace(base,
@@ -48,17 +48,16 @@ def stack_kernels(plan: AnyPlan) -> Kernels:
                    chunked_loss="fused_loss" in on)
 
 
-def experts_converted(plan: AnyPlan) -> bool:
+def experts_converted(plan: Priced) -> bool:
     """True when the runtime replaces HF's routed experts with its own (dsforge/runtime/moe.py GatedExpert, which
     the lean SwiGLU serves): only for ep > 1 (rewrite/apply.py `_moe_block`); at ep = 1 HF's experts module
     stays whole and runs its own loop of plain ops."""
-    d = plan.degrees
-    return d is not None and d.ep > 1
+    return plan.degrees.ep > 1
 
 
-def lean_note(plan: AnyPlan) -> str:
+def lean_note(plan: Priced) -> str:
     """The memory table's note on what stack dsforge's activations assume: SDPA and the lean kernels that run."""
-    on = lean_kernels(plan.model, requested_kernels(plan), plan.degrees.pp) if plan.degrees else frozenset()
+    on = lean_kernels(plan.model, requested_kernels(plan), plan.degrees.pp)
     lean = ", ".join(k for k in KERNELS if k in on)
     return ("activations: dsforge's HF models (SDPA flash attention, no dropout) with lean kernels: "
             + (lean or "none") + " (training.kernels)")

@@ -115,7 +115,7 @@ def _activation_shape(plan: Priced) -> act.ActivationShape:
 def partitions_checkpoints(plan: Priced) -> bool:
     """True when the emitted ds_config (overrides merged) partitions checkpointed layer inputs over tp."""
     block = emitted_checkpointing_block(plan)
-    return plan.degrees is not None and plan.degrees.tp > 1 and bool(block.get("partition_activations", False))
+    return plan.degrees.tp > 1 and bool(block.get("partition_activations", False))
 
 
 def micro_batches(plan: Priced) -> int:
@@ -273,7 +273,8 @@ def _with_reserve(cpu: bool, comps: dict[str, float]) -> dict[str, float]:
 
 def estimate_memory(plan: Priced) -> MemoryEstimate:
     """Estimate every pipeline stage's memory for a plan whose layout is valid (else ValueError)."""
-    if not plan.layout_ok or plan.degrees is None or plan.placement is None or not plan.stage_layers:
+    # a PricedPlan (DSF301's fixes, the bounds' plans) may still lack these; a ResolvedPlan never does
+    if not plan.layout_ok or plan.placement is None or not plan.stage_layers:
         raise ValueError("estimate_memory needs a valid layout (degrees filling the world, a stage partition)")
     memo = plan_memo(plan)  # the plan is immutable: rules and the search ask again
     cached: MemoryEstimate | None = memo.get("memory_estimate")

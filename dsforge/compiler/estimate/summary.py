@@ -24,8 +24,7 @@ _REPEATED_BY_RECOMPUTE = ("layer", "moe-layer")
 def active_params(plan: ResolvedPlan) -> int:
     """Parameters one token passes through: every dense weight plus top_k of each MoE layer's experts."""
     model = plan.model
-    tp = plan.degrees.tp if plan.degrees else 1
-    total = total_params(model, tp)
+    total = total_params(model, plan.degrees.tp)
     if model.moe is None:
         return total
     idle = (model.moe.experts - model.moe.top_k) * mlp_params(model, model.moe.ffn_hidden)

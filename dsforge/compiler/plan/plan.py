@@ -250,30 +250,43 @@ class Plan:
         return self._placed[1]
 
     @cached_property
-    def _priced(self) -> PricedPlan | None:
+    def _resolved(self) -> ResolvedPlan | None:
+        """The ResolvedPlan, built once (the estimates' memos live on it), or None while a value is unresolved."""
+        d, m, p = self.degrees, self.grad_accum, self.placement
+        if d is None or m is None or p is None or not self.stage_layers:
+            return None
+        return ResolvedPlan(self.spec, self.model, d, m, self.stage_layers, p,
+                            self.search if self.search is not None else {})
+
+    @cached_property
+    def _priced(self) -> Priced | None:
+        if self._resolved is not None:  # one object for the bounds, the estimates and the rules to share memos
+            return self._resolved
         d = self.degrees
         return None if d is None else PricedPlan(self.spec, self.model, d, self.stage_layers, self.placement,
                                                  self.grad_accum, self.layout_ok)
 
-    def priced(self) -> PricedPlan:
-        """What the estimates read of this plan, built once (its memos live on it); UnresolvedPlan while a degree
-        is `auto` (the search's candidates and the plans the memory rules price have every degree)."""
+    def priced(self) -> Priced:
+        """What the estimates read of this plan, built once (its memos live on it): the ResolvedPlan when the
+        layout resolves, else a PricedPlan; UnresolvedPlan while a degree is `auto` (the search's candidates and
+        the plans the memory rules price have every degree)."""
         priced = self._priced
         if priced is None:
             raise UnresolvedPlan("the plan is incomplete (degrees unresolved); run `dsforge validate` for the reasons")
         return priced
 
     def resolve(self) -> ResolvedPlan:
-        """This plan with every derived value present; UnresolvedPlan (naming what is missing) when its layout
-        does not resolve, which the rules report first (DSF1xx), so a checked job never meets it."""
-        missing = [name for name, absent in (("degrees", self.degrees is None), ("grad_accum", self.grad_accum is None),
-                                             ("stage_layers", not self.stage_layers),
-                                             ("placement", self.placement is None)) if absent]
-        if missing or self.degrees is None or self.grad_accum is None or self.placement is None:
+        """This plan with every derived value present (built once); UnresolvedPlan (naming what is missing) when
+        its layout does not resolve, which the rules report first (DSF1xx), so a checked job never meets it."""
+        resolved = self._resolved
+        if resolved is None:
+            missing = [name for name, absent in (("degrees", self.degrees is None),
+                                                 ("grad_accum", self.grad_accum is None),
+                                                 ("stage_layers", not self.stage_layers),
+                                                 ("placement", self.placement is None)) if absent]
             raise UnresolvedPlan(f"the plan is incomplete ({', '.join(missing)} unresolved); run `dsforge validate` "
                                  "for the reasons")
-        return ResolvedPlan(self.spec, self.model, self.degrees, self.grad_accum, self.stage_layers, self.placement,
-                            self.search if self.search is not None else {})
+        return resolved
 
 
 class UnresolvedPlan(ValueError):

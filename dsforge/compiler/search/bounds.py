@@ -37,7 +37,7 @@ def model_state_bytes(plan: Priced, average: bool = False) -> float:
     ``average``: the mean over the stages, which bounds the busiest stage of every split into chunks (the layers
     and the embedding and head are the same whatever the split), so one bound serves every virtual_stages."""
     d = plan.degrees
-    if d is None or not plan.stage_layers:
+    if not plan.stage_layers:
         return 0.0
     t = plan.spec.training
     b = 4 if t.precision == "fp32" else 2
@@ -92,7 +92,7 @@ def compute_floor_s(plan: Priced, hardware_flops: float | None = None, speed: fl
     the cost model) and the analytic bubble of the pipeline (``hardware_flops``: the step's, when the caller
     has it)."""
     d, m = plan.degrees, plan.grad_accum
-    if d is None or m is None or m < 1:
+    if m is None or m < 1:  # a PricedPlan whose batch does not split
         return 0.0
     peak = speed if speed is not None else compute_speed(plan)
     if peak <= 0:
@@ -140,8 +140,6 @@ def edge_memory_bytes(plan: Priced, stop_above: float = float("inf"), cache: dic
     inputs many candidates share (the ZeRO settings of a stage and pipeline depth, the per-layer activation
     bytes of an activation shape and recompute policy), keyed by everything they are computed from."""
     d = plan.degrees
-    if d is None:
-        return 0.0
     try:
         from dsforge.compiler.estimate.memory import _PerLayer, activation_shape, micro_batches, stage_memory
         from dsforge.compiler.estimate.zero_config import zero_settings

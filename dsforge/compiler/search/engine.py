@@ -31,7 +31,7 @@ from dsforge.compiler.estimate.memory import MemoryEstimate, estimate_memory
 from dsforge.compiler.estimate.steptime import StepTime, estimate_step
 from dsforge.compiler.frontend.parse import LoadedJob
 from dsforge.compiler.model.resolved import ResolvedModel, resolve_model
-from dsforge.compiler.plan.plan import Plan, ResolvedPlan
+from dsforge.compiler.plan.plan import Plan, ResolvedPlan, UnresolvedPlan
 from dsforge.compiler.rules.registry import Context, Rule, checks, run_rules
 from dsforge.compiler.search.bounds import (
     chain_floor_s,
@@ -228,11 +228,13 @@ class _Bounded:
 
 @dataclass(frozen=True)
 class _Sized:
-    """Heap level 1: a candidate whose memory bound fits, under its pass floor; ``memory``: its full estimate once
+    """Heap level 1: a candidate whose memory bound fits, under its pass floor; ``plan``: what the rules read,
+    ``resolved``: what the estimates price (its layout resolved in `_level1`); ``memory``: its full estimate once
     made (it then waits under the tighter floor)."""
 
     layout: Layout
     plan: Plan
+    resolved: ResolvedPlan
     floor: float
     memory: MemoryEstimate | None
     level: ClassVar[int] = 1
@@ -485,29 +487,32 @@ class _Search:
             return None
         return floor, plan
 
-    def _level1(self, lay: Layout, plan: Plan, bounded: bool = False) -> tuple[float, MemoryEstimate | None] | None:
-        """Memory: the estimate against search.memory_fraction (DSF301's test above 100 %), then the pass floor
-        (``bounded``: the memory lower bound already passed, in `_staircase`)."""
-        if not plan.layout_ok or plan.placement is None or plan.grad_accum is None or not plan.stage_layers:
+    def _level1(self, lay: Layout, plan: Plan,
+                bounded: bool = False) -> tuple[float, ResolvedPlan, MemoryEstimate | None] | None:
+        """The layout resolved, then memory: the estimate against search.memory_fraction (DSF301's test above
+        100 %), then the pass floor (``bounded``: the memory lower bound already passed, in `_staircase`)."""
+        try:
+            resolved = plan.resolve()
+        except UnresolvedPlan:
             found = self.errors(plan.spec, plan)  # the rules say why the layout does not resolve
             rid = found[0].rule if found else "DSF101"
             self._miss(lay, rid, found[0].message if found else "the layout does not resolve")
             return None
         if self.exhaustive:
-            mem = self._memory(lay, plan)
-            return (0.0, mem) if mem is not None else None
+            mem = self._memory(lay, resolved)
+            return (0.0, resolved, mem) if mem is not None else None
         # two stages of the estimate: the full one waits until the bounds rank it
-        edge = 0.0 if bounded else edge_memory_bytes(plan.priced(), self.limit * self.capacity, self._memo)
+        edge = 0.0 if bounded else edge_memory_bytes(resolved, self.limit * self.capacity, self._memo)
         if edge > self.limit * self.capacity:
             util = edge / self.capacity
             self._miss(lay, MEMORY_RULE if util > 1.0 else "memory",
                        f"peak {_gb(edge)} is {util:.0%} of {_gb(self.capacity)}", util)
             return None
-        return _below(pass_floor_s(plan.priced(), "edges")), None
+        return _below(pass_floor_s(resolved, "edges")), resolved, None
 
-    def _memory(self, lay: Layout, plan: Plan) -> MemoryEstimate | None:
+    def _memory(self, lay: Layout, plan: ResolvedPlan) -> MemoryEstimate | None:
         """The memory estimate, or None (and the miss counted) when it exceeds search.memory_fraction."""
-        mem = estimate_memory(plan.priced())
+        mem = estimate_memory(plan)
         if mem.utilization > self.limit:
             reason = MEMORY_RULE if mem.utilization > 1.0 else "memory"
             self._miss(lay, reason, f"peak {_gb(mem.peak.device_bytes)} is {mem.utilization:.0%} of "
@@ -603,29 +608,30 @@ class _Search:
         got1 = self._level1(lay, plan, entry.memory_bounded)
         if got1 is None:
             return
-        floor1, mem = got1
+        floor1, resolved, mem = got1
         floor = max(entry.floor, floor1)
         if floor > 0 and not self.objective.feasible(floor, lay.global_batch * self.model.seq_len):
             self._miss(lay, "deadline", "its passes alone miss the deadline")
             return
-        self._push(heap, self._bound_value(floor, lay), tiebreak, _Sized(lay, plan, floor, mem))
+        self._push(heap, self._bound_value(floor, lay), tiebreak, _Sized(lay, plan, resolved, floor, mem))
 
     def _estimate(self, heap: list[_Item], tiebreak: tuple[Any, ...], entry: _Sized) -> None:
         """Level 1 popped: the full memory estimate, the rules and the step, which run only for candidates whose
         bounds could still rank (each costs as much as the bounds of many candidates); a fit goes to level 2."""
-        lay, plan, floor, mem = entry.layout, entry.plan, entry.floor, entry.memory
+        lay, plan, resolved, floor, mem = entry.layout, entry.plan, entry.resolved, entry.floor, entry.memory
         if mem is None:
-            mem = self._memory(lay, plan)
+            mem = self._memory(lay, resolved)
             if mem is None:
                 return
             if not self.exhaustive:
-                floor1 = _below(pass_floor_s(plan.priced()))
+                floor1 = _below(pass_floor_s(resolved))
                 if floor1 > floor:  # the whole chain: back into the heap under its tighter bound
-                    self._push(heap, self._bound_value(floor1, lay), tiebreak, _Sized(lay, plan, floor1, mem))
+                    self._push(heap, self._bound_value(floor1, lay), tiebreak,
+                               _Sized(lay, plan, resolved, floor1, mem))
                     return
         if not self._rules_pass(lay, plan):
             return
-        step = estimate_step(plan.priced())
+        step = estimate_step(resolved)
         self.funnel.estimated += 1
         if step.step_s < floor * (1 - BOUND_SLACK):
             self.violated = True  # a bound above the estimate: the caller repeats without pruning
@@ -636,9 +642,9 @@ class _Search:
             self._miss(lay, "deadline", f"trains in {train_h:,.1f} h")
             return
         self.funnel.fitting += 1
-        # its layout resolved (`_level1` checked it) and every rule passed: the candidate as what compile would emit
-        ev = Evaluated(lay, plan.spec, plan.resolve(), mem, step,
-                       self.objective.value(step.step_s, tokens, plan.world_size))
+        # every rule passed: the candidate as what compile would emit
+        ev = Evaluated(lay, resolved.spec, resolved, mem, step,
+                       self.objective.value(step.step_s, tokens, resolved.world_size))
         self._push(heap, ev.value, tiebreak, _Ranked(ev))
 
     def evaluate(self, lay: Layout) -> Evaluated | Miss:
@@ -648,14 +654,14 @@ class _Search:
         try:
             got = self._level0(lay)
             got1 = self._level1(lay, got[1]) if got is not None else None
-            mem = self._memory(lay, got[1]) if got is not None and got1 is not None else None
-            if got is None or mem is None or not self._rules_pass(lay, got[1], every=True):
+            mem = self._memory(lay, got1[1]) if got is not None and got1 is not None else None
+            if got is None or got1 is None or mem is None or not self._rules_pass(lay, got[1], every=True):
                 return self.misses[-1]
-            plan = got[1]
-            step = estimate_step(plan.priced())
+            resolved = got1[1]
+            step = estimate_step(resolved)
             tokens = lay.global_batch * self.model.seq_len
-            return Evaluated(lay, plan.spec, plan.resolve(), mem, step,
-                             self.objective.value(step.step_s, tokens, plan.world_size))
+            return Evaluated(lay, resolved.spec, resolved, mem, step,
+                             self.objective.value(step.step_s, tokens, resolved.world_size))
         finally:
             self.funnel, self.misses = funnel, misses
 
@@ -681,6 +687,8 @@ def search(job: LoadedJob, errors: Errors | None = None, top: int | None = None,
     result = _search(job, spec, errors, objective, top, exhaustive, compare)
     if result is None:  # a bound exceeded an estimate: the cost model changed under the bounds; search them all
         result = _search(job, spec, errors, objective, top, True, compare)
+        # proved by the search, not the types: an exhaustive search bounds nothing (floors of 0, no staircase),
+        # so it never finds a bound above an estimate and never returns None
         assert result is not None
     result.seconds = time.perf_counter() - start
     return result

@@ -54,7 +54,7 @@ def recorded(directory: Path) -> str:
 
 @pytest.mark.parametrize("launcher", sorted(SCRIPTS))
 def test_every_launcher_runs_the_compiling_interpreter_by_default(tmp_path: Path, launcher: str) -> None:
-    directory = write_files(tmp_path / "job", render_job(plan_for(tmp_path, launcher), python=COMPILING))
+    directory = write_files(tmp_path / "job", render_job(plan_for(tmp_path, launcher).resolve(), python=COMPILING))
     argv = exec_argv(directory, launcher)
     assert COMPILING in argv and argv[argv.index(COMPILING) + 1] == "-m"
     assert "python" not in argv  # nothing is left to PATH
@@ -65,7 +65,7 @@ def test_every_launcher_runs_the_compiling_interpreter_by_default(tmp_path: Path
 def test_launch_python_overrides_the_default(tmp_path: Path, launcher: str) -> None:
     nodes_python = "/shared/env/bin/python3"
     plan = plan_for(tmp_path, launcher, python=nodes_python)
-    directory = write_files(tmp_path / "job", render_job(plan, python=COMPILING))
+    directory = write_files(tmp_path / "job", render_job(plan.resolve(), python=COMPILING))
     if launcher == "kubernetes":
         assert pod_python(directory) == nodes_python
     else:
@@ -76,7 +76,7 @@ def test_launch_python_overrides_the_default(tmp_path: Path, launcher: str) -> N
 
 def test_kubernetes_pods_run_the_image_python_unless_told(tmp_path: Path) -> None:
     plan = plan_for(tmp_path, "kubernetes")
-    directory = write_files(tmp_path / "job", render_job(plan, python=COMPILING))
+    directory = write_files(tmp_path / "job", render_job(plan.resolve(), python=COMPILING))
     assert pod_python(directory) == IMAGE_PYTHON == recorded(directory)
     assert COMPILING not in (directory / "pytorchjob.yaml").read_text(encoding="utf-8")
 
@@ -103,6 +103,6 @@ def test_an_empty_interpreter_name_falls_back_to_python(tmp_path: Path) -> None:
 def test_any_interpreter_path_arrives_literally(tmp_path: Path, path: str) -> None:
     compiling = "/" + path  # absolute, so abspath leaves it alone unless it has .. or // segments
     expected = os.path.abspath(compiling)
-    directory = write_files(tmp_path / "job", render_job(plan_for(tmp_path, "local"), python=compiling))
+    directory = write_files(tmp_path / "job", render_job(plan_for(tmp_path, "local").resolve(), python=compiling))
     assert exec_argv(directory, "local")[0] == expected
     assert recorded(directory) == expected

@@ -150,7 +150,7 @@ def test_static_rendezvous_requires_node_rank(tmp_path: Path) -> None:
 
 
 def test_deepspeed_multinode_exports_env_and_finds_its_master(tmp_path: Path) -> None:
-    files = render_job(plan_of("deepspeed-2node", tmp_path))
+    files = render_job(plan_of("deepspeed-2node", tmp_path).resolve())
     # the CPU ranks' settings, then the job's own variables, one KEY=VALUE line each
     assert files[".deepspeed_env"].content == "DS_ACCELERATOR=cpu\nNCCL_DEBUG=INFO\nOMP_NUM_THREADS=1\n"
     _, argv = dry_run(write_files(tmp_path / "a", files) / "launch.sh")

@@ -58,7 +58,7 @@ def build(launcher: str, name: str, python: str, addr: str, value: str, path: st
     data["launch"].update(python=python, master_addr=addr, env={"DSF_VALUE": value})
     data["training"]["checkpoint"]["dir"] = path
     data["training"]["data"]["path"] = path
-    return render_job(build_plan(JobSpec.model_validate(data)))
+    return render_job(build_plan(JobSpec.model_validate(data)).resolve())
 
 
 def leading_directives(script: str) -> list[str]:
@@ -128,4 +128,4 @@ def test_sbatch_directives_refuse_what_sbatch_cannot_carry() -> None:
     data = copy.deepcopy(DUMPS["slurm"])
     data["launch"]["partition"] = "gpu\nrm -rf ~"
     with pytest.raises(EmitError, match="SBATCH"):
-        render_job(build_plan(JobSpec.model_validate(data)))
+        render_job(build_plan(JobSpec.model_validate(data)).resolve())

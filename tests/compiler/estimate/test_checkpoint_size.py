@@ -20,8 +20,8 @@ from dsforge.compiler.estimate.checkpoint_size import (
     saves_of,
 )
 from dsforge.compiler.frontend.parse import parse_job
-from dsforge.compiler.plan.plan import build_plan
 from dsforge.compiler.frontend.source import SourceMap
+from dsforge.compiler.plan.plan import build_plan
 
 
 def plan(parallel: dict[str, object], precision: str = "bf16", **checkpoint: object):  # type: ignore[no-untyped-def]
