@@ -98,8 +98,9 @@ def test_in_situ_alpha_prices_the_small_all_reduce_at_its_in_situ_seconds(situ: 
 def test_the_file_states_the_in_situ_latency_its_noise_and_the_load(tmp_path: Path) -> None:
     result = _result(2)
     result["measured"].update({"in_situ_all_reduce_s": 2.5e-3, "in_situ_spread": 0.4, "fitted_latency_us": 150.0,
-                               "load": [1.5, 2.25]})
+                               "load": [1.5, 2.25], "op_overhead_spread": 0.5})
     text = render(result)
+    assert "noise of the per-operation figure: spread 50% of its median" in text
     assert "a 16 KiB all-reduce adds 2.500 ms (noise: spread 40% of the median" in text
     assert "back-to-back fit's 150.00 us" in text and "load average 1.50 before, 2.25 after (2 cores)" in text
     assert yaml.safe_load(text)["hardware"]["intra_node"]["latency_us"] == 200.0

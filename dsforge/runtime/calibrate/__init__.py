@@ -45,7 +45,7 @@ from dsforge.runtime.calibrate.fits import fit_engine
 from dsforge.runtime.calibrate.kernels import (
     GEMM_SIZES,
     gemm_rates,
-    layer_op_overhead,
+    layer_op_overhead_spread,
     memory_bandwidth,
     op_overhead,
 )
@@ -84,7 +84,7 @@ def calibrate(ranks: int = 2, links_only: bool = False) -> dict[str, Any] | None
     bf16 = gemm_rates(torch.bfloat16, device, GEMM_SIZES if on_gpu else GEMM_SIZES[:4])  # CPU bf16 is slow
     bandwidth = memory_bandwidth(device)
     overhead = op_overhead(device)
-    per_layer = layer_op_overhead() if not on_gpu else overhead
+    per_layer, op_spread = layer_op_overhead_spread() if not on_gpu else (overhead, 0.0)
     if world_links is not None and world_links["intra_node"] is not None:
         alpha, beta, rows = (world_links["intra_node"]["latency_us"] * 1e-6,
                              world_links["intra_node"]["bandwidth_gbs"] * 1e9, world_links["intra_node"]["rows"])
@@ -108,7 +108,7 @@ def calibrate(ranks: int = 2, links_only: bool = False) -> dict[str, Any] | None
                      "all_reduce_seconds": rows, "engine_steps": engine, "ranks": ranks, "cores": cores,
                      "nodes": world_links["nodes"] if world_links is not None else 1,
                      "inter_node_all_reduce_seconds": inter["rows"] if inter is not None else None,
-                     "host": platform.node(), "torch": torch.__version__, **situ,
+                     "host": platform.node(), "torch": torch.__version__, **situ, "op_overhead_spread": op_spread,
                      "load": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0],
                      "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
         "hardware": {
@@ -165,7 +165,9 @@ def render(result: dict[str, Any]) -> str:
              + ", ".join(f"{n}: {r:.4g}" for n, r in m["fp32_gemm_tflops"].items()),
              "#   bf16 " + ", ".join(f"{n}: {r:.4g}" for n, r in m["bf16_gemm_tflops"].items()),
              (f"# tensor copy {m['copy_gbs']:.2f} GB/s; {m['op_overhead_us']:.2f} us per operation of the HF layer "
-              f"({m['bare_op_us']:.2f} us for a bare autograd op)"),
+              f"({m['bare_op_us']:.2f} us for a bare autograd op)"
+              + (f"; noise of the per-operation figure: spread {m['op_overhead_spread']:.0%} of its median over "
+                 f"15 alternated 4- against 2-layer repeats" if "op_overhead_spread" in m else "")),
              "# all-reduce seconds by bytes: " + ", ".join(f"{s}: {sec:.3g}" for s, sec in m["all_reduce_seconds"]),
              *([f"# in situ (between compute, as a step issues it): a 16 KiB all-reduce adds "
                 f"{m['in_situ_all_reduce_s'] * 1e3:.3f} ms (noise: spread {m['in_situ_spread']:.0%} of the median over "
