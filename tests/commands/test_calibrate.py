@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsforge.compiler.estimate.steptime import estimate_step
 from dsforge.compiler.validate import validate_file
@@ -80,3 +82,25 @@ def test_a_links_only_file_states_both_links(tmp_path: Path) -> None:
     text = render(result)
     assert "# intra_node: 2 ranks per group" in text and "# inter_node: 2 ranks per group" in text
     assert yaml.safe_load(text)["hardware"]["inter_node"]["latency_us"] == 400.0
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(1e-6, 1e-1), st.floats(1e6, 1e11), st.integers(2, 16))
+def test_in_situ_alpha_prices_the_small_all_reduce_at_its_in_situ_seconds(situ: float, beta: float, n: int) -> None:
+    from dsforge.runtime.calibrate.links import IN_SITU_BYTES, in_situ_alpha
+
+    alpha = in_situ_alpha(situ, beta, n)
+    ring = 2 * (n - 1) * alpha + 2 * (n - 1) / n * IN_SITU_BYTES / beta
+    assert alpha >= 0
+    assert ring == pytest.approx(situ, rel=1e-9) if alpha > 0 else ring >= situ
+
+
+def test_the_file_states_the_in_situ_latency_its_noise_and_the_load(tmp_path: Path) -> None:
+    result = _result(2)
+    result["measured"].update({"in_situ_all_reduce_s": 2.5e-3, "in_situ_spread": 0.4, "fitted_latency_us": 150.0,
+                               "load": [1.5, 2.25], "op_overhead_spread": 0.5})
+    text = render(result)
+    assert "noise of the per-operation figure: spread 50% of its median" in text
+    assert "a 16 KiB all-reduce adds 2.500 ms (noise: spread 40% of the median" in text
+    assert "back-to-back fit's 150.00 us" in text and "load average 1.50 before, 2.25 after (2 cores)" in text
+    assert yaml.safe_load(text)["hardware"]["intra_node"]["latency_us"] == 200.0

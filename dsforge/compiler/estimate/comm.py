@@ -272,11 +272,12 @@ def _dp_ops(group: str, n: int, params: float, plan: Priced, gathered: tuple[flo
 
 def grad_bytes(plan: Priced) -> int:
     """Bytes per gradient element on the wire: the 16-bit compute dtype under DeepSpeed (its default
-    communication_data_type), 4 where the stack reduces an fp32 main-grad buffer (Megatron-Core with bf16:
+    communication_data_type), 4 where the stack reduces an fp32 main-grad buffer (Megatron-Core with bf16, not fp16:
     megatron/training/arguments.py turns accumulate_allreduce_grads_in_fp32 on unless --grad-reduce-in-bf16;
     param_and_grad_buffer.py reduces the buffer in its grad_dtype)."""
     weight = zero_settings(plan).weight_bytes
-    return 4 if fp32_main_grads(plan.spec.stack, plan.spec.training.grad_reduce, weight) else weight
+    t = plan.spec.training
+    return 4 if fp32_main_grads(plan.spec.stack, t.grad_reduce, weight, t.precision) else weight
 
 
 def data_parallel(plan: Priced, stage: int) -> list[Collective]:

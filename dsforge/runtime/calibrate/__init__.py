@@ -12,7 +12,12 @@ What is measured, and how each figure enters the cost model (dsforge/compiler/es
 * collectives over the real backend (gloo on CPU, NCCL on GPU) with ``ranks`` processes on this node:
   all-reduce by message size, fitted to the ring model 2(n-1)·alpha + 2(n-1)/n·bytes/beta by least squares:
   ``intra_node.latency_us`` = alpha and ``bandwidth_gbs`` = beta (``bus_efficiency`` 1: beta is already what
-  the backend achieves). One node only: ``inter_node`` is written equal to ``intra_node`` and says so;
+  the backend achieves). Then the same small all-reduce in situ, after a chain of dispatched ops on every
+  rank as a training step issues it (`links.in_situ_seconds`, against the same work without it, alternated
+  over repeats): where it costs more than the back-to-back fit prices it (a rank that arrives first waits
+  for its partner to be scheduled, which dominates on shared CPU cores), alpha is raised to it. The file
+  states both, the in-situ figure's noise (spread of its repeats over their median) and the load average
+  before and after. One node only: ``inter_node`` is written equal to ``intra_node`` and says so;
 * the DeepSpeed engine's own host work (``engine_overhead``, priced by estimate/engine_overhead.py): on
   one CPU process, a real engine of dsforge's tiny Llama at 2 and 8 layers (T = 21 and 75 parameter
   tensors) per ZeRO stage 0-3, four micro-batches per step, each ``engine(...)``, ``backward``, ``step``
@@ -40,7 +45,7 @@ from dsforge.runtime.calibrate.fits import fit_engine
 from dsforge.runtime.calibrate.kernels import (
     GEMM_SIZES,
     gemm_rates,
-    layer_op_overhead,
+    layer_op_overhead_spread,
     memory_bandwidth,
     op_overhead,
 )
@@ -63,6 +68,8 @@ def calibrate(ranks: int = 2, links_only: bool = False) -> dict[str, Any] | None
     mapping; the other ranks return None. ``links_only`` measures the links and nothing else."""
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    situ: dict[str, float] = {}
     launch = launched()
     world_links = measure_links(launch, "nccl" if on_gpu else "gloo") if launch is not None else None
     if launch is not None and world_links is None:
@@ -77,12 +84,15 @@ def calibrate(ranks: int = 2, links_only: bool = False) -> dict[str, Any] | None
     bf16 = gemm_rates(torch.bfloat16, device, GEMM_SIZES if on_gpu else GEMM_SIZES[:4])  # CPU bf16 is slow
     bandwidth = memory_bandwidth(device)
     overhead = op_overhead(device)
-    per_layer = layer_op_overhead() if not on_gpu else overhead
+    per_layer, op_spread = layer_op_overhead_spread() if not on_gpu else (overhead, 0.0)
     if world_links is not None and world_links["intra_node"] is not None:
         alpha, beta, rows = (world_links["intra_node"]["latency_us"] * 1e-6,
                              world_links["intra_node"]["bandwidth_gbs"] * 1e9, world_links["intra_node"]["rows"])
     elif world_links is None and ranks > 1:
-        alpha, beta, rows = collective_fit(ranks, "nccl" if on_gpu else "gloo")
+        fit = collective_fit(ranks, "nccl" if on_gpu else "gloo")
+        alpha, beta, rows = fit.alpha, fit.beta, fit.rows
+        situ = {"in_situ_all_reduce_s": fit.in_situ_s, "in_situ_spread": fit.in_situ_spread,
+                "fitted_latency_us": fit.fitted_alpha * 1e6}
     else:
         alpha, beta, rows = 0.0, 1e12, []
     engine = [] if on_gpu else engine_rows()
@@ -98,7 +108,8 @@ def calibrate(ranks: int = 2, links_only: bool = False) -> dict[str, Any] | None
                      "all_reduce_seconds": rows, "engine_steps": engine, "ranks": ranks, "cores": cores,
                      "nodes": world_links["nodes"] if world_links is not None else 1,
                      "inter_node_all_reduce_seconds": inter["rows"] if inter is not None else None,
-                     "host": platform.node(), "torch": torch.__version__,
+                     "host": platform.node(), "torch": torch.__version__, **situ, "op_overhead_spread": op_spread,
+                     "load": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0],
                      "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
         "hardware": {
             "nodes": world_links["nodes"] if world_links is not None else 1, "gpus_per_node": ranks,
@@ -117,7 +128,8 @@ def calibrate(ranks: int = 2, links_only: bool = False) -> dict[str, Any] | None
 def _links_only(ranks: int, world_links: dict[str, Any] | None) -> dict[str, Any]:
     """The `--links-only` result: the two links (measured in the launched world, or intra-node here)."""
     if world_links is None:
-        alpha, beta, rows = collective_fit(ranks, "nccl" if torch.cuda.is_available() else "gloo")
+        fit = collective_fit(ranks, "nccl" if torch.cuda.is_available() else "gloo")
+        alpha, beta, rows = fit.alpha, fit.beta, fit.rows
         world_links = {"nodes": 1, "ranks_per_node": ranks, "inter_node": None,
                        "intra_node": {"bandwidth_gbs": round(beta / 1e9, 4), "latency_us": round(alpha * 1e6, 2),
                                       "bus_efficiency": 1.0, "ranks": ranks, "rows": rows}}
@@ -153,8 +165,16 @@ def render(result: dict[str, Any]) -> str:
              + ", ".join(f"{n}: {r:.4g}" for n, r in m["fp32_gemm_tflops"].items()),
              "#   bf16 " + ", ".join(f"{n}: {r:.4g}" for n, r in m["bf16_gemm_tflops"].items()),
              (f"# tensor copy {m['copy_gbs']:.2f} GB/s; {m['op_overhead_us']:.2f} us per operation of the HF layer "
-              f"({m['bare_op_us']:.2f} us for a bare autograd op)"),
+              f"({m['bare_op_us']:.2f} us for a bare autograd op)"
+              + (f"; noise of the per-operation figure: spread {m['op_overhead_spread']:.0%} of its median over "
+                 f"15 alternated 4- against 2-layer repeats" if "op_overhead_spread" in m else "")),
              "# all-reduce seconds by bytes: " + ", ".join(f"{s}: {sec:.3g}" for s, sec in m["all_reduce_seconds"]),
+             *([f"# in situ (between compute, as a step issues it): a 16 KiB all-reduce adds "
+                f"{m['in_situ_all_reduce_s'] * 1e3:.3f} ms (noise: spread {m['in_situ_spread']:.0%} of the median over "
+                f"the repeats); latency_us is the larger of that and the back-to-back fit's "
+                f"{m['fitted_latency_us']:.2f} us"] if "in_situ_all_reduce_s" in m else []),
+             *([f"# load average {m['load'][0]:.2f} before, {m['load'][1]:.2f} after ({m['cores']} cores): "
+                f"the rates are this machine's under that load"] if "load" in m else []),
              ("# inter_node: one node was measured; it repeats intra_node" if not m.get("inter_node_all_reduce_seconds")
               else f"# inter_node: measured across {m['nodes']} nodes, all-reduce seconds by bytes: "
               + ", ".join(f"{s}: {sec:.3g}" for s, sec in m["inter_node_all_reduce_seconds"]))]

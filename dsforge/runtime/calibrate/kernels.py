@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import torch
@@ -55,8 +56,20 @@ def layer_op_overhead(ops_per_layer: int = 73 + 138) -> float:
     from dsforge.compiler.spec.schema import ModelSpec
     from dsforge.runtime.models import build_model
 
+    return layer_op_overhead_spread(ops_per_layer)[0]
+
+
+def layer_op_overhead_spread(ops_per_layer: int = 73 + 138, repeats: int = 15) -> tuple[float, float]:
+    """(`layer_op_overhead`, the spread (max - min) / median of its repeats): the 2- and 4-layer steps are timed
+    in alternation and each pair's difference is one repeat, so a change of the machine's load during the
+    measurement shifts both members of a pair alike instead of one depth's median."""
+    from dsforge.compiler.frontend.presets import presets
+    from dsforge.compiler.model.resolved import resolve_model
+    from dsforge.compiler.spec.schema import ModelSpec
+    from dsforge.runtime.models import build_model
+
     spec = dict(presets("models")["tiny-llama"].spec)
-    times = {}
+    steps = {}
     for layers in (2, 4):
         model = build_model(resolve_model(ModelSpec(**{**spec, "layers": layers})), device="cpu")
         ids = torch.randint(0, spec["vocab"], (1, spec["seq_len"]))
@@ -64,5 +77,9 @@ def layer_op_overhead(ops_per_layer: int = 73 + 138) -> float:
         def step(model: Any = model, ids: torch.Tensor = ids) -> None:
             model(input_ids=ids, labels=ids).loss.backward()
 
-        times[layers] = median_seconds(step, 7)
-    return max(0.0, times[4] - times[2]) / 2 / ops_per_layer
+        step()  # warm-up
+        steps[layers] = step
+    diffs = [median_seconds(steps[4], 3) - median_seconds(steps[2], 3) for _ in range(repeats)]
+    per_op = [max(0.0, d) / 2 / ops_per_layer for d in diffs]
+    median = statistics.median(per_op)
+    return median, (max(per_op) - min(per_op)) / median if median > 0 else 0.0

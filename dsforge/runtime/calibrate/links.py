@@ -13,7 +13,9 @@ groups, ``inter_node`` from the spanning groups. Rank 0 reports; the others only
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,9 @@ import torch
 from dsforge.runtime.calibrate.fits import fit_ring, median_seconds
 
 MESSAGE_BYTES = tuple(2 ** k for k in range(10, 23, 2))  # 1 KiB ... 4 MiB
+#: the small all-reduce of the in-situ measurement (a TP activation of a tiny layer) and the work between calls
+IN_SITU_BYTES = 16 << 10
+IN_SITU_OPS = 100
 
 
 @dataclass(frozen=True)
@@ -106,8 +111,43 @@ def measure_links(launch: Launch, backend: str) -> dict[str, Any] | None:
             "inter_node": _link(inter, len(mine_slot)) if inter else None}
 
 
+def in_situ_seconds(device: str, nccl: bool, repeats: int = 7, calls: int = 30) -> tuple[float, float]:
+    """(median seconds one small all-reduce adds between compute, the spread (max - min) / median of the
+    repeats): every rank runs IN_SITU_OPS dispatched ops then an all-reduce of IN_SITU_BYTES, ``calls`` times,
+    against the same work without the collectives. A training step issues its collectives this way, between
+    operations, so a rank that arrives first waits for its partner to be scheduled; on shared CPU cores that
+    wait is what a step pays per collective, and a back-to-back loop of all-reduces (the rows) does not see it.
+    Every member of the world calls this together."""
+    import torch.distributed as dist
+
+    x = torch.ones(8, 8, device=device)
+    t = torch.ones(IN_SITU_BYTES // 4, dtype=torch.float32, device=device)
+
+    def run(collective: bool) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(calls):
+            y = x
+            for _ in range(IN_SITU_OPS):
+                y = y * 1.0001
+            if collective:
+                dist.all_reduce(t)
+            if nccl:
+                torch.cuda.synchronize()
+        return (time.perf_counter() - start) / calls
+
+    run(True)  # warm-up
+    extra = []
+    for _ in range(repeats):  # alternate, so a change of load hits both alike
+        bare = run(False)
+        extra.append(max(0.0, run(True) - bare))
+    median = statistics.median(extra)
+    return median, (max(extra) - min(extra)) / median if median > 0 else 0.0
+
+
 def _collective_worker(rank: int, world: int, init: str, out: str, backend: str) -> None:
-    """One rank of the collective benchmark: all-reduce by size; rank 0 writes the medians."""
+    """One rank of the collective benchmark: all-reduce by size, then the in-situ cost; rank 0 writes the
+    medians (the in-situ row as size 0 with its spread)."""
     import torch.distributed as dist
 
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
@@ -122,20 +162,42 @@ def _collective_worker(rank: int, world: int, init: str, out: str, backend: str)
                 torch.cuda.synchronize()
 
         dist.barrier()
-        rows.append((size, median_seconds(call, 7, 3)))
+        rows.append((size, median_seconds(call, 15, 3)))
+    situ, spread = in_situ_seconds(device, backend == "nccl")
     if rank == 0:
-        Path(out).write_text("\n".join(f"{s} {sec}" for s, sec in rows), encoding="utf-8")
+        Path(out).write_text("\n".join([f"{s} {sec}" for s, sec in rows] + [f"0 {situ} {spread}"]), encoding="utf-8")
     dist.barrier()
     dist.destroy_process_group()
 
 
-def collective_fit(ranks: int, backend: str) -> tuple[float, float, list[tuple[int, float]]]:
-    """(alpha seconds, beta bytes/s, measured rows) of the ring all-reduce model fitted over message sizes."""
+@dataclass(frozen=True)
+class CollectiveFit:
+    """The ring model fitted to the back-to-back rows, and the in-situ cost of a small all-reduce."""
+
+    alpha: float  # seconds per ring step, as a step pays it: the larger of the fit's and the in-situ one's
+    beta: float  # bytes/s
+    rows: list[tuple[int, float]]
+    fitted_alpha: float  # seconds per ring step from the back-to-back rows alone
+    in_situ_s: float  # median seconds one IN_SITU_BYTES all-reduce adds between compute
+    in_situ_spread: float  # (max - min) / median over the in-situ repeats: the noise of the figure
+
+
+def in_situ_alpha(in_situ_s: float, beta: float, ranks: int) -> float:
+    """The ring model's alpha that prices one IN_SITU_BYTES all-reduce at its in-situ seconds."""
+    wire = 2 * (ranks - 1) / ranks * IN_SITU_BYTES / beta
+    return max(0.0, in_situ_s - wire) / (2 * (ranks - 1))
+
+
+def collective_fit(ranks: int, backend: str) -> CollectiveFit:
+    """The ring all-reduce model fitted over message sizes, its alpha raised to the in-situ cost where that is
+    larger (what a step's collectives pay; see `in_situ_seconds`)."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.txt")
         mp.spawn(_collective_worker, args=(ranks, f"file://{tmp}/store", out, backend), nprocs=ranks, join=True)
-        rows = [(int(a), float(b)) for a, b in (line.split() for line in Path(out).read_text().splitlines())]
+        lines = [line.split() for line in Path(out).read_text().splitlines()]
+    rows = [(int(v[0]), float(v[1])) for v in lines if int(v[0]) > 0]
+    situ, spread = next((float(v[1]), float(v[2])) for v in lines if int(v[0]) == 0)
     alpha, beta = fit_ring(rows, ranks)
-    return alpha, beta, rows
+    return CollectiveFit(max(alpha, in_situ_alpha(situ, beta, ranks)), beta, rows, alpha, situ, spread)

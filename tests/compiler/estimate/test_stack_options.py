@@ -121,3 +121,13 @@ def test_megatron_deepspeed_prices_deepspeeds_zero_and_its_partition(tmp_path: P
     z3 = _job(tmp_path, "z3", stack="megatron-deepspeed", parallel={"cp": 1, "zero": 3})
     z1 = _job(tmp_path, "z1", stack="megatron-deepspeed", parallel={"cp": 1, "zero": 1})
     assert _stage0(z3)["parameters"] < _stage0(z1)["parameters"] / 4  # DeepSpeed's ZeRO-3 partitions the weights
+
+
+def test_megatron_keeps_fp16_gradients_in_fp16(tmp_path: Path) -> None:
+    # Megatron-LM's arguments.py forces accumulate_allreduce_grads_in_fp32 only inside `if args.bf16:`; under
+    # fp16 the store_true flag stays off, so the main-grad buffer and its all-reduce are fp16
+    fp16 = _stage0(_job(tmp_path, "fp16", training={"precision": "fp16"}))
+    bf16 = _stage0(_job(tmp_path, "bf16"))
+    assert bf16["gradients"] == 2 * fp16["gradients"]
+    explicit = _stage0(_job(tmp_path, "fp16-fp32", training={"precision": "fp16", "grad_reduce": "fp32"}))
+    assert explicit["gradients"] == bf16["gradients"]

@@ -10,4 +10,4 @@ def stack_options(spec: JobSpec, weight_bytes: int) -> tuple[bool, str | None]:
     """(fp32 main gradients, the FP8 recipe or None) of a job, as `memory._stage_states` takes them."""
     t = spec.training
     recipe = (t.fp8_recipe or "delayed") if t.precision == "fp8" else None
-    return fp32_main_grads(spec.stack, t.grad_reduce, weight_bytes), recipe
+    return fp32_main_grads(spec.stack, t.grad_reduce, weight_bytes, t.precision), recipe
