@@ -35,6 +35,11 @@ def explain_plan(plan: ResolvedPlan, tokens: float | None = None, rewrite: dict[
     step = estimate_step(plan)
     memory = estimate_memory(plan)
     summary = summarize(plan, tokens, step, memory)
+    from dsforge.compiler.frontend.pretrained_params import param_count_note
+
+    approx = param_count_note(plan.spec.model.pretrained, summary["params"]["total"])
+    if approx is not None:  # the model keys cannot state every feature of the checkpoint's family
+        summary = {**summary, "params": {**summary["params"], "approximate": approx}}
     if rewrite is not None:
         summary = {**with_exact_params(summary, rewrite), "rewrite": rewrite}
     from dsforge.compiler.frontend.data_files import data_summary
