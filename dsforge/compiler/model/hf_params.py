@@ -35,10 +35,12 @@ _QKV_ONLY_BIAS = frozenset({"glm", "glm4", "seed_oss"})
 #: Families with q and k norms over the whole projection (q_dim and kv_dim wide).
 _FULL_QK_NORMS = frozenset({"olmo2", "olmo3", "olmoe", "flex_olmo", "minimax_m2"})
 #: Families with four norms per layer (pre and post attention, pre and post MLP).
-_FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})
+_FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "hyperclovax", "kolibri1"})
 #: Families with per-head q and k norms (head_dim wide).
 _HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "exaone4", "hunyuan_v1_dense", "hy_v3",
-                            "mellum", "exaone_moe", "axk1", "hunyuan_v1_moe"})
+                            "mellum", "exaone_moe", "axk1", "hunyuan_v1_moe", "kolibri1", "flint"})
+#: Families with one learnt attention sink per head and layer.
+_SINKS = frozenset({"granite_swa", "granitemoe_swa", "flint", "gpt_oss"})
 _MOE_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 
@@ -46,10 +48,11 @@ _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 #: Types whose count equals HF's num_parameters() on the zoo's tiny configs (benchmarks/hf_param_counts.py;
 #: tests/compiler/model/test_hf_params.py checks the set both ways).
 EXACT_TYPES = frozenset({"arcee", "aria_text", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm", "deepseek_v2",
-                         "deepseek_v3", "ernie4_5", "exaone", "exaone4", "exaone_moe", "flex_olmo", "gemma",
-                         "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt_neox", "gptj",
-                         "granite", "granitemoe", "granitemoeshared", "helium", "hunyuan_v1_dense", "hy_v3",
-                         "internlm3", "iquestcoder", "jais2", "llama", "mellum", "minicpm3", "minimax_m2",
+                         "deepseek_v3", "diffllama", "ernie4_5", "exaone", "exaone4", "exaone_moe", "flex_olmo",
+                         "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite",
+                         "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe", "granitemoe_swa",
+                         "granitemoeshared", "helium", "hunyuan_v1_dense", "hy_v3", "hyperclovax", "internlm3",
+                         "iquestcoder", "jais2", "kolibri1", "llama", "mellum", "minicpm3", "minimax_m2",
                          "ministral", "ministral3", "mistral", "mixtral", "nanochat", "nemotron", "olmo", "olmo2",
                          "olmo3", "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                          "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2", "vaultgemma",
@@ -105,6 +108,10 @@ def _attention(cfg: dict[str, Any], mtype: str, hidden: int) -> int:
         weights += q_dim + 2 * kv_dim + (0 if mtype in _QKV_ONLY_BIAS else hidden)
     elif mtype in ("qwen2", "qwen2_moe") and cfg.get("qkv_bias", True):
         weights += q_dim + 2 * kv_dim
+    if mtype in _SINKS:
+        weights += heads
+    if mtype == "diffllama":  # differential attention's lambda_q1, lambda_k1, lambda_q2, lambda_k2
+        weights += 4 * head_dim
     if mtype in _FULL_QK_NORMS:
         weights += q_dim + kv_dim
     elif mtype in _HEAD_QK_NORMS or cfg.get("use_qk_norm") or cfg.get("qk_layernorm"):
@@ -157,6 +164,8 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
             block = experts * _mlp(cfg, mtype, hidden, moe_ffn) + hidden * experts
             if shared_ffn:
                 block += _mlp(cfg, mtype, hidden, shared_ffn) + (hidden if mtype == "qwen2_moe" else 0)
+            if mtype == "gpt_oss":  # biased experts (gate_up, down) and router
+                block += experts * (2 * moe_ffn + hidden) + experts
             if mtype == "ernie4_5_moe":
                 block += experts  # moe_statics.e_score_correction_bias (a buffer in deepseek_v3, a parameter here)
         else:
