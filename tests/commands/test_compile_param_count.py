@@ -36,7 +36,10 @@ def test_explain_says_its_count_is_approximate_and_by_how_much() -> None:
 
     out = CliRunner().invoke(cli, ["explain", str(FIXTURE), "--format", "json"])
     assert out.exit_code == 0, out.output
-    params = json.loads(out.output)["params"]
+    summary = json.loads(out.output)
+    params = summary["params"]
     stored = stored_params(OLMO2 / "model.safetensors")
     assert f"has {stored:,}" in params["approximate"]
     assert f"off by {params['total'] - stored:+,}" in params["approximate"]
+    flops = 6.0 * (params["total"] - stored) * summary["time"]["tokens_per_step"]
+    assert f"model FLOPs/step off by about {flops:+.3e}" in params["approximate"]

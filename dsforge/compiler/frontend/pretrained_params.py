@@ -16,6 +16,12 @@ from dsforge.compiler.model.hf_params import hf_param_count
 
 def param_count_note(pretrained: str | None, formula: int) -> str | None:
     """A sentence saying the estimates' count ``formula`` is approximate and by how much, None when it is exact."""
+    gap = param_count_gap(pretrained, formula)
+    return None if gap is None else gap[0]
+
+
+def param_count_gap(pretrained: str | None, formula: int) -> tuple[str, int] | None:
+    """`param_count_note`'s sentence and the difference (formula minus config.json's count), None when exact."""
     if not pretrained:
         return None
     try:
@@ -30,7 +36,7 @@ def param_count_note(pretrained: str | None, formula: int) -> str | None:
     if count.exact:
         return (f"the estimates count {formula:,} parameters from the model keys; config.json's model_type "
                 f"{count.model_type!r} has {count.total:,} (HF's num_parameters()): parameters, memory and FLOPs "
-                f"are approximate, off by {diff:+,} ({share})")
+                f"are approximate, off by {diff:+,} ({share})"), diff
     why = "; ".join(count.unpriced) or f"model_type {count.model_type!r}'s structure is not matched to HF's num_parameters()"
     return (f"config.json's parameter count is approximate ({why}): the model keys give {formula:,}, "
-            f"config.json's structure {count.total:,} ({share} apart)")
+            f"config.json's structure {count.total:,} ({share} apart)"), diff
