@@ -47,7 +47,7 @@ def summary_section(s: dict[str, Any]) -> Section:
             _params_row(s["params"])]
     note = (f"assumption: kernels reach {t['achievable_fraction']:.2f} of peak "
             f"({t['achievable_fraction_source']})")
-    approx = [f"approximate: {s['params']['approximate']}"] if s["params"].get("approximate") else []
+    approx = [f"approximate: {s[k]['approximate']}" for k in ("params", "flops") if s[k].get("approximate")]
     return Section("Summary", ["quantity", "estimate"], rows, notes=[note, *pace_note(s["pipeline"]), *approx])
 
 

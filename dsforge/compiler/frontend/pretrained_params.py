@@ -40,3 +40,32 @@ def param_count_gap(pretrained: str | None, formula: int) -> tuple[str, int] | N
     why = "; ".join(count.unpriced) or f"model_type {count.model_type!r}'s structure is not matched to HF's num_parameters()"
     return (f"config.json's parameter count is approximate ({why}): the model keys give {formula:,}, "
             f"config.json's structure {count.total:,} ({share} apart)"), diff
+
+
+def attention_core_gaps(pretrained: str | None, seq_len: int, heads: int, head_dim: int,
+                        layers: int) -> list[tuple[str, float]]:
+    """(what, model FLOPs per token the estimates miss; negative: they overcount) for the attention features of
+    config.json the cost model prices as plain attention of ``heads`` x ``head_dim`` over ``seq_len``."""
+    if not pretrained:
+        return []
+    try:
+        cfg = read_config(Path(pretrained))
+    except PretrainedError:
+        return []
+    out: list[tuple[str, float]] = []
+    dims = [cfg.get(k) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")]
+    ints = [x for x in dims if isinstance(x, int) and not isinstance(x, bool)]
+    if len(ints) == len(dims):
+        nope, rope, v_dim = ints[1], ints[2], ints[3]
+        # scores over nope + rope channels, values over v_head_dim, where the estimates take head_dim for both
+        gap = 3.0 * layers * 2 * seq_len * heads * (nope + rope + v_dim - 2 * head_dim)
+        what = f"MLA attention (scores over {nope + rope} channels, values over {v_dim}, priced as {head_dim} each)"
+        out.append((what, gap))
+    kinds = cfg.get("layer_types")
+    if isinstance(kinds, list):
+        linear = sum(1 for k in kinds if k not in ("full_attention", "sliding_attention"))
+        if linear:  # priced as softmax attention over the whole sequence: at most this much too many
+            what = (f"{linear} of {len(kinds)} layers are not softmax attention ({sorted(set(kinds))}), priced as "
+                    "full attention (their own linear-time cost not counted)")
+            out.append((what, -3.0 * linear * 4 * seq_len * heads * head_dim))
+    return out

@@ -102,3 +102,18 @@ def test_exact_types_are_those_that_match_hf_num_parameters() -> None:
     wrong = {t: r["diff"] for t, r in built.items() if (r["diff"] == 0) != (t in EXACT_TYPES)}
     assert not wrong
     assert EXACT_TYPES <= set(built)
+
+
+def test_mla_and_linear_attention_layers_are_named_with_their_flop_gap(tmp_path: Path) -> None:
+    from dsforge.compiler.frontend.pretrained_params import attention_core_gaps
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "minicpm3", "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 24,
+        "layer_types": ["linear_attention", "full_attention", "full_attention"]}))
+    (mla, mla_gap), (linear, linear_gap) = attention_core_gaps(str(tmp_path), seq_len=32, heads=4, head_dim=8, layers=3)
+    # per token and head, scores cost 2 x seq x (q.k width) and the weighted sum 2 x seq x v width; x3 for backward
+    per_layer = sum(3 * 2 * 32 * 4 * w for w in (16, 24)) - sum(3 * 2 * 32 * 4 * w for w in (8, 8))
+    assert mla_gap == 3 * per_layer and "16 channels" in mla and "over 24" in mla
+    assert linear_gap == -(3 * 2 * 32 * 4 * 8 * 2) and linear.startswith("1 of 3 layers")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert attention_core_gaps(str(tmp_path), 32, 4, 8, 3) == []
