@@ -5,10 +5,12 @@ costs ~20 s more). Tiny random HF models are saved with ``save_pretrained``: a M
 window equal to the training sequence (32 tokens, so it covers it and validate accepts it), a Qwen2-MoE
 (a gated shared expert, q/k/v biases, a router that does not renormalise its top-k), a Qwen3-MoE
 (per-head q/k norms, a renormalising router) and a Qwen3 (per-head q/k norms, head_dim 32 on hidden 64
-over 4 heads, tied head). Each job is compiled from `model.pretrained` (the three MoE models under ep2,
-Qwen3 under tp2) and trained 2 steps:
+over 4 heads, tied head), and an OLMo 2 (no hand-written family: its HF tp plan places it; q/k norms over
+the whole projection). Each job is compiled from `model.pretrained` (the three MoE models under ep2,
+Qwen3 and OLMo 2 under tp2) and trained 2 steps:
 
-* the parameters the compiler counts from config.json (dsforge.compiler.model.params) are the model's;
+* the parameters the compiler counts from config.json (dsforge.compiler.model.hf_params, and for the
+  hand-written families the model keys' formula, dsforge.compiler.model.params) are the model's;
 * the first step's loss equals the single-process ``from_pretrained`` model's on the same global batch
   (fp32, 1e-5 relative); Mixtral's also equals that model's with the window removed (full causal);
 * the reads each rank made (``DSFORGE_READ_LOG``) are its own: under ep2 each rank read exactly the
@@ -16,7 +18,7 @@ Qwen3 under tp2) and trained 2 steps:
   expert was read by its owner, and the router, the shared expert and attention whole; under tp2 the
   tensor-parallel group's cuts are disjoint and cover each tensor (test_shard_build.check_reads);
 * the checkpoint of step 2 exported with ``dsforge export`` holds the experts as save_pretrained writes
-  them, and ``from_pretrained`` of it gives the trained parallel model's logits (1e-5 of their scale):
+  them (the key set of the save_pretrained directory it started from), and ``from_pretrained`` of it gives the trained parallel model's logits (1e-5 of their scale):
   two TP ranks whose copies of Qwen3's q/k norms had trained apart would be refused there.
 """
 
@@ -42,7 +44,8 @@ STEPS = 2
 #: job name -> (the saved model it fine-tunes, its layout). Mixtral under tp2 (experts whole on both ranks,
 #: attention cut as Llama's) adds ~10 s and nothing the other cases and tests/runtime do not cover.
 LAYOUTS = {"mixtral-ep2": ("mixtral", {"ep": 2, "zero": 1}), "qwen2_moe-ep2": ("qwen2_moe", {"ep": 2, "zero": 1}),
-           "qwen3_moe-ep2": ("qwen3_moe", {"ep": 2, "zero": 1}), "qwen3-tp2": ("qwen3", {"tp": 2, "zero": 1})}
+           "qwen3_moe-ep2": ("qwen3_moe", {"ep": 2, "zero": 1}), "qwen3-tp2": ("qwen3", {"tp": 2, "zero": 1}),
+           "olmo2-tp2": ("olmo2", {"tp": 2, "zero": 1})}
 EXPERT_READ = re.compile(r"^model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(\w+)\.weight$")
 PROJECTIONS = {"mixtral": ("w1", "w2", "w3"), "qwen2_moe": ("gate_proj", "up_proj", "down_proj"),
                "qwen3_moe": ("gate_proj", "up_proj", "down_proj")}
@@ -50,7 +53,14 @@ PROJECTIONS = {"mixtral": ("w1", "w2", "w3"), "qwen2_moe": ("gate_proj", "up_pro
 
 def save_tiny(kind: str, out: Path) -> Path:
     """A tiny random HF model of ``kind`` saved with save_pretrained (Mixtral's window covers SEQ_LEN)."""
-    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
+    from transformers import (
+        AutoModelForCausalLM,
+        MixtralConfig,
+        Olmo2Config,
+        Qwen2MoeConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     common: dict[str, Any] = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                               "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 64}
@@ -64,6 +74,8 @@ def save_tiny(kind: str, out: Path) -> Path:
     elif kind == "qwen3_moe":
         cfg = Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
                              norm_topk_prob=True, **common)
+    elif kind == "olmo2":  # no hand-written family: placed by its HF tp plan (q/k norms over the whole projection)
+        cfg = Olmo2Config(intermediate_size=96, **common)
     else:
         cfg = Qwen3Config(intermediate_size=128, head_dim=32, tie_word_embeddings=True, **common)
     model = AutoModelForCausalLM.from_config(cfg)
@@ -137,6 +149,7 @@ def prepare(tmp: Path) -> tuple[dict[str, str], dict[str, list[tuple[str, float]
     jobs = {name: str(compile_pretrained(tmp, name, saved[kind], par)) for name, (kind, par) in LAYOUTS.items()}
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from dsforge.compiler.model.hf_params import hf_param_count
     from dsforge.compiler.model.params import total_params
 
     refs: dict[str, list[tuple[str, float]]] = {}
@@ -144,7 +157,11 @@ def prepare(tmp: Path) -> tuple[dict[str, str], dict[str, list[tuple[str, float]
         spec = JobDir.load(job_dir).plan.spec
         with torch.device("meta"):  # what explain and the memory checks count is the checkpoint's model
             hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(spec.model.pretrained))
-        assert total_params(spec.model) == sum(p.numel() for p in hf.parameters()), name
+        counted = sum(p.numel() for p in hf.parameters())
+        config = json.loads((Path(spec.model.pretrained) / "config.json").read_text(encoding="utf-8"))
+        assert hf_param_count(config).total == counted, name  # config.json's own structure, no torch
+        if spec.model.arch != "auto":  # the model keys state every weight of a hand-written family
+            assert total_params(spec.model) == counted, name
         refs[name] = [("from_pretrained", reference_first_loss(spec))]
         if spec.model.arch == "mixtral":  # its window (= seq_len) is exactly full causal attention
             refs[name].append(("full causal", reference_first_loss(spec, sliding_window=None)))
@@ -208,6 +225,8 @@ def finetune_and_export(rank: int, world: int, jobs: dict[str, str], refs: dict[
                 block = "block_sparse_moe" if plan.model.arch == "mixtral" else "mlp"
                 assert f"model.layers.1.{block}.experts.3.{PROJECTIONS[plan.model.arch][1]}.weight" in keys
             assert not [k for k in keys if k.endswith(("gate_up_proj", "down_proj"))], sorted(keys)[:8]
+            with safe_open(str(Path(plan.spec.model.pretrained) / "model.safetensors"), framework="pt") as fh:
+                assert keys == set(fh.keys()), name  # what save_pretrained wrote, key for key
             model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="sdpa")
             with torch.no_grad():
                 want_logits = model(input_ids=ids).logits
