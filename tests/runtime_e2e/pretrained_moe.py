@@ -45,10 +45,10 @@ STEPS = 2
 #: attention cut as Llama's) adds ~10 s and nothing the other cases and tests/runtime do not cover.
 LAYOUTS = {"mixtral-ep2": ("mixtral", {"ep": 2, "zero": 1}), "qwen2_moe-ep2": ("qwen2_moe", {"ep": 2, "zero": 1}),
            "qwen3_moe-ep2": ("qwen3_moe", {"ep": 2, "zero": 1}), "qwen3-tp2": ("qwen3", {"tp": 2, "zero": 1}),
-           "olmo2-tp2": ("olmo2", {"tp": 2, "zero": 1})}
+           "olmo2-tp2": ("olmo2", {"tp": 2, "zero": 1}), "olmoe-dp2": ("olmoe", {"zero": 1})}
 EXPERT_READ = re.compile(r"^model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(\w+)\.weight$")
 PROJECTIONS = {"mixtral": ("w1", "w2", "w3"), "qwen2_moe": ("gate_proj", "up_proj", "down_proj"),
-               "qwen3_moe": ("gate_proj", "up_proj", "down_proj")}
+               "qwen3_moe": ("gate_proj", "up_proj", "down_proj"), "olmoe": ("gate_proj", "up_proj", "down_proj")}
 
 
 def save_tiny(kind: str, out: Path) -> Path:
@@ -57,6 +57,7 @@ def save_tiny(kind: str, out: Path) -> Path:
         AutoModelForCausalLM,
         MixtralConfig,
         Olmo2Config,
+        OlmoeConfig,
         Qwen2MoeConfig,
         Qwen3Config,
         Qwen3MoeConfig,
@@ -74,6 +75,8 @@ def save_tiny(kind: str, out: Path) -> Path:
     elif kind == "qwen3_moe":
         cfg = Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
                              norm_topk_prob=True, **common)
+    elif kind == "olmoe":  # a MoE type without a hand-written family (q/k norms over the whole projection)
+        cfg = OlmoeConfig(intermediate_size=32, num_experts=4, num_experts_per_tok=2, **common)
     elif kind == "olmo2":  # no hand-written family: placed by its HF tp plan (q/k norms over the whole projection)
         cfg = Olmo2Config(intermediate_size=96, **common)
     else:
@@ -128,7 +131,7 @@ def check_expert_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: lis
             assert r["dim"] is None, f"rank {rank} read a slice of {r['key']}, an expert it owns whole"
             readers.setdefault((layer, e, m[3]), set()).add(rank)
         others.append(rest)
-    want = {(layer, e, w) for layer in range(layers) for e in range(experts) for w in PROJECTIONS[plan.model.arch]}
+    want = {(layer, e, w) for layer in range(layers) for e in range(experts) for w in PROJECTIONS[_kind(plan)]}
     assert set(readers) == want, f"experts never read: {sorted(want - set(readers))[:6]}"
     for (layer, e, w), ranks in readers.items():  # each rank once per tensor; every rank of the owner's ep index
         owners = {r for r, (_, i) in enumerate(coords) if i == e // per_rank}
@@ -137,6 +140,13 @@ def check_expert_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: lis
         keys = [r["key"] for r in mine]
         assert len(keys) == len(set(keys)), f"rank {rank} read a tensor twice"
     check_reads(spec, others, [(tp, 0) for tp, _ in coords])
+
+
+def _kind(plan: Any) -> str:
+    """The checkpoint's family: its arch, or for `arch: auto` config.json's model_type."""
+    if plan.model.arch != "auto":
+        return str(plan.model.arch)
+    return str(json.loads((Path(plan.model.pretrained) / "config.json").read_text(encoding="utf-8"))["model_type"])
 
 
 def prepare(tmp: Path) -> tuple[dict[str, str], dict[str, list[tuple[str, float]]]]:
@@ -223,7 +233,7 @@ def finetune_and_export(rank: int, world: int, jobs: dict[str, str], refs: dict[
                 keys = set(fh.keys())
             if plan.model.moe is not None:
                 block = "block_sparse_moe" if plan.model.arch == "mixtral" else "mlp"
-                assert f"model.layers.1.{block}.experts.3.{PROJECTIONS[plan.model.arch][1]}.weight" in keys
+                assert f"model.layers.1.{block}.experts.3.{PROJECTIONS[_kind(plan)][1]}.weight" in keys
             assert not [k for k in keys if k.endswith(("gate_up_proj", "down_proj"))], sorted(keys)[:8]
             with safe_open(str(Path(plan.spec.model.pretrained) / "model.safetensors"), framework="pt") as fh:
                 assert keys == set(fh.keys()), name  # what save_pretrained wrote, key for key
