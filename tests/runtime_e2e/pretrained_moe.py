@@ -45,7 +45,8 @@ STEPS = 2
 #: attention cut as Llama's) adds ~10 s and nothing the other cases and tests/runtime do not cover.
 LAYOUTS = {"mixtral-ep2": ("mixtral", {"ep": 2, "zero": 1}), "qwen2_moe-ep2": ("qwen2_moe", {"ep": 2, "zero": 1}),
            "qwen3_moe-ep2": ("qwen3_moe", {"ep": 2, "zero": 1}), "qwen3-tp2": ("qwen3", {"tp": 2, "zero": 1}),
-           "olmo2-tp2": ("olmo2", {"tp": 2, "zero": 1}), "olmoe-dp2": ("olmoe", {"zero": 1})}
+           "olmo2-tp2": ("olmo2", {"tp": 2, "zero": 1}), "olmoe-dp2": ("olmoe", {"zero": 1}),
+           "olmoe-tp2": ("olmoe", {"tp": 2, "zero": 1})}
 EXPERT_READ = re.compile(r"^model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(\w+)\.weight$")
 PROJECTIONS = {"mixtral": ("w1", "w2", "w3"), "qwen2_moe": ("gate_proj", "up_proj", "down_proj"),
                "qwen3_moe": ("gate_proj", "up_proj", "down_proj"), "olmoe": ("gate_proj", "up_proj", "down_proj")}
