@@ -5,9 +5,10 @@ costs ~20 s more). Tiny random HF models are saved with ``save_pretrained``: a M
 window equal to the training sequence (32 tokens, so it covers it and validate accepts it), a Qwen2-MoE
 (a gated shared expert, q/k/v biases, a router that does not renormalise its top-k), a Qwen3-MoE
 (per-head q/k norms, a renormalising router) and a Qwen3 (per-head q/k norms, head_dim 32 on hidden 64
-over 4 heads, tied head), and an OLMo 2 (no hand-written family: its HF tp plan places it; q/k norms over
-the whole projection). Each job is compiled from `model.pretrained` (the three MoE models under ep2,
-Qwen3 and OLMo 2 under tp2) and trained 2 steps:
+over 4 heads, tied head), and two types no hand-written family covers, placed by their HF plans: an OLMo 2
+and an OLMoE (q/k norms over the whole projection; OLMoE's experts one tensor each). Each job is compiled
+from `model.pretrained` (the three hand-written MoE models under ep2, Qwen3, OLMo 2 and OLMoE under tp2,
+OLMoE under dp2 too: its router has no expert-parallel twin, DSF607) and trained 2 steps:
 
 * the parameters the compiler counts from config.json (dsforge.compiler.model.hf_params, and for the
   hand-written families the model keys' formula, dsforge.compiler.model.params) are the model's;
