@@ -47,7 +47,8 @@ STEPS = 2
 LAYOUTS = {"mixtral-ep2": ("mixtral", {"ep": 2, "zero": 1}), "qwen2_moe-ep2": ("qwen2_moe", {"ep": 2, "zero": 1}),
            "qwen3_moe-ep2": ("qwen3_moe", {"ep": 2, "zero": 1}), "qwen3-tp2": ("qwen3", {"tp": 2, "zero": 1}),
            "olmo2-tp2": ("olmo2", {"tp": 2, "zero": 1}), "olmoe-dp2": ("olmoe", {"zero": 1}),
-           "olmoe-tp2": ("olmoe", {"tp": 2, "zero": 1})}
+           "olmoe-tp2": ("olmoe", {"tp": 2, "zero": 1}), "granitemoe-tp2": ("granitemoe", {"tp": 2, "zero": 1}),
+           "llama4_text-tp2": ("llama4_text", {"tp": 2, "zero": 1})}
 EXPERT_READ = re.compile(r"^model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(\w+)\.weight$")
 PROJECTIONS = {"mixtral": ("w1", "w2", "w3"), "qwen2_moe": ("gate_proj", "up_proj", "down_proj"),
                "qwen3_moe": ("gate_proj", "up_proj", "down_proj"), "olmoe": ("gate_proj", "up_proj", "down_proj")}
@@ -57,6 +58,8 @@ def save_tiny(kind: str, out: Path) -> Path:
     """A tiny random HF model of ``kind`` saved with save_pretrained (Mixtral's window covers SEQ_LEN)."""
     from transformers import (
         AutoModelForCausalLM,
+        GraniteMoeConfig,
+        Llama4TextConfig,
         MixtralConfig,
         Olmo2Config,
         OlmoeConfig,
@@ -79,6 +82,12 @@ def save_tiny(kind: str, out: Path) -> Path:
                              norm_topk_prob=True, **common)
     elif kind == "olmoe":  # a MoE type without a hand-written family (q/k norms over the whole projection)
         cfg = OlmoeConfig(intermediate_size=32, num_experts=4, num_experts_per_tok=2, **common)
+    elif kind == "granitemoe":  # experts stacked on disk as input_linear / output_linear; multipliers and scales
+        cfg = GraniteMoeConfig(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=2.0,
+                               logits_scaling=3.0, residual_multiplier=0.5, attention_multiplier=0.2, **common)
+    elif kind == "llama4_text":  # experts stacked on disk, gate_up_proj [E, hidden, 2F]; a shared expert, NoPE layers
+        cfg = Llama4TextConfig(intermediate_size=32, intermediate_size_mlp=96, num_local_experts=4,
+                               num_experts_per_tok=1, head_dim=16, no_rope_layers=[1, 0], **common)
     elif kind == "olmo2":  # no hand-written family: placed by its HF tp plan (q/k norms over the whole projection)
         cfg = Olmo2Config(intermediate_size=96, **common)
     else:
@@ -126,14 +135,15 @@ def check_expert_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: lis
         for r in mine:
             m = EXPERT_READ.match(r["key"])
             if m is None:
-                rest.append({**r, "key": r["key"].replace(".block_sparse_moe.", ".mlp.")})
+                rest.append({**r, "key": _model_name(r["key"], _kind(plan))})
                 continue
             layer, e = int(m[1]), int(m[2])
             assert e // per_rank == ep_index, f"rank {rank} (ep index {ep_index}) read expert {e}: {r['key']}"
             assert r["dim"] is None, f"rank {rank} read a slice of {r['key']}, an expert it owns whole"
             readers.setdefault((layer, e, m[3]), set()).add(rank)
         others.append(rest)
-    want = {(layer, e, w) for layer in range(layers) for e in range(experts) for w in PROJECTIONS[_kind(plan)]}
+    # experts stored as stacks (granitemoe's input_linear, llama4_text's gate_up_proj) are checked as tp cuts above
+    want = {(layer, e, w) for layer in range(layers) for e in range(experts) for w in PROJECTIONS.get(_kind(plan), ())}
     assert set(readers) == want, f"experts never read: {sorted(want - set(readers))[:6]}"
     for (layer, e, w), ranks in readers.items():  # each rank once per tensor; every rank of the owner's ep index
         owners = {r for r, (_, i) in enumerate(coords) if i == e // per_rank}
@@ -142,6 +152,16 @@ def check_expert_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: lis
         keys = [r["key"] for r in mine]
         assert len(keys) == len(set(keys)), f"rank {rank} read a tensor twice"
     check_reads(spec, others, [(tp, 0) for tp, _ in coords])
+
+
+def _model_name(key: str, kind: str) -> str:
+    """The model's name of a checkpoint tensor the reader renamed (Mixtral's block_sparse_moe is the model's mlp,
+    GraniteMoE's router.layer and input_linear / output_linear its router and expert stacks)."""
+    from dsforge.runtime.pretrained import RENAMES
+
+    for old, new in RENAMES if kind == "mixtral" else RENAMES[1:]:
+        key = key.replace(old, new)
+    return key
 
 
 def _kind(plan: Any) -> str:
@@ -171,7 +191,8 @@ def prepare(tmp: Path) -> tuple[dict[str, str], dict[str, list[tuple[str, float]
             hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(spec.model.pretrained))
         counted = sum(p.numel() for p in hf.parameters())
         config = json.loads((Path(spec.model.pretrained) / "config.json").read_text(encoding="utf-8"))
-        assert hf_param_count(config).total == counted, name  # config.json's own structure, no torch
+        count = hf_param_count(config)  # config.json's own structure, no torch: exact for the types it claims
+        assert count.exact == (count.total == counted), (name, count.total, counted)
         if spec.model.arch != "auto":  # the model keys state every weight of a hand-written family
             assert total_params(spec.model) == counted, name
         refs[name] = [("from_pretrained", reference_first_loss(spec))]
@@ -233,10 +254,10 @@ def finetune_and_export(rank: int, world: int, jobs: dict[str, str], refs: dict[
             assert done.step == STEPS
             with safe_open(str(out / "model.safetensors"), framework="pt") as fh:
                 keys = set(fh.keys())
-            if plan.model.moe is not None:
+            if _kind(plan) in PROJECTIONS:  # experts one tensor each on disk, not the model's stacks
                 block = "block_sparse_moe" if plan.model.arch == "mixtral" else "mlp"
                 assert f"model.layers.1.{block}.experts.3.{PROJECTIONS[_kind(plan)][1]}.weight" in keys
-            assert not [k for k in keys if k.endswith(("gate_up_proj", "down_proj"))], sorted(keys)[:8]
+                assert not [k for k in keys if k.endswith(("gate_up_proj", "down_proj"))], sorted(keys)[:8]
             with safe_open(str(Path(plan.spec.model.pretrained) / "model.safetensors"), framework="pt") as fh:
                 assert keys == set(fh.keys()), name  # what save_pretrained wrote, key for key
             model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="sdpa")

@@ -28,7 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from dsforge.compiler.frontend.job_paths import base_directory
-from dsforge.compiler.frontend.pretrained_derived import PROVEN_MOE, DerivedRefusal, derived_keys, derived_window
+from dsforge.compiler.frontend.pretrained_derived import (
+    PROVEN_MOE,
+    DerivedRefusal,
+    derived_keys,
+    derived_window,
+)
 from dsforge.compiler.frontend.source import SourceMap
 from dsforge.diagnostics import Diagnostic, Severity
 

@@ -19,10 +19,12 @@ from typing import Any
 
 from dsforge.compiler.model.hf_plans import PlanRefusal, derive_policy, plans_for_type
 
-#: MoE types without a hand-written family that `model.pretrained` loads by their HF plans: each proven exact
-#: under ep 2 against plain HF (tests/runtime_e2e/pretrained_moe.py): a Mixtral-style block (``mlp.gate``
-#: and ``mlp.experts``, SwiGLU experts stored one tensor each, every layer sparse, no shared expert).
-PROVEN_MOE = frozenset({"olmoe"})
+#: MoE types without a hand-written family that `model.pretrained` loads by their HF plans, each proven exact
+#: against plain HF from_pretrained in tests/runtime_e2e/pretrained_moe.py (tp2; OLMoE dp2 too): OLMoE (experts
+#: one tensor each on disk), GraniteMoE (router.layer, input_linear / output_linear stacks), Llama 4 text (stacked
+#: gate_up_proj [E, hidden, 2F], a shared expert, NoPE layers). Every layer must be sparse. Under ep > 1 the
+#: rewrite decides (DSF607 names a router DeepSpeed's gate has no exact twin of).
+PROVEN_MOE = frozenset({"olmoe", "granitemoe", "llama4_text"})
 #: config.json keys that mark a mixture of experts in the families transformers ships.
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _ALIASES = {"hidden": ("hidden_size", "n_embd", "d_model"), "layers": ("num_hidden_layers", "n_layer", "num_layers"),
@@ -90,9 +92,16 @@ def _moe_section(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
         if not _positive(value):
             raise DerivedRefusal(f"{path}: {name} is {value!r}, not a positive integer")
     step, dense = cfg.get("decoder_sparse_step", 1), cfg.get("mlp_only_layers") or []
-    if step != 1 or dense or cfg.get("first_k_dense_replace"):
+    layers = cfg.get("num_hidden_layers")
+    moe_layers = cfg.get("moe_layers")  # Llama 4: the sparse layers' indices (interleave_moe_layer_step apart)
+    if isinstance(moe_layers, list) and isinstance(layers, int) and sorted(moe_layers) != list(range(layers)):
+        dense = [i for i in range(layers) if i not in moe_layers]
+    if step != 1 or dense or cfg.get("first_k_dense_replace") or cfg.get("interleave_moe_layer_step", 1) != 1:
         raise DerivedRefusal(f"{path}: dense MLP layers between the sparse ones are not loaded")
-    return {"experts": experts, "top_k": top_k, "ffn_hidden": ffn, "every": 1}
+    moe: dict[str, Any] = {"experts": experts, "top_k": top_k, "ffn_hidden": ffn, "every": 1}
+    if cfg.get("model_type") == "llama4_text":  # every Llama 4 MoE block has one shared expert as wide as the others
+        moe |= {"shared_experts": 1, "shared_ffn_hidden": ffn}
+    return moe
 
 
 def derived_window(cfg: dict[str, Any]) -> int | None:

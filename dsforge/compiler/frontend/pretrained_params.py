@@ -63,7 +63,7 @@ def attention_core_gaps(pretrained: str | None, seq_len: int, heads: int, head_d
         out.append((what, gap))
     kinds = cfg.get("layer_types")
     if isinstance(kinds, list):
-        linear = sum(1 for k in kinds if k not in ("full_attention", "sliding_attention"))
+        linear = sum(1 for k in kinds if k not in ("full_attention", "sliding_attention", "chunked_attention"))
         if linear:  # priced as softmax attention over the whole sequence: at most this much too many
             what = (f"{linear} of {len(kinds)} layers are not softmax attention ({sorted(set(kinds))}), priced as "
                     "full attention (their own linear-time cost not counted)")

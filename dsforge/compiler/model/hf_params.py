@@ -39,8 +39,12 @@ _FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "hyperclovax
 #: Families with per-head q and k norms (head_dim wide).
 _HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "exaone4", "hunyuan_v1_dense", "hy_v3",
                             "mellum", "exaone_moe", "axk1", "hunyuan_v1_moe", "kolibri1", "flint"})
+#: Families whose use_qk_norm is an L2 norm without weights (Llama 4).
+_WEIGHTLESS_QK_NORM = frozenset({"llama4", "llama4_text"})
 #: Families with one learnt attention sink per head and layer.
 _SINKS = frozenset({"granite_swa", "granitemoe_swa", "flint", "gpt_oss"})
+#: layer_types entries that are softmax attention (a chunk or window covering the sequence is full attention).
+_SOFTMAX_LAYERS = ("full_attention", "sliding_attention", "chunked_attention")
 _MOE_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 
@@ -52,11 +56,11 @@ EXACT_TYPES = frozenset({"arcee", "aria_text", "codegen", "cohere", "cohere2", "
                          "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite",
                          "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe", "granitemoe_swa",
                          "granitemoeshared", "helium", "hunyuan_v1_dense", "hy_v3", "hyperclovax", "internlm3",
-                         "iquestcoder", "jais2", "kolibri1", "llama", "mellum", "minicpm3", "minimax_m2",
-                         "ministral", "ministral3", "mistral", "mixtral", "nanochat", "nemotron", "olmo", "olmo2",
-                         "olmo3", "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-                         "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2", "vaultgemma",
-                         "youtu"})
+                         "iquestcoder", "jais2", "kolibri1", "llama", "llama4", "llama4_text", "mellum", "minicpm3",
+                         "minimax_m2", "ministral", "ministral3", "mistral", "mixtral", "nanochat", "nemotron",
+                         "olmo", "olmo2", "olmo3", "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3",
+                         "qwen3_moe", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2",
+                         "vaultgemma", "youtu"})
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,7 @@ def _attention(cfg: dict[str, Any], mtype: str, hidden: int) -> int:
         weights += 4 * head_dim
     if mtype in _FULL_QK_NORMS:
         weights += q_dim + kv_dim
-    elif mtype in _HEAD_QK_NORMS or cfg.get("use_qk_norm") or cfg.get("qk_layernorm"):
+    elif mtype in _HEAD_QK_NORMS or (cfg.get("use_qk_norm") and mtype not in _WEIGHTLESS_QK_NORM) or cfg.get("qk_layernorm"):
         weights += 2 * head_dim
     return weights
 
@@ -154,7 +158,8 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
         embedding += _int(cfg, "n_positions", "max_position_embeddings") * hidden
     experts = _int(cfg, *_MOE_EXPERTS)
     moe_ffn = _int(cfg, *_MOE_FFN) or ffn
-    shared = _int(cfg, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
+    shared = _int(cfg, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts",
+                  default=1 if mtype == "llama4_text" else 0)
     shared_ffn = _int(cfg, "shared_expert_intermediate_size") or (moe_ffn * shared if shared else 0)
     attention = _attention(cfg, mtype, hidden)
     norms = (4 if mtype in _FOUR_NORMS else 1 if mtype in _ONE_NORM else 2) * norm
@@ -174,6 +179,6 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     tied = bool(cfg.get("tie_word_embeddings", True))
     head = norm + (0 if tied else vocab * hidden) + (vocab if mtype in _HEAD_BIAS else 0)
     layer_types = cfg.get("layer_types")
-    if isinstance(layer_types, list) and any(t not in ("full_attention", "sliding_attention") for t in layer_types):
+    if isinstance(layer_types, list) and any(t not in _SOFTMAX_LAYERS for t in layer_types):
         unpriced.append(f"layer_types {sorted(set(layer_types))}: linear-attention / other layers priced as attention")
     return HfCount(mtype, embedding, total_layers, head, unpriced)
