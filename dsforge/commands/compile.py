@@ -11,7 +11,7 @@ from dsforge.commands.rewrite import rewrite_description
 from dsforge.compiler.emit.ds_config import EmitError
 from dsforge.compiler.emit.job_dir import render_job
 from dsforge.compiler.emit.plan_doc import summarize_safely
-from dsforge.compiler.emit.rewrite_doc import NO_REWRITE, with_exact_params
+from dsforge.compiler.emit.rewrite_doc import NO_REWRITE, meta_count_note, with_exact_params
 from dsforge.compiler.emit.writer import TargetError, check_target, recover, write_job_dir
 from dsforge.compiler.frontend.parse import LoadedJob
 from dsforge.compiler.plan.plan import Plan, UnresolvedPlan
@@ -93,6 +93,7 @@ def compile_file(path: str | Path, out: str | Path, force: bool = False, rewrite
     summary, failure = summarize_safely(resolved)
     if summary is not None:
         summary = with_exact_params(summary, section)
+        notes += meta_count_note(summary)
     if failure is not None:
         diags.append(Diagnostic("DSF690", Severity.WARNING, f"plan.json carries no explain summary: the cost "
                                 f"model failed on this job ({failure})", Location(job.source.file),

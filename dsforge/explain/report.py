@@ -35,6 +35,25 @@ def explain_plan(plan: ResolvedPlan, tokens: float | None = None, rewrite: dict[
     step = estimate_step(plan)
     memory = estimate_memory(plan)
     summary = summarize(plan, tokens, step, memory)
+    from dsforge.compiler.frontend.pretrained_params import param_count_gap
+
+    gap = param_count_gap(plan.spec.model.pretrained, summary["params"]["total"])
+    if gap is not None:  # the model keys cannot state every feature of the checkpoint's family
+        # each parameter costs 6 FLOPs per token in a training step's matmuls (2 forward, 4 backward)
+        flop_gap = 6.0 * gap[1] * summary["time"]["tokens_per_step"]
+        model_flops = summary["flops"]["model_per_step"]
+        share = f" ({flop_gap / model_flops:+.2%})" if model_flops else ""
+        approx = f"{gap[0]}; model FLOPs/step off by about {flop_gap:+.3e}{share} (6 per parameter and token)"
+        summary = {**summary, "params": {**summary["params"], "approximate": approx}}
+    from dsforge.compiler.frontend.pretrained_params import attention_core_gaps
+
+    m = plan.model
+    core = attention_core_gaps(m.pretrained, m.seq_len, m.heads, m.head_dim, m.layers)
+    if core:  # attention the cost model prices as plain softmax attention
+        tokens, model_flops = summary["time"]["tokens_per_step"], summary["flops"]["model_per_step"]
+        notes = [f"{what}: model FLOPs/step off by about {-gap * tokens:+.3e}"
+                 + (f" ({-gap * tokens / model_flops:+.2%})" if model_flops else "") for what, gap in core]
+        summary = {**summary, "flops": {**summary["flops"], "approximate": "; ".join(notes)}}
     if rewrite is not None:
         summary = {**with_exact_params(summary, rewrite), "rewrite": rewrite}
     from dsforge.compiler.frontend.data_files import data_summary

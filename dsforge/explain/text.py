@@ -47,7 +47,8 @@ def summary_section(s: dict[str, Any]) -> Section:
             _params_row(s["params"])]
     note = (f"assumption: kernels reach {t['achievable_fraction']:.2f} of peak "
             f"({t['achievable_fraction_source']})")
-    return Section("Summary", ["quantity", "estimate"], rows, notes=[note, *pace_note(s["pipeline"])])
+    approx = [f"approximate: {s[k]['approximate']}" for k in ("params", "flops") if s[k].get("approximate")]
+    return Section("Summary", ["quantity", "estimate"], rows, notes=[note, *pace_note(s["pipeline"]), *approx])
 
 
 def pace_note(p: dict[str, Any]) -> list[str]:

@@ -5,10 +5,12 @@ named by the dense parameter they cut (dsforge.runtime.weights_io). Export assem
 tensors from them (TP cuts of fused and unfused weights, pipeline stages, experts, ZeRO-3 partitions
 gathered at save, tied weights once), checks that they are exactly the parameters of the job's
 dense model, and writes config.json and model.safetensors that ``from_pretrained`` loads: the
-model the parallel run trained, in the dtype it trained in. MoE experts are written as
-``save_pretrained`` writes them (one tensor per expert and projection: Mixtral's
-``block_sparse_moe.experts.E.w1/w2/w3``), not as the stacks the transformers 5 model holds, so the
-directory is what the checkpoint's other readers expect (and `model.pretrained` reads it back). The
+model the parallel run trained, in the dtype it trained in. The weights are written by
+transformers' own ``save_pretrained`` of the job's HF model holding them (dsforge.runtime.export_hf):
+MoE experts one tensor per expert and projection as it writes them (Mixtral's
+``block_sparse_moe.experts.E.w1/w2/w3``), not as the stacks the transformers 5 model holds, a tied head
+once, so the directory is what the checkpoint's other readers expect (and `model.pretrained` reads it back).
+``on_disk`` states the same layout for the three hand-written MoE families (the reader's tests use it). The
 directory appears whole or not at all, as `dsforge compile` writes a job directory
 (dsforge.compiler.emit.writer).
 """
@@ -156,19 +158,18 @@ def on_disk(dense: dict[str, Any], model_type: str | None) -> dict[str, Any]:
 
 
 def _write_hf(tmp: Path, job: Any, dense: dict[str, Any], dtypes: list[str], source: Path, step: int) -> None:
-    """config.json, model.safetensors and a note of where they came from, into ``tmp``."""
-    from safetensors.torch import save_file
-
+    """config.json, the weights as ``save_pretrained`` writes them and a note of where they came from, into ``tmp``."""
+    from dsforge.runtime.export_hf import HfExportError, save_hf
     from dsforge.runtime.models import model_config
 
     cfg = model_config(job.plan.model, job.degrees.tp)
     if len(dtypes) == 1:
         cfg.dtype = dtypes[0]
     cfg.architectures = [type(cfg).__name__.replace("Config", "ForCausalLM")]
-    cfg.save_pretrained(str(tmp))
-    tensors = on_disk(dense, getattr(cfg, "model_type", None))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
-              metadata={"format": "pt"})
+    try:  # transformers writes its own layout (experts, renames, tied head): key for key what save_pretrained does
+        save_hf(tmp, cfg, dense, job.plan.model.pretrained)
+    except HfExportError as exc:
+        raise ExportError(f"{source}: {exc}") from None
     d = job.degrees
     note = {"job": job.plan.spec.name, "checkpoint": str(source), "step": step,
             "layout": {k: getattr(d, k) for k in ("tp", "pp", "dp", "cp", "ep")}, "zero": job.plan.zero,

@@ -57,8 +57,12 @@ _EXPERT_KEY = re.compile(r"^(?P<block>.+)\.experts\.(?P<expert>\d+)\.(?P<proj>[A
 #: (transformers' conversion_mapping.py: Mixtral w1 = gate, w3 = up, w2 = down; Qwen-MoE's names as in a dense MLP).
 STACKS: dict[str, tuple[tuple[str, ...], ...]] = {"gate_up_proj": (("w1", "w3"), ("gate_proj", "up_proj")),
                                                   "down_proj": (("w2",), ("down_proj",))}
-#: Block names a checkpoint uses for what the transformers 5 model calls ``mlp`` (Mixtral's).
-RENAMES = ((".block_sparse_moe.", ".mlp."),)
+#: Names a checkpoint uses for what the transformers 5 model calls otherwise, the tensor's shape the same:
+#: Mixtral's ``block_sparse_moe`` is the model's ``mlp``; GraniteMoE stores its router as ``router.layer`` and
+#: its stacked experts as ``input_linear`` [E, 2F, H] / ``output_linear`` [E, H, F] (transformers/conversion_mapping.py).
+RENAMES = ((".block_sparse_moe.", ".mlp."), (".block_sparse_moe.router.layer.weight", ".block_sparse_moe.router.weight"),
+           (".block_sparse_moe.input_linear.weight", ".block_sparse_moe.experts.gate_up_proj"),
+           (".block_sparse_moe.output_linear.weight", ".block_sparse_moe.experts.down_proj"))
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,13 @@ costs ~20 s more). Tiny random HF models are saved with ``save_pretrained``: a M
 window equal to the training sequence (32 tokens, so it covers it and validate accepts it), a Qwen2-MoE
 (a gated shared expert, q/k/v biases, a router that does not renormalise its top-k), a Qwen3-MoE
 (per-head q/k norms, a renormalising router) and a Qwen3 (per-head q/k norms, head_dim 32 on hidden 64
-over 4 heads, tied head). Each job is compiled from `model.pretrained` (the three MoE models under ep2,
-Qwen3 under tp2) and trained 2 steps:
+over 4 heads, tied head), and two types no hand-written family covers, placed by their HF plans: an OLMo 2
+and an OLMoE (q/k norms over the whole projection; OLMoE's experts one tensor each). Each job is compiled
+from `model.pretrained` (the three hand-written MoE models under ep2, Qwen3, OLMo 2 and OLMoE under tp2,
+OLMoE under dp2 too: its router has no expert-parallel twin, DSF607) and trained 2 steps:
 
-* the parameters the compiler counts from config.json (dsforge.compiler.model.params) are the model's;
+* the parameters the compiler counts from config.json (dsforge.compiler.model.hf_params, and for the
+  hand-written families the model keys' formula, dsforge.compiler.model.params) are the model's;
 * the first step's loss equals the single-process ``from_pretrained`` model's on the same global batch
   (fp32, 1e-5 relative); Mixtral's also equals that model's with the window removed (full causal);
 * the reads each rank made (``DSFORGE_READ_LOG``) are its own: under ep2 each rank read exactly the
@@ -16,7 +19,7 @@ Qwen3 under tp2) and trained 2 steps:
   expert was read by its owner, and the router, the shared expert and attention whole; under tp2 the
   tensor-parallel group's cuts are disjoint and cover each tensor (test_shard_build.check_reads);
 * the checkpoint of step 2 exported with ``dsforge export`` holds the experts as save_pretrained writes
-  them, and ``from_pretrained`` of it gives the trained parallel model's logits (1e-5 of their scale):
+  them (the key set of the save_pretrained directory it started from), and ``from_pretrained`` of it gives the trained parallel model's logits (1e-5 of their scale):
   two TP ranks whose copies of Qwen3's q/k norms had trained apart would be refused there.
 """
 
@@ -42,15 +45,28 @@ STEPS = 2
 #: job name -> (the saved model it fine-tunes, its layout). Mixtral under tp2 (experts whole on both ranks,
 #: attention cut as Llama's) adds ~10 s and nothing the other cases and tests/runtime do not cover.
 LAYOUTS = {"mixtral-ep2": ("mixtral", {"ep": 2, "zero": 1}), "qwen2_moe-ep2": ("qwen2_moe", {"ep": 2, "zero": 1}),
-           "qwen3_moe-ep2": ("qwen3_moe", {"ep": 2, "zero": 1}), "qwen3-tp2": ("qwen3", {"tp": 2, "zero": 1})}
+           "qwen3_moe-ep2": ("qwen3_moe", {"ep": 2, "zero": 1}), "qwen3-tp2": ("qwen3", {"tp": 2, "zero": 1}),
+           "olmo2-tp2": ("olmo2", {"tp": 2, "zero": 1}), "olmoe-dp2": ("olmoe", {"zero": 1}),
+           "olmoe-tp2": ("olmoe", {"tp": 2, "zero": 1}), "granitemoe-tp2": ("granitemoe", {"tp": 2, "zero": 1}),
+           "llama4_text-tp2": ("llama4_text", {"tp": 2, "zero": 1})}
 EXPERT_READ = re.compile(r"^model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(\w+)\.weight$")
 PROJECTIONS = {"mixtral": ("w1", "w2", "w3"), "qwen2_moe": ("gate_proj", "up_proj", "down_proj"),
-               "qwen3_moe": ("gate_proj", "up_proj", "down_proj")}
+               "qwen3_moe": ("gate_proj", "up_proj", "down_proj"), "olmoe": ("gate_proj", "up_proj", "down_proj")}
 
 
 def save_tiny(kind: str, out: Path) -> Path:
     """A tiny random HF model of ``kind`` saved with save_pretrained (Mixtral's window covers SEQ_LEN)."""
-    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
+    from transformers import (
+        AutoModelForCausalLM,
+        GraniteMoeConfig,
+        Llama4TextConfig,
+        MixtralConfig,
+        Olmo2Config,
+        OlmoeConfig,
+        Qwen2MoeConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     common: dict[str, Any] = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                               "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 64}
@@ -64,6 +80,16 @@ def save_tiny(kind: str, out: Path) -> Path:
     elif kind == "qwen3_moe":
         cfg = Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
                              norm_topk_prob=True, **common)
+    elif kind == "olmoe":  # a MoE type without a hand-written family (q/k norms over the whole projection)
+        cfg = OlmoeConfig(intermediate_size=32, num_experts=4, num_experts_per_tok=2, **common)
+    elif kind == "granitemoe":  # experts stacked on disk as input_linear / output_linear; multipliers and scales
+        cfg = GraniteMoeConfig(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=2.0,
+                               logits_scaling=3.0, residual_multiplier=0.5, attention_multiplier=0.2, **common)
+    elif kind == "llama4_text":  # experts stacked on disk, gate_up_proj [E, hidden, 2F]; a shared expert, NoPE layers
+        cfg = Llama4TextConfig(intermediate_size=32, intermediate_size_mlp=96, num_local_experts=4,
+                               num_experts_per_tok=1, head_dim=16, no_rope_layers=[1, 0], **common)
+    elif kind == "olmo2":  # no hand-written family: placed by its HF tp plan (q/k norms over the whole projection)
+        cfg = Olmo2Config(intermediate_size=96, **common)
     else:
         cfg = Qwen3Config(intermediate_size=128, head_dim=32, tie_word_embeddings=True, **common)
     model = AutoModelForCausalLM.from_config(cfg)
@@ -109,14 +135,15 @@ def check_expert_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: lis
         for r in mine:
             m = EXPERT_READ.match(r["key"])
             if m is None:
-                rest.append({**r, "key": r["key"].replace(".block_sparse_moe.", ".mlp.")})
+                rest.append({**r, "key": _model_name(r["key"], _kind(plan))})
                 continue
             layer, e = int(m[1]), int(m[2])
             assert e // per_rank == ep_index, f"rank {rank} (ep index {ep_index}) read expert {e}: {r['key']}"
             assert r["dim"] is None, f"rank {rank} read a slice of {r['key']}, an expert it owns whole"
             readers.setdefault((layer, e, m[3]), set()).add(rank)
         others.append(rest)
-    want = {(layer, e, w) for layer in range(layers) for e in range(experts) for w in PROJECTIONS[plan.model.arch]}
+    # experts stored as stacks (granitemoe's input_linear, llama4_text's gate_up_proj) are checked as tp cuts above
+    want = {(layer, e, w) for layer in range(layers) for e in range(experts) for w in PROJECTIONS.get(_kind(plan), ())}
     assert set(readers) == want, f"experts never read: {sorted(want - set(readers))[:6]}"
     for (layer, e, w), ranks in readers.items():  # each rank once per tensor; every rank of the owner's ep index
         owners = {r for r, (_, i) in enumerate(coords) if i == e // per_rank}
@@ -125,6 +152,23 @@ def check_expert_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: lis
         keys = [r["key"] for r in mine]
         assert len(keys) == len(set(keys)), f"rank {rank} read a tensor twice"
     check_reads(spec, others, [(tp, 0) for tp, _ in coords])
+
+
+def _model_name(key: str, kind: str) -> str:
+    """The model's name of a checkpoint tensor the reader renamed (Mixtral's block_sparse_moe is the model's mlp,
+    GraniteMoE's router.layer and input_linear / output_linear its router and expert stacks)."""
+    from dsforge.runtime.pretrained import RENAMES
+
+    for old, new in RENAMES if kind == "mixtral" else RENAMES[1:]:
+        key = key.replace(old, new)
+    return key
+
+
+def _kind(plan: Any) -> str:
+    """The checkpoint's family: its arch, or for `arch: auto` config.json's model_type."""
+    if plan.model.arch != "auto":
+        return str(plan.model.arch)
+    return str(json.loads((Path(plan.model.pretrained) / "config.json").read_text(encoding="utf-8"))["model_type"])
 
 
 def prepare(tmp: Path) -> tuple[dict[str, str], dict[str, list[tuple[str, float]]]]:
@@ -137,6 +181,7 @@ def prepare(tmp: Path) -> tuple[dict[str, str], dict[str, list[tuple[str, float]
     jobs = {name: str(compile_pretrained(tmp, name, saved[kind], par)) for name, (kind, par) in LAYOUTS.items()}
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from dsforge.compiler.model.hf_params import hf_param_count
     from dsforge.compiler.model.params import total_params
 
     refs: dict[str, list[tuple[str, float]]] = {}
@@ -144,7 +189,12 @@ def prepare(tmp: Path) -> tuple[dict[str, str], dict[str, list[tuple[str, float]
         spec = JobDir.load(job_dir).plan.spec
         with torch.device("meta"):  # what explain and the memory checks count is the checkpoint's model
             hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(spec.model.pretrained))
-        assert total_params(spec.model) == sum(p.numel() for p in hf.parameters()), name
+        counted = sum(p.numel() for p in hf.parameters())
+        config = json.loads((Path(spec.model.pretrained) / "config.json").read_text(encoding="utf-8"))
+        count = hf_param_count(config)  # config.json's own structure, no torch: exact for the types it claims
+        assert count.exact == (count.total == counted), (name, count.total, counted)
+        if spec.model.arch != "auto":  # the model keys state every weight of a hand-written family
+            assert total_params(spec.model) == counted, name
         refs[name] = [("from_pretrained", reference_first_loss(spec))]
         if spec.model.arch == "mixtral":  # its window (= seq_len) is exactly full causal attention
             refs[name].append(("full causal", reference_first_loss(spec, sliding_window=None)))
@@ -204,10 +254,12 @@ def finetune_and_export(rank: int, world: int, jobs: dict[str, str], refs: dict[
             assert done.step == STEPS
             with safe_open(str(out / "model.safetensors"), framework="pt") as fh:
                 keys = set(fh.keys())
-            if plan.model.moe is not None:
+            if _kind(plan) in PROJECTIONS:  # experts one tensor each on disk, not the model's stacks
                 block = "block_sparse_moe" if plan.model.arch == "mixtral" else "mlp"
-                assert f"model.layers.1.{block}.experts.3.{PROJECTIONS[plan.model.arch][1]}.weight" in keys
-            assert not [k for k in keys if k.endswith(("gate_up_proj", "down_proj"))], sorted(keys)[:8]
+                assert f"model.layers.1.{block}.experts.3.{PROJECTIONS[_kind(plan)][1]}.weight" in keys
+                assert not [k for k in keys if k.endswith(("gate_up_proj", "down_proj"))], sorted(keys)[:8]
+            with safe_open(str(Path(plan.spec.model.pretrained) / "model.safetensors"), framework="pt") as fh:
+                assert keys == set(fh.keys()), name  # what save_pretrained wrote, key for key
             model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="sdpa")
             with torch.no_grad():
                 want_logits = model(input_ids=ids).logits

@@ -13,6 +13,17 @@ from typing import Any
 NO_REWRITE = {"skipped": "compile ran with --no-rewrite"}
 
 
+def meta_count_note(summary: dict[str, Any]) -> list[str]:
+    """A note when the meta build's exact parameter count differs from the estimate's (what the cost model priced)."""
+    params = summary.get("params") or {}
+    exact, formula = params.get("total"), params.get("formula_total")
+    if formula is None or exact == formula or not isinstance(exact, int) or not exact:
+        return []
+    return [(f"the meta build counts {exact:,} parameters, the estimates {formula:,} (off by {formula - exact:+,}, "
+             f"{(formula - exact) / exact:+.2%}): plan.json's parameter counts are the meta build's, its memory and "
+             "time estimates priced the estimates' model")]
+
+
 def with_exact_params(summary: dict[str, Any], desc: dict[str, Any]) -> dict[str, Any]:
     """The explain summary with the rewrite plan's exact parameter counts in place of the formula's.
 

@@ -28,7 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from dsforge.compiler.frontend.job_paths import base_directory
-from dsforge.compiler.frontend.pretrained_derived import DerivedRefusal, derived_keys, derived_window
+from dsforge.compiler.frontend.pretrained_derived import (
+    PROVEN_MOE,
+    DerivedRefusal,
+    derived_keys,
+    derived_window,
+)
 from dsforge.compiler.frontend.source import SourceMap
 from dsforge.diagnostics import Diagnostic, Severity
 
@@ -133,6 +138,10 @@ def model_keys(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
     """The job-file `model:` keys config.json describes; DSF012 for a model dsforge cannot express exactly."""
     mtype = cfg.get("model_type")
     if mtype not in FAMILIES:
+        if mtype in PROVEN_MOE:
+            router = router_problem(cfg)
+            if router is not None:
+                raise PretrainedError("DSF015", f"{path}: {router[0]}", router[1])
         try:  # a family only its own HF tp plan places (dsforge.compiler.frontend.pretrained_derived)
             return derived_keys(cfg, path)
         except DerivedRefusal as why:

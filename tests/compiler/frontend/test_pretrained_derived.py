@@ -31,7 +31,7 @@ def test_a_dense_family_with_a_plan_gives_its_keys_under_arch_auto(tmp_path: Pat
 
 
 @pytest.mark.parametrize(("cfg", "said"), [
-    ({"model_type": "olmoe", "num_experts": 8}, "mixture of experts"),
+    ({"model_type": "flex_olmo", "num_local_experts": 8}, "mixture of experts"),  # olmoe, granitemoe: PROVEN_MOE
     ({"model_type": "bert"}, "no tensor- or expert-parallel plan"),
     ({"model_type": "longcat_flash"}, "'moe_identity_expert'"),
     ({"model_type": "not_a_model"}, "not a causal LM"),

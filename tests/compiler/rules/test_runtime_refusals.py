@@ -141,6 +141,9 @@ NOT_A_LAYOUT: dict[str, str] = {
     "export.py:assemble_checkpoint:ExportError": "`dsforge export`, not a training start: the checkpoint's content",
     "export.py:export_checkpoint:ExportError": "`dsforge export`, not a training start: its job directory",
     "export.py:write_export:TargetError": "`dsforge export`, not a training start: its output directory",
+    "export.py:_write_hf:ExportError": "`dsforge export`, not a training start: the weights against the HF model",
+    "export_hf.py:fill_hf_model:HfExportError": "`dsforge export`, not a training start: the weights against the HF "
+                                                "model",
     "weights_io.py:assemble:ValueError": "checkpoint content: the saved slices do not assemble",
     "train_state.py:dense:TrainStateError": "checkpoint content: a layout-free piece missing (DSF642)",
     "train_state.py:cut:TrainStateError": "checkpoint content: a layout-free piece of another shape (DSF642)",

@@ -1,0 +1,184 @@
+"""Parameter counts of an HF causal LM from its config.json alone (no torch): what `num_parameters()` gives.
+
+The count follows the module structure most decoder-only families in transformers share: an input
+embedding, per layer an attention block (q/k/v/o, with biases when ``attention_bias``; MLA's low-rank
+q/kv projections and their norms when ``kv_lora_rank`` is set), an MLP (gated, three matrices, unless
+the family is one of the two-matrix ones) or a MoE block (router, experts, shared experts, dense first
+layers by ``first_k_dense_replace`` / ``mlp_only_layers`` / ``decoder_sparse_step``), two norms, and a
+final norm and an untied head. Each feature the count cannot state from config.json is named in
+``HfCount.unpriced`` so explain can say the figure is approximate; ``benchmarks/hf_param_counts.py``
+measures the difference against HF's ``num_parameters()`` over the zoo's tiny configs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Families whose MLP has two matrices (up, down) rather than three (gate, up, down).
+_TWO_MATRIX_MLP = frozenset({"gpt2", "gpt_neox", "gpt_bigcode", "starcoder2", "phi", "gptj", "codegen", "falcon",
+                             "bloom", "opt", "biogpt", "xglm", "gpt_neo", "persimmon", "stablelm_epoch", "nemotron",
+                             "jais2", "apertus", "apertus1p5_text", "arcee", "nanochat"})
+#: Families that bias every linear layer of attention and MLP (GPT-2 style), whatever attention_bias says.
+_LINEAR_BIAS = frozenset({"gpt2", "gpt_neox", "gpt_bigcode", "starcoder2", "phi", "falcon", "bloom", "opt", "biogpt",
+                          "xglm", "gpt_neo", "persimmon", "stablelm"})
+#: Families with LayerNorm (weight and bias) rather than RMSNorm (weight only).
+_LAYERNORM_BIAS = _LINEAR_BIAS | {"gptj", "codegen", "nemotron", "phimoe", "jais2"}
+#: Families with no norm parameters (OLMo's LayerNorm without weight or bias).
+_NO_NORM_PARAMS = frozenset({"olmo", "nanochat"})
+#: Families with one norm per layer (attention and MLP in parallel on the same normed input).
+_ONE_NORM = frozenset({"cohere", "cohere2", "cohere2_moe", "phi", "gptj", "codegen"})
+#: Families whose LM head has a bias.
+_HEAD_BIAS = frozenset({"phi", "gptj", "codegen"})
+#: Families that bias q, k and v but not o_proj when attention_bias is set.
+_QKV_ONLY_BIAS = frozenset({"glm", "glm4", "seed_oss"})
+#: Families with q and k norms over the whole projection (q_dim and kv_dim wide).
+_FULL_QK_NORMS = frozenset({"olmo2", "olmo3", "olmoe", "flex_olmo", "minimax_m2"})
+#: Families with four norms per layer (pre and post attention, pre and post MLP).
+_FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "hyperclovax", "kolibri1"})
+#: Families with per-head q and k norms (head_dim wide).
+_HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "exaone4", "hunyuan_v1_dense", "hy_v3",
+                            "mellum", "exaone_moe", "axk1", "hunyuan_v1_moe", "kolibri1", "flint"})
+#: Families whose use_qk_norm is an L2 norm without weights (Llama 4).
+_WEIGHTLESS_QK_NORM = frozenset({"llama4", "llama4_text"})
+#: Families with one learnt attention sink per head and layer.
+_SINKS = frozenset({"granite_swa", "granitemoe_swa", "flint", "gpt_oss"})
+#: layer_types entries that are softmax attention (a chunk or window covering the sequence is full attention).
+_SOFTMAX_LAYERS = ("full_attention", "sliding_attention", "chunked_attention")
+_MOE_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+_MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
+
+
+#: Types whose count equals HF's num_parameters() on the zoo's tiny configs (benchmarks/hf_param_counts.py;
+#: tests/compiler/model/test_hf_params.py checks the set both ways).
+EXACT_TYPES = frozenset({"arcee", "aria_text", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm", "deepseek_v2",
+                         "deepseek_v3", "diffllama", "ernie4_5", "exaone", "exaone4", "exaone_moe", "flex_olmo",
+                         "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite",
+                         "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe", "granitemoe_swa",
+                         "granitemoeshared", "helium", "hunyuan_v1_dense", "hy_v3", "hyperclovax", "internlm3",
+                         "iquestcoder", "jais2", "kolibri1", "llama", "llama4", "llama4_text", "mellum", "minicpm3",
+                         "minimax_m2", "ministral", "ministral3", "mistral", "mixtral", "nanochat", "nemotron",
+                         "olmo", "olmo2", "olmo3", "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3",
+                         "qwen3_moe", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2",
+                         "vaultgemma", "youtu"})
+
+
+@dataclass(frozen=True)
+class HfCount:
+    """Parameters of an HF model by part, and the config features the count does not price."""
+
+    model_type: str
+    embedding: int
+    layers: int
+    head: int
+    unpriced: list[str] = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        """True for a type whose count was matched to HF's and a config without an unpriced feature."""
+        return self.model_type in EXACT_TYPES and not self.unpriced
+
+    @property
+    def total(self) -> int:
+        """All parameters, a tied head counted once (as `num_parameters()` does)."""
+        return self.embedding + self.layers + self.head
+
+
+def _int(cfg: dict[str, Any], *names: str, default: int = 0) -> int:
+    for name in names:
+        value = cfg.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return default
+
+
+def _attention(cfg: dict[str, Any], mtype: str, hidden: int) -> int:
+    heads = _int(cfg, "num_attention_heads", "n_head", default=1)
+    kv = _int(cfg, "num_key_value_heads", "num_kv_heads", default=heads) or heads
+    if cfg.get("multi_query"):
+        kv = 1
+    rank = _int(cfg, "kv_lora_rank")
+    bias = bool(cfg.get("attention_bias")) or bool(cfg.get("use_bias")) or mtype in _LINEAR_BIAS
+    if rank:  # MLA (DeepSeek-V2/V3): q through a rank-q_lora_rank bottleneck, k/v through one of kv_lora_rank
+        rope, nope = _int(cfg, "qk_rope_head_dim"), _int(cfg, "qk_nope_head_dim")
+        v_dim, q_rank = _int(cfg, "v_head_dim"), _int(cfg, "q_lora_rank")
+        q = (hidden * q_rank + q_rank + q_rank * heads * (rope + nope)) if q_rank else hidden * heads * (rope + nope)
+        kv_part = hidden * (rank + rope) + rank + rank * heads * (nope + v_dim)
+        return q + kv_part + heads * v_dim * hidden + (hidden if bias else 0)
+    head_dim = _int(cfg, "head_dim") or hidden // heads
+    q_dim, kv_dim = heads * head_dim, kv * head_dim
+    weights = 2 * hidden * q_dim + 2 * hidden * kv_dim
+    if bias:
+        weights += q_dim + 2 * kv_dim + (0 if mtype in _QKV_ONLY_BIAS else hidden)
+    elif mtype in ("qwen2", "qwen2_moe") and cfg.get("qkv_bias", True):
+        weights += q_dim + 2 * kv_dim
+    if mtype in _SINKS:
+        weights += heads
+    if mtype == "diffllama":  # differential attention's lambda_q1, lambda_k1, lambda_q2, lambda_k2
+        weights += 4 * head_dim
+    if mtype in _FULL_QK_NORMS:
+        weights += q_dim + kv_dim
+    elif mtype in _HEAD_QK_NORMS or (cfg.get("use_qk_norm") and mtype not in _WEIGHTLESS_QK_NORM) or cfg.get("qk_layernorm"):
+        weights += 2 * head_dim
+    return weights
+
+
+def _mlp(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
+    mats = 2 if mtype in _TWO_MATRIX_MLP else 3
+    linear_bias = mtype in _LINEAR_BIAS or mtype in ("gptj", "codegen")
+    bias = (ffn + hidden) if (linear_bias or cfg.get("mlp_bias") or cfg.get("use_bias")) else 0
+    return mats * hidden * ffn + bias
+
+
+def _dense_layer(cfg: dict[str, Any], index: int, layers: int) -> bool:
+    """Whether layer ``index`` of a MoE model is a dense MLP (first_k_dense_replace, mlp_only_layers, sparse step)."""
+    if index < _int(cfg, "first_k_dense_replace"):
+        return True
+    only = cfg.get("mlp_only_layers") or []
+    if isinstance(only, list) and index in only:
+        return True
+    step = _int(cfg, "decoder_sparse_step", default=1) or 1
+    types = cfg.get("mlp_layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        return bool(types[index] != "sparse")
+    return (index + 1) % step != 0
+
+
+def hf_param_count(cfg: dict[str, Any]) -> HfCount:
+    """The parameter count of the causal LM config.json describes, with the features it could not price."""
+    mtype = str(cfg.get("model_type"))
+    hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
+    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    vocab = _int(cfg, "vocab_size")
+    ffn = _int(cfg, "intermediate_size", "n_inner", "ffn_hidden_size") or 4 * hidden
+    unpriced: list[str] = []
+    norm = 0 if mtype in _NO_NORM_PARAMS else 2 * hidden if mtype in _LAYERNORM_BIAS else hidden
+    embedding = vocab * hidden
+    if mtype in ("gpt2", "gpt_bigcode", "opt", "gpt_neo", "biogpt"):
+        embedding += _int(cfg, "n_positions", "max_position_embeddings") * hidden
+    experts = _int(cfg, *_MOE_EXPERTS)
+    moe_ffn = _int(cfg, *_MOE_FFN) or ffn
+    shared = _int(cfg, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts",
+                  default=1 if mtype == "llama4_text" else 0)
+    shared_ffn = _int(cfg, "shared_expert_intermediate_size") or (moe_ffn * shared if shared else 0)
+    attention = _attention(cfg, mtype, hidden)
+    norms = (4 if mtype in _FOUR_NORMS else 1 if mtype in _ONE_NORM else 2) * norm
+    total_layers = 0
+    for i in range(layers):
+        if experts > 1 and not _dense_layer(cfg, i, layers):
+            block = experts * _mlp(cfg, mtype, hidden, moe_ffn) + hidden * experts
+            if shared_ffn:
+                block += _mlp(cfg, mtype, hidden, shared_ffn) + (hidden if mtype == "qwen2_moe" else 0)
+            if mtype == "gpt_oss":  # biased experts (gate_up, down) and router
+                block += experts * (2 * moe_ffn + hidden) + experts
+            if mtype == "ernie4_5_moe":
+                block += experts  # moe_statics.e_score_correction_bias (a buffer in deepseek_v3, a parameter here)
+        else:
+            block = _mlp(cfg, mtype, hidden, ffn)
+        total_layers += attention + norms + block
+    tied = bool(cfg.get("tie_word_embeddings", True))
+    head = norm + (0 if tied else vocab * hidden) + (vocab if mtype in _HEAD_BIAS else 0)
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list) and any(t not in _SOFTMAX_LAYERS for t in layer_types):
+        unpriced.append(f"layer_types {sorted(set(layer_types))}: linear-attention / other layers priced as attention")
+    return HfCount(mtype, embedding, total_layers, head, unpriced)
