@@ -84,8 +84,25 @@ def _factory(model_type: str) -> Any:
         from transformers import AutoModelForCausalLM
 
         cfg = tiny_config(model_type)
-        return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float()
+        return _nontrivial_buffers(AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float())
     return build
+
+
+def _nontrivial_buffers(model: Any) -> Any:
+    """Fill the routing tables HF initialises to zeros (DeepSeek-V4's hash router ``tid2eid``) with fixed,
+    seeded distinct experts per token: all-zero tables send every token to expert 0 twice, which makes the
+    router's gradient zero and the comparison one of rounding noise."""
+    import torch
+
+    gen = torch.Generator().manual_seed(11)
+    for module in model.modules():
+        table = getattr(module, "tid2eid", None)
+        experts = getattr(module, "num_experts", None)
+        if isinstance(table, torch.Tensor) and isinstance(experts, int) and table.dim() == 2:
+            picks = torch.rand(table.shape[0], experts, generator=gen).argsort(dim=-1)[:, :table.shape[1]]
+            with torch.no_grad():
+                table.copy_(picks.to(table.dtype))
+    return model
 
 
 def __getattr__(name: str) -> Any:
