@@ -11,7 +11,7 @@ gradient), with tests/runtime_rewrite/test_family_parity.py's tolerance (1e-5 of
 
 Not covered here (yet): ep=2 and pp=2 runs, save_pretrained/from_pretrained and the export round trip.
 
-    python benchmarks/hf_zoo.py [--only t1,t2] [--timeout 300] [--json out.json]
+    python benchmarks/hf_zoo.py [--only t1,t2] [--timeout 300] [--json out.json] [--dtype float64]
 
 Each type runs in its own processes (a crash or a hang in one cannot stop the others; a hang is cut at
 --timeout). It prints one line per type and the table: exact / refused (rule) / crash / differs /
@@ -84,7 +84,10 @@ def _factory(model_type: str) -> Any:
         from transformers import AutoModelForCausalLM
 
         cfg = tiny_config(model_type)
-        return _nontrivial_buffers(AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float())
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+        # --dtype float64: the same check with rounding a billion times smaller (summation order is not mathematics)
+        model = model.double() if os.environ.get("HF_ZOO_DTYPE") == "float64" else model.float()
+        return _nontrivial_buffers(model)
     return build
 
 
@@ -198,6 +201,14 @@ def zoo_types() -> list[str]:
     return [t for t in known_types() if (p := plans_for_type(t)) is not None and (p.tp or p.ep)]
 
 
+def _write(path: Path, rows: list[dict[str, Any]], dtype: str, seconds: float) -> None:
+    """The result file scripts/families_table.py reads: the mode, transformers' version, run time and rows."""
+    import transformers
+
+    data = {"mode": f"tp=2, {dtype}", "transformers": transformers.__version__, "seconds": round(seconds), "rows": rows}
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
 def main() -> int:
     """Run the zoo (or one type with --one) and print the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -205,6 +216,8 @@ def main() -> int:
     ap.add_argument("--only", default="")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--json")
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                    help="the models' dtype, reference and rewritten alike (float64: rounding out of the way)")
     args = ap.parse_args()
     if args.one:
         print("ZOO " + json.dumps(run_one(args.one)), flush=True)
@@ -212,7 +225,8 @@ def main() -> int:
     types = [t for t in args.only.split(",") if t] or zoo_types()
     rows = []
     start = time.perf_counter()
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+           "HF_ZOO_DTYPE": args.dtype}
     for t in types:
         t0 = time.perf_counter()
         try:
@@ -228,8 +242,8 @@ def main() -> int:
         print(f"{t:<28} {row['result']:<9} {row.get('rule', '')} {row.get('arch', '')} {row.get('seconds')} s  "
               f"{row.get('why', '')}",
               flush=True)
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
+        if args.json:  # rewritten after every type: an interrupted run keeps what it measured
+            _write(Path(args.json), rows, args.dtype, time.perf_counter() - start)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["result"]] = counts.get(r["result"], 0) + 1
