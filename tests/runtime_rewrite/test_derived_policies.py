@@ -138,3 +138,17 @@ def test_per_head_qk_norms_the_plan_leaves_plain_norms_get_their_gradient_summed
         for norm in ("q_norm", "k_norm"):
             assert rp.module(f"model.layers.{layer}.self_attn.{norm}").variant == "head_norm"
     assert rp.module("model.layers.0.input_layernorm").variant == "norm"  # a norm outside attention stays plain
+
+
+def test_a_derived_policy_at_pp2_is_refused_with_the_reason(job, monkeypatch):
+    # the plan's stages are not cut yet: refused when compile plans the rewrite, never at each rank's start
+    import tests.runtime_rewrite.families as fam
+    from dsforge.runtime.rewrite.planner import RewriteError
+
+    monkeypatch.setattr(fam, "starcoder2", _starcoder2, raising=False)
+    keys = {**FAMILY_JOBS["qwen3"], "arch": "auto", "factory": "tests.runtime_rewrite.families:starcoder2"}
+    spec, plan = job(keys, {"tp": 1, "pp": 2})
+    with pytest.raises(RewriteError) as exc:
+        plan_rewrite(spec.model, plan)
+    text = "; ".join(exc.value.problems)
+    assert "pp > 1" in text and "base_model_pp_plan (embed_tokens, layers, norm)" in text and "hf:starcoder2" in text
