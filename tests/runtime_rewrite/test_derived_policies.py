@@ -152,3 +152,19 @@ def test_a_derived_policy_at_pp2_is_refused_with_the_reason(job, monkeypatch):
         plan_rewrite(spec.model, plan)
     text = "; ".join(exc.value.problems)
     assert "pp > 1" in text and "base_model_pp_plan (embed_tokens, layers, norm)" in text and "hf:starcoder2" in text
+
+
+def test_a_derived_policy_refuses_tp_above_the_kv_heads_naming_each_projection(job, monkeypatch):
+    # the HF plan says only "colwise"; whole KV heads per rank is dsforge's check (DSF104's condition)
+    import tests.runtime_rewrite.families as fam
+    from dsforge.runtime.rewrite.planner import RewriteError
+
+    monkeypatch.setattr(fam, "starcoder2", _starcoder2, raising=False)
+    keys = {**FAMILY_JOBS["qwen3"], "arch": "auto", "factory": "tests.runtime_rewrite.families:starcoder2"}
+    spec, plan = job(keys, {"tp": 4})
+    with pytest.raises(RewriteError) as exc:
+        plan_rewrite(spec.model, plan)
+    text = "\n".join(exc.value.problems)
+    for proj in ("k_proj", "v_proj"):
+        assert f"model.layers.0.self_attn.{proj} (hf:starcoder2" in text
+    assert "tp=4 does not divide its 2 key/value heads" in text
