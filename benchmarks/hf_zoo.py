@@ -53,6 +53,14 @@ def tiny_config(model_type: str) -> Any:
     from transformers import AutoConfig
 
     cfg = AutoConfig.for_model(model_type)
+    text = getattr(cfg, "text_config", None)
+    if text is not None and text is not cfg:  # a composite config (Llama 4): its causal LM is built from the text part
+        _shrink(text)
+    return _shrink(cfg)
+
+
+def _shrink(cfg: Any) -> Any:
+    """One config shrunk in place to the zoo's widths (see tiny_config)."""
     for key, value in _SIZES.items():
         if hasattr(cfg, key) or key in cfg.to_dict():
             try:
