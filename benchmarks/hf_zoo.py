@@ -135,6 +135,9 @@ def _job_keys(model: Any, model_type: str) -> dict[str, Any]:
     hidden = getattr(cfg, "hidden_size", None)
     if isinstance(hidden, int):
         keys["hidden"] = hidden
+    layers = getattr(cfg, "num_hidden_layers", None)
+    if isinstance(layers, int) and layers > 0:  # a hybrid pattern (Nemotron-H) may set more than the zoo's 2
+        keys["layers"] = layers
     hd = getattr(cfg, "head_dim", None)
     if isinstance(hd, int) and hd > 0:
         keys["head_dim"] = hd
