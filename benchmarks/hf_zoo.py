@@ -11,7 +11,7 @@ gradient), with tests/runtime_rewrite/test_family_parity.py's tolerance (1e-5 of
 
 Not covered here (yet): ep=2 and pp=2 runs, save_pretrained/from_pretrained and the export round trip.
 
-    python benchmarks/hf_zoo.py [--only t1,t2] [--timeout 300] [--json out.json]
+    python benchmarks/hf_zoo.py [--only t1,t2] [--timeout 300] [--json out.json] [--dtype float64]
 
 Each type runs in its own processes (a crash or a hang in one cannot stop the others; a hang is cut at
 --timeout). It prints one line per type and the table: exact / refused (rule) / crash / differs /
@@ -53,6 +53,14 @@ def tiny_config(model_type: str) -> Any:
     from transformers import AutoConfig
 
     cfg = AutoConfig.for_model(model_type)
+    text = getattr(cfg, "text_config", None)
+    if text is not None and text is not cfg:  # a composite config (Llama 4): its causal LM is built from the text part
+        _shrink(text)
+    return _shrink(cfg)
+
+
+def _shrink(cfg: Any) -> Any:
+    """One config shrunk in place to the zoo's widths (see tiny_config)."""
     for key, value in _SIZES.items():
         if hasattr(cfg, key) or key in cfg.to_dict():
             try:
@@ -84,8 +92,28 @@ def _factory(model_type: str) -> Any:
         from transformers import AutoModelForCausalLM
 
         cfg = tiny_config(model_type)
-        return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float()
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+        # --dtype float64: the same check with rounding a billion times smaller (summation order is not mathematics)
+        model = model.double() if os.environ.get("HF_ZOO_DTYPE") == "float64" else model.float()
+        return _nontrivial_buffers(model)
     return build
+
+
+def _nontrivial_buffers(model: Any) -> Any:
+    """Fill the routing tables HF initialises to zeros (DeepSeek-V4's hash router ``tid2eid``) with fixed,
+    seeded distinct experts per token: all-zero tables send every token to expert 0 twice, which makes the
+    router's gradient zero and the comparison one of rounding noise."""
+    import torch
+
+    gen = torch.Generator().manual_seed(11)
+    for module in model.modules():
+        table = getattr(module, "tid2eid", None)
+        experts = getattr(module, "num_experts", None)
+        if isinstance(table, torch.Tensor) and isinstance(experts, int) and table.dim() == 2:
+            picks = torch.rand(table.shape[0], experts, generator=gen).argsort(dim=-1)[:, :table.shape[1]]
+            with torch.no_grad():
+                table.copy_(picks.to(table.dtype))
+    return model
 
 
 def __getattr__(name: str) -> Any:
@@ -107,6 +135,9 @@ def _job_keys(model: Any, model_type: str) -> dict[str, Any]:
     hidden = getattr(cfg, "hidden_size", None)
     if isinstance(hidden, int):
         keys["hidden"] = hidden
+    layers = getattr(cfg, "num_hidden_layers", None)
+    if isinstance(layers, int) and layers > 0:  # a hybrid pattern (Nemotron-H) may set more than the zoo's 2
+        keys["layers"] = layers
     hd = getattr(cfg, "head_dim", None)
     if isinstance(hd, int) and hd > 0:
         keys["head_dim"] = hd
@@ -181,6 +212,14 @@ def zoo_types() -> list[str]:
     return [t for t in known_types() if (p := plans_for_type(t)) is not None and (p.tp or p.ep)]
 
 
+def _write(path: Path, rows: list[dict[str, Any]], dtype: str, seconds: float) -> None:
+    """The result file scripts/families_table.py reads: the mode, transformers' version, run time and rows."""
+    import transformers
+
+    data = {"mode": f"tp=2, {dtype}", "transformers": transformers.__version__, "seconds": round(seconds), "rows": rows}
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
 def main() -> int:
     """Run the zoo (or one type with --one) and print the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -188,6 +227,8 @@ def main() -> int:
     ap.add_argument("--only", default="")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--json")
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                    help="the models' dtype, reference and rewritten alike (float64: rounding out of the way)")
     args = ap.parse_args()
     if args.one:
         print("ZOO " + json.dumps(run_one(args.one)), flush=True)
@@ -195,7 +236,8 @@ def main() -> int:
     types = [t for t in args.only.split(",") if t] or zoo_types()
     rows = []
     start = time.perf_counter()
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+           "HF_ZOO_DTYPE": args.dtype}
     for t in types:
         t0 = time.perf_counter()
         try:
@@ -211,8 +253,8 @@ def main() -> int:
         print(f"{t:<28} {row['result']:<9} {row.get('rule', '')} {row.get('arch', '')} {row.get('seconds')} s  "
               f"{row.get('why', '')}",
               flush=True)
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
+        if args.json:  # rewritten after every type: an interrupted run keeps what it measured
+            _write(Path(args.json), rows, args.dtype, time.perf_counter() - start)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["result"]] = counts.get(r["result"], 0) + 1

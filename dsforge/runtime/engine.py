@@ -137,9 +137,16 @@ def install_job_kernels(model: nn.Module, plan: ResolvedPlan, fused_loss: bool =
     if not fused_loss:
         on -= {"fused_loss"}
     if "fused_loss" in on:
-        from dsforge.runtime.kernels.loss import check_fused_head
+        from dsforge.runtime.kernels.loss import FusedLossError, check_fused_head
 
-        check_fused_head(model)
+        try:
+            check_fused_head(model)
+        except FusedLossError:
+            if requested_kernels(plan).get("fused_loss") != "auto":
+                raise  # asked for by name: refused with the reason
+            # auto means "where it is exact": a biased head (CodeGen, GPT-J, Phi) or a logit scale (Cohere,
+            # Granite) the fused loss does not apply keeps the model's own logits and the plain loss
+            on -= {"fused_loss"}
     install_lean_kernels(model, on)
 
 

@@ -125,6 +125,8 @@ def plain_causal_problems(model: nn.Module, seq_len: int) -> list[str]:
         dropout = getattr(module, "attention_dropout", 0.0)
         if isinstance(dropout, (int, float)) and dropout > 0:
             found.setdefault(f"attention dropout {dropout}", []).append(name)
+        if isinstance(getattr(module, "sinks", None), Tensor):  # GPT-OSS: a learnt logit per head in the softmax
+            found.setdefault("attention sinks (a learnt logit per head joins each softmax)", []).append(name)
     from dsforge.runtime.rewrite.walk import group_names  # the rewrite package imports this module
 
     return [f"{what} in {', '.join(group_names(names))}" for what, names in found.items()]

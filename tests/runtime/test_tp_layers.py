@@ -216,6 +216,26 @@ def _lm_head_gather(g: ParallelGroups, vocab: int) -> None:
     report("lm head gathered dx", hp.grad, h.grad, RTOL)
 
 
+def _lm_head_bias(g: ParallelGroups, vocab: int) -> None:
+    """A biased LM head (CodeGen, GPT-J, Phi): each rank keeps its rows of the bias; logits and both grads match."""
+    torch.manual_seed(7)
+    head = nn.Linear(H, vocab, bias=True)
+    h = torch.randn(B, S, H, requires_grad=True)
+    w = torch.randn(B, S, vocab)
+    ref = head(h)
+    (ref * w).sum().backward()
+    phead = VocabParallelLMHead.from_dense(head, g)
+    rows = slice(phead.vocab_start, phead.vocab_end)
+    assert phead.bias is not None
+    hp = h.detach().clone().requires_grad_(True)
+    out = phead(hp)
+    report("biased lm head local logits", out, ref[..., rows], RTOL)
+    (out * w[..., rows]).sum().backward()
+    report("biased lm head dW", phead.weight.grad, head.weight.grad[rows], RTOL)
+    report("biased lm head db", phead.bias.grad, head.bias.grad[rows], RTOL)
+    report("biased lm head dx", hp.grad, h.grad, RTOL)
+
+
 def _tp2_worker(rank: int, world: int, with_transformers: bool) -> None:
     g = create_groups(place(tp=2, pp=1, dp=1, cp=1, ep=1, gpus_per_node=2))
     assert g.size("tp") == 2
@@ -227,6 +247,7 @@ def _tp2_worker(rank: int, world: int, with_transformers: bool) -> None:
     _sequence_mappings(g)
     _vocab(g, vocab=37)  # 37 rows: 19 on rank 0, 18 on rank 1
     _lm_head_gather(g, vocab=37)
+    _lm_head_bias(g, vocab=37)
 
 
 @pytest.mark.slow

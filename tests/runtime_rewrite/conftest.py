@@ -64,12 +64,13 @@ def two_rank_rewrites(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str
     processes that import torch, transformers and DeepSpeed costs more than every part's work. Returns a
     check that fails a test whose part failed (with its traceback) or did not run (an earlier part failed)."""
     from tests.runtime.launcher import run
-    from tests.runtime_rewrite import test_apply_tp, test_family_parity
+    from tests.runtime_rewrite import test_apply_tp, test_family_parity, test_zoo_sample
 
     tmp = tmp_path_factory.mktemp("rewrite-parts")
     out = tmp_path_factory.mktemp("rewrite-parts-out")
     parts = [("apply_tp", test_apply_tp._worker, test_apply_tp.worker_args(tmp)),
-             ("family_parity", test_family_parity._worker, test_family_parity.worker_args(tmp))]
+             ("family_parity", test_family_parity._worker, test_family_parity.worker_args(tmp)),
+             ("zoo_sample", test_zoo_sample._worker, test_zoo_sample.worker_args(tmp))]
     failure = ""
     try:
         run(_parts_worker, 2, parts, str(out))

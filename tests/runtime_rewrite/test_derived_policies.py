@@ -112,3 +112,59 @@ def test_a_learnt_activation_between_two_splits_is_refused_naming_it(job, monkey
         derived_arch(model)
     assert exc.value.rule == SPLIT_NEIGHBOUR
     assert "model.layers.0.mlp.act_fn" in exc.value.message and "model.layers.0.mlp.up_proj" in exc.value.message
+
+
+def _sarvam_moe(m):
+    from transformers import SarvamMoEConfig
+
+    from tests.runtime_rewrite.families import _build, _common
+    moe = m.moe
+    return _build(SarvamMoEConfig(**_common(m, head_dim=m.hidden // m.heads), n_routed_experts=moe.experts,
+                                  num_experts_per_tok=moe.top_k, moe_intermediate_size=moe.ffn_hidden,
+                                  n_shared_experts=moe.shared_experts, use_qk_norm=True, first_k_dense_replace=0))
+
+
+def test_per_head_qk_norms_the_plan_leaves_plain_norms_get_their_gradient_summed(job, monkeypatch):
+    # Sarvam-MoE's plan splits q/k/v by heads and says nothing of q_norm/k_norm: replicated plain norms
+    # would keep half the gradient on each rank (the zoo measured 1.06 of the reference's scale).
+    import tests.runtime_rewrite.families as fam
+
+    monkeypatch.setattr(fam, "sarvam_moe", _sarvam_moe, raising=False)
+    keys = {**FAMILY_JOBS["deepseek_v3"], "arch": "auto", "factory": "tests.runtime_rewrite.families:sarvam_moe"}
+    spec, plan = job(keys, {"tp": 2})
+    rp = plan_rewrite(spec.model, plan)
+    assert rp.arch == "hf:sarvam_moe"
+    for layer in (0, 1):
+        for norm in ("q_norm", "k_norm"):
+            assert rp.module(f"model.layers.{layer}.self_attn.{norm}").variant == "head_norm"
+    assert rp.module("model.layers.0.input_layernorm").variant == "norm"  # a norm outside attention stays plain
+
+
+def test_a_derived_policy_at_pp2_is_refused_with_the_reason(job, monkeypatch):
+    # the plan's stages are not cut yet: refused when compile plans the rewrite, never at each rank's start
+    import tests.runtime_rewrite.families as fam
+    from dsforge.runtime.rewrite.planner import RewriteError
+
+    monkeypatch.setattr(fam, "starcoder2", _starcoder2, raising=False)
+    keys = {**FAMILY_JOBS["qwen3"], "arch": "auto", "factory": "tests.runtime_rewrite.families:starcoder2"}
+    spec, plan = job(keys, {"tp": 1, "pp": 2})
+    with pytest.raises(RewriteError) as exc:
+        plan_rewrite(spec.model, plan)
+    text = "; ".join(exc.value.problems)
+    assert "pp > 1" in text and "base_model_pp_plan (embed_tokens, layers, norm)" in text and "hf:starcoder2" in text
+
+
+def test_a_derived_policy_refuses_tp_above_the_kv_heads_naming_each_projection(job, monkeypatch):
+    # the HF plan says only "colwise"; whole KV heads per rank is dsforge's check (DSF104's condition)
+    import tests.runtime_rewrite.families as fam
+    from dsforge.runtime.rewrite.planner import RewriteError
+
+    monkeypatch.setattr(fam, "starcoder2", _starcoder2, raising=False)
+    keys = {**FAMILY_JOBS["qwen3"], "arch": "auto", "factory": "tests.runtime_rewrite.families:starcoder2"}
+    spec, plan = job(keys, {"tp": 4})
+    with pytest.raises(RewriteError) as exc:
+        plan_rewrite(spec.model, plan)
+    text = "\n".join(exc.value.problems)
+    for proj in ("k_proj", "v_proj"):
+        assert f"model.layers.0.self_attn.{proj} (hf:starcoder2" in text
+    assert "tp=4 does not divide its 2 key/value heads" in text

@@ -33,6 +33,9 @@ def check_fused_head(model: nn.Module) -> None:
     if isinstance(head, VocabParallelLMHead):
         if head.gather_output and head.tp > 1:
             raise FusedLossError("the LM head gathers its logits: the fused loss needs them split over the vocabulary")
+        if head.bias is not None:
+            raise FusedLossError("the model's lm_head has a bias: the fused loss needs a bias-free linear head; set "
+                                 "training.kernels.fused_loss: false")
     elif not isinstance(head, nn.Linear) or head.bias is not None:
         raise FusedLossError(f"the model's lm_head is a {type(head).__name__}"
                              f"{' with a bias' if isinstance(head, nn.Linear) else ''}: the fused loss needs a "

@@ -99,13 +99,19 @@ class VocabParallelEmbedding(_VocabShard):
 
 
 class VocabParallelLMHead(_VocabShard):
-    """LM head producing this rank's slice of the vocabulary logits (a column-parallel linear without bias)."""
+    """LM head producing this rank's slice of the vocabulary logits (a column-parallel linear; a bias, as
+    CodeGen, GPT-J and Phi have, is split by the same vocabulary rows)."""
+
+    bias: nn.Parameter | None
 
     def __init__(self, hidden: int, vocab: int, pg: dist.ProcessGroup, gather_output: bool = False,
                  sequence_parallel: bool = False, sequence_dim: int = 1, reset: bool = True,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, bias: bool = False) -> None:
         super().__init__(vocab, hidden, pg, dtype)
         self.gather_output, self.sequence_parallel, self.sequence_dim = gather_output, sequence_parallel, sequence_dim
+        self.bias = nn.Parameter(torch.zeros(self.sizes[self.tp_rank], dtype=dtype)) if bias else None
+        if self.bias is not None:
+            mark_tensor_parallel(self.bias, 0)
         if reset:
             with torch.no_grad():
                 bound = hidden ** -0.5  # nn.Linear's U(-1/sqrt(fan_in), 1/sqrt(fan_in))
@@ -115,13 +121,14 @@ class VocabParallelLMHead(_VocabShard):
     def from_dense(cls, dense: nn.Linear, groups: ParallelGroups | dist.ProcessGroup, *,
                    gather_output: bool = False, sequence_parallel: bool = False,
                    sequence_dim: int = 1) -> VocabParallelLMHead:
-        """Shard an existing bias-free nn.Linear(hidden, vocab)."""
-        if dense.bias is not None:
-            raise ValueError("VocabParallelLMHead shards a bias-free LM head; this nn.Linear has a bias")
+        """Shard an existing nn.Linear(hidden, vocab): this rank keeps its rows of the weight and the bias."""
         layer = cls(dense.in_features, dense.out_features, tp_group(groups), gather_output=gather_output,
                     sequence_parallel=sequence_parallel, sequence_dim=sequence_dim, reset=False,
-                    dtype=dense.weight.dtype)
+                    dtype=dense.weight.dtype, bias=dense.bias is not None)
         layer.load_dense_rows(dense.weight)
+        if layer.bias is not None and dense.bias is not None:
+            with torch.no_grad():
+                layer.bias.copy_(dense.bias[layer.vocab_start:layer.vocab_end])
         return layer.to(dense.weight.device)
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
@@ -136,7 +143,7 @@ class VocabParallelLMHead(_VocabShard):
             hidden = gather_from_sequence(hidden, self.pg, self.sequence_dim, grad_is_partial=True)
         else:
             hidden = copy_to_tp(hidden, self.pg)
-        logits = F.linear(hidden, self.weight)
+        logits = F.linear(hidden, self.weight, self.bias)
         return gather_from_tp(logits, self.pg, -1, self.sizes) if self.gather_output else logits
 
 

@@ -9,6 +9,8 @@ explain name it.
 
 from __future__ import annotations
 
+import re
+
 from torch import nn
 
 from dsforge.compiler.model.hf_plans import (
@@ -19,7 +21,7 @@ from dsforge.compiler.model.hf_plans import (
     derive_policy,
     plans_from_classes,
 )
-from dsforge.compiler.model.rewrite_policies import FAMILIES, POLICIES
+from dsforge.compiler.model.rewrite_policies import FAMILIES, POLICIES, Policy, PolicyRow
 from dsforge.runtime.rewrite.walk import match_rows
 
 
@@ -59,9 +61,32 @@ def derived_arch(model: nn.Module) -> str:
                           f"does not name, beside {c}, which the plan splits: replicated, it would see this rank's "
                           "part of the activations and its gradient would be partial (HF's plan has the same gap)",
                           "run it at tp=1, or place that module with `rewrite:` rules under model.arch: custom")
-    policy = complete_rows(derived.policy, walk.leftover)
+    policy = complete_rows(_head_norms(derived.policy, walk), walk.leftover)
     POLICIES[policy.arch] = policy  # replaced on every build: the leftovers depend on the model's widths
     return policy.arch
+
+
+#: Query/key norms by the names HF gives them: applied per head after the projection is viewed as heads.
+_QK_NORM = re.compile(r"(?:q|k|query|key)_(?:norm|layernorm|ln)")
+
+
+def _head_norms(policy: Policy, walk: object) -> Policy:
+    """The policy with a ``head_norm`` row for each q/k norm beside a column split the plan leaves a plain norm.
+
+    HF replicates such a norm (Sarvam-MoE's q_norm) and each rank normalises only its own heads, so the
+    gradient must be summed over TP; ``head_norm`` does that, and refuses (in the planner) a norm whose
+    weight is not one head's width (a norm over the whole projection, which a head split cannot reproduce).
+    """
+    claims = getattr(walk, "claims", [])
+    columns = {c.name.rpartition(".")[0] for c in claims if c.row.variant == "column"}
+    names = [c.name for c in claims if c.row.variant == "norm" and c.name.rpartition(".")[0] in columns
+             and _QK_NORM.fullmatch(c.name.rpartition(".")[2])]
+    if not names:
+        return policy
+    rows = tuple(PolicyRow(re.escape(n), "head_norm", why="per-head q/k norm beside a head split (HF: replicated): "
+                           "replicated, its gradient summed over TP") for n in names)
+    return Policy(arch=policy.arch, rows=rows + policy.rows, layers=policy.layers, signature=policy.signature,
+                  attr_scales=policy.attr_scales, absent=policy.absent, sequence_parallel=policy.sequence_parallel)
 
 
 __all__ = ["PlanRefusal", "derived_arch", "hf_plans_of", "prefers_derived"]

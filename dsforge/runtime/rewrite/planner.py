@@ -291,6 +291,16 @@ def _owners(claim: Claim, seen: dict[int, str]) -> dict[str, str]:
     return out
 
 
+def _derived_pipeline_refusal(arch: str, model: nn.Module) -> str:
+    """Why a policy derived from an HF plan cannot run at pp > 1 (refused at compile, not at each rank's start)."""
+    pp_plan = getattr(getattr(model, "config", None), "base_model_pp_plan", None)
+    if not pp_plan:
+        return (f"pp > 1: transformers states no base_model_pp_plan for `{arch}`, so its stages (embedding, layers, "
+                "final norm, head) are not known; use pp: 1")
+    return (f"pp > 1: the pipeline stages of `{arch}` from its base_model_pp_plan ({', '.join(pp_plan)}) are not "
+            "built yet (dsforge/runtime/pipeline_stages.py cuts gpt2, llama and mixtral); use pp: 1")
+
+
 def _layer_regex(arch: str, model: nn.Module, layers: int) -> tuple[re.Pattern[str] | None, str | None]:
     """Regex of a decoder layer's name (group 1: index) and the name of the layer list."""
     policy = POLICIES.get(arch)
@@ -361,6 +371,8 @@ def plan_module(model: nn.Module, plan: AnyPlan, arch: str) -> RewritePlan:
     found = {m.layer for m in entries if m.layer is not None}
     if found and len(found) != plan.model.layers:
         problems.append(f"the model has {len(found)} decoder layers but the job says layers={plan.model.layers}")
+    if d.pp > 1 and arch.startswith("hf:"):
+        problems.append(_derived_pipeline_refusal(arch, model))
     if not problems:
         _assign_stages(entries, model, plan, problems)
     if problems:

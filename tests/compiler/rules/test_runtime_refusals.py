@@ -109,7 +109,6 @@ NOT_A_LAYOUT: dict[str, str] = {
     "layers/sharding.py:check_blocks:ValueError": "programming error: fused blocks the planner sized",
     "layers/sharding.py:dense_weight:TypeError": "programming error: a module the planner placed",
     "layers/vocab.py:load_dense_rows:ValueError": "programming error: rows the planner sized",
-    "layers/vocab.py:from_dense:ValueError": "programming error: a head the planner placed",
     "layers/vocab.py:tie_to:ValueError": "programming error: a tie the planner placed",
     "moe.py:__init__:ValueError": "model content: a router DeepSpeed's gate cannot reproduce",
     "moe.py:load_dense:ValueError": "programming error: expert weights of another layer",
