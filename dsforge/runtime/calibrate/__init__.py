@@ -169,12 +169,12 @@ def render(result: dict[str, Any]) -> str:
               + (f"; noise of the per-operation figure: spread {m['op_overhead_spread']:.0%} of its median over "
                  f"15 alternated 4- against 2-layer repeats" if "op_overhead_spread" in m else "")),
              "# all-reduce seconds by bytes: " + ", ".join(f"{s}: {sec:.3g}" for s, sec in m["all_reduce_seconds"]),
-             *([f"# in situ (between compute, as a step issues it): a 16 KiB all-reduce adds "
-                f"{m['in_situ_all_reduce_s'] * 1e3:.3f} ms (noise: spread {m['in_situ_spread']:.0%} of the median over "
-                f"the repeats); latency_us is the larger of that and the back-to-back fit's "
-                f"{m['fitted_latency_us']:.2f} us"] if "in_situ_all_reduce_s" in m else []),
-             *([f"# load average {m['load'][0]:.2f} before, {m['load'][1]:.2f} after ({m['cores']} cores): "
-                f"the rates are this machine's under that load"] if "load" in m else []),
+             *([(f"# in situ (between compute, as a step issues it): a 16 KiB all-reduce adds "
+                 f"{m['in_situ_all_reduce_s'] * 1e3:.3f} ms (noise: spread {m['in_situ_spread']:.0%} of the median over "
+                 f"the repeats); latency_us is the larger of that and the back-to-back fit's "
+                 f"{m['fitted_latency_us']:.2f} us")] if "in_situ_all_reduce_s" in m else []),
+             *([(f"# load average {m['load'][0]:.2f} before, {m['load'][1]:.2f} after ({m['cores']} cores): "
+                 f"the rates are this machine's under that load")] if "load" in m else []),
              ("# inter_node: one node was measured; it repeats intra_node" if not m.get("inter_node_all_reduce_seconds")
               else f"# inter_node: measured across {m['nodes']} nodes, all-reduce seconds by bytes: "
               + ", ".join(f"{s}: {sec:.3g}" for s, sec in m["inter_node_all_reduce_seconds"]))]

@@ -51,10 +51,6 @@ def layer_op_overhead(ops_per_layer: int = 73 + 138) -> float:
     tiny Llama adds (4 layers against 2, hidden 64, one sequence of 64 tokens) over the aten operations it
     dispatches (73 forward, 138 backward, counted with a TorchDispatchMode). This prices what the runtime
     really pays per operation (module calls, hooks, autograd), which a bare op loop underestimates."""
-    from dsforge.compiler.frontend.presets import presets
-    from dsforge.compiler.model.resolved import resolve_model
-    from dsforge.compiler.spec.schema import ModelSpec
-    from dsforge.runtime.models import build_model
 
     return layer_op_overhead_spread(ops_per_layer)[0]
 
