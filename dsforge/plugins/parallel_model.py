@@ -19,6 +19,9 @@ Stable API (each function takes a job file path or a loaded ``TrainerJob``):
 * ``save_hf(model, directory)``: a plain HF directory (config.json, model.safetensors) written by rank 0 from the
   gathered slices, as `dsforge export` writes it; ``from_pretrained`` loads it (collective).
 * ``require_trainer_layout(job, trainer)``: PluginError DSF702-DSF704 for what a trainer cannot feed exactly.
+* ``refuse_without_mpu(job, trainer, why)``: PluginError DSF705 for tp > 1 where the trainer's own
+  ``deepspeed.initialize`` has no documented way to receive the mpu (HF Trainer, Accelerate 1.15).
+* ``own_exit(job)``: for a trainer that joins the world itself: the plan's groups and the clean exit (start()).
 """
 
 from __future__ import annotations
@@ -84,6 +87,27 @@ def require_trainer_layout(job: JobLike, trainer: str) -> TrainerJob:
                           "reduced over their expert-data-parallel group in their own optimizer groups. Set "
                           f"parallel.ep to 1, {alt}.")
     return j
+
+
+def refuse_without_mpu(job: JobLike, trainer: str, why: str) -> TrainerJob:
+    """PluginError DSF705 when tp > 1: ``trainer`` calls deepspeed.initialize without an mpu (``why`` says where)."""
+    j = load_job(job)
+    tp = j.plan.degrees.tp
+    if tp > 1:
+        raise PluginError(
+            f"DSF705: {j.file}: tp={tp}: {trainer} passes the model to deepspeed.initialize without an mpu ({why}), so "
+            "DeepSpeed would average the tensor-parallel ranks' different slices as data-parallel replicas and compute "
+            "the gradient norm without the TP group; dsforge patches no trainer code. Set parallel.tp to 1 (at "
+            f"{j.where('parallel')}), or run the job with `dsforge compile` and its launcher, or pass "
+            "dsforge.plugins.parallel_model.mpu(job) to your own deepspeed.initialize.")
+    return j
+
+
+def own_exit(job: JobLike) -> ParallelRun | None:
+    """Once the trainer has joined the world: the plan's groups and the clean exit (None without a world)."""
+    import torch.distributed as dist
+
+    return start(job) if dist.is_initialized() else None
 
 
 def _on_exception(kind: Any, value: Any, tb: Any, previous: Any = sys.excepthook) -> None:
@@ -242,7 +266,7 @@ def save_hf(model: Any, directory: str | os.PathLike[str]) -> None:
     import torch.distributed as dist
 
     dense = gathered_state_dict(model)
-    run, cfg = _run_of(model)
+    _, cfg = _run_of(model)
     if dense is not None:
         from safetensors.torch import save_file
 

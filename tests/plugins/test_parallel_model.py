@@ -82,3 +82,104 @@ def _train(rank: int, world: int, path: str, tmp: str) -> None:
 def test_core_tp2_sequence_parallel_zero1(tmp_path: Path) -> None:
     job_spec(tmp_path, "core", "tiny-llama", {"tp": 2, "sequence_parallel": True, "zero": 1}, 2)
     run(_train, 2, str(tmp_path / "core.yaml"), str(tmp_path / "saved"))
+
+
+def _job(tmp: Path, parallel: str, preset: str = "tiny-llama", ranks: int = 2) -> Path:
+    path = tmp / "job.yaml"
+    path.write_text(f"version: 1\nname: t\nmodel: {{preset: {preset}}}\nhardware: {{preset: cpu-local, gpus_per_node: "
+                    f"{ranks}}}\nparallel: {{{parallel}}}\ntraining: {{global_batch: 8, micro_batch: 1, precision: fp32, "
+                    "steps: 2}\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("parallel", "preset", "rule", "key"), [
+    ("pp: 2", "tiny-llama", "DSF702", "parallel.pp=2"),
+    ("cp: 2", "tiny-llama", "DSF703", "parallel.cp=2"),
+    ("ep: 2", "tiny-mixtral", "DSF704", "parallel.ep=2"),
+])
+def test_layouts_a_trainer_cannot_feed_are_refused_before_start(tmp_path: Path, parallel: str, preset: str, rule: str,
+                                                                 key: str) -> None:
+    from dsforge.plugins.hf import prepare_model, training_args_kwargs
+    from dsforge.plugins.job import PluginError
+
+    job = _job(tmp_path, parallel, preset)
+    for call in (training_args_kwargs, prepare_model):
+        with pytest.raises(PluginError, match=rf"^{rule}: .*job.yaml: {key} at .*job.yaml:\d+:\d+.*dsforge compile"):
+            call(job)
+
+
+def test_tensor_parallel_without_an_mpu_hook_is_refused_with_its_reason(tmp_path: Path) -> None:
+    from dsforge.plugins.accelerate import deepspeed_plugin
+    from dsforge.plugins.accelerate import prepare_model as acc_prepare
+    from dsforge.plugins.hf import prepare_model
+    from dsforge.plugins.job import PluginError
+
+    job = _job(tmp_path, "tp: 2")
+    for call, where in ((prepare_model, "deepspeed_init"), (acc_prepare, "_prepare_deepspeed"),
+                        (deepspeed_plugin, "_prepare_deepspeed")):
+        with pytest.raises(PluginError, match=rf"^DSF705: .*tp=2: .* without an mpu \(.*{where}.*parallel_model.mpu"):
+            call(job)
+
+
+def _train_dp(rank: int, world: int, path: str, ckpt: str) -> None:
+    """tp=2 x dp=2: each dp rank reads its half of the global batch; the step's loss (mean over dp) equals one
+    process's; a run resumed from DeepSpeed's checkpoint of step 2 gives the uninterrupted step 3 loss exactly."""
+    import deepspeed
+    import torch.distributed as dist
+
+    from dsforge.plugins.job import load_job
+    from dsforge.plugins.parallel_model import data_shard, mpu, prepare_model, start
+    from dsforge.runtime.models import build_model
+
+    job = load_job(path)
+    spec, plan = job.plan.spec, job.plan
+    t = spec.training
+    dp_rank, dp = data_shard(job)
+    assert dp == 2
+    group = start(job).groups.dp
+    dense = build_model(spec.model, "cpu", 1, seed=t.seed).train()
+    reference = copy.deepcopy(dense)
+    opt = reference_optimizer(spec, reference.parameters())
+    g = torch.Generator().manual_seed(5)
+    batches = [torch.randint(0, spec.model.vocab, (t.global_batch, spec.model.seq_len), generator=g) for _ in range(3)]
+
+    def engine_of(model: torch.nn.Module) -> object:
+        engine, *_ = deepspeed.initialize(model=prepare_model(job, model), config=job.ds_config(), mpu=mpu(job),
+                                          model_parameters=None)
+        return engine
+
+    def step(engine: object, batch: torch.Tensor) -> float:
+        mine = batch[dp_rank::dp]  # this dp rank's share; the TP ranks of one group take the same
+        total = torch.zeros(())
+        for m in range(plan.grad_accum):
+            ids = mine[m * t.micro_batch:(m + 1) * t.micro_batch]
+            loss = engine(input_ids=ids, labels=ids).loss  # type: ignore[operator]
+            engine.backward(loss)  # type: ignore[attr-defined]
+            engine.step()  # type: ignore[attr-defined]
+            total += loss.detach() / plan.grad_accum
+        dist.all_reduce(total, group=group)
+        return float(total) / dp
+
+    engine = engine_of(copy.deepcopy(dense))
+    losses, want = [], []
+    for i, batch in enumerate(batches):
+        losses.append(step(engine, batch))
+        if i == 1:
+            engine.save_checkpoint(ckpt, tag="step2")  # type: ignore[attr-defined]
+        ref = reference(input_ids=batch, labels=batch).loss  # HF's mean over the whole global batch
+        ref.backward()
+        opt.step()
+        opt.zero_grad()
+        want.append(float(ref))
+    compare("core tp2 x dp2", "losses", losses, want)
+    resumed = engine_of(copy.deepcopy(dense))
+    resumed.load_checkpoint(ckpt, tag="step2")  # type: ignore[attr-defined]
+    again = step(resumed, batches[2])
+    print(f"PARITY rank={rank} resumed step 3 {again!r} uninterrupted {losses[2]!r}", flush=True)
+    assert again == losses[2], (again, losses[2])
+
+
+@pytest.mark.slow
+def test_core_tp2_dp2_matches_one_process_and_resumes_exactly(tmp_path: Path) -> None:
+    job_spec(tmp_path, "core4", "tiny-llama", {"tp": 2, "dp": 2, "sequence_parallel": True, "zero": 1}, 4)
+    run(_train_dp, 4, str(tmp_path / "core4.yaml"), str(tmp_path / "ckpt"))
