@@ -29,6 +29,10 @@ LOADER_IDS = [f"DSF{n:03d}" for n in range(1, 11)]  # unusable input, exit code 
 SCHEMA_IDS = [f"DSF{n:03d}" for n in range(20, 26)]
 #: Registered ids no job file given to `validate` can produce, each with where it is tested instead.
 NOT_FROM_A_JOB_FILE = {
+    "DSF702": "a trainer plugin's refusal at start-up, not validate: tests/plugins/test_parallel_model.py",
+    "DSF703": "a trainer plugin's refusal at start-up, not validate: tests/plugins/test_parallel_model.py",
+    "DSF704": "a trainer plugin's refusal at start-up, not validate: tests/plugins/test_parallel_model.py",
+    "DSF705": "a trainer plugin's refusal at start-up, not validate: tests/plugins/test_parallel_model.py",
     "DSF027": "a project settings file, not a job file: tests/compiler/rules/test_suppress.py",
     "DSF144": "compile only, from the model the rewrite plan builds on the meta device: "
               "tests/compiler/rules/test_runtime_refusals.py",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dsforge import extensions
-from dsforge.compiler.rules.registry import Context, Finding, rule
+from dsforge.compiler.rules.registry import Context, Finding, report_id, rule
 from dsforge.diagnostics import Severity
 
 
@@ -24,3 +24,23 @@ def _broken_plugins(ctx: Context) -> Iterator[Finding]:
     for rec in extensions.failures():
         yield Finding(f"plugin {rec.entry.name!r} from {rec.entry.label} failed to load and was skipped: "
                       f"{rec.error}", "fix or uninstall the plugin (`dsforge plugins` lists every plugin)")
+
+
+_TRAINERS = "dsforge/plugins/parallel_model.py"
+report_id("DSF702", "a trainer plugin cannot run pipeline parallelism",
+          "Raised by the HF Trainer and Accelerate plugins before start when parallel.pp > 1: a trainer runs one "
+          "forward and backward per micro-batch over the whole module, and no trainer drives DeepSpeed's pipeline "
+          "engine; `dsforge compile` and its launcher run the job.", _TRAINERS)
+report_id("DSF703", "a trainer plugin cannot feed context parallelism",
+          "Raised before start when parallel.cp > 1: the trainer's collator gives every rank whole sequences and its "
+          "loss averages each rank's own tokens, while context parallelism needs each rank's slice, its global "
+          "positions and a loss over the whole micro-batch; `dsforge compile` runs the job.", _TRAINERS)
+report_id("DSF704", "a trainer plugin cannot run expert parallelism",
+          "Raised before start when parallel.ep > 1: the trainer's optimizer puts the expert parameters in the dense "
+          "group, while they must be reduced over their expert-data-parallel group; `dsforge compile` runs the job.",
+          _TRAINERS)
+report_id("DSF705", "the trainer's deepspeed.initialize gets no mpu, so tensor parallelism is refused",
+          "Raised before start when parallel.tp > 1 through the HF Trainer or Accelerate: their deepspeed.initialize "
+          "receives an mpu only for Ulysses sequence parallelism, so DeepSpeed would average the TP ranks' slices as "
+          "replicas; dsforge patches no trainer code. dsforge.plugins.parallel_model.mpu(job) serves a script that "
+          "calls deepspeed.initialize itself.", _TRAINERS)
