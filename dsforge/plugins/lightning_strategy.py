@@ -16,8 +16,6 @@ Lightning 2.6); no Lightning code is patched. What it changes, and why:
   (PlanMismatchError naming the job-file key).
 * ``save_checkpoint``: Lightning's DeepSpeed checkpoint (the sharded state that ``ckpt_path`` resumes exactly),
   plus a plain HF directory ``<checkpoint>/hf`` gathered from the slices, which ``from_pretrained`` loads.
-* ``load_checkpoint``: the parent's, plus the DeepSpeed lr schedule's state (the parent leaves it out, and a
-  resumed run then restarted the job's warmup: measured, step 3's loss 5.5494 against 5.5573 uninterrupted).
 * the exit: an atexit handler (registered when the world is joined) removes the engines' hooks and destroys the
   process groups while the interpreter is whole, so no rank aborts at exit and the user's script calls no dsforge
   teardown function; the groups stay up after fit for what the script does next (``trainer.save_checkpoint``).
@@ -146,23 +144,6 @@ class DsforgeStrategy(DeepSpeedStrategy):  # type: ignore[misc]
         target = Path(self.broadcast(str(filepath))) / HF_SUBDIR
         save_hf_directory(self.job, self.lightning_module, target, self.is_global_zero)
         self.barrier()
-
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """The parent's sharded load, with the job's DeepSpeed schedule restored too (the parent skips it, expecting
-        Lightning's own schedulers; the job's schedule is DeepSpeed's, so a resumed run would restart the warmup)."""
-        from lightning.pytorch.trainer.states import TrainerFn
-        from lightning.pytorch.utilities.exceptions import MisconfigurationException
-
-        if self.load_full_weights and self.zero_stage_3:
-            return super().load_checkpoint(checkpoint_path, weights_only)  # type: ignore[no-any-return]
-        fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
-        _, client_state = self.deepspeed_engine.load_checkpoint(
-            checkpoint_path, load_optimizer_states=fitting, load_lr_scheduler_states=fitting,
-            load_module_strict=self.lightning_module.strict_loading)
-        if client_state is None:
-            raise MisconfigurationException(f"DeepSpeed found no checkpoint in {checkpoint_path}: pass the directory "
-                                            "Lightning saved (ckpt_path=<dir>/epoch=...-step=....ckpt)")
-        return client_state  # type: ignore[no-any-return]
 
     # -- exit ----------------------------------------------------------------------------------------------------
     def teardown(self) -> None:
