@@ -21,7 +21,11 @@ from accelerate import Accelerator
 from accelerate.utils import DeepSpeedPlugin, DistributedType, DummyOptim, DummyScheduler
 
 from dsforge.compiler.deepspeed.ds_settings import on_cpu
-from dsforge.plugins.job import JobLike, TrainerJob, check_live, load_job, precision_of, require_data_parallel
+from dsforge.plugins.job import JobLike, TrainerJob, check_live, load_job, precision_of
+from dsforge.plugins.parallel_model import own_exit, refuse_without_mpu, require_trainer_layout
+
+#: accelerate 1.15's Accelerator._prepare_deepspeed gives deepspeed.initialize an mpu only for Ulysses (sp_size).
+_NO_MPU = "accelerate's Accelerator._prepare_deepspeed and DeepSpeedPlugin take no mpu, only Ulysses' for sp_size"
 
 _FIX = ("build the Accelerator with dsforge.plugins.accelerate.accelerator(job), the data loader with "
         "batch_size=job.micro_batch, and start as many processes as the job plans")
@@ -29,8 +33,8 @@ _FIX = ("build the Accelerator with dsforge.plugins.accelerate.accelerator(job),
 
 def deepspeed_plugin(job: JobLike) -> DeepSpeedPlugin:
     """A DeepSpeedPlugin whose config is the job's compiled ds_config, key for key."""
-    j = load_job(job)
-    require_data_parallel(j, "Accelerate")
+    j = require_trainer_layout(job, "Accelerate")
+    refuse_without_mpu(j, "Accelerate", _NO_MPU)
     config = j.ds_config()
     plugin = DeepSpeedPlugin(hf_ds_config=config, zero3_init_flag=j.plan.zero == 3)
     # accelerate sets steps_per_print to infinity to keep DeepSpeed quiet; the job's value comes back so the
@@ -43,13 +47,27 @@ def accelerator(job: JobLike, **kwargs: Any) -> Accelerator:
     """An Accelerator running the job's DeepSpeed config, checked against the plan (PlanMismatchError)."""
     j = load_job(job)
     plugin = deepspeed_plugin(j)
+    from dsforge.runtime.teardown import before_init
+
+    before_init()  # before accelerate joins the world (dsforge.runtime.teardown): no thread outlives the interpreter
     if on_cpu(j.plan):
         from accelerate.state import PartialState
 
         PartialState(cpu=True)  # the gloo world first; see the module docstring
     acc = Accelerator(deepspeed_plugin=plugin, gradient_accumulation_steps=j.grad_accum, **kwargs)
     check_accelerator(j, acc)
+    own_exit(j)  # the plan's groups, and at exit the engine released and the groups destroyed
     return acc
+
+
+def prepare_model(job: JobLike, model: Any = None) -> Any:
+    """The rank's model by the job's plan for `accelerator.prepare` (dsforge.plugins.parallel_model.prepare_model);
+    without ``model`` it is built from `model.pretrained` (or the seed), under ZeRO-3 partitioned as it is filled."""
+    from dsforge.plugins import parallel_model
+
+    j = require_trainer_layout(job, "Accelerate")
+    refuse_without_mpu(j, "Accelerate", _NO_MPU)
+    return parallel_model.prepare_model(j, model)
 
 
 def check_accelerator(job: JobLike, acc: Accelerator) -> None:

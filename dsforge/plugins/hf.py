@@ -24,7 +24,12 @@ from typing import Any
 from transformers import TrainerCallback, TrainingArguments
 
 from dsforge.compiler.deepspeed.ds_settings import on_cpu
-from dsforge.plugins.job import JobLike, TrainerJob, check_live, load_job, precision_of, require_data_parallel
+from dsforge.plugins.job import JobLike, TrainerJob, check_live, load_job, precision_of
+from dsforge.plugins.parallel_model import own_exit, refuse_without_mpu, require_trainer_layout
+
+#: Where the Trainer builds its engine: Trainer -> deepspeed_init -> Accelerator._prepare_deepspeed, whose
+#: deepspeed.initialize gets an mpu only from Ulysses sequence parallelism (ParallelismConfig sp_size).
+_NO_MPU = "transformers' deepspeed_init and accelerate's _prepare_deepspeed take no mpu, only Ulysses' for sp_size"
 
 log = logging.getLogger("dsforge.plugins.hf")
 
@@ -35,8 +40,8 @@ _FIX = ("build the arguments with dsforge.plugins.hf.training_arguments(job, ...
 
 def training_args_kwargs(job: JobLike) -> dict[str, Any]:
     """TrainingArguments keywords for the job: its ds_config and the values HF checks it against."""
-    j = load_job(job)
-    require_data_parallel(j, "the HF Trainer")
+    j = require_trainer_layout(job, "the HF Trainer")
+    refuse_without_mpu(j, "the HF Trainer", _NO_MPU)
     t = j.plan.spec.training
     opt, sched = t.optimizer, t.scheduler
     kwargs: dict[str, Any] = {
@@ -73,7 +78,11 @@ def training_arguments(job: JobLike, output_dir: str, **overrides: Any) -> Train
     built inside the full world (deepspeed.zero.Init reads the world size from it), so create the
     arguments before the model.
     """
-    args = TrainingArguments(output_dir=output_dir, **{**training_args_kwargs(job), **overrides})
+    from dsforge.runtime.teardown import before_init
+
+    kwargs = training_args_kwargs(job)
+    before_init()  # before accelerate joins the world (dsforge.runtime.teardown): no thread outlives the interpreter
+    args = TrainingArguments(output_dir=output_dir, **{**kwargs, **overrides})
     _ = args.world_size  # HF's _setup_devices: the distributed state (gloo on the CPU) exists from now on
     import torch.distributed as dist
 
@@ -83,7 +92,18 @@ def training_arguments(job: JobLike, output_dir: str, **overrides: Any) -> Train
         from dsforge.runtime.groups import ensure_deepspeed_comm
 
         ensure_deepspeed_comm()
+        own_exit(job)  # the plan's groups, and at exit the engine released and the groups destroyed
     return args
+
+
+def prepare_model(job: JobLike, model: Any = None) -> Any:
+    """The rank's model by the job's plan for the Trainer (dsforge.plugins.parallel_model.prepare_model); without
+    ``model`` it is built from `model.pretrained` (or the seed), under ZeRO-3 partitioned as it is filled."""
+    from dsforge.plugins import parallel_model
+
+    j = require_trainer_layout(job, "the HF Trainer")
+    refuse_without_mpu(j, "the HF Trainer", _NO_MPU)
+    return parallel_model.prepare_model(j, model)
 
 
 def _args_precision(args: TrainingArguments) -> str:

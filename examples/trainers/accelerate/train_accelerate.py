@@ -16,10 +16,8 @@ import sys
 
 import torch
 
-from dsforge.plugins.accelerate import accelerator, check_dataloader, optimizer_and_scheduler
+from dsforge.plugins.accelerate import accelerator, check_dataloader, optimizer_and_scheduler, prepare_model
 from dsforge.plugins.job import PluginError, load_job
-from dsforge.runtime.models import build_model
-from dsforge.runtime.teardown import before_init, leave, release_engine
 
 
 def main() -> int:
@@ -27,12 +25,11 @@ def main() -> int:
     p.add_argument("job", help="the dsforge job file")
     p.add_argument("--summary", help="write the losses and the DeepSpeed config in use here (JSON, rank 0)")
     a = p.parse_args()
-    before_init()  # before the Accelerator joins the process group (see dsforge.runtime.teardown)
     try:
         job = load_job(a.job)
         acc = accelerator(job)
         spec = job.plan.spec
-        model = build_model(spec.model, device="cpu", seed=spec.training.seed)
+        model = prepare_model(job)  # this rank's model by the plan (from model.pretrained when the job names one)
         tokens = torch.randint(0, spec.model.vocab, (spec.training.global_batch * spec.training.steps,
                                                      spec.model.seq_len), generator=torch.Generator().manual_seed(0))
         loader = torch.utils.data.DataLoader(tokens, batch_size=job.micro_batch)
@@ -56,11 +53,7 @@ def main() -> int:
             json.dump({"losses": losses, "optimizer_steps": model.global_steps, "world": acc.num_processes,
                        "ds_config": acc.deepspeed_config}, fh)
     acc.print(f"dsforge: {model.global_steps} optimizer steps, last loss {losses[-1]:.4f}")
-    acc.end_training()
-    # ZeRO's hooks keep the engine, and its groups' threads, alive past end_training's destroy_process_group;
-    # dsforge's runtime tears down the same way, so that no rank aborts at interpreter exit.
-    release_engine(model)
-    leave(synchronize=True)
+    acc.end_training()  # the plugin releases the engine and the groups at exit: no rank aborts there
     return 0
 
 

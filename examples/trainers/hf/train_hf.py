@@ -3,8 +3,9 @@
     torchrun --nproc_per_node 2 examples/trainers/hf/train_hf.py examples/trainers/hf/job.yaml
 
 The job file gives the DeepSpeed config, batch split, precision, clipping and schedule
-(`training_arguments`) and the model (a random-weight HF model built from the job's model
-section); `DsforgeCallback` stops the run before the first step when the script disagrees with the
+(`training_arguments`) and the model (`prepare_model(job)`: this rank's model built from the job's model
+section, from `model.pretrained` when it names one); the plugin owns the process group and the clean exit
+(no dsforge teardown call here); `DsforgeCallback` stops the run before the first step when the script disagrees with the
 job (try `--batch-size 4`), and prints predicted vs measured memory at the end.
 """
 
@@ -17,10 +18,8 @@ import sys
 import torch
 from transformers import Trainer
 
-from dsforge.plugins.hf import DsforgeCallback, training_arguments
+from dsforge.plugins.hf import DsforgeCallback, prepare_model, training_arguments
 from dsforge.plugins.job import PluginError, load_job
-from dsforge.runtime.models import build_model
-from dsforge.runtime.teardown import before_init, leave, release_engine
 
 
 class RandomTokens(torch.utils.data.Dataset):
@@ -43,14 +42,13 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, help="override per_device_train_batch_size (shows the check)")
     p.add_argument("--summary", help="write the losses and the memory report here (JSON, rank 0)")
     a = p.parse_args()
-    before_init()  # before TrainingArguments joins the process group (see dsforge.runtime.teardown)
     try:
         job = load_job(a.job)
         extra = {"per_device_train_batch_size": a.batch_size} if a.batch_size else {}
         # TrainingArguments first: with ZeRO-3 it must exist before the model is built (HfDeepSpeedConfig).
         args = training_arguments(job, a.output_dir, report_to=[], logging_steps=1, save_strategy="no", **extra)
         spec = job.plan.spec
-        model = build_model(spec.model, device="cpu", seed=spec.training.seed)
+        model = prepare_model(job)
         data = RandomTokens(spec.training.global_batch * spec.training.steps, spec.model.seq_len, spec.model.vocab)
         callback = DsforgeCallback(job)
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
@@ -62,10 +60,6 @@ def main() -> int:
         losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
         with open(a.summary, "w", encoding="utf-8") as fh:
             json.dump({"losses": losses, "steps": trainer.state.global_step, "memory": callback.report}, fh)
-    # The Trainer leaves the engine (held by ZeRO's hooks) and the process group up: their gloo/NCCL threads
-    # would outlive the interpreter, and a rank could abort at exit. dsforge's runtime tears down the same way.
-    release_engine(trainer.model_wrapped)
-    leave(synchronize=True)
     return 0
 
 
