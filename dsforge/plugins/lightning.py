@@ -19,7 +19,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 
 from dsforge.compiler.deepspeed.ds_settings import on_cpu
 from dsforge.plugins.job import JobLike, PluginError, TrainerJob, check_live, load_job, precision_of
-from dsforge.plugins.lightning_strategy import DsforgeStrategy, core
+from dsforge.plugins.lightning_strategy import DsforgeStrategy, _split, core
 
 #: Lightning precision per job precision ("mixed": fp32 master weights, as DeepSpeed keeps them).
 PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": "32-true"}
@@ -67,11 +67,11 @@ def deepspeed_strategy(job: JobLike, **kwargs: Any) -> DsforgeStrategy:
 
 
 def prepare_model(job: JobLike, model: Any = None) -> Any:
-    """The rank's parallel model by the job's plan (the rewrite `dsforge run` applies); ``model`` as is at tp=1."""
+    """The rank's parallel model by the job's plan (parallel_model's rewrite, as `dsforge run`); whole at tp/cp/ep=1."""
     j = load_job(job)
     require_lightning_layout(j)
     base = core()
-    if base is not None:
+    if base is not None and _split(j):
         return base.prepare_model(j, model)
     if model is None:
         from dsforge.runtime.models import build_model

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,10 +84,8 @@ def _run(script_args: list[str], nproc: int, cwd: Path, port: int, **env_extra: 
     assert proc.returncode == 0, out[-4000:]
     assert "Signal 6" not in out and "terminate called" not in out  # no rank aborts at exit
     losses: dict[int, list[float]] = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("step "):
-            words = line.split()
-            losses.setdefault(int(words[1]), []).append(float(words[-1]))
+    for step, loss in re.findall(r"^step (\d+) micro \d+ loss (\d+\.\d{8})$", proc.stdout, re.MULTILINE):
+        losses.setdefault(int(step), []).append(float(loss))
     return {k: sum(v) / len(v) for k, v in sorted(losses.items())}, out
 
 

@@ -35,7 +35,7 @@ class CausalLM(pl.LightningModule):
         loss = self.model(input_ids=batch, labels=batch).loss
         self.log("loss", loss, prog_bar=True)
         if os.environ.get("LOSS_LOG"):  # the test's per-step record
-            print(f"step {self.global_step} micro {batch_idx} loss {loss.item():.8f}", flush=True)
+            print(f"step {self.global_step} micro {batch_idx} loss {loss.item():.8f}\n", end="", flush=True)  # one write
         return loss
 
     def configure_optimizers(self) -> None:
