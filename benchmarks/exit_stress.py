@@ -16,7 +16,12 @@ each run starts the job directory's own launcher (``launch.sh``: torchrun --stan
 Each run's line also shows its exit time: from rank 0's final line (after the memory report) to
 the launcher's exit: the teardown, the interpreter's exit and torchrun's own shutdown.
 
-Run: ``python benchmarks/exit_stress.py [--n 30] [--steps 2] [--timeout 600]`` (needs the runtime extra).
+``--trainer hf`` / ``--trainer accelerate`` run the user-style example script of that trainer plugin instead
+(examples/trainers/<trainer>, tiny Llama, ZeRO-2, 2 CPU ranks under torchrun), whose script calls no dsforge
+teardown: the plugin owns the clean exit; a run has trained when rank 0 printed the trainer's last line.
+
+Run: ``python benchmarks/exit_stress.py [--n 30] [--steps 2] [--timeout 600] [--trainer hf|accelerate]``
+(needs the runtime extra; the trainers also the trainers extra).
 Exit code: 0 when every run was ``ok``, 1 otherwise.
 """
 
@@ -68,9 +73,22 @@ def compile_job(tmp: Path, steps: int) -> Path:
     return result.written
 
 
-def classify(code: int | None, output: str) -> str:
+#: What rank 0 prints once training is over, per --trainer (dsforge's runtime: its final line).
+DONE = {"runtime": "final loss", "hf": "'train_runtime'", "accelerate": "optimizer steps, last loss"}
+
+
+def trainer_command(trainer: str, tmp: Path) -> list[str]:
+    """torchrun on the example script of a trainer plugin, 2 CPU ranks."""
+    example = ROOT / "examples" / "trainers" / trainer
+    script = example / ("train_hf.py" if trainer == "hf" else "train_accelerate.py")
+    extra = ["--output-dir", str(tmp / "hf-out")] if trainer == "hf" else []
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+            str(example / "job.yaml"), *extra]
+
+
+def classify(code: int | None, output: str, done: str = DONE["runtime"]) -> str:
     """ok / abort / failed / hang / timeout for one run's exit code (None: timed out) and its output."""
-    trained = "final loss" in output
+    trained = done in output
     if code is None:
         return "hang" if trained else "timeout"
     if any(mark in output for mark in ABORT_MARKS):
@@ -80,8 +98,9 @@ def classify(code: int | None, output: str) -> str:
     return "failed"
 
 
-def run_once(job_dir: Path, timeout: float) -> tuple[str, float, float | None, str]:
-    """One run of the job directory's launcher from scratch.
+def run_once(job_dir: Path, timeout: float, command: list[str] | None = None, done: str = DONE["runtime"]
+             ) -> tuple[str, float, float | None, str]:
+    """One run of the job directory's launcher (or ``command``) from scratch.
 
     (outcome, seconds, seconds from rank 0's final line to the launcher's exit or None, output).
     """
@@ -91,7 +110,7 @@ def run_once(job_dir: Path, timeout: float) -> tuple[str, float, float | None, s
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     # A new session, so a run that hangs can be killed with every rank it started.
-    proc = subprocess.Popen(["bash", str(job_dir / "launch.sh")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(command or ["bash", str(job_dir / "launch.sh")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env, start_new_session=True)
     lines: list[tuple[float, str]] = []
 
@@ -111,8 +130,8 @@ def run_once(job_dir: Path, timeout: float) -> tuple[str, float, float | None, s
     end = time.perf_counter()
     reader.join(timeout=10)
     out = "".join(line for _, line in lines)
-    final = [t for t, line in lines if "final loss" in line]
-    return classify(code, out), end - t0, (end - final[-1]) if final else None, out
+    final = [t for t, line in lines if done in line]
+    return classify(code, out, done), end - t0, (end - final[-1]) if final else None, out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,14 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=30, help="runs (default 30)")
     ap.add_argument("--steps", type=int, default=2, help="optimizer steps per run (default 2)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds before a run counts as hung")
+    ap.add_argument("--trainer", choices=sorted(DONE), default="runtime",
+                    help="runtime: dsforge's own launcher (default); hf, accelerate: that plugin's example script")
     ap.add_argument("--show", type=int, default=3000, help="characters of a bad run's output to print")
     args = ap.parse_args(argv)
     counts: collections.Counter[str] = collections.Counter()
     exits: list[float] = []
     with tempfile.TemporaryDirectory(prefix="dsforge-exit-stress-") as tmp:
         job_dir = compile_job(Path(tmp), args.steps)
+        command = None if args.trainer == "runtime" else trainer_command(args.trainer, Path(tmp))
         for i in range(1, args.n + 1):
-            outcome, seconds, exit_s, out = run_once(job_dir, args.timeout)
+            outcome, seconds, exit_s, out = run_once(job_dir, args.timeout, command, DONE[args.trainer])
             counts[outcome] += 1
             exits += [exit_s] if exit_s is not None and outcome != "hang" else []
             shown = f"exit {exit_s:5.1f} s" if exit_s is not None else "exit     - "
@@ -137,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                 print("    " + out[-args.show:].replace("\n", "\n    "), flush=True)
     summary = ", ".join(f"{k} {counts[k]}" for k in ("ok", "abort", "failed", "hang", "timeout"))
     timing = f"; exit time median {statistics.median(exits):.1f} s, max {max(exits):.1f} s" if exits else ""
-    print(f"exit stress: {args.n} runs of 2 ranks x {args.steps} steps: {summary}{timing}", flush=True)
+    what = f"2 ranks x {args.steps} steps" if args.trainer == "runtime" else f"the {args.trainer} example on 2 ranks"
+    print(f"exit stress: {args.n} runs of {what}: {summary}{timing}", flush=True)
     return 0 if counts["ok"] == args.n else 1
 
 
