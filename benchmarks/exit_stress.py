@@ -20,7 +20,7 @@ the launcher's exit: the teardown, the interpreter's exit and torchrun's own shu
 (examples/trainers/<trainer>, tiny Llama, ZeRO-2, 2 CPU ranks under torchrun), whose script calls no dsforge
 teardown: the plugin owns the clean exit; a run has trained when rank 0 printed the trainer's last line.
 
-Run: ``python benchmarks/exit_stress.py [--n 30] [--steps 2] [--timeout 600] [--trainer hf|accelerate]``
+Run: ``python benchmarks/exit_stress.py [--n 30] [--steps 2] [--timeout 600] [--trainer hf|accelerate|lightning]``
 (needs the runtime extra; the trainers also the trainers extra).
 Exit code: 0 when every run was ``ok``, 1 otherwise.
 """
@@ -74,13 +74,14 @@ def compile_job(tmp: Path, steps: int) -> Path:
 
 
 #: What rank 0 prints once training is over, per --trainer (dsforge's runtime: its final line).
-DONE = {"runtime": "final loss", "hf": "'train_runtime'", "accelerate": "optimizer steps, last loss"}
+DONE = {"runtime": "final loss", "hf": "'train_runtime'", "accelerate": "optimizer steps, last loss",
+        "lightning": "`Trainer.fit` stopped"}
 
 
 def trainer_command(trainer: str, tmp: Path) -> list[str]:
     """torchrun on the example script of a trainer plugin, 2 CPU ranks."""
     example = ROOT / "examples" / "trainers" / trainer
-    script = example / ("train_hf.py" if trainer == "hf" else "train_accelerate.py")
+    script = example / {"hf": "train_hf.py", "accelerate": "train_accelerate.py", "lightning": "train_lightning.py"}[trainer]
     extra = ["--output-dir", str(tmp / "hf-out")] if trainer == "hf" else []
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
             str(example / "job.yaml"), *extra]

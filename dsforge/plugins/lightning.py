@@ -1,16 +1,13 @@
-"""Lightning driven by a job file: a DeepSpeedStrategy built from the plan and the Trainer arguments that go with it.
+"""Lightning driven by a job file: the dsforge strategy built from the plan, the Trainer arguments that go with
+it, and ``prepare_model``, the rank's model by the plan.
 
-The strategy gets the ds_config `dsforge compile` writes, less ``gradient_accumulation_steps``:
-Lightning refuses that key in a config and writes it itself from the Trainer's
-``accumulate_grad_batches`` (lightning/pytorch/strategies/deepspeed.py
-``_format_batch_size_and_grad_accum_config``), which ``trainer_kwargs`` sets to the plan's value. It
-keeps the config's micro-batch, clipping and precision sections as they are, so what Lightning
-hands deepspeed.initialize is the compiled config again.
-
-Where it stops on a CPU (Lightning 2.6): ``Trainer.fit`` calls ``DeepSpeedStrategy.setup_environment``,
-which raises "The DeepSpeed strategy is only supported on CUDA GPUs" before any process group or
-engine exists. Everything before that runs without a GPU: the strategy, the Trainer, and the config
-Lightning formats for DeepSpeed (tests/plugins/test_lightning.py).
+The strategy (``DsforgeStrategy``, dsforge/plugins/lightning_strategy.py) is Lightning's DeepSpeedStrategy with
+dsforge's groups, data by dp rank, a plain HF directory in each checkpoint, a clean exit, and CPU processes
+(gloo). It gets the ds_config `dsforge compile` writes, less ``gradient_accumulation_steps``: Lightning refuses
+that key in a config and writes it itself from the Trainer's ``accumulate_grad_batches``
+(lightning/pytorch/strategies/deepspeed.py ``_format_batch_size_and_grad_accum_config``), which
+``trainer_kwargs`` sets to the plan's value. It keeps the config's micro-batch, clipping and precision sections
+as they are, so what Lightning hands deepspeed.initialize is the compiled config again.
 """
 
 from __future__ import annotations
@@ -21,7 +18,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
 from dsforge.compiler.deepspeed.ds_settings import on_cpu
-from dsforge.plugins.job import JobLike, TrainerJob, check_live, load_job, precision_of, require_data_parallel
+from dsforge.plugins.job import JobLike, PluginError, TrainerJob, check_live, load_job, precision_of
+from dsforge.plugins.lightning_strategy import DsforgeStrategy, _split, core
 
 #: Lightning precision per job precision ("mixed": fp32 master weights, as DeepSpeed keeps them).
 PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": "32-true"}
@@ -37,11 +35,50 @@ def strategy_config(job: JobLike) -> dict[str, Any]:
     return config
 
 
-def deepspeed_strategy(job: JobLike, **kwargs: Any) -> DeepSpeedStrategy:
-    """A DeepSpeedStrategy running the job's config (``kwargs`` go to the strategy, e.g. a cluster environment)."""
+#: What Lightning cannot feed exactly: degree -> (rule id, why).
+_REFUSED = {
+    "pp": ("DSF716", ("Lightning's training loop runs one forward and backward per micro-batch on every rank; a "
+                      "pipeline needs DeepSpeed's PipelineEngine schedule, which Lightning's strategy does not drive")),
+    "cp": ("DSF717", ("context parallelism needs each rank of a CP group to read its slice of every sequence; "
+                      "Lightning's sampler shards whole samples, and this plugin does not yet slice them exactly")),
+    "ep": ("DSF718", "expert parallelism through Lightning is not verified exact against one process here"),
+}
+
+
+def require_lightning_layout(job: TrainerJob) -> None:
+    """PluginError (rule id, job-file key, `dsforge compile` alternative) for a layout Lightning cannot run exactly."""
+    d = job.plan.degrees
+    for degree, (rule, why) in _REFUSED.items():
+        if getattr(d, degree) > 1:
+            raise PluginError(f"{rule} {job.file}: parallel.{degree}={getattr(d, degree)} (at "
+                              f"{job.where('parallel', degree)}): {why}. Set parallel.{degree} to 1, or run the job "
+                              "with `dsforge compile` and its launcher (dsforge.runtime runs this layout).")
+    if d.tp > 1 and core() is None:
+        raise PluginError(f"DSF719 {job.file}: parallel.tp={d.tp} (at {job.where('parallel', 'tp')}): this install "
+                          "has no dsforge.plugins.parallel_model, which builds the TP model for a trainer. Set "
+                          "parallel.tp to 1, or run the job with `dsforge compile` and its launcher.")
+
+
+def deepspeed_strategy(job: JobLike, **kwargs: Any) -> DsforgeStrategy:
+    """The dsforge strategy running the job's config (``kwargs`` go to the strategy, e.g. a cluster environment)."""
     j = load_job(job)
-    require_data_parallel(j, "Lightning")
-    return DeepSpeedStrategy(config=strategy_config(j), **kwargs)
+    require_lightning_layout(j)
+    return DsforgeStrategy(j, config=strategy_config(j), **kwargs)
+
+
+def prepare_model(job: JobLike, model: Any = None) -> Any:
+    """The rank's parallel model by the job's plan (parallel_model's rewrite, as `dsforge run`); whole at tp/cp/ep=1."""
+    j = load_job(job)
+    require_lightning_layout(j)
+    base = core()
+    if base is not None and _split(j):
+        return base.prepare_model(j, model)
+    if model is None:
+        from dsforge.runtime.models import build_model
+
+        spec = j.plan.spec
+        return build_model(spec.model, device="cpu", seed=spec.training.seed)
+    return model  # data parallelism only: every rank trains the whole model
 
 
 def trainer_kwargs(job: JobLike) -> dict[str, Any]:

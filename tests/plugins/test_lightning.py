@@ -1,11 +1,11 @@
-"""Lightning integration, as far as Lightning runs DeepSpeed without a GPU: the strategy and the Trainer are
-built from the plan, the config Lightning formats for deepspeed.initialize is the compiled one, and fit()
-stops exactly at Lightning's CUDA-only check (DeepSpeedStrategy.setup_environment)."""
+"""Lightning integration: the strategy and the Trainer are built from the plan, the config Lightning formats for
+deepspeed.initialize is the compiled one, and the dsforge strategy trains on CPU processes (gloo) like one process."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,16 +73,105 @@ def test_a_trainer_that_differs_from_the_plan_is_named(compiled_config: dict) ->
     assert "precision: the Lightning Trainer has bf16, the job file plans fp32" in text
 
 
+def _run(script_args: list[str], nproc: int, cwd: Path, port: int, **env_extra: str) -> tuple[dict[int, float], str]:
+    """Run the example (torchrun for nproc > 1); the mean loss of each optimizer step over every rank's micro-batches."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "LOSS_LOG": "1", **env_extra}
+    launch = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+               str(port)] if nproc > 1 else [sys.executable])
+    proc = subprocess.run([*launch, str(EXAMPLE / "train_lightning.py"), *script_args], check=False, env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "Signal 6" not in out and "terminate called" not in out  # no rank aborts at exit
+    losses: dict[int, list[float]] = {}
+    for step, loss in re.findall(r"^step (\d+) micro \d+ loss (\d+\.\d{8})$", proc.stdout, re.MULTILINE):
+        losses.setdefault(int(step), []).append(float(loss))
+    return {k: sum(v) / len(v) for k, v in sorted(losses.items())}, out
+
+
 @pytest.mark.slow
-def test_fit_on_cpu_stops_at_lightnings_cuda_check(tmp_path: Path) -> None:
-    """Where the CPU limit lies: the example gets through the plugin, the Trainer and check_trainer on both
-    ranks, then fit() calls Lightning's DeepSpeedStrategy.setup_environment, which refuses the CPUAccelerator. If a Lightning release lifts
-    that check, this test fails and the limit moves (to setup_distributed's device-index check)."""
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29645",
-           str(EXAMPLE / "train_lightning.py"), str(JOB)]
-    proc = subprocess.run(cmd, check=False, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
-    assert ("dsforge: Lightning cannot run DeepSpeed on this machine: The DeepSpeed strategy is only supported on "
-            "CUDA GPUs but `CPUAccelerator` is used.") in proc.stderr, proc.stderr[-3000:]
-    assert "exitcode  : 3" in proc.stderr
+def test_lightning_on_cpu_equals_one_process_and_saves_hf(tmp_path: Path) -> None:
+    """The example (a LightningModule plus the two documented dsforge lines) on 2 CPU ranks, dp=2 ZeRO-2: the loss
+    of every step equals one process's over the same global batch, no rank aborts at exit, and the HF directory in
+    Lightning's checkpoint loads with from_pretrained and gives the one-process model's logits. (Resuming with
+    ckpt_path is not exact yet: see docs/trainers.md.)"""
+    import transformers
+
+    one = tmp_path / "one.yaml"
+    one.write_text(JOB.read_text().replace("gpus_per_node: 2", "gpus_per_node: 1"))
+    two, _ = _run([str(JOB), str(tmp_path / "two")], 2, tmp_path, 29741)
+    ref, _ = _run([str(one), str(tmp_path / "ref")], 1, tmp_path, 0)
+    assert list(two) == [0, 1, 2, 3] == list(ref)
+    for step in two:
+        assert two[step] == pytest.approx(ref[step], rel=1e-5, abs=1e-6), (step, two, ref)
+    assert two[3] != two[0]  # it trained
+    tokens = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
+    logits = {}
+    for name in ("two", "ref"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / name / "epoch=1-step=4.ckpt" / "hf")
+        with torch.no_grad():
+            logits[name] = model(input_ids=tokens).logits
+    torch.testing.assert_close(logits["two"], logits["ref"], rtol=1e-4, atol=1e-5)
+
+def _variant(tmp_path: Path, parallel: str) -> Path:
+    path = tmp_path / "variant.yaml"
+    path.write_text(JOB.read_text().replace("parallel:\n  zero: 2", f"parallel:\n{parallel}"))
+    return path
+
+
+@pytest.mark.parametrize(("parallel", "rule", "key"), [
+    ("  zero: 1\n  pp: 2", "DSF716", "parallel.pp=2"),
+    ("  zero: 1\n  cp: 2", "DSF717", "parallel.cp=2"),
+])
+def test_what_lightning_cannot_feed_is_refused_before_start(tmp_path: Path, parallel: str, rule: str, key: str) -> None:
+    from dsforge.plugins.job import PluginError
+    from dsforge.plugins.lightning import prepare_model
+
+    job = _variant(tmp_path, parallel)
+    for build in (trainer_kwargs, prepare_model):
+        with pytest.raises(PluginError) as err:
+            build(job)
+        text = str(err.value)
+        assert text.startswith(f"{rule} {job}: {key} (at {job}:")
+        assert "`dsforge compile`" in text
+
+
+def test_a_loader_that_differs_from_the_plan_is_named_before_the_first_step() -> None:
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from dsforge.plugins.job import load_job
+    from dsforge.plugins.lightning_strategy import check_loader
+
+    job = load_job(JOB)
+    data = torch.zeros(16, 4)
+    check_loader(job, DataLoader(data, batch_size=2, sampler=DistributedSampler(data, 2, 1)), (1, 2))
+    with pytest.raises(PlanMismatchError) as err:
+        check_loader(job, DataLoader(data, batch_size=3, sampler=DistributedSampler(data, 4, 3)), (1, 2))
+    text = str(err.value)
+    assert "micro-batch per rank: the DataLoader has batch_size=3, the job file plans 2 (training.micro_batch at" in text
+    assert "data shards: the sampler splits the data 4 ways (this rank reads part 3), the job file plans 2" in text
+
+
+@pytest.mark.slow
+def test_lightning_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path) -> None:
+    """The same example at tp=2 with sequence parallelism and ZeRO-1 on 2 CPU ranks (prepare_model's rewrite, the
+    strategy's mpu, the sampler over dp=1): every step's loss equals one process's, and the HF directory gathered
+    from the slices gives the one-process model's logits."""
+    pytest.importorskip("dsforge.plugins.parallel_model")
+    import transformers
+
+    one = tmp_path / "one.yaml"
+    one.write_text(JOB.read_text().replace("gpus_per_node: 2", "gpus_per_node: 1"))
+    tp = _variant(tmp_path, "  tp: 2\n  sequence_parallel: true\n  zero: 1")
+    two, _ = _run([str(tp), str(tmp_path / "tp")], 2, tmp_path, 29743)
+    ref, _ = _run([str(one), str(tmp_path / "ref")], 1, tmp_path, 0)
+    assert list(two) == [0, 1, 2, 3] == list(ref)
+    for step in two:
+        assert two[step] == pytest.approx(ref[step], rel=1e-5, abs=1e-6), (step, two, ref)
+    tokens = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
+    logits = {}
+    for name in ("tp", "ref"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / name / "epoch=1-step=4.ckpt" / "hf")
+        with torch.no_grad():
+            logits[name] = model(input_ids=tokens).logits
+    torch.testing.assert_close(logits["tp"], logits["ref"], rtol=1e-4, atol=1e-5)

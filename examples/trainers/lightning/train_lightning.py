@@ -1,26 +1,27 @@
-"""A Lightning Trainer under DeepSpeed, every setting taken from a dsforge job file.
+"""A LightningModule trained by a dsforge job file: the documented dsforge lines and nothing else of dsforge.
 
-    torchrun --nproc_per_node 2 examples/trainers/lightning/train_lightning.py examples/trainers/lightning/job.yaml
+    torchrun --nproc_per_node 2 examples/trainers/lightning/train_lightning.py examples/trainers/lightning/job.yaml [OUT]
 
-`trainer_kwargs` gives the DeepSpeedStrategy (the job's compiled ds_config), devices, nodes,
-precision, accumulation and steps; `PlanCheck` stops fit() before the first step when the run
-differs from the job. DeepSpeed builds the optimizer and schedule from the config, so
-configure_optimizers returns None. Lightning's DeepSpeedStrategy needs CUDA: on a CPU-only machine
-fit() stops in the strategy's setup_environment, and this script says so (exit 3).
+`prepare_model(job)` gives this rank's model by the job's plan (the rewrite `dsforge run` applies);
+`trainer_kwargs(job)` gives the dsforge strategy (Lightning's DeepSpeedStrategy with dsforge's groups, on GPUs
+or CPU processes), devices, nodes, precision, accumulation and steps. The strategy compares the Trainer and the
+DataLoader with the plan before the first step, shards the data over the data-parallel ranks, writes a plain HF
+directory into each checkpoint (``<ckpt>/hf``) and leaves the process group cleanly at the end. DeepSpeed builds
+the optimizer and schedule from the job, so configure_optimizers returns None. With OUT, Lightning saves a
+checkpoint there at the end of each epoch (``OUT/epoch=0-step=2.ckpt``, with ``hf/`` inside for
+``from_pretrained``); ``RESUME=OUT/epoch=0-step=2.ckpt`` resumes from one (Lightning's ``ckpt_path``).
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 import sys
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
-from dsforge.plugins.job import PluginError, load_job
-from dsforge.plugins.lightning import PlanCheck, check_trainer, trainer_kwargs
-from dsforge.runtime.models import build_model
-from dsforge.runtime.teardown import before_init, leave, release_engine
+import dsforge.plugins.lightning as dsl
 
 
 class CausalLM(pl.LightningModule):
@@ -33,43 +34,23 @@ class CausalLM(pl.LightningModule):
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = self.model(input_ids=batch, labels=batch).loss
         self.log("loss", loss, prog_bar=True)
+        if os.environ.get("LOSS_LOG"):  # the test's per-step record
+            print(f"step {self.global_step} micro {batch_idx} loss {loss.item():.8f}\n", end="", flush=True)  # one write
         return loss
 
     def configure_optimizers(self) -> None:
-        return None  # the ds_config's optimizer and scheduler: DeepSpeed builds them, Lightning steps them
+        return None  # the job's optimizer and scheduler: DeepSpeed builds them, Lightning steps them
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("job", help="the dsforge job file")
-    a = p.parse_args()
-    before_init()  # before Lightning joins the process group (see dsforge.runtime.teardown)
-    try:
-        job = load_job(a.job)
-        spec = job.plan.spec
-        trainer = pl.Trainer(**trainer_kwargs(job), callbacks=[PlanCheck(job)], logger=False,
-                             enable_checkpointing=False)
-        check_trainer(job, trainer)
-        model = CausalLM(build_model(spec.model, device="cpu", seed=spec.training.seed))
-        tokens = torch.randint(0, spec.model.vocab, (spec.training.global_batch * spec.training.steps,
-                                                     spec.model.seq_len), generator=torch.Generator().manual_seed(0))
-        loader = torch.utils.data.DataLoader(tokens, batch_size=job.micro_batch)
-    except PluginError as exc:  # a job that cannot drive this run: a message, not a traceback
-        print(f"dsforge: {exc}", file=sys.stderr)
-        return 2
-    try:
-        trainer.fit(model, loader)
-    except RuntimeError as exc:
-        if torch.cuda.is_available() or "only supported on CUDA" not in str(exc):
-            raise
-        print(f"dsforge: Lightning cannot run DeepSpeed on this machine: {exc}", file=sys.stderr)
-        return 3
-    # As dsforge's runtime: free the engine ZeRO's hooks keep alive, then leave the process group, so that no
-    # communication thread outlives the interpreter.
-    release_engine(getattr(trainer.strategy, "deepspeed_engine", None))
-    leave(synchronize=True)
-    return 0
+def main() -> None:
+    job, out = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
+    model = CausalLM(dsl.prepare_model(job))                                   # dsforge line 1
+    saves = [ModelCheckpoint(dirpath=out, every_n_epochs=1, save_top_k=-1, save_on_train_epoch_end=True)] if out else []
+    trainer = pl.Trainer(**dsl.trainer_kwargs(job), callbacks=saves, enable_checkpointing=bool(out),  # dsforge line 2
+                         logger=False, enable_progress_bar=False)
+    tokens = torch.randint(0, model.model.config.vocab_size, (16, 32), generator=torch.Generator().manual_seed(0))
+    trainer.fit(model, torch.utils.data.DataLoader(tokens, batch_size=2), ckpt_path=os.environ.get("RESUME"))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
