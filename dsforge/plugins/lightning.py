@@ -37,11 +37,11 @@ def strategy_config(job: JobLike) -> dict[str, Any]:
 
 #: What Lightning cannot feed exactly: degree -> (rule id, why).
 _REFUSED = {
-    "pp": ("DSF716", ("Lightning's training loop runs one forward and backward per micro-batch on every rank; a "
+    "pp": ("DSF702", ("Lightning's training loop runs one forward and backward per micro-batch on every rank; a "
                       "pipeline needs DeepSpeed's PipelineEngine schedule, which Lightning's strategy does not drive")),
-    "cp": ("DSF717", ("context parallelism needs each rank of a CP group to read its slice of every sequence; "
+    "cp": ("DSF703", ("context parallelism needs each rank of a CP group to read its slice of every sequence; "
                       "Lightning's sampler shards whole samples, and this plugin does not yet slice them exactly")),
-    "ep": ("DSF718", "expert parallelism through Lightning is not verified exact against one process here"),
+    "ep": ("DSF704", "expert parallelism through Lightning is not verified exact against one process here"),
 }
 
 
@@ -53,10 +53,6 @@ def require_lightning_layout(job: TrainerJob) -> None:
             raise PluginError(f"{rule} {job.file}: parallel.{degree}={getattr(d, degree)} (at "
                               f"{job.where('parallel', degree)}): {why}. Set parallel.{degree} to 1, or run the job "
                               "with `dsforge compile` and its launcher (dsforge.runtime runs this layout).")
-    if d.tp > 1 and core() is None:
-        raise PluginError(f"DSF719 {job.file}: parallel.tp={d.tp} (at {job.where('parallel', 'tp')}): this install "
-                          "has no dsforge.plugins.parallel_model, which builds the TP model for a trainer. Set "
-                          "parallel.tp to 1, or run the job with `dsforge compile` and its launcher.")
 
 
 def deepspeed_strategy(job: JobLike, **kwargs: Any) -> DsforgeStrategy:

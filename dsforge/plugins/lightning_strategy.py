@@ -36,7 +36,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from lightning.pytorch.strategies.ddp import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerStatus
 
-from dsforge.plugins.job import JobLike, PlanMismatchError, TrainerJob, load_job
+from dsforge.plugins.job import JobLike, PlanMismatchError, PluginError, TrainerJob, load_job
 
 #: Where the plain HF directory goes inside a Lightning checkpoint directory.
 HF_SUBDIR = "hf"
@@ -146,6 +146,15 @@ class DsforgeStrategy(DeepSpeedStrategy):  # type: ignore[misc]
         self.barrier()
 
     # -- exit ----------------------------------------------------------------------------------------------------
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Refused (DSF716): Lightning's resume is not yet the uninterrupted run, and a resume that trains
+        something else is never silent."""
+        raise PluginError(f"DSF716 {self.job.file}: resuming through Lightning's ckpt_path ({checkpoint_path}) is "
+                          "not exact: from an epoch-end checkpoint Lightning 2.6 replays one batch of the finished "
+                          "epoch, so the losses differ from the uninterrupted run. Start from the saved plain HF "
+                          "directory (<checkpoint>/hf) as model.pretrained, or run the job with `dsforge compile` "
+                          "and its launcher, whose resume is exact.")
+
     def teardown(self) -> None:
         """The parent's teardown; the groups stay for what the script does after fit (a save), and go at exit."""
         trainer = getattr(self.lightning_module, "_trainer", None)

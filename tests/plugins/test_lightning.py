@@ -120,8 +120,8 @@ def _variant(tmp_path: Path, parallel: str) -> Path:
 
 
 @pytest.mark.parametrize(("parallel", "rule", "key"), [
-    ("  zero: 1\n  pp: 2", "DSF716", "parallel.pp=2"),
-    ("  zero: 1\n  cp: 2", "DSF717", "parallel.cp=2"),
+    ("  zero: 1\n  pp: 2", "DSF702", "parallel.pp=2"),
+    ("  zero: 1\n  cp: 2", "DSF703", "parallel.cp=2"),
 ])
 def test_what_lightning_cannot_feed_is_refused_before_start(tmp_path: Path, parallel: str, rule: str, key: str) -> None:
     from dsforge.plugins.job import PluginError
@@ -134,6 +134,17 @@ def test_what_lightning_cannot_feed_is_refused_before_start(tmp_path: Path, para
         text = str(err.value)
         assert text.startswith(f"{rule} {job}: {key} (at {job}:")
         assert "`dsforge compile`" in text
+
+
+def test_a_resume_through_ckpt_path_is_refused_not_trained_differently(tmp_path: Path) -> None:
+    # Lightning calls the strategy's load_checkpoint for fit(ckpt_path=...); its replayed batch would change the run
+    from dsforge.plugins.job import PluginError
+
+    strategy = trainer_kwargs(JOB)["strategy"]
+    with pytest.raises(PluginError) as err:
+        strategy.load_checkpoint(tmp_path / "epoch=0-step=2.ckpt")
+    assert str(err.value).startswith(f"DSF716 {JOB}: resuming through Lightning's ckpt_path")
+    assert "`dsforge compile`" in str(err.value)
 
 
 def test_a_loader_that_differs_from_the_plan_is_named_before_the_first_step() -> None:

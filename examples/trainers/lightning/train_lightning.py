@@ -9,7 +9,7 @@ DataLoader with the plan before the first step, shards the data over the data-pa
 directory into each checkpoint (``<ckpt>/hf``) and leaves the process group cleanly at the end. DeepSpeed builds
 the optimizer and schedule from the job, so configure_optimizers returns None. With OUT, Lightning saves a
 checkpoint there at the end of each epoch (``OUT/epoch=0-step=2.ckpt``, with ``hf/`` inside for
-``from_pretrained``); ``RESUME=OUT/epoch=0-step=2.ckpt`` resumes from one (Lightning's ``ckpt_path``).
+``from_pretrained``); resuming through Lightning's ``ckpt_path`` is refused (DSF716, docs/trainers.md).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def main() -> None:
     trainer = pl.Trainer(**dsl.trainer_kwargs(job), callbacks=saves, enable_checkpointing=bool(out),  # dsforge line 2
                          logger=False, enable_progress_bar=False)
     tokens = torch.randint(0, model.model.config.vocab_size, (16, 32), generator=torch.Generator().manual_seed(0))
-    trainer.fit(model, torch.utils.data.DataLoader(tokens, batch_size=2), ckpt_path=os.environ.get("RESUME"))
+    trainer.fit(model, torch.utils.data.DataLoader(tokens, batch_size=2))
 
 
 if __name__ == "__main__":
