@@ -78,7 +78,8 @@ def _rank(rank: int, world: int, port: int, layout: str, precision: str, out: st
                       LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
     import faulthandler
 
-    # Where a rank hangs, say so; never exit from here (a kill inside a JIT op build leaves its lock file behind).
+    # Where a rank hangs, say so; never exit from here (a kill inside a JIT op build leaves its lock file
+    # behind).
     faulthandler.dump_traceback_later(float(os.environ.get("BUILD_MEMORY_TIMEOUT_S", "900")), exit=False)
     import deepspeed  # noqa: F401  (all of DeepSpeed imported before the reserve is read: ZeRO-3 builds use zero.Init)
     import torch
@@ -124,9 +125,10 @@ def _rank(rank: int, world: int, port: int, layout: str, precision: str, out: st
             params += held.numel()
     optimizer = params * OPTIMIZER_BYTES[precision]
     bound = before + BOUND * (shard + optimizer)
-    row = {"layout": layout, "rank": rank, "precision": precision, "shard_params": params, "shard_bytes": shard,
-           "rss_before": before, "peak": peak, "growth": peak - before, "growth_over_shard": (peak - before) / shard,
-           "optimizer_bytes": optimizer, "bound": bound, "within": peak <= bound}
+    row = {"layout": layout, "rank": rank, "precision": precision, "shard_params": params,
+           "shard_bytes": shard, "rss_before": before, "peak": peak, "growth": peak - before,
+           "growth_over_shard": (peak - before) / shard, "optimizer_bytes": optimizer, "bound": bound,
+           "within": peak <= bound}
     rows: list[Any] = [None] * world
     dist.all_gather_object(rows, row)
     if rank == 0:
@@ -156,15 +158,16 @@ def main() -> int:
         for layout in args.layouts.split(","):
             mp.spawn(_rank, args=(2, _port(), layout, args.precision, out), nprocs=2, join=True)
         rows = [json.loads(line) for line in Path(out).read_text().splitlines()]
-    print(f"Llama-3.2-1B shape (1.24B parameters), {args.precision}, 2 CPU ranks: host RSS while building the shard")
+    print(f"Llama-3.2-1B shape (1.24B parameters), {args.precision}, "
+          f"2 CPU ranks: host RSS while building the shard")
     print(f"{'layout':<10}{'rank':>5}{'shard params':>15}{'shard GiB':>11}{'RSS before':>12}{'peak':>9}"
           f"{'growth':>9}{'growth/shard':>14}{'bound':>9}")
     for r in rows:
         print(f"{r['layout']:<10}{r['rank']:>5}{r['shard_params']:>15,}{r['shard_bytes'] / gib:>11.2f}"
               f"{r['rss_before'] / gib:>12.2f}{r['peak'] / gib:>9.2f}{r['growth'] / gib:>9.2f}"
               f"{r['growth_over_shard']:>14.2f}{r['bound'] / gib:>9.2f}{'' if r['within'] else '  OVER'}")
-    print(f"bound: RSS before + {BOUND} x (shard + Adam state: {OPTIMIZER_BYTES[args.precision]} bytes per shard "
-          "parameter); shard: this rank's parameters (ZeRO-3: its partitions)")
+    print(f"bound: RSS before + {BOUND} x (shard + Adam state: {OPTIMIZER_BYTES[args.precision]} bytes per "
+          f"shard parameter); shard: this rank's parameters (ZeRO-3: its partitions)")
     return 0
 
 

@@ -53,8 +53,9 @@ def _plan(layout: dict[str, int]):  # type: ignore[no-untyped-def]
     from dsforge.compiler.frontend.parse import load_job
     from dsforge.compiler.plan.plan import build_plan
 
-    doc = {"version": 1, "name": "bench-1b", "model": dict(MODEL), "hardware": {"preset": "cpu-local", "gpus_per_node": 2},
-           "parallel": dict(layout), "training": {"global_batch": 2, "micro_batch": 1, "precision": "bf16",
+    doc = {"version": 1, "name": "bench-1b", "model": dict(MODEL),
+           "hardware": {"preset": "cpu-local", "gpus_per_node": 2}, "parallel": dict(layout),
+           "training": {"global_batch": 2, "micro_batch": 1, "precision": "bf16",
                                                   "steps": 10, "checkpoint": {"every": 5, "keep": 2}}}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.yaml"
@@ -95,12 +96,14 @@ def _digest_rates(folder: Path, gib: float) -> dict[str, tuple[float, float]]:
 
 
 def _largest_file(plan) -> float:  # type: ignore[no-untyped-def]
-    """The largest single file of one checkpoint: dsforge-state of the first data-parallel rank, or a model file."""
+    """The largest single file of one checkpoint: dsforge-state of the first data-parallel rank, or a model
+    file."""
     from dsforge.compiler.estimate.shares import layer_kinds, stage_share
     from dsforge.compiler.estimate.zero_config import zero_settings
 
     z = zero_settings(plan)
-    per = [stage_share(plan, s, z.persistence_threshold, layer_kinds(plan, s)).total for s in range(plan.degrees.pp)]
+    per = [stage_share(plan, s, z.persistence_threshold,
+                       layer_kinds(plan, s)).total for s in range(plan.degrees.pp)]
     return max(per) * (4 + z.optimizer_bytes)  # fp32 weights and the optimizer's states, one safetensors file
 
 
@@ -137,13 +140,14 @@ def main() -> int:
     load = Path("/proc/loadavg").read_text().split()[:3]
     print(f"load: {load} (1, 5, 15 min), {os.cpu_count()} CPUs")
     for algorithm, (cold, warm) in rates.items():
-        print(f"{algorithm} over a {args.gib:g} GiB file in {folder}: {cold:.2f} s/GiB cold (page cache dropped), "
-              f"{warm:.2f} s/GiB warm")
+        print(f"{algorithm} over a {args.gib:g} GiB file in {folder}: {cold:.2f} s/GiB cold (page cache "
+              f"dropped), {warm:.2f} s/GiB warm")
     print(f"lock + release: {lock_s * 1e6:.0f} us; free-space check: {space_s * 1e6:.0f} us; "
           f"build-lock scan: {scan_s * 1e6:.0f} us (each once per `dsforge run`)")
     cold, warm = rates["xxh3-128"]
-    print("\nLlama-3.2-1B shape, bf16, 2 CPU ranks: one checkpoint (cost model) and the xxh3 manifest check it adds "
-          "to a resume\n(the busiest rank's share: half the bytes, or the largest file when that is more)")
+    print("\nLlama-3.2-1B shape, bf16, 2 CPU ranks: one checkpoint (cost model) and the xxh3 manifest check "
+          "it adds to a resume\n(the busiest rank's share: half "
+          "the bytes, or the largest file when that is more)")
     print(f"{'layout':<10} {'total GiB':>9} {'largest file':>12} {'share GiB':>9} {'check cold s':>12} "
           f"{'check warm s':>12}")
     for name, layout in LAYOUTS.items():

@@ -8,8 +8,8 @@ torch_autocast, flops_profiler, aio, leaf_module, and the ones dsforge refuses),
 (parallel.zero, training.precision, optimizer, offload, recompute). Each case goes through
 `validate` and, whatever validate says, through DeepSpeed's own parse: the ds_config compile would write
 (`build_ds_config`, written and read back as JSON, as the runtime reads ds_config.json) is given to
-`DeepSpeedConfig` with an mpu whose data-parallel size is the plan's dp. With ``--init N`` the first N cases of
-the one-rank job also run `deepspeed.initialize` on a small model and one training step on one CPU process.
+`DeepSpeedConfig` with an mpu whose data-parallel size is the plan's dp. With ``--init N`` the first N cases
+of the one-rank job also run `deepspeed.initialize` on a small model and one training step on one CPU process.
 
 Classes (counted and printed):
 
@@ -27,9 +27,10 @@ Classes (counted and printed):
 
     python benchmarks/ds_differential.py --n 3000 [--seed 0] [--init 200] [--show 5]
 
-exits 1 when MISSED, FALSE ALARM or RUNS SOMETHING ELSE is not 0. tests/compiler/deepspeed/test_ds_differential.py draws the same
-changes from hypothesis for a bounded number of cases in CI, and runs a small initialize sample (slow).
-"""
+exits 1 when MISSED, FALSE ALARM or RUNS SOMETHING ELSE is not 0.
+tests/compiler/deepspeed/test_ds_differential.py draws the same changes from hypothesis for a bounded number
+of cases in CI, and runs a small initialize sample (slow).
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ TINY_ONE_RANK = {
     "version": 1, "name": "oracle-one-rank", "model": {"preset": "tiny-gpt2"},
     "hardware": {"preset": "cpu-local", "gpus_per_node": 1}, "parallel": {"zero": 1},
     "training": {"global_batch": 4, "micro_batch": 2, "precision": "fp32", "steps": 4,
-                 "optimizer": {"name": "adamw", "lr": 1.0e-3}, "scheduler": {"name": "cosine", "warmup_steps": 1}},
+                 "optimizer": {"name": "adamw", "lr": 1.0e-3},
+                 "scheduler": {"name": "cosine", "warmup_steps": 1}},
 }
 
 
@@ -93,14 +95,16 @@ def seed_jobs() -> dict[str, dict[str, Any]]:
 
 INTS = [0, -1, 1, 1.5, 5.0e8, "5e8", "500000000", None, "auto", True, "yes", 2**70, 200_000_000]
 BOOLS = [True, False, "true", "false", "yes", "no", "on", 1, 0, 2, None, "maybe", 1.0, "auto"]
-ZERO_INT_KEYS = ["reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "stage3_prefetch_bucket_size",
-                 "sub_group_size", "param_persistence_threshold", "stage3_param_persistence_threshold",
-                 "stage3_max_live_parameters", "max_live_parameters", "zero_hpz_partition_size",
-                 "stage3_model_persistence_threshold", "module_granularity_threshold"]
+ZERO_INT_KEYS = ["reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size",
+                 "stage3_prefetch_bucket_size", "sub_group_size", "param_persistence_threshold",
+                 "stage3_param_persistence_threshold", "stage3_max_live_parameters", "max_live_parameters",
+                 "zero_hpz_partition_size", "stage3_model_persistence_threshold",
+                 "module_granularity_threshold"]
 ZERO_BOOL_KEYS = ["overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather_partitions",
                   "compute_grad_norm", "round_robin_gradients", "cpu_offload", "cpu_offload_param",
                   "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
-                  "stage3_gather_fp16_weights_on_model_save", "elastic_checkpoint", "use_multi_rank_bucket_allreduce"]
+                  "stage3_gather_fp16_weights_on_model_save", "elastic_checkpoint",
+                  "use_multi_rank_bucket_allreduce"]
 DEVICES = ["cpu", "nvme", "none", "gpu", "CPU", None, 1]
 FP16_KEYS = {"loss_scale": [0, 128, -1, 0.5, ".inf", "12", True, None, "auto"],
              "initial_scale_power": [16, 12.5, 12.0, "12", -3, None],
@@ -136,13 +140,14 @@ JOB = {("parallel", "zero"): [0, 1, 2, 3], ("training", "precision"): ["fp32", "
        ("training", "optimizer", "offload"): ["none", "cpu", "nvme"],
        ("training", "recompute"): ["none", "selective", "full"], ("training", "grad_clip"): [0.0, 1.0]}
 #: Whole sections (or ZeRO sub-sections), drawn for every section of DeepSpeed 0.19.8's config that the other
-#: kinds do not draw: modelled ones (valid values, wrong types, misspelt keys, null) and the ones dsforge refuses
-#: (DSF528). Values that need what this oracle machine lacks are left out: a monitor's `enabled: true` (the
-#: tensorboard/wandb/comet packages) and `aio.use_gds: true` on the GPU examples (GDS needs CUDA; the oracle runs
-#: on CPU; tests/compiler/deepspeed/test_ds_sections.py checks it).
+#: kinds do not draw: modelled ones (valid values, wrong types, misspelt keys, null) and the ones dsforge
+#: refuses (DSF528). Values that need what this oracle machine lacks are left out: a monitor's `enabled: true`
+#: (the tensorboard/wandb/comet packages) and `aio.use_gds: true` on the GPU examples (GDS needs CUDA; the
+#: oracle runs on CPU; tests/compiler/deepspeed/test_ds_sections.py checks it).
 SECTIONS: dict[str, list[Any]] = {
-    "torch_autocast": [{"dtype": "bf17"}, {"dtype": "bf16"}, {"dtype": "BF16"}, {"enabled": False, "dtype": "fp16"},
-                       {"enabled": True}, {"enabled": "no"}, {"lower_precision_safe_modules": ["torch.nn.Linear"]},
+    "torch_autocast": [{"dtype": "bf17"}, {"dtype": "bf16"}, {"dtype": "BF16"},
+                       {"enabled": False, "dtype": "fp16"}, {"enabled": True}, {"enabled": "no"},
+                       {"lower_precision_safe_modules": ["torch.nn.Linear"]},
                        {"lower_precision_safe_modules": [1]}, {"lower_precision_safe_modules": None}, None,
                        {"dtype": None}, {"enabled": False}, {"dtyp": "bf16"}],
     "checkpoint": [{"tag_validation": "bogus"}, {"tag_validation": "fail"}, {"tag_validation": "Ignore"},
@@ -151,42 +156,46 @@ SECTIONS: dict[str, list[Any]] = {
                    {"parallel_write": {"pipeline_stage": "yes"}}, {"parallel_write": None}, {"writer": "x"},
                    {"writer": {"type": "slow"}}, {"writer": {"data_parallel": "rack"}}, {"writer": None},
                    {"writer": {"type": "fast"}},
-                   {"use_node_local_storage": True}, {"tag_validaton": "warn"}, {"checkpoint_serialization": False}],
+                   {"use_node_local_storage": True}, {"tag_validaton": "warn"},
+                   {"checkpoint_serialization": False}],
     "flops_profiler": [{"enabled": True}, {"enabled": "yes"}, {"detailed": "maybe"}, {"profile_step": "1"},
                        {"enabled": False, "top_modules": 3}, None, [], {"output_file": 3}, {"enabledd": True},
                        {"enabled": True, "profile_step": "1"}, {"enabled": True, "module_depth": "x"},
                        {"enabled": True, "detailed": "maybe", "profile_step": 1}],
     "aio": [{"block_size": 1048576}, {"block_size": "x"}, None, [], {"use_gds": False}, {"queue_depth": 0},
             {"single_submit": "no"}, {"overlap_events": True, "intra_op_parallelism": 2}],
-    "timers": [{"throughput": {"enabled": False}}, {"throughput": {"enabled": "maybe"}}, {"throughput": None}, None,
-               [], "abc", {"throughput": {"synchronized": "no"}}, {"throughput": {"x": 1}}, {"other": 1},
-               {"throughput": "auto"}],
+    "timers": [{"throughput": {"enabled": False}}, {"throughput": {"enabled": "maybe"}}, {"throughput": None},
+               None, [], "abc", {"throughput": {"synchronized": "no"}}, {"throughput": {"x": 1}},
+               {"other": 1}, {"throughput": "auto"}],
     "comms_logger": [{"enabled": True}, {"enabled": "maybe"}, None, {"prof_ops": "all_reduce"},
                      {"prof_ops": ["all_reduce"]}, {"verbos": True}, {"enabled": "auto"}, {"debug": 1}],
     "tensorboard": [{"enabled": False}, {"enabled": "maybe"}, None, {"output_path": None}, {"job_name": 3},
-                    {"enabled": "auto"}, "auto", {"enabeld": True}, {"output_path": "/tmp/tb", "job_name": "j"}],
+                    {"enabled": "auto"}, "auto", {"enabeld": True},
+                    {"output_path": "/tmp/tb", "job_name": "j"}],
     "csv_monitor": [{"enabled": False}, {"enabled": "no"}, None, {"output_path": 3}, {"enabled": 2}],
     "wandb": [{"group": 1}, {"group": "g"}, {"enabled": False, "project": "p"}, None, {"team": None},
               {"project": None}],
-    "comet": [{"samples_log_interval": "5"}, {"samples_log_interval": 1.5}, {"online": "maybe"}, {"mode": "get"},
-              None, {"api_key": 3}, {"online": None}],
+    "comet": [{"samples_log_interval": "5"}, {"samples_log_interval": 1.5}, {"online": "maybe"},
+              {"mode": "get"}, None, {"api_key": 3}, {"online": None}],
     "zero_optimization.leaf_module": [{"classes": "A"}, {"classes": ["A", 1]}, None, "x", {"names": "auto"},
                                       {"bad": 1}, {"name_suffixes": ["mlp"]}, {"names": ["model.layers.0"]}],
     "zero_optimization.zenflow": [{}, None, {"topk_ratio": 0.1}],
-    "tensor_parallel": [{"autotp_size": 0}, {}, {"dtype": "bf16"}, {"autotp_sise": 2}, None, {"autotp_size": 1}],
+    "tensor_parallel": [{"autotp_size": 0}, {}, {"dtype": "bf16"}, {"autotp_sise": 2}, None,
+                        {"autotp_size": 1}],
     "expert_parallel": [{"enabled": False}, {"autoep_sise": 2}, {}, None],
     "compile": [{"deepcompile": False}, {}, {"passes": ["bogus"]}, None],
     "autotuning": [{"enabled": False}, {}, {"enabled": "x"}, None],
     "data_efficiency": [{"enabled": False}, {}, {"data_sampling": {"enabled": "x"}}, None],
     "weight_quantization": [{}, {"enabled": "x"}, None],
     "zenflow": [{}, {"topk_ratio": 0.1}, None],
-    "checkpoint.writer": [{"type": "fast"}, {"type": "python", "decoupled": True}, None, "x", {"type": "slow"}],
+    "checkpoint.writer": [{"type": "fast"}, {"type": "python", "decoupled": True}, None, "x",
+                          {"type": "slow"}],
 }
 #: scheduler parameters drawn by the `sched` kind (the job states them through training.scheduler and steps).
 SCHED_PARAMS = {"warmup_num_steps": [0, 1, 5, -2, 2.5, "3"], "total_num_steps": [4, 8, 100000, 4.0, "4"],
                 "warmup_type": ["linear", "log", "Linear", 1], "cos_min_ratio": [0.0, 0.1, 1, "0.1"],
-                "warmup_min_ratio": [0.0, 1.0, 0.5], "warmup_min_lr": [0.0, 1e-5], "warmup_max_lr": [1e-3, 3e-4],
-                "last_batch_iteration": [-1, 3], "bogus_param": [1]}
+                "warmup_min_ratio": [0.0, 1.0, 0.5], "warmup_min_lr": [0.0, 1e-5],
+                "warmup_max_lr": [1e-3, 3e-4], "last_batch_iteration": [-1, 3], "bogus_param": [1]}
 #: Sections the other kinds draw (and one change that sets each): with SECTIONS, every section of the config.
 OTHER_SECTIONS: dict[str, tuple[str, int, int]] = {
     "zero_optimization": ("zero_int", 0, 12), "zero_optimization.offload_optimizer": ("offload", 0, 0),
@@ -242,8 +251,9 @@ def apply_change(job: dict[str, Any], kind: str, a: int, b: int) -> str:
     elif kind == "offload":
         section = pick(["offload_optimizer", "offload_param"], a)
         block = pick([{"device": pick(DEVICES, b)}, {"device": "cpu", "pin_memory": pick(BOOLS, b)},
-                      {"device": "cpu", "ratio": pick([0.5, 1.0, 1.5, "0.3"], b)}, {"device": "cpu", "pin_memry": 1},
-                      {"device": "nvme", "nvme_path": "/local_nvme"}, None, "cpu"], a // 2)
+                      {"device": "cpu", "ratio": pick([0.5, 1.0, 1.5, "0.3"], b)},
+                      {"device": "cpu", "pin_memry": 1}, {"device": "nvme", "nvme_path": "/local_nvme"}, None,
+                      "cpu"], a // 2)
         key, v = section, block
         _zero(job)[key] = v
     elif kind in ("fp16", "bf16"):
@@ -267,11 +277,13 @@ def apply_change(job: dict[str, Any], kind: str, a: int, b: int) -> str:
         ds = _ds(job)
         ds["optimizer"] = {**(ds["optimizer"] if isinstance(ds.get("optimizer"), dict) else {}), "type": v}
     elif kind == "opt_params":
-        name = pick(["lr", "betas", "eps", "weight_decay", "torch_adam", "amsgrad", "max_grad_norm", "adam_w_mode"],
+        name = pick(["lr", "betas", "eps", "weight_decay", "torch_adam", "amsgrad", "max_grad_norm",
+                     "adam_w_mode"],
                     a)
         v = pick({"lr": [1e-4, -1e-3, "1e-3", 0], "betas": [[0.9, 0.95], [0.9], [0.9, 1.5], "0.9"],
                   "eps": [1e-8, -1.0], "weight_decay": [0.0, 0.1, -0.1], "torch_adam": [True],
-                  "amsgrad": [True, False], "max_grad_norm": [1.0, "x"], "adam_w_mode": [False, True]}[name], b)
+                  "amsgrad": [True, False], "max_grad_norm": [1.0, "x"],
+                  "adam_w_mode": [False, True]}[name], b)
         key = f"optimizer.params.{name}"
         ds = _ds(job)
         opt = ds["optimizer"] if isinstance(ds.get("optimizer"), dict) else {}
@@ -339,7 +351,8 @@ def random_cases(seeds: dict[str, dict[str, Any]], n: int, rng: random.Random) -
     """``n`` cases with one to three random changes each."""
     names = sorted(seeds)
     for _ in range(n):
-        ops = [(rng.choice(KINDS), rng.randrange(10**6), rng.randrange(10**6)) for _ in range(rng.randint(1, 3))]
+        ops = [(rng.choice(KINDS), rng.randrange(10**6),
+                rng.randrange(10**6)) for _ in range(rng.randint(1, 3))]
         yield make_case(seeds, rng.choice(names), ops)
 
 
@@ -384,7 +397,8 @@ def judge(case: Case, folder: Path) -> Judged:
               "opt_params": {k: v for k, v in opt.items() if k in STATED_OPTIMIZER_PARAMS},
               "scheduler": [sched["type"], sched["params"]] if sched else [None, None],
               "clip": t.grad_clip, "autocast": False}
-    if plan.degrees.pp > 1:  # dsforge.runtime reads the interval from ds_config.json (pp = 1: no pipeline engine)
+    if plan.degrees.pp > 1:  # dsforge.runtime reads the interval from ds_config.json (pp = 1: no pipeline
+                             # engine)
         expect["pipeline"] = [plan.degrees.pp, 1 if t.recompute == "full" else 0]
     return Judged(errors, config, plan.degrees.dp, expect)
 
@@ -502,7 +516,7 @@ for line in sys.stdin:
             out = {**out, "ok": False, "stage": "initialize", "error": f"{type(exc).__name__}: {exc}"[:300]}
     sys.stdout.write(MARK + json.dumps(out) + "\n")
     sys.stdout.flush()
-'''
+'''  # noqa: E501
 
 
 class Oracle:
@@ -515,10 +529,12 @@ class Oracle:
         self.proc = subprocess.Popen([python, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, env=env, cwd=self.folder.name)
 
-    def ask(self, config: dict[str, Any], dp: int, overrides: Any = None, init: bool = False) -> dict[str, Any]:
+    def ask(self, config: dict[str, Any], dp: int, overrides: Any = None,
+            init: bool = False) -> dict[str, Any]:
         """DeepSpeed's verdict on one config: {"ok", "error", "stage", "summary", "dropped"}."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"config": config, "dp": dp, "overrides": overrides, "init": init}) + "\n")
+        self.proc.stdin.write(json.dumps({"config": config, "dp": dp, "overrides": overrides,
+                                          "init": init}) + "\n")
         self.proc.stdin.flush()
         line = ""
         while not line.startswith(MARK):
@@ -536,7 +552,8 @@ class Oracle:
         self.folder.cleanup()
 
 
-def run_case(case: Case, oracle: Oracle, folder: Path, init: bool = False) -> tuple[str, Judged, dict[str, Any] | None]:
+def run_case(case: Case, oracle: Oracle, folder: Path,
+             init: bool = False) -> tuple[str, Judged, dict[str, Any] | None]:
     """Judge one case on both sides and classify it."""
     judged = judge(case, folder)
     if judged.config is None:
@@ -569,12 +586,14 @@ def main(argv: list[str] | None = None) -> int:
                 design.update(judged.errors)
             done = sum(counts.values()) + sum(init_counts.values())
             if done % 250 == 0:
-                print(f"  {done} cases, {time.time() - start:.0f} s: {dict(counts)} {dict(init_counts)}", flush=True)
+                print(f"  {done} cases, {time.time() - start:.0f} s: {dict(counts)} {dict(init_counts)}",
+                      flush=True)
             if (cls in FAILURES or cls == NOT_EMITTED) and len(shown.setdefault(cls, [])) < args.show:
                 shown[cls].append(f"{case.seed} {case.changes} validate={judged.errors} "
                                   f"deepspeed={verdict or judged.expect.get('emit')}")
     oracle.close()
-    print(f"{args.n} parse cases, {args.init} initialize cases, {len(seeds)} seeds, {time.time() - start:.0f} s")
+    print(f"{args.n} parse cases, {args.init} initialize cases, "
+          f"{len(seeds)} seeds, {time.time() - start:.0f} s")
     for title, table in (("DeepSpeedConfig", counts), ("deepspeed.initialize + one step", init_counts)):
         print(f"-- {title}")
         for cls in CLASSES:

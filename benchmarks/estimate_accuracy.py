@@ -17,7 +17,7 @@ For the tiny GPT of tests/dist/tiny_gpt.py (2 layers, hidden 64, 136,960 paramet
 With ``--published`` it prints the published-run set instead (benchmarks/published_runs.py): how many of the
 runs in benchmarks/published/ validate accepts, the median |TFLOP/s error|, the worst off-nominal error and
 whether each scaling series comes out in the published order.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -108,7 +108,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measured", type=Path, help="reuse a JSON written by tests/dist/measure_memory.py")
     parser.add_argument("--published", action="store_true",
-                        help="instead: the published-run set of benchmarks/published/ (accepted, TFLOP/s error, trends)")
+                        help="instead: the published-run set of benchmarks/published/ "
+                             "(accepted, TFLOP/s error, trends)")
     args = parser.parse_args()
     if args.published:
         from published_runs import main as published_main
@@ -120,7 +121,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             data = measure(Path(tmp) / "measured.json")
     ds = deepspeed_estimates()
-    print("model-state bytes per rank, tiny GPT (136,960 parameters), 2 ranks, AdamW, 2 micro-batches per step")
+    print("model-state bytes per rank, tiny GPT (136,960 "
+          "parameters), 2 ranks, AdamW, 2 micro-batches per step")
     print(f"{'config':12s} {'DeepSpeed est.':>15s} {'dsforge est.':>13s} {'measured':>10s} "
           f"{'DS err':>8s} {'dsforge err':>12s}")
     for precision in ("fp32", "bf16"):
@@ -130,7 +132,8 @@ def main() -> int:
             theirs = ds.get(zero)
             ds_text = f"{theirs:15,.0f}" if theirs else f"{'n/a':>15s}"
             ds_err = f"{theirs / got - 1:+8.1%}" if theirs else f"{'':>8s}"
-            print(f"zero{zero}-{precision:6s} {ds_text} {ours:13,.0f} {got:10,.0f} {ds_err} {ours / got - 1:+12.2%}")
+            print(f"zero{zero}-{precision:6s} {ds_text} {ours:13,.0f} "
+                  f"{got:10,.0f} {ds_err} {ours / got - 1:+12.2%}")
     return 0
 
 

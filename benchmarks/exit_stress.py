@@ -20,9 +20,9 @@ the launcher's exit: the teardown, the interpreter's exit and torchrun's own shu
 (examples/trainers/<trainer>, tiny Llama, ZeRO-2, 2 CPU ranks under torchrun), whose script calls no dsforge
 teardown: the plugin owns the clean exit; a run has trained when rank 0 printed the trainer's last line.
 
-Run: ``python benchmarks/exit_stress.py [--n 30] [--steps 2] [--timeout 600] [--trainer hf|accelerate|lightning]``
-(needs the runtime extra; the trainers also the trainers extra).
-Exit code: 0 when every run was ``ok``, 1 otherwise.
+Run: ``python benchmarks/exit_stress.py [--n 30] [--steps 2] [--timeout 600] [--trainer
+hf|accelerate|lightning]`` (needs the runtime extra; the trainers also the trainers extra). Exit code: 0 when
+every run was ``ok``, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -81,10 +81,11 @@ DONE = {"runtime": "final loss", "hf": "'train_runtime'", "accelerate": "optimiz
 def trainer_command(trainer: str, tmp: Path) -> list[str]:
     """torchrun on the example script of a trainer plugin, 2 CPU ranks."""
     example = ROOT / "examples" / "trainers" / trainer
-    script = example / {"hf": "train_hf.py", "accelerate": "train_accelerate.py", "lightning": "train_lightning.py"}[trainer]
+    script = example / {"hf": "train_hf.py", "accelerate": "train_accelerate.py",
+                        "lightning": "train_lightning.py"}[trainer]
     extra = ["--output-dir", str(tmp / "hf-out")] if trainer == "hf" else []
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-            str(example / "job.yaml"), *extra]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            str(script), str(example / "job.yaml"), *extra]
 
 
 def classify(code: int | None, output: str, done: str = DONE["runtime"]) -> str:
@@ -111,8 +112,8 @@ def run_once(job_dir: Path, timeout: float, command: list[str] | None = None, do
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     # A new session, so a run that hangs can be killed with every rank it started.
-    proc = subprocess.Popen(command or ["bash", str(job_dir / "launch.sh")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(command or ["bash", str(job_dir / "launch.sh")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     lines: list[tuple[float, str]] = []
 
     def read() -> None:
@@ -142,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="optimizer steps per run (default 2)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds before a run counts as hung")
     ap.add_argument("--trainer", choices=sorted(DONE), default="runtime",
-                    help="runtime: dsforge's own launcher (default); hf, accelerate: that plugin's example script")
+                    help="runtime: dsforge's own launcher (default); "
+                         "hf, accelerate: that plugin's example script")
     ap.add_argument("--show", type=int, default=3000, help="characters of a bad run's output to print")
     args = ap.parse_args(argv)
     counts: collections.Counter[str] = collections.Counter()
@@ -160,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
                 print("    " + out[-args.show:].replace("\n", "\n    "), flush=True)
     summary = ", ".join(f"{k} {counts[k]}" for k in ("ok", "abort", "failed", "hang", "timeout"))
     timing = f"; exit time median {statistics.median(exits):.1f} s, max {max(exits):.1f} s" if exits else ""
-    what = f"2 ranks x {args.steps} steps" if args.trainer == "runtime" else f"the {args.trainer} example on 2 ranks"
+    what = (
+        f"2 ranks x {args.steps} steps"
+        if args.trainer == "runtime"
+        else f"the {args.trainer} example on 2 ranks"
+    )
     print(f"exit stress: {args.n} runs of {what}: {summary}{timing}", flush=True)
     return 0 if counts["ok"] == args.n else 1
 

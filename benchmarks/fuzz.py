@@ -47,7 +47,11 @@ import yaml
 
 OK, FINDINGS, UNUSABLE = "ok", "findings", "unusable"
 INTERNAL, HANG, SLOW = "internal error", "hang", "slow (over the per-command budget)"
-LATER, NONFINITE, HALF = "validate-clean but explain/compile failed", "non-finite JSON", "half-written job directory"
+LATER, NONFINITE, HALF = (
+    "validate-clean but explain/compile failed",
+    "non-finite JSON",
+    "half-written job directory",
+)
 OUTCOMES = (OK, FINDINGS, UNUSABLE, INTERNAL, HANG, SLOW, LATER, NONFINITE, HALF)
 FAILURES = (INTERNAL, HANG, SLOW, LATER, NONFINITE, HALF)
 #: Diagnostics that report dsforge failing on a job (a crashing rule, cost model or rewrite planner).
@@ -89,8 +93,11 @@ def _closure(folder: Path, entry: str) -> dict[str, bytes]:
         except (OSError, ValueError):  # a base name no file can have (the bad corpus holds some)
             continue
         base = os.path.dirname(rel)
-        todo += [os.path.normpath(os.path.join(base, n)) for n in _extends_names(files[rel])
-                 if not os.path.isabs(n) and ".." not in os.path.normpath(os.path.join(base, n)).split(os.sep)]
+        todo += [
+            os.path.normpath(os.path.join(base, n))
+            for n in _extends_names(files[rel])
+            if not os.path.isabs(n) and ".." not in os.path.normpath(os.path.join(base, n)).split(os.sep)
+        ]
     return files
 
 
@@ -108,15 +115,16 @@ def seed_cases() -> list[Case]:
 
 PRIME_1E12 = 999_999_999_989
 NUMBERS: tuple[Any, ...] = (
-    0, 1, 2, 3, 4, 7, 8, 16, 64, 1000, 65537, -1, -8, 2**31, 2**40, 2**63, 10**19, PRIME_1E12, 10**100, 10**299,
-    0.0, 0.5, -0.5, 1e-9, 5e-324, 1e-300, 1e300, 1e308, -1e308, math.nan, math.inf, -math.inf, 3.0e-4, 0.999999,
-    True, False, None,
+    0, 1, 2, 3, 4, 7, 8, 16, 64, 1000, 65537, -1, -8, 2**31, 2**40, 2**63, 10**19, PRIME_1E12, 10**100,
+    10**299, 0.0, 0.5, -0.5, 1e-9, 5e-324, 1e-300, 1e300, 1e308, -1e308, math.nan, math.inf, -math.inf,
+    3.0e-4, 0.999999, True, False, None,
 )
 STRINGS: tuple[Any, ...] = ("", "auto", "a" * 300, "x\x00y", "1e400", ".nan", "../../etc/passwd", "$(reboot)",
-                            "tp-pp-dp-cp-ep", "pp-dp", "ring", "interleaved", "gpipe", "ulysses", "cpu", "nvme",
-                            "llama3-8b", "tiny-mixtral", "dgx-h100", "cpu-local", "\u202e", "é" * 50, "(", "[a-",
-                            ".*", "*", "/dev/zero", "/", "~", "C:\\x", "24:00:00", "1:2", "0x1F", "1_000",
-                            "fp32", "bf16", "none", "full", "selective", "synthetic", "tokens", "uint32")
+                            "tp-pp-dp-cp-ep", "pp-dp", "ring", "interleaved", "gpipe", "ulysses", "cpu",
+                            "nvme", "llama3-8b", "tiny-mixtral", "dgx-h100", "cpu-local", "\u202e", "é" * 50,
+                            "(", "[a-", ".*", "*", "/dev/zero", "/", "~", "C:\\x", "24:00:00", "1:2", "0x1F",
+                            "1_000", "fp32", "bf16", "none", "full", "selective", "synthetic", "tokens",
+                            "uint32")
 CONTAINERS: tuple[Any, ...] = ([], {}, [1, 2], {"a": 1}, [[[]]], {"tp": 2})
 VALUES = NUMBERS + STRINGS + CONTAINERS
 DEGREE_KEYS = ("tp", "pp", "dp", "cp", "ep", "zero")
@@ -130,7 +138,8 @@ SECTIONS = {
                              "achievable_fraction", "name"),
     "hardware.intra_node": ("bandwidth_gbs", "latency_us"),
     "hardware.inter_node": ("bandwidth_gbs", "latency_us"),
-    "parallel": (*DEGREE_KEYS, "sequence_parallel", "order", "pipeline", "context_parallel", "replicate_kv_heads"),
+    "parallel": (*DEGREE_KEYS, "sequence_parallel", "order", "pipeline", "context_parallel",
+                 "replicate_kv_heads"),
     "parallel.pipeline": ("schedule", "virtual_stages", "partition"),
     "training": ("global_batch", "micro_batch", "steps", "grad_clip", "seed", "precision", "recompute"),
     "training.optimizer": ("name", "lr", "eps", "weight_decay", "offload", "betas"),
@@ -150,9 +159,10 @@ TOP_KEYS = ("name", "version", "extends", "stack", "rewrite", "deepspeed", "sear
 TAGS = ("!!int", "!!float", "!!bool", "!!str", "!!null", "!!binary", "!!timestamp", "!!seq", "!!map",
         "!!python/object/apply:os.system", "!custom", "!!set", "!!omap")
 TEXT_BITS = ("\t", "\x00", "\x07", "\ufeff", ": :", "{", "[", "]", "}", "&a ", "*a", "*b", "<<: *a\n", "- ",
-             "? ", "|\n", ">\n", "%YAML 1.2\n", "---\n", "...\n", "#", "'", '"', "\\", "\r", "\u2028", "\ud800")
-DOC_KINDS = ("number", "scale", "value", "degree", "section_key", "top_key", "rewrite", "delete", "rename", "unknown_key", "wrap", "extends_split",
-             "extends_odd", "deep")
+             "? ", "|\n", ">\n", "%YAML 1.2\n", "---\n", "...\n", "#", "'", '"', "\\", "\r", "\u2028",
+             "\ud800")
+DOC_KINDS = ("number", "scale", "value", "degree", "section_key", "top_key", "rewrite", "delete", "rename",
+             "unknown_key", "wrap", "extends_split", "extends_odd", "deep")
 TEXT_KINDS = ("tag", "insert", "truncate", "duplicate_line", "bytes", "anchor_bomb", "indent")
 KINDS = DOC_KINDS + TEXT_KINDS
 
@@ -211,7 +221,8 @@ def _doc_op(work: Work, kind: str, where: int, pick: int) -> None:
             node = node[part]
         if isinstance(node, (int, float)) and not isinstance(node, bool):
             factor = (2, 3, 8, 1000, 2**20, 2**30, 2**40)[pick % 7]
-            _set(doc, path, node * factor if pick % 3 else (node / factor if isinstance(node, float) else node + 1))
+            _set(doc, path,
+                 node * factor if pick % 3 else (node / factor if isinstance(node, float) else node + 1))
     elif kind == "degree":
         _section(doc, "parallel")[DEGREE_KEYS[where % len(DEGREE_KEYS)]] = DEGREES[pick % len(DEGREES)]
     elif kind == "section_key":
@@ -234,7 +245,8 @@ def _doc_op(work: Work, kind: str, where: int, pick: int) -> None:
     elif kind == "rewrite":
         rules = doc.setdefault("rewrite", []) if isinstance(doc.get("rewrite"), list) else []
         doc["rewrite"] = rules
-        rules.append({"match": STRINGS[where % len(STRINGS)], "as": ("column", "row", "vocab", "norm", "expert",
+        rules.append({"match": STRINGS[where % len(STRINGS)],
+                      "as": ("column", "row", "vocab", "norm", "expert",
                       "bogus")[pick % 6], "fused": NUMBERS[(where + pick) % len(NUMBERS)]})
     elif kind == "unknown_key":
         names = sorted(SECTIONS)
@@ -253,8 +265,8 @@ def _doc_op(work: Work, kind: str, where: int, pick: int) -> None:
         work.files[base] = yaml.safe_dump(moved, sort_keys=False).encode("utf-8")
         doc["extends"] = base if pick % 2 else [base]
     elif kind == "extends_odd":
-        odd: tuple[Any, ...] = ("missing.yaml", ".", "/dev/zero", "/dev/null", "a\x00b.yaml", "b" * 300 + ".yaml",
-                                "c/" * 2100, [], [""], 7, "/", "..", work.entry)
+        odd: tuple[Any, ...] = ("missing.yaml", ".", "/dev/zero", "/dev/null", "a\x00b.yaml",
+                                "b" * 300 + ".yaml", "c/" * 2100, [], [""], 7, "/", "..", work.entry)
         doc["extends"] = odd[pick % len(odd)]
     elif kind == "deep":
         node: Any = VALUES[pick % len(VALUES)]
@@ -322,7 +334,8 @@ def mutate(case: Case, ops: list[tuple[str, int, int]]) -> dict[str, bytes]:
 
 def random_ops(rng: random.Random) -> list[tuple[str, int, int]]:
     """One to four mutations (one in 40 % of cases), data-level ones more often than text-level ones."""
-    kinds = DOC_KINDS * 3 + TEXT_KINDS + ("scale", "degree") * 4  # scaled numbers and degrees keep jobs usable
+    # scaled numbers and degrees keep jobs usable
+    kinds = DOC_KINDS * 3 + TEXT_KINDS + ("scale", "degree") * 4
     count = 1 if rng.random() < 0.4 else rng.randint(2, 4)
     return [(rng.choice(kinds), rng.randrange(10**6), rng.randrange(10**6)) for _ in range(count)]
 
@@ -339,7 +352,8 @@ def strict_json(text: str) -> Any:
 
 
 class Timeout(BaseException):
-    """The per-case alarm went off (a BaseException: the rule runner's `except Exception` must not catch it)."""
+    """The per-case alarm went off (a BaseException: the rule runner's `except Exception` must not catch
+    it)."""
 
 
 @dataclass
@@ -511,7 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     examples: dict[str, list[str]] = {}
     tasks = [(i, args.seed, args.timeout, args.budget) for i in range(args.n)]
     with multiprocessing.get_context("fork").Pool(args.jobs, initializer=_warm) as pool:
-        for done, (index, kind, described, detail) in enumerate(pool.imap_unordered(run_one, tasks, chunksize=4), 1):
+        for done, (index, kind, described,
+                   detail) in enumerate(pool.imap_unordered(run_one, tasks, chunksize=4), 1):
             counts[kind] += 1
             if kind in FAILURES and len(examples.setdefault(kind, [])) < args.show:
                 examples[kind].append(f"#{index} {described}: {detail}")

@@ -16,7 +16,7 @@ Not covered here (yet): ep=2 and pp=2 runs, save_pretrained/from_pretrained and 
 Each type runs in its own processes (a crash or a hang in one cannot stop the others; a hang is cut at
 --timeout). It prints one line per type and the table: exact / refused (rule) / crash / differs /
 does not build, with the run time.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -39,12 +39,13 @@ _SIZES: dict[str, Any] = {
     "hidden_size": 64, "n_embd": 64, "d_model": 64, "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2,
     "num_attention_heads": 4, "n_head": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96,
     "n_inner": 96, "ffn_hidden_size": 96, "vocab_size": 128, "max_position_embeddings": 64, "n_positions": 64,
-    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4, "num_experts_per_tok": 2,
-    "moe_topk": 2, "moe_k": 2, "top_k": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
-    "expert_intermediate_size": 32, "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8,
-    "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
-    "sliding_window": 64, "use_cache": False, "output_router_logits": False, "router_jitter_noise": 0.0,
-    "tie_word_embeddings": False, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "rotary_dim": 8,
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
+    "num_experts_per_tok": 2, "moe_topk": 2, "moe_k": 2, "top_k": 2, "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32, "expert_intermediate_size": 32, "kv_lora_rank": 16,
+    "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1,
+    "topk_group": 1, "first_k_dense_replace": 1, "sliding_window": 64, "use_cache": False,
+    "output_router_logits": False, "router_jitter_noise": 0.0, "tie_word_embeddings": False,
+    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "rotary_dim": 8,
 }
 
 
@@ -54,7 +55,8 @@ def tiny_config(model_type: str) -> Any:
 
     cfg = AutoConfig.for_model(model_type)
     text = getattr(cfg, "text_config", None)
-    if text is not None and text is not cfg:  # a composite config (Llama 4): its causal LM is built from the text part
+    if text is not None and text is not cfg:  # a composite config (Llama 4): its causal LM is built from the
+                                              # text part
         _shrink(text)
     return _shrink(cfg)
 
@@ -93,7 +95,8 @@ def _factory(model_type: str) -> Any:
 
         cfg = tiny_config(model_type)
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
-        # --dtype float64: the same check with rounding a billion times smaller (summation order is not mathematics)
+        # --dtype float64: the same check with rounding a billion times smaller (summation order is not
+        # mathematics)
         model = model.double() if os.environ.get("HF_ZOO_DTYPE") == "float64" else model.float()
         return _nontrivial_buffers(model)
     return build
@@ -198,11 +201,14 @@ def run_one(model_type: str) -> dict[str, Any]:
         run(_parity_worker, 2, keys, tmp)
     except Exception as exc:  # noqa: BLE001 - classified below
         text = str(exc)
-        result = "differs" if "of the reference's scale" in text or "does not hold its slice" in text else "crash"
+        result = (
+            "differs" if "of the reference's scale" in text or "does not hold its slice" in text else "crash"
+        )
         last = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or [type(exc).__name__]
         return {"type": model_type, "result": result, "arch": rp.arch, "why": last[0][:300],
                 "seconds": round(time.perf_counter() - t0, 1)}
-    return {"type": model_type, "result": "exact", "arch": rp.arch, "seconds": round(time.perf_counter() - t0, 1)}
+    return {"type": model_type, "result": "exact", "arch": rp.arch,
+            "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def zoo_types() -> list[str]:
@@ -216,7 +222,8 @@ def _write(path: Path, rows: list[dict[str, Any]], dtype: str, seconds: float) -
     """The result file scripts/families_table.py reads: the mode, transformers' version, run time and rows."""
     import transformers
 
-    data = {"mode": f"tp=2, {dtype}", "transformers": transformers.__version__, "seconds": round(seconds), "rows": rows}
+    data = {"mode": f"tp=2, {dtype}", "transformers": transformers.__version__, "seconds": round(seconds),
+            "rows": rows}
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
 
@@ -228,7 +235,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--json")
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                    help="the models' dtype, reference and rewritten alike (float64: rounding out of the way)")
+                    help="the models' dtype, reference and rewritten "
+                         "alike (float64: rounding out of the way)")
     args = ap.parse_args()
     if args.one:
         print("ZOO " + json.dumps(run_one(args.one)), flush=True)
@@ -244,14 +252,21 @@ def main() -> int:
             out = subprocess.run([sys.executable, __file__, "--one", t], capture_output=True, text=True,
                                  timeout=args.timeout, env=env, cwd=ROOT, check=False)
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("ZOO ")), None)
-            row = json.loads(line[4:]) if line else {"type": t, "result": "crash",
-                                                       "why": (out.stderr.strip().splitlines() or ["?"])[-1][:300]}
+            row = (
+                json.loads(line[4:])
+                if line
+                else {
+                    "type": t,
+                    "result": "crash",
+                    "why": (out.stderr.strip().splitlines() or ["?"])[-1][:300],
+                }
+            )
         except subprocess.TimeoutExpired:
             row = {"type": t, "result": "crash", "why": f"timed out after {args.timeout} s"}
         row.setdefault("seconds", round(time.perf_counter() - t0, 1))
         rows.append(row)
-        print(f"{t:<28} {row['result']:<9} {row.get('rule', '')} {row.get('arch', '')} {row.get('seconds')} s  "
-              f"{row.get('why', '')}",
+        print(f"{t:<28} {row['result']:<9} {row.get('rule', '')} {row.get('arch', '')} {row.get('seconds')} "
+              f"s  {row.get('why', '')}",
               flush=True)
         if args.json:  # rewritten after every type: an interrupted run keeps what it measured
             _write(Path(args.json), rows, args.dtype, time.perf_counter() - start)

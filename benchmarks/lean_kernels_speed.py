@@ -61,7 +61,8 @@ def main() -> None:
 
 
 def run(name: str, model_spec: Any, plain: Any, on: frozenset[str], reps: int) -> None:
-    """Time ``reps`` alternating forward + backward passes of ``plain`` and of a copy running the kernels ``on``."""
+    """Time ``reps`` alternating forward + backward passes of ``plain`` and of a copy running the kernels
+    ``on``."""
     import torch
     import torch.nn.functional as F
 
@@ -70,7 +71,8 @@ def run(name: str, model_spec: Any, plain: Any, on: frozenset[str], reps: int) -
 
     lean = copy.deepcopy(plain)
     install_lean_kernels(lean, on)
-    ids = torch.randint(0, model_spec.vocab, (2, model_spec.seq_len), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, model_spec.vocab, (2, model_spec.seq_len),
+                        generator=torch.Generator().manual_seed(0))
     targets = torch.roll(ids, -1, dims=1)
 
     def step_plain() -> None:

@@ -1,4 +1,5 @@
-"""Activations + logits per GPU of every shipped example at its written layout, under stack dsforge and megatron-te.
+"""Activations + logits per GPU of every shipped example at its written layout, under stack dsforge and
+megatron-te.
 
     python benchmarks/lean_memory_table.py            # this checkout
     PYTHONPATH=<other checkout> python benchmarks/lean_memory_table.py   # e.g. main before the lean kernels

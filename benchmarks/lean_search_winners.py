@@ -4,7 +4,8 @@
     PYTHONPATH=<other checkout> python benchmarks/lean_search_winners.py   # e.g. main before the lean kernels
 
 Prints one row per example: the winning layout (tp/pp/dp/cp, ZeRO, SP, micro-batch, recompute), its estimated
-tokens/s and peak memory. Runs from a scratch directory so that PYTHONPATH, not this one, says which dsforge runs.
+tokens/s and peak memory. Runs from a scratch directory so that PYTHONPATH, not this one, says which dsforge
+runs.
 """
 
 from __future__ import annotations

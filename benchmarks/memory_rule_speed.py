@@ -85,8 +85,8 @@ def main() -> int:
     cpus.sort()
     rules = sorted({d.rule for d in result.diagnostics})
     print(f"validate {EXAMPLE.name} on 24 GB{', global_batch 129' if args.batch_error else ''} "
-          f"({args.runs} runs): wall best {walls[0] * 1e3:.1f} ms, median {walls[len(walls) // 2] * 1e3:.1f} ms; "
-          f"CPU best {cpus[0] * 1e3:.1f} ms, median {cpus[len(cpus) // 2] * 1e3:.1f} ms; "
+          f"({args.runs} runs): wall best {walls[0] * 1e3:.1f} ms, median {walls[len(walls) // 2] * 1e3:.1f} "
+          f"ms; CPU best {cpus[0] * 1e3:.1f} ms, median {cpus[len(cpus) // 2] * 1e3:.1f} ms; "
           f"{estimates} memory estimates, {of_job} of the job itself; rules fired: {', '.join(rules)}")
     for d in result.diagnostics:
         if d.rule == "DSF301":

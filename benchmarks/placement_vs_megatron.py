@@ -1,7 +1,7 @@
 """A longer run of the placement differential test: place() against the Megatron reference.
 
-tests/compiler/plan/test_placement_megatron.py compares 2,500 random (layout, order) cases in CI; this compares N
-more (worlds up to --max-world ranks), stops at the first disagreement with the failing case, and
+tests/compiler/plan/test_placement_megatron.py compares 2,500 random (layout, order) cases in CI; this
+compares N more (worlds up to --max-world ranks), stops at the first disagreement with the failing case, and
 prints how many cases fell in each outcome class.
 
     python benchmarks/placement_vs_megatron.py [N] [--max-world 4096]

@@ -47,8 +47,9 @@ LAYOUTS: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {
     "dp2-full-recompute": (2, {"dp": 2, "zero": 1}, {"recompute": "full"}),
     "dp2-micro4": (2, {"dp": 2, "zero": 1}, {"micro_batch": 4, "global_batch": 16}),
     "dp1": (1, {"dp": 1, "zero": 0}, {}),
-    "tp2-pp2": (4, {"tp": 2, "pp": 2, "dp": 1, "zero": 1, "pipeline": {"schedule": "1f1b", "partition": "uniform"}},
-                {}),
+    "tp2-pp2": (4,
+                {"tp": 2, "pp": 2, "dp": 1, "zero": 1,
+                 "pipeline": {"schedule": "1f1b", "partition": "uniform"}}, {}),
 }
 
 
@@ -97,7 +98,8 @@ def main() -> None:
     """Run the layouts and print the comparison."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hardware", type=Path, default=ROOT / "calibrated.yaml")
-    parser.add_argument("--calibrate", action="store_true", help="Run `dsforge calibrate` into --hardware first.")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="Run `dsforge calibrate` into --hardware first.")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--only", nargs="*", help="Layouts to run (default: all).")
     parser.add_argument("--json", type=Path, help="Also write the rows here.")
@@ -114,13 +116,15 @@ def main() -> None:
             start, load_before = time.perf_counter(), load()
             meas_s, meas_b = measure(path, Path(tmp) / f"run-{name}")
             rows.append({"layout": name, "predicted_s": pred_s, "engine_s": engine_s, "measured_s": meas_s,
-                         "predicted_bytes": pred_b, "measured_bytes": meas_b, "wall_s": time.perf_counter() - start,
-                         "load_before": load_before, "load_after": load()})
+                         "predicted_bytes": pred_b, "measured_bytes": meas_b,
+                         "wall_s": time.perf_counter() - start, "load_before": load_before,
+                         "load_after": load()})
             r = rows[-1]
             print(f"{r['layout']:20s} step {pred_s * 1e3:8.1f} ms predicted (engine {engine_s * 1e3:6.1f}) "
-                  f"{meas_s * 1e3:8.1f} ms measured ({(pred_s - meas_s) / meas_s:+.0%}, ratio {pred_s / meas_s:.2f}); "
-                  f"peak {pred_b / 2**20:7.0f} MiB predicted {meas_b / 2**20:7.0f} MiB measured "
-                  f"({(pred_b - meas_b) / meas_b:+.0%}); load {r['load_before']:.1f} -> {r['load_after']:.1f}",
+                  f"{meas_s * 1e3:8.1f} ms measured ({(pred_s - meas_s) / meas_s:+.0%}, ratio "
+                  f"{pred_s / meas_s:.2f}); peak {pred_b / 2**20:7.0f} MiB predicted {meas_b / 2**20:7.0f} "
+                  f"MiB measured ({(pred_b - meas_b) / meas_b:+.0%}); load "
+                  f"{r['load_before']:.1f} -> {r['load_after']:.1f}",
                   flush=True)
     t_err = [abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in rows]
     m_err = [abs(r["predicted_bytes"] - r["measured_bytes"]) / r["measured_bytes"] for r in rows]

@@ -1,12 +1,12 @@
-"""The published-run acceptance set (benchmarks/published/): which runs validate accepts, and how far the step-time
-estimate's TFLOP/s per GPU lie from the published figures.
+"""The published-run acceptance set (benchmarks/published/): which runs validate accepts, and how far the
+step-time estimate's TFLOP/s per GPU lie from the published figures.
 
 Each job file names its source, stack and what was filled in; `index.yaml` holds each run's published TFLOP/s
 per GPU, what it counts (hardware FLOPs with the recomputed forward, or model FLOPs) and its scaling series.
 A run is *accepted* when `dsforge validate` reports no error. The TFLOP/s error is (predicted - published) /
 published over the accepted runs with a figure; the *off-nominal* runs are those whose layout differs from the
-two the accelerators' gemm_efficiency was fitted on (GPT-3 175B at 1,024 A100s, Llama 3 405B at 8,192 H100s). A
-scaling series is in the right order when the predicted TFLOP/s rank its runs as the published ones do.
+two the accelerators' gemm_efficiency was fitted on (GPT-3 175B at 1,024 A100s, Llama 3 405B at 8,192 H100s).
+A scaling series is in the right order when the predicted TFLOP/s rank its runs as the published ones do.
 
     python benchmarks/estimate_accuracy.py --published
 """
@@ -70,11 +70,13 @@ def evaluate(entry: dict[str, Any]) -> RunResult:
         hardware = "hardware" in str(entry.get("counted") or "")
         flops = step.hardware_flops if hardware else step.model_flops
         predicted = flops / step.step_s / step.gpus / 1e12
-    return RunResult(entry["file"], entry["stack"], errors, entry.get("tflops_per_gpu"), predicted, entry.get("series"))
+    return RunResult(entry["file"], entry["stack"], errors, entry.get("tflops_per_gpu"), predicted,
+                     entry.get("series"))
 
 
 def _spearman_order(published: list[float], predicted: list[float]) -> bool:
-    """True when the predicted values order the runs as the published ones do (ties in the published keep any)."""
+    """True when the predicted values order the runs as the published ones do (ties in the published keep
+    any)."""
     pairs = sorted(zip(published, predicted))
     return all(b[1] >= a[1] for a, b in pairwise(pairs) if b[0] > a[0])
 
@@ -92,8 +94,8 @@ def report(results: list[RunResult]) -> str:
     off = [abs(r.error) for r in results if r.error is not None and r.file not in FITTED_ON]
     lines += ["", f"accepted: {accepted} of {len(results)} ({100 * accepted / len(results):.0f} %)"]
     if errs:
-        lines.append(f"median |TFLOP/s error|: {100 * statistics.median(abs(e) for e in errs):.1f} % over {len(errs)} "
-                     f"runs with a published figure; worst off-nominal: {100 * max(off):.1f} %")
+        lines.append(f"median |TFLOP/s error|: {100 * statistics.median(abs(e) for e in errs):.1f} % over "
+                     f"{len(errs)} runs with a published figure; worst off-nominal: {100 * max(off):.1f} %")
     series: dict[str, list[RunResult]] = {}
     for r in results:
         if r.series:
@@ -104,8 +106,10 @@ def report(results: list[RunResult]) -> str:
         ok = len(known) == len(members) and _spearman_order([m.published or 0.0 for m in known],
                                                             [m.predicted or 0.0 for m in known])
         right += ok
-        shown = ", ".join(f"{m.published:g}->{m.predicted:.0f}" if m.predicted else f"{m.published:g}->refused"
-                          for m in members)
+        shown = ", ".join(
+            f"{m.published:g}->{m.predicted:.0f}" if m.predicted else f"{m.published:g}->refused"
+            for m in members
+        )
         lines.append(f"  series {name}: {'right order' if ok else 'WRONG ORDER or refused'} ({shown})")
     lines.append(f"scaling trends in the right order: {right} of {len(series)}")
     return "\n".join(lines)

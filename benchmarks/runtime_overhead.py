@@ -65,7 +65,8 @@ def _clock() -> tuple[float, float]:
 
 
 def dsforge_block(engine, plan, groups, steps: int, start: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """(wall, CPU) seconds per step over a block of dsforge's own loop (progress into a buffer, as off a terminal)."""
+    """(wall, CPU) seconds per step over a block of dsforge's own loop (progress into a buffer, as off a
+    terminal)."""
     from dsforge.runtime.data import batches_for
     from dsforge.runtime.train_loop import Progress, train
 
@@ -135,8 +136,8 @@ def worker(rank: int, world: int, port: int, steps: int, blocks: int, tmp: str, 
         theirs.append(hand_block(hand, plan, steps, first, rank))
     if rank == 0:
         print(f"{preset}, dp=2 ZeRO-1, {plan.grad_accum} micro-batches of {plan.spec.training.micro_batch} x "
-              f"{plan.spec.model.seq_len} tokens per rank per step; {blocks} alternating blocks of {steps} steps each; "
-              f"load average before: {os.getloadavg()[0]:.2f}")
+              f"{plan.spec.model.seq_len} tokens per rank per step; {blocks} alternating blocks of {steps} "
+              f"steps each; load average before: {os.getloadavg()[0]:.2f}")
         for i, what in ((0, "wall"), (1, "CPU (rank 0)")):
             for stat, fn in (("median", statistics.median), ("best", min)):
                 a, u, h = fn(x[i] for x in ours), fn(x[i] for x in plain), fn(x[i] for x in theirs)

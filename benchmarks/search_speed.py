@@ -48,22 +48,26 @@ ALL_AUTO = {"parallel": {"tp": "auto", "pp": "auto", "dp": "auto", "cp": "auto",
             "training": {"micro_batch": "auto", "recompute": "auto"}}
 
 CASES = {
-    "Llama 3 405B on 16,384 H100": {"model": {"preset": "llama3-405b"}, "hardware": {"preset": "dgx-h100", "nodes": 2048},
+    "Llama 3 405B on 16,384 H100": {"model": {"preset": "llama3-405b"},
+                                    "hardware": {"preset": "dgx-h100", "nodes": 2048},
                                     "training": {"global_batch": 2048}},
-    "GPT-3 175B on 1,024 A100": {"model": {"preset": "gpt3-175b"}, "hardware": {"preset": "dgx-a100-80gb", "nodes": 128},
+    "GPT-3 175B on 1,024 A100": {"model": {"preset": "gpt3-175b"},
+                                 "hardware": {"preset": "dgx-a100-80gb", "nodes": 128},
                                  "training": {"global_batch": 1536}},
     "Mixtral 8x7B on 64 H100": {"model": {"preset": "mixtral-8x7b", "seq_len": 4096},
-                                "hardware": {"preset": "dgx-h100", "nodes": 8}, "training": {"global_batch": 256}},
+                                "hardware": {"preset": "dgx-h100", "nodes": 8},
+                                "training": {"global_batch": 256}},
     "Llama 3 8B on 8 H100": {"model": {"preset": "llama3-8b"}, "hardware": {"preset": "dgx-h100", "nodes": 1},
                              "training": {"global_batch": 64}},
 }
 
 
 def job_of(body: dict, where: Path) -> LoadedJob:
-    """A job with every search field `auto` over ``body`` (model, hardware, batch), written and loaded as a file;
-    a multi-node case launches with slurm (the default `local` launcher is single-machine: DSF609 would refuse
-    every candidate, and the search would estimate them all to say so)."""
-    raw = deep_merge({"version": 1, "name": "bench", "training": {"precision": "bf16"}}, deep_merge(ALL_AUTO, body))
+    """A job with every search field `auto` over ``body`` (model, hardware, batch), written and loaded as a
+    file; a multi-node case launches with slurm (the default `local` launcher is single-machine: DSF609 would
+    refuse every candidate, and the search would estimate them all to say so)."""
+    raw = deep_merge({"version": 1, "name": "bench", "training": {"precision": "bf16"}},
+                     deep_merge(ALL_AUTO, body))
     if raw["hardware"].get("nodes", 1) > 1:
         raw["launch"] = {"launcher": "slurm"}
     path = where / "bench.yaml"
@@ -84,8 +88,8 @@ def run_case(name: str, exhaustive: bool) -> str:
     r = search(job)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     f, w = r.funnel, r.winner
-    line = (f"{name}: {cpu:.2f} s CPU ({wall:.2f} s wall), {f.considered:,} candidates, {f.estimated:,} estimated "
-            f"in full, {f.pruned:,} pruned by bounds; winner {w.layout.label() if w else 'none'}"
+    line = (f"{name}: {cpu:.2f} s CPU ({wall:.2f} s wall), {f.considered:,} candidates, {f.estimated:,} "
+            f"estimated in full, {f.pruned:,} pruned by bounds; winner {w.layout.label() if w else 'none'}"
             + (f", {w.step.step_s:.2f} s/step, MFU {w.step.mfu:.1%}" if w else "")
             + ("; a bound failed its check, so it was searched without pruning" if r.exhaustive else ""))
     if exhaustive:

@@ -53,7 +53,8 @@ print(json.dumps({"files": len(files), "with_errors": errors, "import_s": t1 - t
 """
 
 
-def best_wall(cmd: list[str], runs: int, env: dict[str, str] | None = None) -> tuple[float, float, float, str]:
+def best_wall(cmd: list[str], runs: int,
+              env: dict[str, str] | None = None) -> tuple[float, float, float, str]:
     """Best and median wall time of ``runs`` fresh processes, their best CPU time (user + system, which
     a machine busy with other work inflates less than wall time), and the last one's output."""
     walls, cpus, out = [], [], ""
@@ -78,7 +79,8 @@ def dsforge_command() -> list[str]:
 
 
 def emitted_ds_config(path: Path) -> Path:
-    """Write the ds_config dsforge emits for the example, minus train_batch_size (see the module docstring)."""
+    """Write the ds_config dsforge emits for the example, minus train_batch_size (see the module
+    docstring)."""
     from dsforge.compiler.emit.ds_config import build_ds_config
     from dsforge.compiler.frontend.parse import load_job
     from dsforge.compiler.plan.plan import build_plan
@@ -97,14 +99,16 @@ def write_variants(folder: Path, count: int) -> None:
     examples = sorted((ROOT / "examples").glob("*.yaml"))
     for i in range(count):
         src = examples[i % len(examples)]
-        text = re.sub(r"^name: .*$", f"name: {src.stem}-v{i}", src.read_text(encoding="utf-8"), flags=re.MULTILINE)
+        text = re.sub(r"^name: .*$", f"name: {src.stem}-v{i}", src.read_text(encoding="utf-8"),
+                      flags=re.MULTILINE)
         (folder / f"{i:05d}-{src.name}").write_text(text, encoding="utf-8")
 
 
 def main() -> int:
     """Measure and print the four figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=7, help="fresh processes per cold measurement (best is kept)")
+    parser.add_argument("--runs", type=int, default=7, help="fresh processes per cold "
+                                                            "measurement (best is kept)")
     parser.add_argument("--files", type=int, default=1000, help="job files for the throughput measurement")
     parser.add_argument("--skip-deepspeed", action="store_true", help="do not measure DeepSpeed")
     args = parser.parse_args()
@@ -121,10 +125,10 @@ def main() -> int:
             cfg = emitted_ds_config(Path(tmp) / "ds_config.json")
             env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
             ds, ds_median, ds_cpu, out = best_wall([sys.executable, "-c", DS_CHILD, str(cfg)], args.runs, env)
-            print(f"DeepSpeedConfig of the emitted ds_config, import included (fresh process): best {ds:.3f} s, "
-                  f"median {ds_median:.3f} s, best CPU {ds_cpu:.3f} s  [tbs, gas, zero = {out.strip()}]")
-            print(f"ratio: dsforge is {ds / cold:.1f}x faster (best wall), {ds_median / cold_median:.1f}x (median "
-                  f"wall), {ds_cpu / cold_cpu:.1f}x (best CPU)  (target >= 10x: "
+            print(f"DeepSpeedConfig of the emitted ds_config, import included (fresh process): best {ds:.3f} "
+                  f"s, median {ds_median:.3f} s, best CPU {ds_cpu:.3f} s  [tbs, gas, zero = {out.strip()}]")
+            print(f"ratio: dsforge is {ds / cold:.1f}x faster (best wall), {ds_median / cold_median:.1f}x "
+                  f"(median wall), {ds_cpu / cold_cpu:.1f}x (best CPU)  (target >= 10x: "
                   f"{'met' if ds / cold >= 10 else 'NOT met'} on best wall)")
         folder = Path(tmp) / "jobs"
         folder.mkdir()
@@ -135,9 +139,10 @@ def main() -> int:
         total = time.perf_counter() - start
         bulk = json.loads(proc.stdout)
         print(f"validate {bulk['files']} job files in one process: {bulk['loop_s']:.3f} s "
-              f"({1000 * bulk['loop_s'] / bulk['files']:.2f} ms/file; import {bulk['import_s']:.3f} s; process "
-              f"{total:.3f} s; files with errors: {bulk['with_errors']})  "
-              f"(target < 2 s for 1,000: {'met' if bulk['loop_s'] * 1000 / bulk['files'] < 2 else 'NOT met'})")
+              f"({1000 * bulk['loop_s'] / bulk['files']:.2f} ms/file; import {bulk['import_s']:.3f} s; "
+              f"process {total:.3f} s; files with errors: {bulk['with_errors']})  "
+              f"(target < 2 s for 1,000: "
+              f"{'met' if bulk['loop_s'] * 1000 / bulk['files'] < 2 else 'NOT met'})")
     return 0
 
 

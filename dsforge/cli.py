@@ -24,8 +24,9 @@ def cli() -> None:
 def _selection_options(fn: Any) -> Any:
     """`--select` / `--ignore`: which rule ids to report (ids or prefixes, comma-separated, repeatable)."""
     fn = click.option("--ignore", "ignore", multiple=True, metavar="IDS",
-                      help="Never report these rule ids or prefixes (e.g. DSF204,DSF4); adds to [tool.dsforge] "
-                           "ignore. Errors stay unless their rule may be silenced (docs/rules.md).")(fn)
+                      help="Never report these rule ids or prefixes (e.g. DSF204,DSF4); adds to "
+                           "[tool.dsforge] ignore. Errors stay unless their "
+                           "rule may be silenced (docs/rules.md).")(fn)
     return click.option("--select", "select", multiple=True, metavar="IDS",
                         help="Report only these rule ids or prefixes (e.g. DSF1,DSF301); replaces "
                              "[tool.dsforge] select. Input errors (DSF0xx) are always reported.")(fn)
@@ -57,9 +58,12 @@ _FORMAT_HELP = "Output format of the diagnostics (gcc: `file:line:col: error: me
 @cli.command()
 @_selection_options
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--format", "fmt", type=click.Choice(_FORMATS), default="text", show_default=True, help=_FORMAT_HELP)
-@click.option("--strict", is_flag=True, help="Warnings fail too (exit 1); also `strict = true` in [tool.dsforge].")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report here instead of stdout.")
+@click.option("--format", "fmt", type=click.Choice(_FORMATS), default="text", show_default=True,
+              help=_FORMAT_HELP)
+@click.option("--strict", is_flag=True, help="Warnings fail too (exit 1); also "
+                                             "`strict = true` in [tool.dsforge].")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write the report here instead of stdout.")
 def validate(files: tuple[str, ...], fmt: str, strict: bool, output: str | None, select: tuple[str, ...],
              ignore: tuple[str, ...]) -> None:
     """Check job files against the schema, the hardware and DeepSpeed's rules (`-` reads standard input).
@@ -90,10 +94,11 @@ def _interactive() -> bool:
 @click.option("--model", help="Model preset (`dsforge presets`)  [default: tiny-llama]")
 @click.option("--hardware", help="Hardware preset  [default: cpu-local]")
 @click.option("--nodes", type=click.IntRange(min=1), help="Nodes  [default: the fewest the model fits on]")
-@click.option("--launcher", help="local, deepspeed, torchrun, slurm, kubernetes, accelerate or a plugin's launch "
-              "target  [default: local on one node, slurm on several]")
+@click.option("--launcher", help="local, deepspeed, torchrun, slurm, kubernetes, accelerate or a plugin's "
+              "launch target  [default: local on one node, slurm on several]")
 @click.option("--name", help="Job name  [default: MODEL-HARDWARE]")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the job file here  [default: stdout]")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write the job file here  [default: stdout]")
 @click.option("--force", is_flag=True, help="Overwrite an existing --output file.")
 def init(model: str | None, hardware: str | None, nodes: int | None, launcher: str | None, name: str | None,
          output: str | None, force: bool) -> None:
@@ -123,14 +128,16 @@ def presets(kind: str, fmt: str) -> None:
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False),
               help="The job directory to write (absent or empty).")
-@click.option("--force", is_flag=True, help="Replace a job directory an earlier compile wrote (nothing else).")
-@click.option("--format", "fmt", type=click.Choice(_FORMATS), default="text", show_default=True, help=_FORMAT_HELP)
-@click.option("--no-rewrite", is_flag=True, help="Skip the rewrite plan (it imports torch and transformers, which "
-              "takes seconds); plan.json records it as skipped and DSF607 is not checked.")
+@click.option("--force", is_flag=True,
+              help="Replace a job directory an earlier compile wrote (nothing else).")
+@click.option("--format", "fmt", type=click.Choice(_FORMATS), default="text", show_default=True,
+              help=_FORMAT_HELP)
+@click.option("--no-rewrite", is_flag=True, help="Skip the rewrite plan (it imports torch and transformers, "
+              "which takes seconds); plan.json records it as skipped and DSF607 is not checked.")
 def compile_job(file: str, out: str, force: bool, fmt: str, no_rewrite: bool, select: tuple[str, ...],
                 ignore: tuple[str, ...]) -> None:
-    """Compile a job file (`-`: standard input) into a runnable job directory (ds_config.json, plan.json, launcher,
-    train.py).
+    """Compile a job file (`-`: standard input) into a runnable job directory (ds_config.json, plan.json,
+    launcher, train.py).
 
     Where torch is installed, plan.json carries the rewrite plan (which module becomes which parallel
     variant, exact parameter counts) and a model the policies cannot place is an error (DSF607).
@@ -149,11 +156,14 @@ def compile_job(file: str, out: str, force: bool, fmt: str, no_rewrite: bool, se
               help="Text tables, or the JSON summary that compile embeds in plan.json.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False),
               help="Write timeline, memory and placement pictures (PNG and SVG) into this directory.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write one self-contained HTML report.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False),
+              help="Write one self-contained HTML report.")
 @click.option("--tokens", type=click.FloatRange(min=1), callback=_finite_tokens, help="Training horizon for "
               "time-to-train (default: training.steps x tokens per step; at most 1e30).")
-@click.option("--rewrite", "with_rewrite", is_flag=True, help="Also show the rewrite plan (module -> parallel "
-              "variant, shards per rank) and use its exact parameter counts; needs torch and transformers.")
+@click.option("--rewrite", "with_rewrite", is_flag=True,
+              help="Also show the rewrite plan (module -> parallel "
+                  "variant, shards per rank) and use its exact "
+                  "parameter counts; needs torch and transformers.")
 def explain(file: str, fmt: str, plot_dir: str | None, html_path: str | None, tokens: float | None,
             with_rewrite: bool, select: tuple[str, ...], ignore: tuple[str, ...]) -> None:
     """Estimate a job (`-`: read from standard input): parameters, FLOPs, memory per stage, communication per
@@ -174,15 +184,27 @@ def explain(file: str, fmt: str, plot_dir: str | None, html_path: str | None, to
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--top", type=click.IntRange(1, 1000), help="Candidates to show  [default: search.top, 5]")
-@click.option("--write", "write", type=click.Path(dir_okay=False), help="Write the job file with the winner's values "
-              "in place of `auto` (comments and key order kept).")
-@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), help="Write memory against throughput of every "
-              "fitting candidate, the frontier marked (PNG and SVG; estimates every candidate).")
-@click.option("--compare", is_flag=True, help="Search every field the search sets (degrees, ZeRO, SP, CP kind, "
-              "schedule, chunks, micro-batch, recompute; the GPU count stays) and rank the file's own layout among them.")
-@click.option("--exhaustive", is_flag=True, help="Estimate every candidate (no bound pruning; same ranking, slower).")
+@click.option(
+    "--write",
+    "write",
+    type=click.Path(dir_okay=False),
+    help="Write the job file with the winner's values in place of `auto` (comments and key order kept).",
+)
+@click.option(
+    "--plot",
+    "plot_dir",
+    type=click.Path(file_okay=False),
+    help="Write memory against throughput of every "
+    "fitting candidate, the frontier marked (PNG and SVG; estimates every candidate).",
+)
+@click.option("--compare", is_flag=True, help="Search every field the search sets (degrees, ZeRO, SP, CP "
+              "kind, schedule, chunks, micro-batch, recompute; the GPU count "
+              "stays) and rank the file's own layout among them.")
+@click.option("--exhaustive", is_flag=True, help="Estimate every candidate (no bound "
+                                                 "pruning; same ranking, slower).")
 @click.option("--verify", type=click.IntRange(1, 100), metavar="K", help="Run the top K and the last-ranked "
-              "candidate with `dsforge run` here; print predicted against measured step time and peak memory.")
+              "candidate with `dsforge run` here; print predicted "
+              "against measured step time and peak memory.")
 def search(file: str, fmt: str, top: int | None, write: str | None, plot_dir: str | None, compare: bool,
            exhaustive: bool, verify: int | None, select: tuple[str, ...], ignore: tuple[str, ...]) -> None:
     """Rank the layouts for a job's `auto` fields (tp, pp, dp, cp, ep, zero, sequence_parallel, micro_batch,
@@ -198,7 +220,8 @@ def search(file: str, fmt: str, top: int | None, write: str | None, plot_dir: st
 @cli.command()
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def plugins(fmt: str) -> None:
-    """List installed plugins (presets, rules, rewrite policies, launchers), where each came from, what it added.
+    """List installed plugins (presets, rules, rewrite policies, launchers), where each came from, what it
+    added.
 
     A plugin that fails to load is listed with its error and skipped. Exit codes: 0 every plugin
     loaded (or none is installed), 1 at least one failed.
@@ -209,11 +232,12 @@ def plugins(fmt: str) -> None:
 
 
 @cli.command()
-@click.option("-o", "--output", "out", type=click.Path(dir_okay=False), default="calibrated.yaml", show_default=True,
-              help="The hardware file to write (a `hardware:` fragment for `extends:`).")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False), default="calibrated.yaml",
+              show_default=True, help="The hardware file to write (a `hardware:` fragment for `extends:`).")
 @click.option("--ranks", type=click.IntRange(2, 64), default=2, show_default=True,
               help="Processes (or GPUs) the collectives are measured over, on this node.")
-@click.option("--links-only", is_flag=True, help="Measure only the links (intra- and inter-node) and write them.")
+@click.option("--links-only", is_flag=True, help="Measure only the links (intra- "
+                                                 "and inter-node) and write them.")
 def calibrate(out: str, ranks: int, links_only: bool) -> None:
     """Measure this machine's GEMM, memory and collective rates into a hardware file (needs torch).
 
@@ -230,7 +254,8 @@ def calibrate(out: str, ranks: int, links_only: bool) -> None:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False),
               help="The job directory (default: runs/<job name>).")
-@click.option("--fresh", is_flag=True, help="Discard an earlier run in the job directory (checkpoints, reports).")
+@click.option("--fresh", is_flag=True, help="Discard an earlier run in the job "
+                                            "directory (checkpoints, reports).")
 def run_job(file: str, out: str | None, fresh: bool) -> None:
     """Compile a job file and train it on this machine with its local launcher (needs torch and deepspeed).
 
@@ -247,12 +272,13 @@ def run_job(file: str, out: str | None, fresh: bool) -> None:
 
 @cli.command(name="export")
 @click.argument("job_dir", type=click.Path(file_okay=False))
-@click.option("--step", type=click.IntRange(min=1), help="The checkpoint of this optimizer step  [default: the newest]")
+@click.option("--step", type=click.IntRange(min=1), help="The checkpoint of this optimizer "
+                                                         "step  [default: the newest]")
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False),
               help="The HF model directory to write (must not exist, or be empty).")
 def export_job(job_dir: str, step: int | None, out: str) -> None:
-    """Write a checkpoint of a compiled job, whatever its layout (TP, PP, EP, ZeRO 0-3), as an HF model directory
-    (config.json + model.safetensors) that transformers' from_pretrained loads.
+    """Write a checkpoint of a compiled job, whatever its layout (TP, PP, EP, ZeRO 0-3), as an HF model
+    directory (config.json + model.safetensors) that transformers' from_pretrained loads.
 
     The directory appears whole or not at all. Exit codes: 0 written, 1 the checkpoint cannot be
     exported (the message says why), 2 no runtime installed.
@@ -286,7 +312,8 @@ def main() -> NoReturn:
     except KeyboardInterrupt as exc:
         sys.exit(exit_code(exc))
     except Exception as exc:  # the user gets a message, not a traceback
-        click.echo(f"dsforge: internal error: {type(exc).__name__}: {exc} (set DSFORGE_DEBUG=1 for the traceback)",
+        click.echo(f"dsforge: internal error: {type(exc).__name__}: "
+                   f"{exc} (set DSFORGE_DEBUG=1 for the traceback)",
                    err=True)
         if os.environ.get("DSFORGE_DEBUG"):
             raise

@@ -4,8 +4,8 @@ The bottom layer of dsforge: it imports nothing else of the package. Four entry-
 extension point; the module that owns each table registers the loader that fills it
 (`register_loader`), so this module never reaches up into the tables:
 
-* ``dsforge.presets``   an iterable of ``dsforge.compiler.frontend.presets.Preset`` (or a callable returning one);
-  loader in dsforge/compiler/frontend/presets.py
+* ``dsforge.presets`` an iterable of ``dsforge.compiler.frontend.presets.Preset`` (or a callable returning
+  one); loader in dsforge/compiler/frontend/presets.py
 * ``dsforge.rules``     a module or callable whose import/call registers rules with ``@rule``;
   loader in dsforge/compiler/rules/registry.py
 * ``dsforge.rewrite_policies``  a ``Policy`` or an iterable of them (or a callable returning one);
@@ -63,7 +63,8 @@ class LoadRecord:
 
     __slots__ = ("entry", "error", "provides")
 
-    def __init__(self, entry: PluginEntry, provides: list[str] | None = None, error: str | None = None) -> None:
+    def __init__(self, entry: PluginEntry, provides: list[str] | None = None,
+                 error: str | None = None) -> None:
         self.entry, self.provides, self.error = entry, provides or [], error
 
     @property
@@ -116,7 +117,8 @@ def _dist_name_version(path: str, folder: str) -> tuple[str, str]:
 
 
 def _scan_folder(base: str) -> Iterable[tuple[str, str, str]]:
-    """(metadata folder path, its name, entry_points.txt text) of the distributions under ``base`` with dsforge plugins."""
+    """(metadata folder path, its name, entry_points.txt text) of the distributions under ``base`` with
+    dsforge plugins."""
     try:
         listing = os.scandir(base or ".")
     except OSError:
@@ -149,8 +151,8 @@ def discover(paths: list[str] | None = None) -> list[PluginEntry]:
             if key in seen:  # shadowed by an earlier sys.path entry, as the import system would
                 continue
             seen.add(key)
-            found += [PluginEntry(kinds[g], n, v, dist, version, path) for g, n, v in _parse_entry_points(text)
-                      if g in kinds]
+            found += [PluginEntry(kinds[g], n, v, dist, version, path) for g, n,
+                      v in _parse_entry_points(text) if g in kinds]
     if paths is None:
         _entries = found
     return found
@@ -206,7 +208,8 @@ def items_of(obj: Any, kind: type) -> list[Any]:
     if isinstance(obj, kind):
         return [obj]
     if isinstance(obj, (str, bytes, dict)) or not isinstance(obj, Iterable):
-        raise PluginLoadError(f"expected {kind.__name__} objects (or an iterable of them), got {type(obj).__name__}")
+        raise PluginLoadError(f"expected {kind.__name__} objects (or an "
+                              f"iterable of them), got {type(obj).__name__}")
     items = list(obj)
     wrong = [type(i).__name__ for i in items if not isinstance(i, kind)]
     if wrong:

@@ -43,7 +43,8 @@ TIMEOUT_S = 1800
 
 @dataclass
 class Step:
-    """One command of the README, where it was, and what it must exit with (None: skip it, ``skip`` says why)."""
+    """One command of the README, where it was, and what it must exit with (None: skip it, ``skip`` says
+    why)."""
 
     command: str
     line: int
@@ -162,13 +163,15 @@ def _environment(home: Path) -> dict[str, str]:
 
 
 def _run(step: Step, repo: Path, env: dict[str, str], log: Path) -> tuple[int, float]:
-    # `dsforge` is the README's shorthand for .venv/bin/dsforge; a function keeps everything else on PATH as is.
+    # `dsforge` is the README's shorthand for .venv/bin/dsforge; a function keeps everything else on PATH as
+    # is.
     script = f'dsforge() {{ {repo}/.venv/bin/dsforge "$@"; }}\n{step.command}\n'
     start = time.monotonic()
     with log.open("wb") as out:
         try:
-            rc = subprocess.run(["bash", "-c", script], cwd=repo, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, timeout=TIMEOUT_S, check=False).returncode
+            rc = subprocess.run(["bash", "-c", script], cwd=repo, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, timeout=TIMEOUT_S,
+                                check=False).returncode
         except subprocess.TimeoutExpired:
             rc = 124
     return rc, time.monotonic() - start
@@ -180,7 +183,8 @@ def _clean(repo: Path) -> list[str]:
     changed = subprocess.run(["git", "diff", "--name-only", "-z"], cwd=repo, capture_output=True,
                              check=True).stdout.decode().split("\0")
     for rel in filter(None, changed):
-        original = subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=repo, capture_output=True, check=True).stdout
+        original = subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=repo, capture_output=True,
+                                  check=True).stdout
         (repo / rel).write_bytes(original)
     return [c for c in changed if c]
 
@@ -221,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             ok = rc == s.rc
             failed += not ok
             want = "" if ok else f", expected {s.rc}"
-            print(f"{'PASS' if ok else 'FAIL'}  README.md:{s.line}  {s.command}  (exit {rc}{want}, {took:.0f} s)",
+            print(f"{'PASS' if ok else 'FAIL'}  README.md:{s.line}  "
+                  f"{s.command}  (exit {rc}{want}, {took:.0f} s)",
                   flush=True)
             if not ok:
                 tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-20:]

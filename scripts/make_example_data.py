@@ -15,10 +15,10 @@ import struct
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "examples" / "data"
-WORDS = ("the quick brown fox jumps over the lazy dog a journey of a thousand miles begins with a single step "
-         "all that glitters is not gold to be or not to be that is the question").split()
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+WORDS = ("the quick brown fox jumps over the lazy dog a journey of a thousand miles begins with a single "
+         "step all that glitters is not gold to be or not to be that is the question").split()
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% "
+                 "endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def sentences(n: int, shift: int = 0) -> list[str]:
@@ -39,7 +39,8 @@ def main() -> None:
     (OUT / "tokenizer" / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "unk_token": "<unk>",
          "chat_template": CHAT_TEMPLATE}, indent=1) + "\n", encoding="utf-8")
-    write = lambda name, rows: (OUT / name).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    write = lambda name, rows: (OUT / name).write_text("".join(json.dumps(r) + "\n" for r in rows),
+                                                       encoding="utf-8")
     write("train.jsonl", [{"id": i, "text": s} for i, s in enumerate(sentences(120))])
     write("valid.jsonl", [{"id": i, "text": s} for i, s in enumerate(sentences(16, shift=3))])
     write("chat.jsonl", [{"messages": [{"role": "user", "content": a}, {"role": "assistant", "content": b}]}

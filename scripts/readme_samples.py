@@ -186,7 +186,8 @@ def trim(lines: list[str], options: dict[str, str]) -> list[str]:
 
 
 class Scratch:
-    """A copy of the checkout's files and, per block, a fresh directory viewing it (links to its top level)."""
+    """A copy of the checkout's files and, per block, a fresh directory viewing it (links to its top
+    level)."""
 
     def __init__(self) -> None:
         self.top = Path(tempfile.mkdtemp(prefix="dsforge-samples-"))
@@ -204,7 +205,8 @@ class Scratch:
             shutil.copy2(src, dst)
         self.bin.mkdir()
         shim = self.bin / "dsforge"
-        shim.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m dsforge \"$@\"\n", encoding="utf-8")
+        shim.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m dsforge \"$@\"\n",
+                        encoding="utf-8")
         shim.chmod(0o755)
 
     def view(self) -> Path:
@@ -244,8 +246,9 @@ def render(block: Block, scratch: Scratch) -> list[str]:
     for c in block.commands:
         limit = SLOW_TIMEOUT_S if c.slow else TIMEOUT_S
         try:
-            done = subprocess.run(["bash", "-c", c.text], check=False, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=limit)
+            done = subprocess.run(["bash", "-c", c.text], check=False, cwd=cwd, env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  timeout=limit)
         except subprocess.TimeoutExpired:
             raise SampleError(f"{c.where}: `{c.text}` ran past {limit} s") from None
         text = _normalise(done.stdout.decode("utf-8", errors="replace"), scratch, cwd)

@@ -5,8 +5,9 @@ The files are rendered without the cost model's summary and without the rewrite 
 "summary" and "rewrite" keys), and as if compiled by the interpreter GOLDEN_PYTHON (the launchers run the
 compiling interpreter unless `launch.python` says otherwise, so the examples go through that default
 with a path that is the same on every machine), so they change only when the emitter, the templates,
-the plan or the schema change, and need neither torch nor transformers (tests/commands/test_compile_rewrite.py covers "rewrite"). Review `git diff tests/golden`
-after running this: every change there is a change of the emitted jobs.
+the plan or the schema change, and need neither torch nor transformers (tests/commands/test_compile_rewrite.py
+covers "rewrite"). Review `git diff tests/golden` after running this: every change there is a change of the
+emitted jobs.
 """
 
 from __future__ import annotations

@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     text = render(current)
     if not args.check:
         SNAPSHOT.write_text(text, encoding="utf-8")
-        print(f"wrote {SNAPSHOT.relative_to(ROOT)}: {len(current['files'])} fixtures, {len(current['rules'])} rules")
+        print(f"wrote {SNAPSHOT.relative_to(ROOT)}: {len(current['files'])} "
+              f"fixtures, {len(current['rules'])} rules")
         return 0
     stored = json.loads(SNAPSHOT.read_text(encoding="utf-8")) if SNAPSHOT.exists() else {"files": {}}
     stale = sorted(n for n in set(stored["files"]) | set(current["files"])

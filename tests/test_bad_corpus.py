@@ -37,12 +37,13 @@ NOT_FROM_A_JOB_FILE = {
     "DSF027": "a project settings file, not a job file: tests/compiler/rules/test_suppress.py",
     "DSF144": "compile only, from the model the rewrite plan builds on the meta device: "
               "tests/compiler/rules/test_runtime_refusals.py",
-    "DSF600": "compile only, where no search resolved an `auto` (validate resolves it first, or reports DSF120/DSF13x):"
-              " tests/commands/test_compile_refusals.py",
+    "DSF600": "compile only, where no search resolved an `auto` (validate resolves it first, or reports "
+              "DSF120/DSF13x): tests/commands/test_compile_refusals.py",
     "DSF607": "compile only, from the rewrite plan torch computes: tests/commands/test_compile_rewrite.py",
     "DSF640": "a rank loading model.pretrained, at start-up: tests/runtime/test_materialize.py",
-    **{rid: "the rewrite of an HF model by its own parallel plans (compile's meta build, a rank); in a pretrained "
-            "job's DSF012 message: tests/compiler/model/test_hf_plans.py, tests/runtime_rewrite/test_derived_policies.py"
+    **{rid: "the rewrite of an HF model by its own parallel plans (compile's meta build, a rank); in a "
+            "pretrained job's DSF012 message: tests/compiler/model/test_hf_plans.py, "
+            "tests/runtime_rewrite/test_derived_policies.py"
        for rid in ("DSF170", "DSF171", "DSF172")},
     **{rid: "a new compile against the one that wrote a checkpoint (dsforge run, a rank's resume): "
             "tests/compiler/plan/test_resume_layout.py" for rid in ("DSF164", "DSF165", "DSF166", "DSF167")},
@@ -85,7 +86,8 @@ def _observed(name: str) -> list[list[Any]]:
 def test_corpus_is_large_and_every_file_is_in_the_snapshot() -> None:
     on_disk = {p.name for p in BAD.glob("*.yaml")}
     assert len(on_disk) >= 40
-    assert on_disk <= set(FIXTURES), f"fixtures missing from the snapshot: {on_disk - set(FIXTURES)}; {REGENERATE}"
+    assert on_disk <= set(FIXTURES), (f"fixtures missing from the snapshot: "
+                                      f"{on_disk - set(FIXTURES)}; {REGENERATE}")
     assert not (BAD / "missing-file.yaml").exists(), "the DSF001 entry must stay a file that does not exist"
 
 
@@ -137,5 +139,6 @@ def test_update_script_writes_the_stored_format_over_every_fixture() -> None:
     # A diagnostic in another file than the fixture names that file (a preset file's own line)...
     name = "dsf304-preset-file-extra-section.yaml"
     assert module.diagnose(name) == [["DSF304", 8, "dsf304-preset-file-extra-section.yml"]]
-    # ...and an `extends` cycle is the job file's own `extends:` line, the far end named in the message (issue 26).
+    # ...and an `extends` cycle is the job file's own `extends:` line, the far end named in the message (issue
+    # 26).
     assert module.diagnose("dsf010-extends-cycle-a.yaml") == [["DSF010", 2]]

@@ -1,4 +1,5 @@
-"""The CI scripts parse and pass shellcheck, and .ci/run starts the SLURM cluster before the README's test command."""
+"""The CI scripts parse and pass shellcheck, and .ci/run starts the SLURM cluster before the README's test
+command."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def test_ci_script_parses_and_passes_shellcheck(script: Path) -> None:
 
 def test_ci_starts_slurm_and_requires_it_before_the_tests() -> None:
     lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    start = next(i for i, line in enumerate(lines) if "scripts/ci/start_slurm.sh" in line and not line.startswith("#"))
+    start = next(i for i,
+                 line in enumerate(lines) if "scripts/ci/start_slurm.sh" in line and not line.startswith("#"))
     require = lines.index("export DSFORGE_REQUIRE_SLURM=1")
     run_tests = next(i for i, line in enumerate(lines) if line.startswith('bash -c "$cmd"'))
     assert start < require < run_tests

@@ -25,7 +25,8 @@ def example_path(name: str) -> Path:
 
 
 def write_variant(tmp_path: Path, base: str, changes: dict[str, Any], file_name: str = "job.yaml") -> Path:
-    """Write an example job with ``changes`` deep-merged over it (an `extends:` stays pointing at the example's)."""
+    """Write an example job with ``changes`` deep-merged over it (an `extends:` stays pointing at the
+    example's)."""
     raw = yaml.safe_load(example_path(base).read_text(encoding="utf-8"))
     if "extends" in raw:
         raw["extends"] = str((EXAMPLES_DIR / raw["extends"]).resolve())
@@ -69,7 +70,8 @@ def render_to(directory: Path, plan: Plan) -> Path:
 def dry_run(script: Path, extra_env: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
     """Run a launcher with DSFORGE_DRY_RUN=1: the variables it reports and the argv it would exec."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "DSFORGE_DRY_RUN": "1", **(extra_env or {})}
-    proc = subprocess.run(["bash", str(script)], cwd=script.parent, env=env, check=False, capture_output=True, timeout=30)
+    proc = subprocess.run(["bash", str(script)], cwd=script.parent, env=env, check=False, capture_output=True,
+                          timeout=30)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     fields = proc.stdout.decode("utf-8", errors="surrogateescape").split("\0")
     assert fields[-1] == "", "dry-run output must end with a NUL"

@@ -53,7 +53,8 @@ LLAMA3_405B_8K = {
     "hardware": {"preset": "dgx-h100", "nodes": 1024},
     "launch": {"launcher": "slurm"},
     "parallel": {"tp": 8, "pp": 16, "dp": "auto", "zero": 1, "sequence_parallel": True,
-                 "pipeline": {"schedule": "interleaved", "virtual_stages": 4, "partition": [1] + [2] * 62 + [1]}},
+                 "pipeline": {"schedule": "interleaved", "virtual_stages": 4,
+                              "partition": [1] + [2] * 62 + [1]}},
     "training": {"global_batch": 2048, "micro_batch": 1, "precision": "bf16", "recompute": "selective"},
 }
 

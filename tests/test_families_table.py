@@ -1,4 +1,5 @@
-"""README's zoo block and docs/families.md are what scripts/families_table.py makes of the committed result file."""
+"""README's zoo block and docs/families.md are what scripts/families_table.py makes of the committed result
+file."""
 
 from __future__ import annotations
 

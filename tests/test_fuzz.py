@@ -28,7 +28,8 @@ OPS = st.tuples(st.sampled_from(FUZZ.KINDS), st.integers(0, 10**6), st.integers(
 #: Mutations that tend to keep a job usable, so that explain and compile see many huge-but-valid jobs.
 PLAUSIBLE = st.tuples(st.sampled_from(("scale", "degree", "number", "section_key", "extends_split")),
                       st.integers(0, 10**6), st.integers(0, 10**6))
-SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 def _check(case, ops, workdir: Path) -> None:
@@ -94,7 +95,8 @@ def test_a_crashing_rule_counts_as_an_internal_error(tmp_path: Path, monkeypatch
     assert outcome.kind == FUZZ.INTERNAL and "DSF900" in outcome.detail
 
 
-def test_a_non_finite_estimate_counts_as_a_later_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_non_finite_estimate_counts_as_a_later_failure(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from dsforge.explain import report
 
     real = report.explain_plan

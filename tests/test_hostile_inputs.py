@@ -70,16 +70,20 @@ def _strict(text: str) -> object:
 # --- only regular files are read ----------------------------------------------------------------------------
 
 def _validate_in_a_subprocess(path: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """`dsforge validate` in its own process: a regression here would hang, and the timeout turns it into a failure."""
-    return subprocess.run([sys.executable, "-m", "dsforge", "validate", path], check=False, capture_output=True,
-                          text=True, timeout=60, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    """`dsforge validate` in its own process: a regression here would hang, and the timeout turns it into a
+    failure."""
+    return subprocess.run([sys.executable, "-m", "dsforge", "validate", path], check=False,
+                          capture_output=True, text=True, timeout=60, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
 def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "job.yaml")
     done = _validate_in_a_subprocess("job.yaml", tmp_path)
-    assert done.returncode == 2 and "DSF001" in done.stdout and "FIFO" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 2 and "DSF001" in done.stdout and "FIFO" in done.stdout, (
+        done.stdout + done.stderr
+    )
     (tmp_path / "child.yaml").write_text("extends: job.yaml\n" + JOB, encoding="utf-8")
     done = _validate_in_a_subprocess("child.yaml", tmp_path)
     assert done.returncode == 2 and "child.yaml:1:10: error[DSF010]" in done.stdout, done.stdout + done.stderr
@@ -200,21 +204,24 @@ def test_a_world_of_2_to_the_20_ranks_validates_explains_and_compiles_quickly(tm
 
 def test_one_more_node_than_the_world_bound_is_dsf022(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
-    path.write_text(JOB.replace("  gpus_per_node: 4", f"  gpus_per_node: 8\n  nodes: {2**17 + 1}"), encoding="utf-8")
+    path.write_text(JOB.replace("  gpus_per_node: 4", f"  gpus_per_node: 8\n  nodes: {2**17 + 1}"),
+                    encoding="utf-8")
     [diag] = [d for d in validate_file(path).diagnostics if d.rule == "DSF022"]
     assert diag.path == ("hardware", "nodes") and "131072" in diag.message
 
 
 BOUNDS = [(("model", "layers"), schema.MAX_LAYERS), (("model", "hidden"), schema.MAX_HIDDEN),
           (("model", "heads"), schema.MAX_HEADS), (("model", "vocab"), schema.MAX_VOCAB),
-          (("model", "seq_len"), schema.MAX_SEQ_LEN), (("hardware", "gpus_per_node"), schema.MAX_GPUS_PER_NODE),
+          (("model", "seq_len"), schema.MAX_SEQ_LEN),
+          (("hardware", "gpus_per_node"), schema.MAX_GPUS_PER_NODE),
           (("training", "global_batch"), schema.MAX_BATCH), (("training", "steps"), schema.MAX_STEPS),
           (("parallel", "pp"), schema.MAX_STAGES), (("parallel", "tp"), schema.MAX_WORLD)]
 
 
 @pytest.mark.parametrize("path,bound", BOUNDS, ids=[".".join(p) for p, _ in BOUNDS])
-def test_each_size_has_its_bound_and_the_bound_is_far_above_every_preset(tmp_path: Path, path: tuple[str, str],
-                                                                        bound: int) -> None:
+def test_each_size_has_its_bound_and_the_bound_is_far_above_every_preset(
+    tmp_path: Path, path: tuple[str, str], bound: int
+) -> None:
     from dsforge.compiler.frontend.presets import presets
 
     data = yaml.safe_load(JOB)
@@ -298,14 +305,18 @@ def test_an_fp32_job_without_an_fp32_peak_is_dsf503_not_an_explain_failure(tmp_p
 
 
 @pytest.mark.slow  # over ~3 s: the fast tier stays near a minute
-@pytest.mark.parametrize("extra", ["", "  pipeline: {schedule: interleaved, virtual_stages: 9, partition: uniform}\n"],
+@pytest.mark.parametrize("extra", ["", ("  pipeline: {schedule: interleaved, "
+                                        "virtual_stages: 9, partition: uniform}\n")],
                          ids=["1f1b", "interleaved-9-chunks"])
 def test_the_deepest_pipeline_the_schema_allows_costs_bounded_time(tmp_path: Path, extra: str) -> None:
     path = tmp_path / "job.yaml"
     job = JOB.replace("  preset: tiny-llama", "  preset: tiny-llama\n  layers: 9216")
-    job = job.replace("  gpus_per_node: 4", "  gpus_per_node: 1024").replace("  pp: 2", f"  pp: {schema.MAX_STAGES}")
-    job = job.replace("  pipeline: {schedule: 1f1b, partition: uniform}\n", extra or "  pipeline: {partition: uniform}\n")
-    if "interleaved" in extra:  # dsforge's own runtime runs one chunk per stage (DSF142); Megatron interleaves
+    job = job.replace("  gpus_per_node: 4",
+                      "  gpus_per_node: 1024").replace("  pp: 2", f"  pp: {schema.MAX_STAGES}")
+    job = job.replace("  pipeline: {schedule: 1f1b, partition: uniform}\n",
+                      extra or "  pipeline: {partition: uniform}\n")
+    if "interleaved" in extra:  # dsforge's own runtime runs one chunk per stage (DSF142); Megatron
+                                # interleaves
         job = "stack: megatron-te\n" + job
     path.write_text(job.replace("global_batch: 8", f"global_batch: {2**20}"), encoding="utf-8")
     for args in (("validate", str(path)), ("explain", str(path), "--format", "json"),
@@ -314,7 +325,8 @@ def test_the_deepest_pipeline_the_schema_allows_costs_bounded_time(tmp_path: Pat
         assert code == 0 and spent < 2.0, (args[0], spent)
     code, out, _ = _cli("explain", str(path))
     # the step time of a pipeline this deep is the pace estimate, and explain says so; equal stages print once
-    assert code == 0 and "it is not exact" in out and "extrapolates the slowest rank's pace" in out, out[:3000]
+    assert code == 0 and "it is not exact" in out and ("extrapolates the slowest rank's "
+                                                       "pace") in out, out[:3000]
     assert "(stages 1-1022)" in out and out.count("332.93k") == 1, out[:3000]
     assert _strict(_cli("explain", str(path), "--format", "json")[1])["pipeline"]["timeline_exact"] is False  # type: ignore[index]
 

@@ -136,10 +136,14 @@ def violations(contract: Contract, root: Path) -> list[str]:
             continue
         bad = {(imp.line, imp.module) for imp in imports(path.read_text(encoding="utf-8"), importer,
                                                            path.name == "__init__.py")
-               if under(imp.module, contract.forbidden) and (imp.module_level or not contract.module_level_only)}
+               if under(imp.module,
+                        contract.forbidden) and (imp.module_level or not contract.module_level_only)}
         # `from a.b import c` names a.b and a.b.c: report the statement once, by its shortest name
-        out += [f"{path.relative_to(root)}:{line}: {importer} imports {module}" for line, module in sorted(bad)
-                if not any(other != module and line == at and under(module, other) for at, other in bad)]
+        out += [
+            f"{path.relative_to(root)}:{line}: {importer} imports {module}"
+            for line, module in sorted(bad)
+            if not any(other != module and line == at and under(module, other) for at, other in bad)
+        ]
     return out
 
 
@@ -149,7 +153,9 @@ def test_contract_holds(contract: Contract) -> None:
         f"no module is under {contract.importer}: the contract checks nothing (renamed?)"
     found = violations(contract, ROOT)
     where = "" if contract.module_level_only else " (not even inside a function)"
-    assert found == [], f"{contract.importer} must not import {contract.forbidden}{where}:\n" + "\n".join(found)
+    assert found == [], f"{contract.importer} must not import {contract.forbidden}{where}:\n" + "\n".join(
+        found
+    )
 
 
 # --- the scanner itself: each way of importing is seen, so the contracts above can fail ------------------
@@ -166,7 +172,8 @@ EMIT = "dsforge.compiler.emit"
     ("def f():\n    from dsforge.compiler.emit.ds_config import zero_section\n", False),
     ("class A:\n    def m(self):\n        import dsforge.compiler.emit\n", False),
     ("import importlib\ndef f():\n    importlib.import_module('dsforge.compiler.emit.ds_config')\n", False),
-    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dsforge.compiler.emit import ds_config\n", False),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dsforge.compiler.emit import ds_config\n",
+     False),
 ])
 def test_scanner_sees_every_form_of_import(source: str, module_level: bool) -> None:
     found = [i for i in imports(source, "dsforge.compiler.estimate.memory") if under(i.module, EMIT)]
@@ -184,7 +191,8 @@ def test_scanner_ignores_what_is_not_an_emit_import(source: str) -> None:
 
 
 def test_relative_imports_resolve_from_a_package_init() -> None:
-    [base, *_] = imports("from .memory import estimate_memory\n", "dsforge.compiler.estimate", is_package=True)
+    [base, *_] = imports("from .memory import estimate_memory\n", "dsforge.compiler.estimate",
+                         is_package=True)
     assert base.module == "dsforge.compiler.estimate.memory"
 
 
@@ -222,8 +230,8 @@ def _statements(source: str, importer: str, is_package: bool) -> Iterator[list[s
 def import_graph(root: Path) -> dict[str, set[str]]:
     """Module -> the modules of the tree under ``root``/dsforge it imports (at any level of its code).
 
-    ``from a import b`` imports the module ``a.b`` where there is one, and ``a`` itself only for a name that is
-    not a submodule (a package's own code runs then, and what it imports counts)."""
+    ``from a import b`` imports the module ``a.b`` where there is one, and ``a`` itself only for a name that
+    is not a submodule (a package's own code runs then, and what it imports counts)."""
     files = {module_name(p, root): p for p in sorted((root / "dsforge").rglob("*.py"))}
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
@@ -283,7 +291,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def reached(graph: dict[str, set[str]], start: str) -> dict[str, str]:
-    """Every module ``start`` reaches through imports, each with the module that imports it on the first path."""
+    """Every module ``start`` reaches through imports, each with the module that imports it on the first
+    path."""
     via: dict[str, str] = {}
     todo = [start]
     while todo:
@@ -357,7 +366,8 @@ def test_what_the_compiler_reaches_is_followed_through_other_modules(tmp_path: P
         "dsforge/__init__.py": "",
         "dsforge/compiler/__init__.py": "",
         "dsforge/compiler/x.py": "from dsforge import helpers\n",
-        "dsforge/helpers.py": "import importlib\ndef f():\n    importlib.import_module('dsforge.runtime.api')\n",
+        "dsforge/helpers.py": "import importlib\ndef f():\n    "
+                              "importlib.import_module('dsforge.runtime.api')\n",
         "dsforge/runtime/__init__.py": "",
         "dsforge/runtime/api.py": "",
     })

@@ -18,7 +18,8 @@ def _ruff() -> str | None:
 
 
 def test_ruff_check_is_clean() -> None:
-    """Every finding of `ruff check` (as pyproject.toml selects them) fails this test, with ruff's own report."""
+    """Every finding of `ruff check` (as pyproject.toml selects them) fails this test, with ruff's own
+    report."""
     ruff = _ruff()
     if ruff is None:
         pytest.skip("ruff is not installed (pip install -e '.[test]')")

@@ -1,5 +1,5 @@
-"""The published-run set (benchmarks/published/, issue 24): every run validates without an error, and every job
-file says its source, its stack and what was filled in."""
+"""The published-run set (benchmarks/published/, issue 24): every run validates without an error, and every
+job file says its source, its stack and what was filled in."""
 
 from __future__ import annotations
 

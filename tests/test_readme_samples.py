@@ -29,9 +29,10 @@ DSF104 = "tests/fixtures/bad/dsf104-tp-kv-heads.yaml"
 
 @pytest.mark.slow  # over ~3 s: the fast tier stays near a minute
 def test_samples_are_current() -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--check"], check=False, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, f"stale or failing samples (run `python scripts/readme_samples.py`):\n{done.stdout}"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--check"], check=False, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (f"stale or failing samples (run `python "
+                                  f"scripts/readme_samples.py`):\n{done.stdout}")
 
 
 def test_a_stale_sample_is_reported_and_rewritten(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -66,7 +67,8 @@ def test_samples_run_in_a_scratch_view_not_the_checkout(tmp_path: Path) -> None:
     before = README.read_bytes()
     assert samples.main([str(page)]) == 0
     assert README.read_bytes() == before
-    assert page.read_text(encoding="utf-8").split("$ pwd\n")[1].startswith(".\n")  # the scratch root prints as .
+    # the scratch root prints as .
+    assert page.read_text(encoding="utf-8").split("$ pwd\n")[1].startswith(".\n")
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -149,7 +151,8 @@ def _prose(text: str) -> str:
 
 def test_links_between_the_pages_resolve() -> None:
     pages = samples.markdown_files()
-    anchors = {p.resolve(): {_slug(h) for h in re.findall(r"^#+ (.+)$", p.read_text(encoding="utf-8"), re.MULTILINE)}
+    anchors = {p.resolve(): {_slug(h) for h in re.findall(r"^#+ (.+)$", p.read_text(encoding="utf-8"),
+                                                          re.MULTILINE)}
                | set(re.findall(r'<a id="([^"]+)"', p.read_text(encoding="utf-8")))
                for p in pages}
     broken = []
@@ -183,8 +186,9 @@ def test_the_checker_parses_bash_and_console_blocks() -> None:
         "<!-- main-command -->", "```bash", "make all", "```", "",
         "```bash", "# a comment", "first --flag \\", "  continued", "", "second", "```",
         "<!-- needs: cluster -->", "```bash", "sbatch job.sbatch", "```",
-        "<!-- sample[rc=2]: dsforge validate missing.yaml -->", "```console", "$ dsforge validate missing.yaml",
-        "error", "$ echo $?", "2", "```", "````markdown", "```bash", "quoted", "```", "````"]
+        "<!-- sample[rc=2]: dsforge validate missing.yaml -->", "```console",
+        "$ dsforge validate missing.yaml", "error", "$ echo $?", "2", "```", "````markdown", "```bash",
+        "quoted", "```", "````"]
     steps = checker.readme_steps("\n".join(rows))
     assert [(s.command, s.rc, s.skip) for s in steps] == [
         ("make all", 0, ""), ("first --flag    continued", 0, ""), ("second", 0, ""),

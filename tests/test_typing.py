@@ -16,8 +16,22 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_compiler_passes_mypy_strict(tmp_path: Path) -> None:
     # A fresh cache: the result is the one a clean checkout gets (cold: ~4 s of CPU, the runtime and torch not
     # followed), and concurrent runs do not share state.
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache"),
-                           "dsforge/compiler"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "dsforge/compiler",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # Every module of the compiler was checked (an `exclude` or a skipped package would lower the count).
     found = re.search(r"no issues found in (\d+) source files", proc.stdout)

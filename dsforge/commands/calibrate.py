@@ -1,4 +1,5 @@
-"""`dsforge calibrate`: measure this machine into a hardware file (the runtime's calibration, imported lazily)."""
+"""`dsforge calibrate`: measure this machine into a hardware file (the runtime's calibration, imported
+lazily)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from dsforge.commands import EXIT_UNUSABLE
 
 
 def command(out: str, ranks: int, links_only: bool) -> None:
-    """Measure over ``ranks`` processes and write the hardware file ``out`` (rank 0 only); exit 2 without torch."""
+    """Measure over ``ranks`` processes and write the hardware file ``out`` (rank 0 only); exit 2 without
+    torch."""
     from dsforge.commands.run import INSTALL_HINT, missing_runtime
 
     if missing_runtime():
-        click.echo(f"dsforge calibrate: this Python has no torch; install the runtime: {INSTALL_HINT}", err=True)
+        click.echo(f"dsforge calibrate: this Python has no torch; install the runtime: {INSTALL_HINT}",
+                   err=True)
         sys.exit(EXIT_UNUSABLE)
     from dsforge.runtime.calibrate import calibrate as measure
     from dsforge.runtime.calibrate import render

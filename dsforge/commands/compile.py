@@ -26,8 +26,8 @@ __all__ = ["CompileResult", "TargetError", "compile_file"]
 
 @dataclass
 class CompileResult:
-    """What compile did: its diagnostics, the directory and files it wrote (None/[] when it refused), and notes
-    (what plan.json lacks and why, e.g. no rewrite plan without torch)."""
+    """What compile did: its diagnostics, the directory and files it wrote (None/[] when it refused), and
+    notes (what plan.json lacks and why, e.g. no rewrite plan without torch)."""
 
     diagnostics: list[Diagnostic] = field(default_factory=list)
     unusable: bool = False
@@ -36,16 +36,32 @@ class CompileResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _rewrite_step(job: LoadedJob, plan: Plan, enabled: bool) -> tuple[dict[str, Any], list[Diagnostic], list[str]]:
-    """plan.json's rewrite section, a DSF691 warning if the planner crashed, and a note when it was skipped."""
+def _rewrite_step(job: LoadedJob, plan: Plan, enabled: bool) -> tuple[dict[str, Any], list[Diagnostic],
+                                                                      list[str]]:
+    """plan.json's rewrite section, a DSF691 warning if the planner crashed, and a note when it was
+    skipped."""
     if not enabled:
         return dict(NO_REWRITE), [], []
     section, failure = rewrite_description(job.spec, plan)
     if failure is not None:
-        return section, [Diagnostic("DSF691", Severity.WARNING, f"plan.json carries no rewrite plan: the rewrite "
-                                    f"planner failed on this job ({failure})", Location(job.source.file),
-                                    "report it; the job directory is complete otherwise")], []
-    return section, [], ([f"plan.json has no rewrite plan: {section['skipped']}"] if "skipped" in section else [])
+        return (
+            section,
+            [
+                Diagnostic(
+                    "DSF691",
+                    Severity.WARNING,
+                    f"plan.json carries no rewrite plan: the rewrite planner failed on this job ({failure})",
+                    Location(job.source.file),
+                    "report it; the job directory is complete otherwise",
+                )
+            ],
+            [],
+        )
+    return (
+        section,
+        [],
+        ([f"plan.json has no rewrite plan: {section['skipped']}"] if "skipped" in section else []),
+    )
 
 
 def _cannot_emit(job: LoadedJob, exc: Exception) -> Diagnostic:
@@ -87,7 +103,8 @@ def compile_file(path: str | Path, out: str | Path, force: bool = False, rewrite
     if has_errors(diags):
         return CompileResult(diags, notes=notes)
     try:
-        resolved = plan.resolve()  # validate's rules proved the layout: this holds for every job without errors
+        resolved = plan.resolve()  # validate's rules proved the layout: this holds for every job without
+                                   # errors
     except UnresolvedPlan as exc:
         return CompileResult([*diags, _cannot_emit(job, exc)], notes=notes)
     summary, failure = summarize_safely(resolved)
@@ -110,8 +127,10 @@ def compile_file(path: str | Path, out: str | Path, force: bool = False, rewrite
     return CompileResult(diags, written=target, files=list(files), notes=notes)
 
 
-def command(file: str, out: str, force: bool, fmt: str, no_rewrite: bool, selection: Selection | None) -> None:
-    """`dsforge compile`: compile, print the diagnostics and what was written; exits with the command's code."""
+def command(file: str, out: str, force: bool, fmt: str, no_rewrite: bool,
+            selection: Selection | None) -> None:
+    """`dsforge compile`: compile, print the diagnostics and what was written; exits with the command's
+    code."""
     import sys
 
     import click

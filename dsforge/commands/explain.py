@@ -1,4 +1,5 @@
-"""`dsforge explain`: estimate a valid job and print its tables or JSON summary, its pictures and HTML report."""
+"""`dsforge explain`: estimate a valid job and print its tables or JSON summary, its pictures and HTML
+report."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ if TYPE_CHECKING:
 
 def command(file: str, fmt: str, plot_dir: str | None, html_path: str | None, tokens: float | None,
             with_rewrite: bool, selection: Any) -> None:
-    """Explain ``file`` (exits 1 when the job has errors or the rewrite cannot place it, 2 on unusable input)."""
+    """Explain ``file`` (exits 1 when the job has errors or the rewrite cannot place it, 2 on unusable
+    input)."""
     from dsforge.compiler.validate import InvalidJob, require_valid
     from dsforge.diagnostics import Severity
     from dsforge.formatters import get
@@ -25,14 +27,16 @@ def command(file: str, fmt: str, plot_dir: str | None, html_path: str | None, to
     except InvalidJob as exc:
         click.echo(get(fmt)(exc.result.diagnostics), nl=False)
         sys.exit(EXIT_UNUSABLE if exc.result.unusable else EXIT_FINDINGS)
-    # the layout search's choice for `auto` fields (DSF133) is said with the warnings: the estimate below is of it
+    # the layout search's choice for `auto` fields (DSF133) is said with the warnings: the estimate below is
+    # of it
     warnings = [d for d in result.diagnostics if d.severity == Severity.WARNING or d.rule == "DSF133"]
     if warnings:
         click.echo(get("text")(warnings), nl=False, err=True)
     rewrite = _rewrite_plan(result.plan) if with_rewrite else None
     _explain_plan(result.plan, fmt, plot_dir, html_path, tokens, rewrite)
     if rewrite is not None and not rewrite["ok"]:
-        click.echo("dsforge explain: the rewrite policies cannot place the model (see the rewrite plan above)",
+        click.echo("dsforge explain: the rewrite policies cannot "
+                   "place the model (see the rewrite plan above)",
                    err=True)
         sys.exit(EXIT_FINDINGS)
 
@@ -66,7 +70,8 @@ def _explain_plan(plan: Plan, fmt: str, plot_dir: str | None, html_path: str | N
 
     found = non_finite(ex.summary)
     if found is not None:  # strict JSON readers refuse NaN/Infinity, and no reader of the tables wants them
-        click.echo(f"dsforge explain: cannot estimate this job: the cost model computed {found[1]} for {found[0]}",
+        click.echo(f"dsforge explain: cannot estimate this job: the "
+                   f"cost model computed {found[1]} for {found[0]}",
                    err=True)
         sys.exit(EXIT_FINDINGS)
     if fmt == "json":
@@ -79,7 +84,8 @@ def _explain_plan(plan: Plan, fmt: str, plot_dir: str | None, html_path: str | N
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            click.echo("dsforge explain: --plot and --html need matplotlib: pip install 'dsforge[plots]'", err=True)
+            click.echo("dsforge explain: --plot and --html need matplotlib: pip install 'dsforge[plots]'",
+                       err=True)
             sys.exit(EXIT_UNUSABLE)
     if plot_dir or html_path:
         paths = write_outputs(ex, plot_dir, html_path)

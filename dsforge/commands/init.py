@@ -74,9 +74,15 @@ class Layout:
     @property
     def cost(self) -> float:
         """The ordering key of the search: lower is cheaper per step."""
-        return (math.log2(self.tp) + 1.5 * math.log2(self.pp) + 0.5 * math.log2(self.ep) + _ZERO_COST[self.zero]
-                + _RECOMPUTE_COST[self.recompute] + _OFFLOAD_COST[self.offload]
-                + (0.25 if self.tp > 1 and not self.sequence_parallel else 0.0))
+        return (
+            math.log2(self.tp)
+            + 1.5 * math.log2(self.pp)
+            + 0.5 * math.log2(self.ep)
+            + _ZERO_COST[self.zero]
+            + _RECOMPUTE_COST[self.recompute]
+            + _OFFLOAD_COST[self.offload]
+            + (0.25 if self.tp > 1 and not self.sequence_parallel else 0.0)
+        )
 
 
 @dataclass(frozen=True)
@@ -181,7 +187,8 @@ def _candidates(model: ModelSpec, world: int, gpus_per_node: int, offload: bool)
 
 
 class _Judge:
-    """Decides whether a candidate job is clean: no error or warning of any validate rule, memory within target."""
+    """Decides whether a candidate job is clean: no error or warning of any validate rule, memory within
+    target."""
 
     def __init__(self) -> None:
         # Memory is judged by the estimate directly (DSF301's fix search would only slow the search down);
@@ -239,7 +246,8 @@ def _states_floor(spec: JobSpec, world: int) -> float:
     return 12 * total_params(resolve_model(spec.model)) / world
 
 
-def _search(choices: Choices, nodes: int, hardware: dict[str, Any], judge: _Judge, offload: bool) -> Layout | None:
+def _search(choices: Choices, nodes: int, hardware: dict[str, Any], judge: _Judge,
+            offload: bool) -> Layout | None:
     probe = job_data(choices, nodes, Layout(), hardware)
     spec = judge.spec(probe)
     if spec is None:
@@ -315,15 +323,17 @@ def starter(choices: Choices) -> Starter:
                 return _finish(choices, nodes, layout, hardware)
     hint = ""
     if choices.nodes is not None:
-        more = next((n for n in NODE_COUNTS if n > choices.nodes and _search(choices, n, hardware, judge, True)), None)
+        more = next(
+            (n for n in NODE_COUNTS if n > choices.nodes and _search(choices, n, hardware, judge, True)), None
+        )
         hint = f"; {more} nodes fit (--nodes {more})" if more else ""
     elif cpu:
         hint = "; a tiny-* model preset fits, or choose a GPU hardware preset"
     accel = hardware["accelerator"]
-    where = (f"{counts[-1]} node(s) of {choices.hardware} ({hardware['gpus_per_node']} x {accel['memory_gb']} GB "
-             "per node)")
-    raise InitError(f"no layout of {choices.model} fits {where} within {MEMORY_TARGET:.0%} of each rank's memory "
-                    f"and passes every check{hint}", code=1)
+    where = (f"{counts[-1]} node(s) of {choices.hardware} ({hardware['gpus_per_node']} x "
+             f"{accel['memory_gb']} GB per node)")
+    raise InitError(f"no layout of {choices.model} fits {where} within {MEMORY_TARGET:.0%} of each rank's "
+                    f"memory and passes every check{hint}", code=1)
 
 
 def _validated(text: str) -> list[Diagnostic]:
@@ -401,8 +411,10 @@ def render(data: dict[str, Any], hardware_note: str = "", model_note: str = "",
     user (written commented out); the notes follow the model and hardware presets' values.
     """
     out = ["# dsforge job file (format version 1), written by `dsforge init`.",
-           "# Check it: `dsforge validate FILE`; what it costs: `dsforge explain FILE`; train it: `dsforge run FILE`.",
-           "# The layout is the cheapest that validates clean here; every key: docs/job-file.md; completion in an",
+           ("# Check it: `dsforge validate FILE`; what it costs: "
+            "`dsforge explain FILE`; train it: `dsforge run FILE`."),
+           ("# The layout is the cheapest that validates clean "
+            "here; every key: docs/job-file.md; completion in an"),
            "# editor: docs/editor.md (`dsforge schema`).", ""]
     for key, value in data.items():
         f = _field(JobSpec, key)
@@ -440,15 +452,17 @@ def write_starter(text: str, output: str | None, force: bool) -> str | None:
     return output
 
 
-def command(model: str | None, hardware: str | None, nodes: int | None, launcher: str | None, name: str | None,
-            output: str | None, force: bool, interactive: bool) -> None:
-    """`dsforge init`: ask for what is missing at a terminal, write or print the starter, say what it chose."""
+def command(model: str | None, hardware: str | None, nodes: int | None, launcher: str | None,
+            name: str | None, output: str | None, force: bool, interactive: bool) -> None:
+    """`dsforge init`: ask for what is missing at a terminal, write or print the starter, say what it
+    chose."""
     import sys
 
     import click
 
     if interactive:
-        model = model or click.prompt("Model preset", type=click.Choice(list(presets("models"))), default=DEFAULT_MODEL)
+        model = model or click.prompt("Model preset", type=click.Choice(list(presets("models"))),
+                                      default=DEFAULT_MODEL)
         hardware = hardware or click.prompt("Hardware preset", type=click.Choice(list(presets("hardware"))),
                                             default=DEFAULT_HARDWARE)
     try:
@@ -461,8 +475,9 @@ def command(model: str | None, hardware: str | None, nodes: int | None, launcher
     if where is None:
         click.echo(job.text, nl=False)
     lay = job.layout
-    click.echo(f"dsforge init: {'wrote ' + where if where else 'job file above'}: {job.data['model']['preset']} on "
-               f"{job.nodes} node(s) of {job.data['hardware']['preset']}, tp={lay.tp} pp={lay.pp} ep={lay.ep} "
-               f"zero={lay.zero} recompute={lay.recompute} offload={lay.offload}", err=True)
+    click.echo(f"dsforge init: {'wrote ' + where if where else 'job file above'}: "
+               f"{job.data['model']['preset']} on {job.nodes} node(s) of {job.data['hardware']['preset']}, "
+               f"tp={lay.tp} pp={lay.pp} ep={lay.ep} zero={lay.zero} recompute={lay.recompute} "
+               f"offload={lay.offload}", err=True)
     for note in job.notes:
         click.echo(f"dsforge init: note: {note}", err=True)

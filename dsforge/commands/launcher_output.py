@@ -31,7 +31,8 @@ def _write(fd: int, data: bytes) -> None:
 
 
 def _is_child_failed(block: list[bytes]) -> bool:
-    """Whether a held-back traceback is torchrun's: its exception line (the first unindented after the header)."""
+    """Whether a held-back traceback is torchrun's: its exception line (the first unindented after the
+    header)."""
     for line in block[1:]:
         if line[:1] not in (b" ", b"\t") and line.strip():
             return CHILD_FAILED in line
@@ -39,7 +40,8 @@ def _is_child_failed(block: list[bytes]) -> bool:
 
 
 def relay(stream: IO[bytes], fd: int = 2) -> None:
-    """Copy ``stream`` to ``fd`` until it ends, dropping a final ChildFailedError traceback (see the module)."""
+    """Copy ``stream`` to ``fd`` until it ends, dropping a final ChildFailedError traceback (see the
+    module)."""
     held: list[bytes] | None = None
     for line in iter(stream.readline, b""):
         if line.startswith(TRACEBACK):

@@ -7,8 +7,8 @@ from typing import Any
 from dsforge.extensions import GROUPS, LoadRecord
 
 #: The modules that own the four extension tables; importing them registers their loaders.
-OWNERS = ("dsforge.compiler.frontend.presets", "dsforge.compiler.rules.registry", "dsforge.compiler.model.rewrite_policies",
-          "dsforge.compiler.launch_targets")
+OWNERS = ("dsforge.compiler.frontend.presets", "dsforge.compiler.rules.registry",
+          "dsforge.compiler.model.rewrite_policies", "dsforge.compiler.launch_targets")
 
 
 def plugin_report() -> dict[str, Any]:

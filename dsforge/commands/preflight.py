@@ -31,7 +31,8 @@ class PreflightError(RuntimeError):
 
 
 def lock_for_run(job_dir: Path) -> None:
-    """Lock the job directory for `dsforge run` (held until the command exits); RunError (exit 2) when it is busy."""
+    """Lock the job directory for `dsforge run` (held until the command exits); RunError (exit 2) when it is
+    busy."""
     from dsforge.commands.run_error import RunError
     from dsforge.runtime.run_lock import BusyError, lock_job_dir
 
@@ -42,7 +43,8 @@ def lock_for_run(job_dir: Path) -> None:
 
 
 def lock_for_compile(out: str | os.PathLike[str]) -> None:
-    """Lock an existing job directory for `dsforge compile` (held until the command exits); TargetError if busy."""
+    """Lock an existing job directory for `dsforge compile` (held until the command exits); TargetError if
+    busy."""
     from dsforge.compiler.emit.writer import TargetError
     from dsforge.runtime.run_lock import BusyError, lock_job_dir
 
@@ -84,7 +86,8 @@ def before_launch(job_dir: Path) -> list[str]:
 
 
 def _existing(directory: Path) -> tuple[int, int | None]:
-    """Committed checkpoints in ``directory`` and the measured bytes of the newest one (None without a manifest)."""
+    """Committed checkpoints in ``directory`` and the measured bytes of the newest one (None without a
+    manifest)."""
     from dsforge.runtime.disk_space import needed_bytes
     from dsforge.runtime.retention import complete_steps
 
@@ -113,16 +116,19 @@ def space_check(directory: Path, doc: dict[str, Any]) -> list[str]:
     if free >= need:
         return []
     source = "measured on the newest checkpoint" if measured else "estimated, explain's `checkpoint on disk`"
-    text = (f"DSF614: the file system of {directory} has {free:,} bytes free; the checkpoints this run still writes "
-            f"need {need:,} at their peak ({more} x {each:,} bytes, {source}; training.checkpoint.keep: {keep})")
+    text = (f"DSF614: the file system of {directory} has {free:,} bytes free; the checkpoints this run still "
+            f"writes need {need:,} at their peak ({more} x {each:,} "
+            f"bytes, {source}; training.checkpoint.keep: {keep})")
     if isinstance(keep, int):
-        raise PreflightError(f"{text}; free space, lower training.checkpoint.keep, or point training.checkpoint.dir "
-                             "at a larger file system")
-    return [f"warning: {text}; set training.checkpoint.keep to bound them, or the disk fills before the run ends"]
+        raise PreflightError(f"{text}; free space, lower training.checkpoint.keep, or point "
+                             f"training.checkpoint.dir at a larger file system")
+    return [(f"warning: {text}; set training.checkpoint.keep to "
+             f"bound them, or the disk fills before the run ends")]
 
 
 def extensions_root() -> Path:
-    """Where torch's JIT builds DeepSpeed's ops: TORCH_EXTENSIONS_DIR, else the user cache's torch_extensions."""
+    """Where torch's JIT builds DeepSpeed's ops: TORCH_EXTENSIONS_DIR, else the user cache's
+    torch_extensions."""
     env = os.environ.get("TORCH_EXTENSIONS_DIR")
     if env:
         return Path(env).expanduser()
@@ -131,7 +137,8 @@ def extensions_root() -> Path:
 
 
 def _building(build_dir: Path) -> bool | None:
-    """Whether a process works in ``build_dir`` (ninja and the compiler run there); None when /proc cannot tell."""
+    """Whether a process works in ``build_dir`` (ninja and the compiler run there); None when /proc cannot
+    tell."""
     target = str(build_dir.resolve())
     seen_any = False
     try:
@@ -172,9 +179,9 @@ def build_lock_check(root: Path | None = None, now: float | None = None) -> list
         (stale if dead else young).append((lock, age))
     if stale:
         shown = " ".join(str(p) for p, _ in stale)
-        raise PreflightError(f"DSF617: {shown}: a build lock of torch's JIT compiler, left {stale[0][1]:.0f} s ago "
-                             "by a run killed while it built a DeepSpeed op (no process works in its build "
-                             "directory); every start would wait for it forever. If no build is running on this "
-                             f"machine, remove it: rm {shown}")
-    return [f"note: {p} is a build lock of torch's JIT compiler ({age:.0f} s old): another start is building a "
-            "DeepSpeed op, and this one waits until it finishes" for p, age in young]
+        raise PreflightError(f"DSF617: {shown}: a build lock of torch's JIT compiler, left {stale[0][1]:.0f} "
+                             f"s ago by a run killed while it built a DeepSpeed op (no process works in its "
+                             f"build directory); every start would wait for it forever. If no build is "
+                             f"running on this machine, remove it: rm {shown}")
+    return [f"note: {p} is a build lock of torch's JIT compiler ({age:.0f} s old): another start is building "
+            f"a DeepSpeed op, and this one waits until it finishes" for p, age in young]

@@ -1,4 +1,5 @@
-"""The rewrite plan of a job, from the runtime: the one place where compile and explain join the compiler to it.
+"""The rewrite plan of a job, from the runtime: the one place where compile and explain join the compiler to
+it.
 
 The rewrite plan (which module becomes which parallel variant, its shard shapes, the exact parameter
 counts) comes from ``dsforge.runtime.rewrite.describe``, which builds the model on torch's ``meta``
@@ -36,7 +37,8 @@ def _missing(spec: JobSpec) -> str | None:
 
 
 def rewrite_description(spec: JobSpec, plan: Plan) -> tuple[dict[str, Any], str | None]:
-    """describe(spec, plan), or ``{"skipped": why}``; and the internal error, if describe raised (it never should).
+    """describe(spec, plan), or ``{"skipped": why}``; and the internal error, if describe raised (it never
+    should).
 
     Never raises: a missing torch is a recorded skip, a bug in the planner costs only this section.
     """

@@ -1,4 +1,5 @@
-"""`dsforge run`: compile a job into its job directory and start the directory's local launcher (no torch here).
+"""`dsforge run`: compile a job into its job directory and start the directory's local launcher (no torch
+here).
 
 The job directory defaults to ``runs/<job name>``. A directory an earlier `dsforge run` wrote is
 reused when the new compile means the same training (so `resume: auto` picks up its checkpoints):
@@ -34,12 +35,14 @@ INSTALL_HINT = ("pip install torch==2.13.0 (the CPU build: pip install torch==2.
 #: Keys of plan.json's ``job`` that do not change what a checkpoint holds or how it is read back: the
 #: length of the run (the data stream is a pure function of the step, so more steps just read on),
 #: the save interval, and how the job is started (interpreter, launcher settings).
-CONTINUABLE_JOB_KEYS: tuple[tuple[str, ...], ...] = (("training", "steps"), ("training", "checkpoint", "every"),
-                                                     ("launch",), ("training", "monitor"), ("training", "checkpoint", "keep"),
+CONTINUABLE_JOB_KEYS: tuple[tuple[str, ...], ...] = (("training", "steps"),
+                                                     ("training", "checkpoint", "every"), ("launch",),
+                                                     ("training", "monitor"),
+                                                     ("training", "checkpoint", "keep"),
                                                      ("training", "checkpoint", "if_damaged"))
 #: DeepSpeed config keys that only log or monitor (in ds_config.json and in the job's `deepspeed:` overrides).
-LOGGING_DS_KEYS = ("steps_per_print", "wall_clock_breakdown", "dump_state", "tensorboard", "wandb", "csv_monitor",
-                   "comet", "flops_profiler")
+LOGGING_DS_KEYS = ("steps_per_print", "wall_clock_breakdown", "dump_state", "tensorboard", "wandb",
+                   "csv_monitor", "comet", "flops_profiler")
 #: plan.json keys derived from the rest (estimates, the rewrite plan, the file list).
 DERIVED_PLAN_KEYS = ("summary", "rewrite", "files")
 #: Rules whose warnings (a file that may exist only on other machines) are errors when the job runs here.
@@ -53,7 +56,8 @@ class Prepared:
     """The compiled job directory to launch, and the compile's diagnostics as text.
 
     ``reused``: an earlier run's directory, whose checkpoints the job resumes from; ``continued``: the keys
-    (``key old -> new``) in which the new compile differs from it, its files re-written (empty when identical).
+    (``key old -> new``) in which the new compile differs from it, its files re-written (empty when
+    identical).
     """
 
     job_dir: Path
@@ -98,7 +102,8 @@ def _drop(doc: Any, key: tuple[str, ...]) -> None:
 
 
 def _meaning(job_dir: Path) -> dict[str, Any] | None:
-    """plan.json and ds_config.json without the keys a continued run may change; None if they are unreadable."""
+    """plan.json and ds_config.json without the keys a continued run may change; None if they are
+    unreadable."""
     try:
         plan = json.loads((job_dir / "plan.json").read_text(encoding="utf-8"))
         ds = json.loads((job_dir / "ds_config.json").read_text(encoding="utf-8"))
@@ -125,7 +130,8 @@ def _same_compile(old: Path, new: Path) -> bool:
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``key old -> new`` for every leaf that differs (keys of plan.json's job without their ``job.`` prefix)."""
+    """``key old -> new`` for every leaf that differs (keys of plan.json's job without their ``job.``
+    prefix)."""
     a, b = flat_leaves(old), flat_leaves(new)
     out = []
     for key in sorted(set(a) | set(b)):
@@ -136,7 +142,8 @@ def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def _changed_keys(old: Path, new: Path) -> list[str]:
-    """What a continuable compile changed in the job file's terms (training.steps, checkpoint.every, launch)."""
+    """What a continuable compile changed in the job file's terms (training.steps, checkpoint.every,
+    launch)."""
     a = json.loads((old / "plan.json").read_text(encoding="utf-8"))["job"]
     b = json.loads((new / "plan.json").read_text(encoding="utf-8"))["job"]
     return _differences({"plan.json": {"job": a}}, {"plan.json": {"job": b}})
@@ -150,7 +157,8 @@ def _schedule_note(new: Path) -> list[str]:
         return []
     total = (sched.get("params") or {}).get("total_num_steps")
     return [(f"the learning rate ({sched['type']}) now decays over {total} steps; the steps already trained "
-             "followed the old length, so the result differs slightly from a run that had this length from the start")]
+             "followed the old length, so the result differs slightly "
+             "from a run that had this length from the start")]
 
 
 def _rewrite_files(target: Path, new: Path) -> None:
@@ -160,7 +168,8 @@ def _rewrite_files(target: Path, new: Path) -> None:
     for name in old_names:
         if name not in names and (target / name).is_file():
             (target / name).unlink()
-    # plan.json last: until it is replaced the directory still reads as the old compile, and is re-written again.
+    # plan.json last: until it is replaced the directory still reads as the old compile, and is re-written
+    # again.
     for name in sorted(names, key=lambda n: n == "plan.json"):
         os.replace(new / name, target / name)
 
@@ -190,7 +199,8 @@ def _compile(file: str, scratch: Path) -> tuple[Path, str]:
         raise RunError("nothing to run: fix the errors above", 2 if result.unusable else 1, report)
     if any(d.rule in LOCAL_FILE_RULES for d in result.diagnostics):
         shutil.rmtree(tmp, ignore_errors=True)
-        raise RunError("nothing to run: this machine runs the job, and a file it reads is not here (see above)", 1,
+        raise RunError("nothing to run: this machine runs the job, and "
+                       "a file it reads is not here (see above)", 1,
                        report)
     return tmp, report
 
@@ -242,12 +252,13 @@ def _continue(target: Path, tmp: Path, report: str) -> Prepared:
     if not _same_compile(target, tmp):
         old, new = _meaning(target), _meaning(tmp)
         diff = _differences(old, new) if old is not None and new is not None else []
-        diff = [d for d in diff if not d.startswith(("plan.json.", "ds_config.json."))] or diff  # job keys first
+        # job keys first
+        diff = [d for d in diff if not d.startswith(("plan.json.", "ds_config.json."))] or diff
         shown = f" ({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''})" if diff else ""
         raise RunError(f"{target} holds a run of a different compile of this job{shown}, whose checkpoints "
-                       "this one cannot continue (DSF164: only the layout, the length of the run, the save interval "
-                       "and the launcher may change); pass --fresh to discard it (checkpoints and reports included) "
-                       "or -o to run elsewhere")
+                       "this one cannot continue (DSF164: only the layout, the length of the run, the save "
+                       "interval and the launcher may change); pass --fresh to discard it (checkpoints and "
+                       "reports included) or -o to run elsewhere")
     changed = _changed_keys(target, tmp) or ["the launcher files"]
     notes = _schedule_note(tmp) if any(c.startswith("training.steps ") for c in changed) else []
     _rewrite_files(target, tmp)
@@ -260,12 +271,17 @@ def _documents(job_dir: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
         ds = json.loads((job_dir / "ds_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return (plan, ds) if isinstance(plan, dict) and isinstance(ds, dict) and isinstance(plan.get("job"), dict) else None
+    return (
+        (plan, ds)
+        if isinstance(plan, dict) and isinstance(ds, dict) and isinstance(plan.get("job"), dict)
+        else None
+    )
 
 
 def _relaid(target: Path, tmp: Path) -> tuple[list[str], list[str]] | None:
     """(notes, changed keys) of continuing the earlier run under a compile that changed its layout (degrees,
-    ZeRO stage, hardware, micro-batch, recomputation; dsforge.compiler.plan.resume_layout) and maybe its length.
+    ZeRO stage, hardware, micro-batch, recomputation; dsforge.compiler.plan.resume_layout) and maybe its
+    length.
 
     None when a document is unreadable; a RunError with the rule id when the compile changed what a
     checkpoint holds (the model, optimizer, schedule, precision, global batch, seed, data).
@@ -278,14 +294,16 @@ def _relaid(target: Path, tmp: Path) -> tuple[list[str], list[str]] | None:
     refusals = resume_refusals(old[0], new[0], old[1], new[1])
     if refusals:
         raise RunError(f"{target} holds a run of a different compile of this job, whose checkpoints this one "
-                       f"cannot continue: {refusals[0]}; or pass --fresh to discard it (checkpoints and reports "
-                       "included), or -o to run elsewhere")
+                       f"cannot continue: {refusals[0]}; or pass --fresh to discard it (checkpoints and "
+                       f"reports included), or -o to run elsewhere")
     changed = _changed_keys(target, tmp)
     if same_layout(old[0], new[0]):
-        notes = ["each step is split differently (micro-batch or recomputation); the checkpoint loads as it is"]
+        notes = [("each step is split differently (micro-batch or "
+                  "recomputation); the checkpoint loads as it is")]
     else:
-        notes = [(f"the layout changes ({_layout(old[0])} -> {_layout(new[0])}): the newest checkpoint resumes "
-                  "through its layout-free state (fp32 weights and optimizer state, re-cut for the new ranks)")]
+        notes = [(f"the layout changes ({_layout(old[0])} -> {_layout(new[0])}): the newest checkpoint "
+                  f"resumes through its layout-free state (fp32 weights and "
+                  "optimizer state, re-cut for the new ranks)")]
     if any(c.startswith("training.steps ") for c in changed):
         notes += _schedule_note(tmp)
     return notes, changed
@@ -310,8 +328,8 @@ def _check_fresh_checkpoints(target: Path, tmp: Path) -> None:
                        "training.checkpoint.resume: never, to start over")
 
 
-#: Seconds the launcher gets to stop its ranks after Ctrl-C (it saw it too) before it is sent SIGTERM, and after
-#: SIGTERM before SIGKILL (torchrun itself gives its ranks 30 s).
+#: Seconds the launcher gets to stop its ranks after Ctrl-C (it saw it too) before it is sent SIGTERM, and
+#: after SIGTERM before SIGKILL (torchrun itself gives its ranks 30 s).
 CTRL_C_GRACE_S, STOP_GRACE_S = 30.0, 60.0
 
 
@@ -327,14 +345,16 @@ def launch(job_dir: Path) -> int:
     doc = json.loads((job_dir / "plan.json").read_text(encoding="utf-8"))
     launcher, nodes = doc.get("launcher"), doc.get("nodes", 1)
     if launcher not in ("local", "torchrun") or nodes != 1:
-        raise RunError(f"this job is started by its `{launcher}` launcher on {nodes} node(s); `dsforge run` starts "
-                       f"single-node local jobs only. Run the launcher in {job_dir} as its README says")
+        raise RunError(f"this job is started by its `{launcher}` launcher on {nodes} node(s); `dsforge run` "
+                       f"starts single-node local jobs only. Run the "
+                       f"launcher in {job_dir} as its README says")
     clear(job_dir)  # the ranks' status files describe this launch only
     # No PATH changes: launch.sh names its interpreter (the one that compiled it, or launch.python), so
     # `dsforge run` starts exactly what `./launch.sh` starts.
     from dsforge.commands.launcher_output import start_relay
 
-    # stderr through dsforge (dsforge.commands.launcher_output): torchrun's ChildFailedError block must not follow the report.
+    # stderr through dsforge (dsforge.commands.launcher_output): torchrun's ChildFailedError block must not
+    # follow the report.
     proc = subprocess.Popen(["bash", str(job_dir / "launch.sh")], stderr=subprocess.PIPE)
     relay = start_relay(proc.stderr)
     try:
@@ -362,7 +382,8 @@ def _stop(proc: subprocess.Popen[bytes], terminated: bool) -> None:
 
 
 def failure_report(job_dir: Path) -> list[str]:
-    """After a failed launch: which ranks died, failed or were stopped, where, and the checkpoint a rerun resumes from."""
+    """After a failed launch: which ranks died, failed or were stopped, where, and the checkpoint a rerun
+    resumes from."""
     from dsforge.runtime.rank_status import describe_failure
 
     try:
@@ -381,7 +402,8 @@ def failure_report(job_dir: Path) -> list[str]:
     if ckpt.get("resume") != "auto":
         lines.append("rerunning starts over (training.checkpoint.resume: never)")
     elif tag:
-        lines.append(f"the last complete checkpoint is {directory / tag}: run the same command again to resume from it")
+        lines.append(f"the last complete checkpoint is {directory / tag}: "
+                     f"run the same command again to resume from it")
     else:
         lines.append("no checkpoint was completed: run the same command again to start over")
     return lines
@@ -399,7 +421,8 @@ def command(file: str, out: str | None, fresh: bool) -> None:
     click.get_current_context().call_on_close(release_all)  # the directory locks end with the command
     missing = missing_runtime()
     if missing:
-        click.echo(f"dsforge run: this Python has no {', '.join(missing)}; install the runtime: {INSTALL_HINT}",
+        click.echo(f"dsforge run: this Python has no {', '.join(missing)}; "
+                   f"install the runtime: {INSTALL_HINT}",
                    err=True)
         sys.exit(EXIT_UNUSABLE)
     version_problem = unsupported_deepspeed()
@@ -419,7 +442,8 @@ def command(file: str, out: str | None, fresh: bool) -> None:
             click.echo(f"dsforge run: note: {note}", err=True)
         from dsforge.commands.preflight import before_launch
 
-        for line in before_launch(prepared.job_dir):  # the checkpoint directory's lock, free space, build locks
+        for line in before_launch(prepared.job_dir):  # the checkpoint directory's lock, free space, build
+                                                      # locks
             click.echo(f"dsforge run: {line}", err=True)
         code = launch(prepared.job_dir)
     except RunError as exc:
@@ -431,5 +455,5 @@ def command(file: str, out: str | None, fresh: bool) -> None:
             click.echo(f"dsforge run: {line}", err=True)
         click.echo(f"dsforge run: the job failed (exit code {code}); see {prepared.job_dir}", err=True)
         sys.exit(EXIT_FINDINGS)
-    click.echo(f"dsforge run: done ({prepared.job_dir}); to train longer, raise training.steps in {file} and run "
-               f"`dsforge run {file}` again: it continues from the last checkpoint", err=True)
+    click.echo(f"dsforge run: done ({prepared.job_dir}); to train longer, raise training.steps in {file} and "
+               f"run `dsforge run {file}` again: it continues from the last checkpoint", err=True)

@@ -1,4 +1,5 @@
-"""The error `dsforge run` stops with (a module of its own: the run command and its start checks both raise it)."""
+"""The error `dsforge run` stops with (a module of its own: the run command and its start checks both raise
+it)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`dsforge search`: load a job, rank the layouts of its `auto` fields, print, write the chosen job file, plot."""
+"""`dsforge search`: load a job, rank the layouts of its `auto` fields, print, write the chosen job file,
+plot."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from dsforge.compiler.search.space import AUTO, AUTO_KEYS, auto_keys, written_la
 from dsforge.compiler.spec.schema import JobSpec
 from dsforge.diagnostics import Diagnostic, InputError
 
-#: The degrees and the ZeRO stage (what tests/compiler/search/test_search_exact.py's large examples compare over).
+#: The degrees and the ZeRO stage (what tests/compiler/search/test_search_exact.py's large examples compare
+#: over).
 DEGREES = tuple(("parallel", k) for k in ("tp", "pp", "dp", "cp", "ep", "zero"))
 #: --compare leaves every field the search can set to it, all but the GPU count (the written layout's own):
 #: degrees, ZeRO, sequence parallelism, CP kind, schedule, chunks, micro-batch, recompute; the report's first
@@ -56,7 +58,8 @@ def _load(file: str) -> tuple[LoadedJob | None, Outcome]:
 def run_search(file: str, fmt: str = "text", top: int | None = None, write: str | None = None,
                plot: str | None = None, compare: bool = False, exhaustive: bool = False,
                selection: Any = None, verify: int | None = None) -> Outcome:
-    """The whole command (exit codes: 0 a layout fits, 1 none fits or the job has errors, 2 unusable input)."""
+    """The whole command (exit codes: 0 a layout fits, 1 none fits or the job has errors, 2 unusable
+    input)."""
     from dsforge.compiler.frontend.project_config import ConfigError
     from dsforge.compiler.rules.selection import Selection
     from dsforge.compiler.search.engine import SpaceTooLarge, search
@@ -74,14 +77,15 @@ def run_search(file: str, fmt: str = "text", top: int | None = None, write: str 
     if compare:
         written = written_layout(job.spec)
         if written is None:
-            return Outcome(notes=[("--compare ranks the file's own layout: write every layout field as a value "
-                                  f"(these are `auto`: {', '.join('.'.join(k) for k in auto_keys(job.spec))})")], code=2)
+            return Outcome(notes=[("--compare ranks the file's own layout: write every layout field as a "
+                                  f"value (these are `auto`: "
+                                  f"{', '.join('.'.join(k) for k in auto_keys(job.spec))})")], code=2)
         if write:
             return Outcome(notes=["--write replaces `auto` values; with --compare the file has none"], code=2)
         spec = all_auto(job.spec)
     elif not auto_keys(spec):
-        return Outcome(notes=[(f"{file}: no field is `auto` (tp, pp, cp, ep, zero, sequence_parallel, ...): nothing "
-                              "to search; --compare ranks this layout among all of them")], code=0)
+        return Outcome(notes=[(f"{file}: no field is `auto` (tp, pp, cp, ep, zero, sequence_parallel, ...): "
+                              f"nothing to search; --compare ranks this layout among all of them")], code=0)
     try:
         base = settings_for(file).selection
     except ConfigError:  # validate reports the settings file (DSF027); the search filters as without one
@@ -92,7 +96,8 @@ def run_search(file: str, fmt: str = "text", top: int | None = None, write: str 
         full = exhaustive or plot is not None or verify is not None
         result = search(job, rule_filter(job, chosen), top, full, written, spec)
     except SpaceTooLarge as exc:
-        return Outcome(notes=[f"the search space holds {exc}: fix some `auto` fields, or set search.max_tp"], code=1)
+        return Outcome(notes=[f"the search space holds {exc}: fix some `auto` fields, or set search.max_tp"],
+                       code=1)
     out = Outcome(data=search_report.to_json(result))
     if fmt == "text":
         out.text = search_report.render(result, job.spec.name)

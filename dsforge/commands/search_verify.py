@@ -1,6 +1,6 @@
-"""`dsforge search --verify K`: run the top K candidates (and the last-ranked) for the job's steps with `dsforge run`
-on this machine, and set the measured step time and peak memory beside the cost model's, with the rank
-correlation of the step times. Each run is a subprocess, so the search itself never imports torch."""
+"""`dsforge search --verify K`: run the top K candidates (and the last-ranked) for the job's steps with
+`dsforge run` on this machine, and set the measured step time and peak memory beside the cost model's, with
+the rank correlation of the step times. Each run is a subprocess, so the search itself never imports torch."""
 
 from __future__ import annotations
 
@@ -57,7 +57,8 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 
 def chosen(result: SearchResult, k: int) -> list[tuple[int, Evaluated]]:
-    """The top k and the last-ranked candidate, with their ranks (an exhaustive search lists every fitting one)."""
+    """The top k and the last-ranked candidate, with their ranks (an exhaustive search lists every fitting
+    one)."""
     every = result.fitting or result.ranked
     picks = list(enumerate(every[:k], start=1))
     if len(every) > k:
@@ -66,8 +67,8 @@ def chosen(result: SearchResult, k: int) -> list[tuple[int, Evaluated]]:
 
 
 def run_one(job: LoadedJob, rank: int, cand: Evaluated, work: Path) -> Verified:
-    """Write the candidate's job file beside the original (so `extends:` and relative paths still resolve), run it
-    with `dsforge run` into ``work``, read its memory_report.json."""
+    """Write the candidate's job file beside the original (so `extends:` and relative paths still resolve),
+    run it with `dsforge run` into ``work``, read its memory_report.json."""
     source = Path(job.source.file)
     path = source.parent / f".{source.stem}.verify-{rank}-{os.getpid()}.yaml"
     out = work / f"rank-{rank}"
@@ -106,8 +107,8 @@ def render(rows: list[Verified]) -> str:
     ok = [v for v in rows if v.step_s is not None]
     rho = spearman([v.candidate.step.step_s for v in ok], [v.step_s for v in ok if v.step_s is not None])
     lines = ["verify: predicted against measured (dsforge run on this machine)",
-             table(["rank", "layout", "step predicted", "step measured", "peak predicted", "peak measured"], body,
-                   right=(0, 2, 3, 4, 5)),
+             table(["rank", "layout", "step predicted", "step measured", "peak predicted", "peak measured"],
+                   body, right=(0, 2, 3, 4, 5)),
              f"rank correlation of step times (Spearman, {len(ok)} runs): {rho:.2f}"]
     lines += [f"rank {v.rank}: {v.error}" for v in rows if v.error]
     return "\n".join(lines) + "\n"

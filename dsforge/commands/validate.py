@@ -11,7 +11,8 @@ from dsforge.commands import EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNUSABLE
 
 
 def command(files: tuple[str, ...], fmt: str, strict: bool, output: str | None, selection: Any) -> None:
-    """Validate ``files`` with ``selection``; print or write the report; exit 0 clean, 1 findings, 2 unusable."""
+    """Validate ``files`` with ``selection``; print or write the report; exit 0 clean, 1 findings, 2
+    unusable."""
     from dsforge.compiler.rules.shared_checkpoints import shared_checkpoint_dirs
     from dsforge.compiler.validate import validate_file
     from dsforge.diagnostics import has_errors

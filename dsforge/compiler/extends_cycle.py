@@ -17,7 +17,7 @@ def at_job_file(exc: InputError, own: Location) -> InputError:
     out = []
     for d in exc.diagnostics:
         if d.details.get("extends_cycle") and d.location.file != own.file:
-            d = replace(d, location=own, message=f"{d.message} (closed by `extends:` at {d.location.file} line "
-                                                 f"{d.location.line}, column {d.location.column})")
+            d = replace(d, location=own, message=f"{d.message} (closed by `extends:` at {d.location.file} "
+                                                 f"line {d.location.line}, column {d.location.column})")
         out.append(d)
     return InputError(out)

@@ -1,4 +1,5 @@
-"""Launch targets of plugins: what a plugin package hands dsforge to start a job on a platform dsforge does not ship.
+"""Launch targets of plugins: what a plugin package hands dsforge to start a job on a platform dsforge does
+not ship.
 
 A launch target renders the launcher files of a job directory for a scheduler or platform dsforge
 does not ship (LSF, a company's job service). It is registered under the ``dsforge.launchers``
@@ -71,7 +72,8 @@ def _load_plugin_targets(entry: extensions.PluginEntry, load: Callable[[], Any])
     items = extensions.items_of(load(), LaunchTarget)
     for t in items:
         if not TARGET_NAME.match(t.name):
-            raise extensions.PluginLoadError(f"launch target name {t.name!r} must match {TARGET_NAME.pattern}")
+            raise extensions.PluginLoadError(f"launch target name {t.name!r} must match "
+                                             f"{TARGET_NAME.pattern}")
         if t.name in BUILTIN_LAUNCHERS or t.name in _targets:
             raise extensions.PluginLoadError(f"launcher {t.name!r} already exists")
     for t in items:
@@ -97,6 +99,8 @@ def launch_target(name: str) -> tuple[LaunchTarget, extensions.PluginEntry]:
 def check_file_name(target: str, name: str, reserved: Iterable[str]) -> None:
     """Refuse a launch-target file name that leaves the job directory or replaces a core file."""
     if not FILE_NAME.match(name) or name in (".", ".."):
-        raise extensions.PluginLoadError(f"launcher {target!r} wants to write {name!r}: not a plain file name")
+        raise extensions.PluginLoadError(f"launcher {target!r} wants to write "
+                                         f"{name!r}: not a plain file name")
     if name in reserved:
-        raise extensions.PluginLoadError(f"launcher {target!r} wants to write {name!r}, which dsforge itself writes")
+        raise extensions.PluginLoadError(f"launcher {target!r} wants to write "
+                                         f"{name!r}, which dsforge itself writes")

@@ -46,7 +46,8 @@ def dumps(value: Any, **kwargs: Any) -> str:
 
 
 def finite_or_text(value: Any) -> Any:
-    """``value`` with every NaN or infinity replaced by its text (`nan`, `inf`), for reports that quote input."""
+    """``value`` with every NaN or infinity replaced by its text (`nan`, `inf`), for reports that quote
+    input."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):

@@ -46,7 +46,8 @@ def check(job: LoadedJob, rules: list[Rule] | None = None) -> tuple[Plan, list[D
 
 
 def settings_for(path: str | Path) -> ProjectConfig:
-    """The project settings that apply to a job file (raises ConfigError for a settings file it cannot use)."""
+    """The project settings that apply to a job file (raises ConfigError for a settings file it cannot
+    use)."""
     return find_config(Path.cwd() if is_stdin(path) else Path(path).parent)
 
 
@@ -108,7 +109,8 @@ class InvalidJob(Exception):
 
 @dataclass(frozen=True)
 class ValidJob:
-    """A job `require_valid` accepted: its result (diagnostics: warnings at most), its loaded job and its plan."""
+    """A job `require_valid` accepted: its result (diagnostics: warnings at most), its loaded job and its
+    plan."""
 
     result: Result
     job: LoadedJob
@@ -121,8 +123,8 @@ class ValidJob:
 
 
 def require_valid(path: str | Path, selection: Selection | None = None) -> ValidJob:
-    """Validate a job file that is about to be used (explain, the runtime, the trainer plugins); InvalidJob when
-    it is unusable or has errors, so that every caller refuses exactly the same jobs."""
+    """Validate a job file that is about to be used (explain, the runtime, the trainer plugins); InvalidJob
+    when it is unusable or has errors, so that every caller refuses exactly the same jobs."""
     result = validate_file(path, selection=selection)
     if result.unusable or result.job is None or result.plan is None or has_errors(result.diagnostics):
         raise InvalidJob(result)

@@ -1,4 +1,5 @@
-"""A YAML flow collection (`[...]`, `{...}`) left open: the error names the line it opened and where parsing stopped.
+"""A YAML flow collection (`[...]`, `{...}`) left open: the error names the line it opened and where parsing
+stopped.
 
 PyYAML reports the place it gave up (often the next key, lines below) as the problem and the
 opening bracket as the context ("while parsing a flow mapping"); the fix belongs at the bracket, so
@@ -11,11 +12,13 @@ from typing import Any
 
 from dsforge.diagnostics import Location
 
-KINDS = {"while parsing a flow mapping": ("mapping", "{", "}"), "while parsing a flow sequence": ("sequence", "[", "]")}
+KINDS = {"while parsing a flow mapping": ("mapping", "{", "}"),
+         "while parsing a flow sequence": ("sequence", "[", "]")}
 
 
 def unclosed_flow(exc: Any, display: str) -> tuple[str, Location, str] | None:
-    """(message, location of the opening bracket, fix) for an unclosed flow collection, or None for other errors."""
+    """(message, location of the opening bracket, fix) for an unclosed flow collection, or None for other
+    errors."""
     kind = KINDS.get((getattr(exc, "context", None) or "").strip())
     opened, stopped = getattr(exc, "context_mark", None), getattr(exc, "problem_mark", None)
     if kind is None or opened is None or stopped is None or opened.line == stopped.line:

@@ -1,4 +1,5 @@
-"""explain's checkpoint row: the disk bytes of one checkpoint (per rank, in total) and of the job's retention."""
+"""explain's checkpoint row: the disk bytes of one checkpoint (per rank, in total) and of the job's
+retention."""
 
 from __future__ import annotations
 
@@ -16,5 +17,5 @@ def checkpoint_rows(s: dict[str, Any]) -> list[list[str]]:
     kept = "every one kept (training.checkpoint.keep: all)" if not isinstance(keep, int) else f"keep {keep}"
     return [["checkpoint on disk",
              (f"{gb(ck['bytes_total'])} each ({gb(ck['bytes_per_rank_max'])} on the largest rank; DeepSpeed "
-             f"{gb(ck['bytes_deepspeed'])} + dsforge's copies {gb(ck['bytes_dsforge'])}); {ck['saves']} saves, "
-             f"{kept}: {gb(ck['bytes_needed'])} at the peak")]]
+             f"{gb(ck['bytes_deepspeed'])} + dsforge's copies {gb(ck['bytes_dsforge'])}); {ck['saves']} "
+             f"saves, {kept}: {gb(ck['bytes_needed'])} at the peak")]]

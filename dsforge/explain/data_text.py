@@ -1,4 +1,5 @@
-"""The Data table of explain: each corpus's tokens and documents, and the epochs `training.steps` makes over it."""
+"""The Data table of explain: each corpus's tokens and documents, and the epochs `training.steps` makes over
+it."""
 
 from __future__ import annotations
 
@@ -24,9 +25,17 @@ def data_section(d: dict[str, Any]) -> Section:
         tokens = "not tokenized yet" if c["tokens"] is None else f"{c['tokens']:,}"
         docs = "" if c["documents"] is None else f"{c['documents']:,}"
         epochs = "" if c.get("epochs") is None else f"{c['epochs']:.2f}"
-        rows.append([shown(c["path"]), tokens, docs, f"{c['samples_per_epoch']:,}" if "samples_per_epoch" in c else "", epochs])
+        rows.append([shown(c["path"]), tokens, docs,
+                     f"{c['samples_per_epoch']:,}" if "samples_per_epoch" in c else "", epochs])
     packing = {True: "packed, per-document attention", "concat": "packed, attention across documents",
                False: "one document per sequence"}[d["packing"]]
-    notes = [f"training.steps reads {d['samples']:,} sequences ({count(d['train_tokens'])} tokens); {packing}",
-             *[f"{shown(c['path'])}: {c['note']}" for c in d["corpora"] if c["tokens"] is None or "cached" in c["note"]]]
-    return Section("Data", ["corpus", "tokens", "documents", "sequences/epoch", "epochs"], rows, (1, 2, 3, 4), notes)
+    notes = [
+        f"training.steps reads {d['samples']:,} sequences ({count(d['train_tokens'])} tokens); {packing}",
+        *[
+            f"{shown(c['path'])}: {c['note']}"
+            for c in d["corpora"]
+            if c["tokens"] is None or "cached" in c["note"]
+        ],
+    ]
+    return Section("Data", ["corpus", "tokens", "documents", "sequences/epoch", "epochs"], rows, (1, 2, 3, 4),
+                   notes)

@@ -19,9 +19,10 @@ figure { margin: 1em 0; } figure svg { max-width: 100%; height: auto; }
 """
 
 _FIGURE_CAPTIONS = {
-    "timeline": ("Pipeline timeline of one step, simulated: forward and backward passes per stage; grey is idle "
-                 "time (bubble), with uneven stages and transfers included."),
-    "memory": "Device memory of one rank per pipeline stage, stacked by component, against the capacity line.",
+    "timeline": ("Pipeline timeline of one step, simulated: forward and backward passes per stage; grey is "
+                 "idle time (bubble), with uneven stages and transfers included."),
+    "memory": "Device memory of one rank per pipeline stage, "
+              "stacked by component, against the capacity line.",
     "placement": "Rank placement: nodes x GPUs, each rank coloured by its group (pipeline ranks by stage).",
 }
 
@@ -37,15 +38,16 @@ def _table(sec: Section) -> str:
 
 
 def render_html(summary: dict[str, Any], svgs: dict[str, str]) -> str:
-    """The whole report of an explain ``summary`` as one HTML document, with the pictures (``svgs``: name -> SVG
-    element) inlined."""
+    """The whole report of an explain ``summary`` as one HTML document, with the pictures (``svgs``: name ->
+    SVG element) inlined."""
     s = summary
     parts = [f"<h1>dsforge explain: {escape(s['job'])}</h1>", f"<p class=\"lead\">{escape(headline(s))}</p>"]
     parts += [_table(sec) for sec in sections(s)]
     parts.append("<h2>Pictures</h2>")
     for name, svg in svgs.items():
         caption = _FIGURE_CAPTIONS.get(name, name)
-        parts.append(f"<figure id=\"{escape(name)}\">{svg}<figcaption>{escape(caption)}</figcaption></figure>")
+        parts.append(f"<figure "
+                     f"id=\"{escape(name)}\">{svg}<figcaption>{escape(caption)}</figcaption></figure>")
     body = "\n".join(parts)
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>dsforge explain: {escape(s['job'])}</title><style>{_STYLE}</style></head>\n"

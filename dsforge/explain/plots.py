@@ -23,7 +23,8 @@ _FORWARD = ("#4c78a8", "#72a2d6", "#2f5b8a", "#9ecae9")  # one shade per chunk
 _BACKWARD = ("#f58518", "#ffae5e", "#c4620b", "#ffd19b")
 _IDLE = "#e9e3e3"
 _COMPONENT_COLOURS = {"parameters": "#4c78a8", "gradients": "#f58518", "optimizer": "#e45756",
-                      "buffers": "#b279a2", "activations": "#54a24b", "logits": "#eeca3b", "reserve": "#9d9da0"}
+                      "buffers": "#b279a2", "activations": "#54a24b", "logits": "#eeca3b",
+                      "reserve": "#9d9da0"}
 
 
 def _pyplot() -> Any:
@@ -57,8 +58,8 @@ def timeline_figure(timeline: Timeline, title: str, ideal: float | None = None) 
                                edgecolor="white", linewidth=0.0 if len(bars) > 60 else 0.8)
         if label_passes:
             for x in slots:
-                ax.text((x.start + x.end) / 2 * scale, s, str(x.micro_batch), ha="center", va="center", fontsize=7,
-                        color="white")
+                ax.text((x.start + x.end) / 2 * scale, s, str(x.micro_batch), ha="center", va="center",
+                        fontsize=7, color="white")
     ax.set_ylim(p - 0.5, -0.5)
     ax.set_xlim(0, span * scale * 1.001)
     ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
@@ -81,7 +82,9 @@ def memory_figure(memory: MemoryEstimate, title: str) -> Figure:
     """Stacked device-memory bars of one rank per stage against the accelerator's capacity line."""
     plt = _pyplot()
     stages = memory.stages
-    names = list(_COMPONENT_COLOURS) + sorted({k for s in stages for k in s.components} - set(_COMPONENT_COLOURS))
+    names = list(_COMPONENT_COLOURS) + sorted(
+        {k for s in stages for k in s.components} - set(_COMPONENT_COLOURS)
+    )
     fig, ax = plt.subplots(figsize=(max(7.0, 3.0 + 0.7 * len(stages)), 4.8))
     xs = list(range(len(stages)))
     bottom = [0.0] * len(stages)
@@ -89,14 +92,15 @@ def memory_figure(memory: MemoryEstimate, title: str) -> Figure:
         values = [s.components.get(name, 0.0) / 1e9 for s in stages]
         if not any(values):
             continue
-        ax.bar(xs, values, bottom=bottom, color=_COMPONENT_COLOURS.get(name, "#bab0ac"), label=name, width=0.7)
+        ax.bar(xs, values, bottom=bottom, color=_COMPONENT_COLOURS.get(name, "#bab0ac"), label=name,
+               width=0.7)
         bottom = [b + v for b, v in zip(bottom, values)]
     cap = memory.capacity_bytes / 1e9
     ax.axhline(cap, color="#d62728", linestyle="--", linewidth=1.5, label=f"capacity {cap:.0f} GB")
     peak = memory.peak.stage
     for x, total in zip(xs, bottom):
-        ax.text(x, total, f"{total:.1f}" + ("\npeak" if x == peak else ""), ha="center", va="bottom", fontsize=8,
-                fontweight="bold" if x == peak else "normal")
+        ax.text(x, total, f"{total:.1f}" + ("\npeak" if x == peak else ""), ha="center", va="bottom",
+                fontsize=8, fontweight="bold" if x == peak else "normal")
     ax.set_xticks(xs, [f"{s.stage}\nrank {s.rank}" for s in stages], fontsize=8 if len(stages) > 8 else 10)
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("device memory per rank (GB)")
@@ -122,13 +126,15 @@ _KIND_TITLES = {"tp": "tensor-parallel group", "pp": "pipeline stage", "dp": "da
 
 
 def _describe(placement: Placement, kind: str, levels: int) -> str:
-    """Panel title: what the colours mean, how many groups of how many ranks, and whether they leave a node."""
+    """Panel title: what the colours mean, how many groups of how many ranks, and whether they leave a
+    node."""
     groups = placement.groups[kind]
     where = "spanning nodes" if placement.crosses_nodes(kind) else "inside a node"
     if kind == "pp":
         return (f"pipeline stage\n{plural(levels, 'stage')}; {plural(len(groups), 'pipeline')} of "
                 f"{plural(len(groups[0]), 'rank')}, {where}")
-    return f"{_KIND_TITLES.get(kind, kind)}\n{plural(len(groups), 'group')} of {plural(len(groups[0]), 'rank')}, {where}"
+    return (f"{_KIND_TITLES.get(kind, kind)}\n{plural(len(groups), 'group')} of "
+            f"{plural(len(groups[0]), 'rank')}, {where}")
 
 
 def _colours(kind: str, levels: int) -> Any:
@@ -144,7 +150,8 @@ def _colours(kind: str, levels: int) -> Any:
 
 
 def placement_figure(placement: Placement, kinds: list[str], title: str) -> Figure:
-    """The nodes x GPUs grid once per group kind, each rank coloured by its group (pipeline ranks by stage)."""
+    """The nodes x GPUs grid once per group kind, each rank coloured by its group (pipeline ranks by
+    stage)."""
     plt = _pyplot()
     nodes, gpn = placement.world_size // placement.gpus_per_node, placement.gpus_per_node
     by_node = nodes <= 16  # rows are nodes; with many nodes the grid is transposed to stay readable
@@ -159,7 +166,9 @@ def placement_figure(placement: Placement, kinds: list[str], title: str) -> Figu
     annotate = rows * cols <= 256
     for ax, kind in zip(axes.flat, kinds):
         values = _group_values(placement, kind)
-        grid = [[values[(r * gpn + c) if by_node else (c * gpn + r)] for c in range(cols)] for r in range(rows)]
+        grid = [
+            [values[(r * gpn + c) if by_node else (c * gpn + r)] for c in range(cols)] for r in range(rows)
+        ]
         levels = max(values) + 1
         ax.imshow(grid, cmap=_colours(kind, levels), vmin=-0.5, vmax=levels - 0.5, aspect="auto",
                   interpolation="nearest")
@@ -184,7 +193,8 @@ def svg_text(fig: Figure, salt: str) -> str:
     """The figure as an SVG element string for inlining into HTML; ``salt`` keeps its element ids unique."""
     plt = _pyplot()
     buf = io.StringIO()
-    with plt.rc_context({"svg.hashsalt": salt}):  # several SVGs share one page: clip-path ids must not collide
+    with plt.rc_context({"svg.hashsalt": salt}):  # several SVGs share one page: clip-path ids must not
+                                                  # collide
         fig.savefig(buf, format="svg")
     text = buf.getvalue()
     return text[text.find("<svg"):]

@@ -26,7 +26,8 @@ class Explanation:
     memory: MemoryEstimate
 
 
-def explain_plan(plan: ResolvedPlan, tokens: float | None = None, rewrite: dict[str, Any] | None = None) -> Explanation:
+def explain_plan(plan: ResolvedPlan, tokens: float | None = None,
+                 rewrite: dict[str, Any] | None = None) -> Explanation:
     """Estimate a valid plan (raises EstimateError/ValueError when its layout does not resolve).
 
     ``rewrite``: the rewrite plan's description (dsforge.runtime.rewrite.describe); it goes into the

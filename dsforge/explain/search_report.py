@@ -1,4 +1,5 @@
-"""`dsforge search` output: the ranked table, the funnel, the winner as a job-file fragment, JSON, the plot."""
+"""`dsforge search` output: the ranked table, the funnel, the winner as a job-file fragment, JSON, the
+plot."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from dsforge.explain.units import gb, pct, plural, seconds, table
 
 #: Funnel labels of the reasons that are not rule ids.
 REASONS = {"memory": "memory over search.memory_fraction (model states alone, or the estimate)",
-           "DSF301": "DSF301 (the memory estimate exceeds the accelerator)", "deadline": "missing the deadline"}
+           "DSF301": "DSF301 (the memory estimate exceeds the accelerator)",
+           "deadline": "missing the deadline"}
 
 
 def objective_cell(result: SearchResult, e: Evaluated) -> str:
@@ -28,17 +30,20 @@ def objective_cell(result: SearchResult, e: Evaluated) -> str:
 def row(result: SearchResult, rank: int | str, e: Evaluated) -> list[str]:
     """One table row."""
     lay, step, mem = e.layout, e.step, e.memory
-    sched = "-" if lay.pp == 1 else (lay.schedule + (f"/{lay.virtual_stages}" if lay.virtual_stages > 1 else ""))
+    sched = (
+        "-" if lay.pp == 1 else (lay.schedule + (f"/{lay.virtual_stages}" if lay.virtual_stages > 1 else ""))
+    )
     cp = f"{lay.cp}" + (f" {lay.cp_kind}" if lay.cp > 1 else "")
     return [str(rank), str(e.plan.world_size), str(lay.tp), str(lay.pp), str(lay.dp), cp,
-            str(lay.ep), str(lay.zero), "on" if lay.sequence_parallel else "-", str(lay.micro_batch), lay.recompute,
-            sched, f"{gb(mem.peak.device_bytes)} ({mem.utilization:.0%})", seconds(step.step_s),
-            f"{step.tokens_per_s:,.0f}", pct(step.mfu), pct(step.bubble_s / step.step_s if step.step_s else 0.0),
-            seconds(sum(step.comm_s.values())), objective_cell(result, e)]
+            str(lay.ep), str(lay.zero), "on" if lay.sequence_parallel else "-", str(lay.micro_batch),
+            lay.recompute, sched, f"{gb(mem.peak.device_bytes)} ({mem.utilization:.0%})",
+            seconds(step.step_s), f"{step.tokens_per_s:,.0f}", pct(step.mfu),
+            pct(step.bubble_s / step.step_s if step.step_s else 0.0), seconds(sum(step.comm_s.values())),
+            objective_cell(result, e)]
 
 
-HEADERS = ["#", "gpus", "tp", "pp", "dp", "cp", "ep", "zero", "sp", "mb", "recompute", "schedule", "peak memory",
-           "step", "tokens/s", "MFU", "bubble", "exposed comm"]
+HEADERS = ["#", "gpus", "tp", "pp", "dp", "cp", "ep", "zero", "sp", "mb", "recompute", "schedule",
+           "peak memory", "step", "tokens/s", "MFU", "bubble", "exposed comm"]
 
 
 def ranked_table(result: SearchResult) -> str:
@@ -53,13 +58,16 @@ def ranked_table(result: SearchResult) -> str:
 def funnel_text(result: SearchResult) -> str:
     """Candidates considered, removed by each rule id and by memory, pruned, estimated, left."""
     f = result.funnel
-    lines = [f"funnel: {f.considered:,} candidate(s) legal by construction"
-             + (f" over {plural(len(result.nodes_tried), 'node count')}" if len(result.nodes_tried) > 1 else "")]
+    lines = [
+        f"funnel: {f.considered:,} candidate(s) legal by construction"
+        + (f" over {plural(len(result.nodes_tried), 'node count')}" if len(result.nodes_tried) > 1 else "")
+    ]
     for reason, n in sorted(f.removed.items(), key=lambda kv: -kv[1]):
         lines.append(f"  - {n:,} removed by {REASONS.get(reason, reason)}")
     if f.pruned:
         lines.append(f"  - {f.pruned:,} never estimated: their lower bound could not reach the top")
-    lines.append(f"  = {f.fitting:,} fit and were estimated in full{' (exhaustive)' if result.exhaustive else ''}")
+    lines.append(f"  = {f.fitting:,} fit and were estimated in "
+                 f"full{' (exhaustive)' if result.exhaustive else ''}")
     return "\n".join(lines)
 
 
@@ -116,7 +124,8 @@ def render(result: SearchResult, name: str) -> str:
     parts.append(funnel_text(result))
     if result.written_miss is not None:
         m = result.written_miss
-        parts.append(f"written layout {m.layout.label()} does not fit: {REASONS.get(m.reason, m.reason)}: {m.detail}")
+        parts.append(f"written layout {m.layout.label()} does not fit: "
+                     f"{REASONS.get(m.reason, m.reason)}: {m.detail}")
     if result.winner is None:
         parts += ["", misses_text(result)]
     else:
@@ -129,8 +138,9 @@ def to_json(result: SearchResult) -> dict[str, Any]:
     """The report as JSON-ready data: plan.json's search record plus every ranked candidate's figures."""
     doc = record(result, runners_up=len(result.ranked))
     doc["ranked"] = [{"rank": i + 1, "layout": e.layout.as_dict(), "value": e.value, "step_s": e.step.step_s,
-                      "tokens_per_s": e.step.tokens_per_s, "mfu": e.step.mfu, "peak_bytes": e.memory.peak.device_bytes,
-                      "memory_utilization": e.memory.utilization, "bubble_s": e.step.bubble_s,
+                      "tokens_per_s": e.step.tokens_per_s, "mfu": e.step.mfu,
+                      "peak_bytes": e.memory.peak.device_bytes, "memory_utilization": e.memory.utilization,
+                      "bubble_s": e.step.bubble_s,
                       "exposed_comm_s": sum(e.step.comm_s.values())} for i, e in enumerate(result.ranked)]
     doc["seconds"] = result.seconds
     doc["misses"] = [{"layout": m.layout.as_dict(), "reason": m.reason, "detail": m.detail}
@@ -163,11 +173,12 @@ def write_plot(result: SearchResult, directory: str | Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(8, 5))
     ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=12, color="#9ecae9", label="fitting candidate")
     front = frontier(pts)
-    ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "o-", color="#e45756", ms=4, label="frontier")
+    ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "o-", color="#e45756", ms=4,
+            label="frontier")
     if result.winner is not None:
         w = result.winner
-        ax.scatter([w.memory.peak.device_bytes / 1e9], [w.step.tokens_per_s], marker="*", s=160, color="#2f5b8a",
-                   label=f"winner {w.layout.label()}", zorder=3)
+        ax.scatter([w.memory.peak.device_bytes / 1e9], [w.step.tokens_per_s], marker="*", s=160,
+                   color="#2f5b8a", label=f"winner {w.layout.label()}", zorder=3)
     ax.set_xlabel("peak memory of the busiest rank (GB)")
     ax.set_ylabel("tokens/s")
     ax.set_title(f"{len(pts)} fitting candidates")

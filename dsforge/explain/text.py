@@ -19,16 +19,20 @@ _COMPONENTS = ("parameters", "gradients", "optimizer", "buffers", "activations",
 def headline(s: dict[str, Any]) -> str:
     """Two lines naming the job, its hardware and layout."""
     lay, par = s["layout"], s["params"]
-    moe = f", {count(par['active_per_token'])} active per token" if par["active_per_token"] != par["total"] else ""
+    moe = (
+        f", {count(par['active_per_token'])} active per token"
+        if par["active_per_token"] != par["total"]
+        else ""
+    )
     if par.get("formula_total", par["total"]) != par["total"]:
         moe = f" (exact; formula {count(par['formula_total'])}){moe}"
     sp = ", SP" if lay["sequence_parallel"] and lay["tp"] > 1 else ""
-    return (f"{s['job']}: {lay['world_size']} x {lay['accelerator']} ({plural(lay['nodes'], 'node')} x {lay['gpus_per_node']}), "
-            f"tp {lay['tp']} x pp {lay['pp']} x dp {lay['dp']} x cp {lay['cp']} (ep {lay['ep']}), "
-            f"ZeRO-{lay['zero']}{sp}\n"
-            f"model {count(par['total'])} parameters{moe}; batch {lay['global_batch']} x {lay['seq_len']} tokens "
-            f"as {plural(lay['micro_batches'], 'micro-batch', 'micro-batches')} of {lay['micro_batch']} per replica, "
-            f"{lay['precision']}, recompute {lay['recompute']}")
+    return (f"{s['job']}: {lay['world_size']} x {lay['accelerator']} ({plural(lay['nodes'], 'node')} x "
+            f"{lay['gpus_per_node']}), tp {lay['tp']} x pp {lay['pp']} x dp {lay['dp']} x cp {lay['cp']} (ep "
+            f"{lay['ep']}), ZeRO-{lay['zero']}{sp}\n"
+            f"model {count(par['total'])} parameters{moe}; batch {lay['global_batch']} x {lay['seq_len']} "
+            f"tokens as {plural(lay['micro_batches'], 'micro-batch', 'micro-batches')} of "
+            f"{lay['micro_batch']} per replica, {lay['precision']}, recompute {lay['recompute']}")
 
 
 def summary_section(s: dict[str, Any]) -> Section:
@@ -36,29 +40,34 @@ def summary_section(s: dict[str, Any]) -> Section:
     t, mem = s["time"], s["memory"]
     rows = [["step time", seconds(t["step_s"])],
             ["tokens/s", count(t["tokens_per_s"])],
-            ["TFLOP/s per GPU", f"{rate(t['model_tflops_per_gpu'])} model, {rate(t['hardware_tflops_per_gpu'])} hardware"],
+            ["TFLOP/s per GPU", (f"{rate(t['model_tflops_per_gpu'])} model, "
+                                 f"{rate(t['hardware_tflops_per_gpu'])} hardware")],
             ["MFU", f"{pct(t['mfu'])} (HFU {pct(t['hfu'])}) of {rate(t['peak_tflops'])} TFLOP/s dense peak"],
             ["model FLOPs/step", f"{s['flops']['model_per_step']:.3e}"],
             ["time to train", (f"{seconds(t['train_time_s'])} for {count(t['train_tokens'])} tokens "
                               f"({count(t['train_steps'])} steps)")],
-            ["memory peak", (f"{gb(mem['peak_bytes'])} on stage {mem['peak_stage']} (rank {mem['peak_rank']}), "
-                            f"{pct(mem['utilization'])} of {gb(mem['capacity_bytes'])}")],
+            ["memory peak", (f"{gb(mem['peak_bytes'])} on stage {mem['peak_stage']} (rank "
+                            f"{mem['peak_rank']}), {pct(mem['utilization'])} of "
+                            f"{gb(mem['capacity_bytes'])}")],
             *checkpoint_rows(s),
             _params_row(s["params"])]
     note = (f"assumption: kernels reach {t['achievable_fraction']:.2f} of peak "
             f"({t['achievable_fraction_source']})")
     approx = [f"approximate: {s[k]['approximate']}" for k in ("params", "flops") if s[k].get("approximate")]
-    return Section("Summary", ["quantity", "estimate"], rows, notes=[note, *pace_note(s["pipeline"]), *approx])
+    return Section("Summary", ["quantity", "estimate"], rows,
+                   notes=[note, *pace_note(s["pipeline"]), *approx])
 
 
 def pace_note(p: dict[str, Any]) -> list[str]:
-    """Says when the step time is the slowest rank's pace rather than the simulated schedule (deep pipelines)."""
+    """Says when the step time is the slowest rank's pace rather than the simulated schedule (deep
+    pipelines)."""
     if p.get("timeline_exact", True):
         return []
-    return [(f"estimate: the {p['stages']}-stage pipeline has no steady state within the simulation budget, so the step "
-            f"time extrapolates the slowest rank's pace over {count(p['micro_batches'])} micro-batches (from a "
-            f"simulated {plural(p['timeline_shown_micro_batches'] or 0, 'micro-batch', 'micro-batches')}); it is "
-            f"not exact")]
+    return [(f"estimate: the {p['stages']}-stage pipeline has no steady state within the simulation budget, "
+            f"so the step time extrapolates the slowest rank's pace over {count(p['micro_batches'])} "
+            f"micro-batches (from a simulated "
+            f"{plural(p['timeline_shown_micro_batches'] or 0, 'micro-batch', 'micro-batches')}); "
+            f"it is not exact")]
 
 
 def _params_row(par: dict[str, Any]) -> list[str]:
@@ -73,7 +82,8 @@ def _params_row(par: dict[str, Any]) -> list[str]:
             return count(st["exact"] if exact else formula)
         return f"{count(st['exact'])} (formula {count(formula)})"
 
-    return [f"parameters per GPU by stage ({'exact' if exact else 'formula'})", runs([one(st) for st in stages])]
+    return [f"parameters per GPU by stage ({'exact' if exact else 'formula'})",
+            runs([one(st) for st in stages])]
 
 
 def runs(values: list[str]) -> str:
@@ -90,7 +100,8 @@ def runs(values: list[str]) -> str:
 
 
 def rewrite_section(desc: dict[str, Any]) -> Section:
-    """The rewrite plan (one row per repeated module pattern, shards per rank), or why the model cannot be placed.
+    """The rewrite plan (one row per repeated module pattern, shards per rank), or why the model cannot be
+    placed.
 
     Title and notes are `format_description`'s lines, the rows its module lines split into columns.
     """
@@ -99,10 +110,12 @@ def rewrite_section(desc: dict[str, Any]) -> Section:
     title = title[0].upper() + title[1:]
     if not desc.get("ok"):
         left = desc.get("leftover") or []
-        notes = [f"{plural(len(left), 'module')} with parameters left over: give them `rewrite:` rules"] if left else []
+        notes = [(f"{plural(len(left), 'module')} with parameters left "
+                  f"over: give them `rewrite:` rules")] if left else []
         return Section(title, ["problem"], [[e] for e in desc.get("errors", [])], notes=notes)
     rows = [[row["variant"], row["modules"] + (f" (tied to {row['tied_to']})" if row.get("tied_to") else ""),
-             row["rule"], ", ".join(f"{name} {'x'.join(map(str, p['shape']))} -> {'x'.join(map(str, p['shard']))}"
+             row["rule"], ", ".join(f"{name} {'x'.join(map(str, p['shape']))} -> "
+                                    f"{'x'.join(map(str, p['shard']))}"
                                     for name, p in row["params"].items())] for row in desc["summary"]]
     notes = [line.strip() for line in lines[1 + len(desc["summary"]):]]
     return Section(title, ["variant", "modules", "rule", "parameters: full -> per rank"], rows, notes=notes)
@@ -111,22 +124,26 @@ def rewrite_section(desc: dict[str, Any]) -> Section:
 def memory_section(s: dict[str, Any]) -> Section:
     """Device memory of one rank per pipeline stage, by component, with the peak rank marked."""
     mem = s["memory"]
-    names = list(_COMPONENTS) + sorted({k for st in mem["stages"] for k in st["components"]} - set(_COMPONENTS))
+    names = list(_COMPONENTS) + sorted(
+        {k for st in mem["stages"] for k in st["components"]} - set(_COMPONENTS)
+    )
     rows = [[f"{st['stage']}{' *' if st['stage'] == mem['peak_stage'] else ''}", str(st["rank"])]
-            + [gb(st["components"].get(n, 0.0)) for n in names] + [gb(st["device_bytes"]), gb(st["host_bytes"])]
+            + [gb(st["components"].get(n, 0.0)) for n in names] + [gb(st["device_bytes"]),
+                                                                   gb(st["host_bytes"])]
             for st in mem["stages"]]
     notes = [(f"* peak: stage {mem['peak_stage']}, rank {mem['peak_rank']}: {gb(mem['peak_bytes'])} of "
              f"{gb(mem['capacity_bytes'])} ({pct(mem['utilization'])})")]
     notes += [f"note: {a}" for a in mem.get("assumptions", [])]
-    return Section("Memory per pipeline stage (one rank each)", ["stage", "rank"] + names + ["total", "host"], rows,
-                   tuple(range(1, len(names) + 4)), notes)
+    return Section("Memory per pipeline stage (one rank each)", ["stage", "rank"] + names + ["total", "host"],
+                   rows, tuple(range(1, len(names) + 4)), notes)
 
 
 def comm_section(s: dict[str, Any]) -> Section:
     """Every collective of one rank of the critical stage: size, link, bytes and time per step."""
     c = s["communication"]
-    rows = [[r["group"], r["collective"], r["purpose"], str(r["group_size"]), r["link"], gb(r["payload_bytes"]),
-             count(r["calls_per_step"]), gb(r["sent_bytes_per_step"]), seconds(r["time_per_step_s"]), r["overlap"]]
+    rows = [[r["group"], r["collective"], r["purpose"], str(r["group_size"]), r["link"],
+             gb(r["payload_bytes"]), count(r["calls_per_step"]), gb(r["sent_bytes_per_step"]),
+             seconds(r["time_per_step_s"]), r["overlap"]]
             for r in c["collectives"]]
     exposed = ", ".join(f"{k} {seconds(v)}" for k, v in c["exposed_s"].items()) or "none"
     head = ["group", "collective", "purpose", "ranks", "link", "per call", "calls", "sent/step", "time/step",
@@ -148,13 +165,16 @@ def bubble_notes(s: dict[str, Any]) -> list[str]:
         return ["pipeline bubble: none (one pipeline stage)"]
     share = t["bubble_s"] / t["step_s"] if t["step_s"] else 0.0
     return ["pipeline bubble, three ways:",
-            f"  {pct(share)} of this rank's step (the row above; waiting for transfers counts as pp communication)",
-            f"  {pct(p['bubble_fraction'])} of the pipeline's rank-time, {SIMULATED_LABEL} (the timeline picture)",
+            (f"  {pct(share)} of this rank's step (the row above; "
+             f"waiting for transfers counts as pp communication)"),
+            (f"  {pct(p['bubble_fraction'])} of the pipeline's "
+             f"rank-time, {SIMULATED_LABEL} (the timeline picture)"),
             f"  {pct(p['bubble_fraction_closed_form'])} {IDEAL_LABEL}"]
 
 
 def timing_section(s: dict[str, Any]) -> Section:
-    """Where the critical rank's step time goes, and the bubble as this rank, the simulation and the formula see it."""
+    """Where the critical rank's step time goes, and the bubble as this rank, the simulation and the formula
+    see it."""
     t, p = s["time"], s["pipeline"]
     step = t["step_s"]
     parts = [("compute", t["compute_s"]), (BUBBLE_ROW, t["bubble_s"])]
@@ -164,10 +184,12 @@ def timing_section(s: dict[str, Any]) -> Section:
         parts += [("DeepSpeed engine host work", t["engine_s"])]
     rows = [[name, seconds(v), pct(v / step if step else 0.0)] for name, v in parts]
     rows.append(["step", seconds(step), pct(1.0)])
-    note = (f"pipeline: {p['schedule']}, {plural(p['stages'], 'stage')} x {plural(p['virtual_stages'], 'chunk')}, "
-            f"{plural(p['micro_batches'], 'micro-batch', 'micro-batches')}, layers per chunk {p['stage_layers']}")
-    return Section(f"Timing (critical rank: stage {t['critical_stage']})", ["part", "time", "share"], rows, (1, 2),
-                   [note, *bubble_notes(s)])
+    note = (f"pipeline: {p['schedule']}, {plural(p['stages'], 'stage')} x "
+            f"{plural(p['virtual_stages'], 'chunk')}, "
+            f"{plural(p['micro_batches'], 'micro-batch', 'micro-batches')}, "
+            f"layers per chunk {p['stage_layers']}")
+    return Section(f"Timing (critical rank: stage {t['critical_stage']})", ["part", "time", "share"], rows,
+                   (1, 2), [note, *bubble_notes(s)])
 
 
 def sections(s: dict[str, Any]) -> list[Section]:

@@ -20,8 +20,9 @@ MINUTE, HOUR, DAY, YEAR = 60.0, 3600.0, 86400.0, 365.0 * 86400.0
 
 
 #: (seconds per unit, name, decimals, where the next unit takes over, in this unit).
-_DURATIONS = ((1e-6, "us", 1, 1000.0), (1e-3, "ms", 1, 1000.0), (1.0, "s", 2, MINUTE), (MINUTE, "min", 1, 60.0),
-              (HOUR, "h", 1, 48.0), (DAY, "days", 1, 730.0), (YEAR, "years", 1, float("inf")))
+_DURATIONS = ((1e-6, "us", 1, 1000.0), (1e-3, "ms", 1, 1000.0), (1.0, "s", 2, MINUTE),
+              (MINUTE, "min", 1, 60.0), (HOUR, "h", 1, 48.0), (DAY, "days", 1, 730.0),
+              (YEAR, "years", 1, float("inf")))
 
 
 def seconds(s: float) -> str:
@@ -56,7 +57,8 @@ def count(n: float) -> str:
 
 
 def plural(n: int, word: str, many: str = "") -> str:
-    """``n`` and ``word``, in its plural (``many``, default word + "s") unless n is 1: "1 stage", "4 stages"."""
+    """``n`` and ``word``, in its plural (``many``, default word + "s") unless n is 1: "1 stage", "4
+    stages"."""
     return f"{n} {word}" if n == 1 else f"{n} {many or word + 's'}"
 
 

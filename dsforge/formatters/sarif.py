@@ -55,7 +55,8 @@ def render(diags: list[Diagnostic]) -> str:
         "version": "2.1.0",
         "runs": [{
             "tool": {"driver": {"name": "dsforge", "version": __version__,
-                                "informationUri": "https://github.com/dsforge/dsforge", "rules": _rules(diags)}},
+                                "informationUri": "https://github.com/dsforge/dsforge",
+                                "rules": _rules(diags)}},
             "results": [_result(d) for d in diags],
         }],
     }

@@ -9,7 +9,8 @@ def render(diags: list[Diagnostic]) -> str:
     """Render diagnostics the way compilers do, followed by a one-line count."""
     lines = []
     for d in diags:
-        # continuation lines are indented so each finding still starts with `file:line:col:` (for grep/editors)
+        # continuation lines are indented so each finding still starts with `file:line:col:` (for
+        # grep/editors)
         lines.append(f"{d.location}: {d.severity.value}[{d.rule}] " + d.message.replace("\n", "\n    "))
         if d.fix:
             lines.append(f"  fix: {d.fix}")

@@ -1,4 +1,5 @@
-"""HF Accelerate driven by a job file: a DeepSpeedPlugin holding the compiled ds_config, and a checked Accelerator.
+"""HF Accelerate driven by a job file: a DeepSpeedPlugin holding the compiled ds_config, and a checked
+Accelerator.
 
 ``deepspeed_plugin`` gives accelerate exactly the ds_config `dsforge compile` writes (accelerate
 only fills "auto" values, and dsforge writes none). ``accelerator`` builds the Accelerator and checks
@@ -24,8 +25,10 @@ from dsforge.compiler.deepspeed.ds_settings import on_cpu
 from dsforge.plugins.job import JobLike, TrainerJob, check_live, load_job, precision_of
 from dsforge.plugins.parallel_model import own_exit, refuse_without_mpu, require_trainer_layout
 
-#: accelerate 1.15's Accelerator._prepare_deepspeed gives deepspeed.initialize an mpu only for Ulysses (sp_size).
-_NO_MPU = "accelerate's Accelerator._prepare_deepspeed and DeepSpeedPlugin take no mpu, only Ulysses' for sp_size"
+#: accelerate 1.15's Accelerator._prepare_deepspeed gives deepspeed.initialize an mpu only for Ulysses
+#: (sp_size).
+_NO_MPU = ("accelerate's Accelerator._prepare_deepspeed and "
+           "DeepSpeedPlugin take no mpu, only Ulysses' for sp_size")
 
 _FIX = ("build the Accelerator with dsforge.plugins.accelerate.accelerator(job), the data loader with "
         "batch_size=job.micro_batch, and start as many processes as the job plans")
@@ -49,7 +52,8 @@ def accelerator(job: JobLike, **kwargs: Any) -> Accelerator:
     plugin = deepspeed_plugin(j)
     from dsforge.runtime.teardown import before_init
 
-    before_init()  # before accelerate joins the world (dsforge.runtime.teardown): no thread outlives the interpreter
+    before_init()  # before accelerate joins the world (dsforge.runtime.teardown): no thread outlives the
+                   # interpreter
     if on_cpu(j.plan):
         from accelerate.state import PartialState
 
@@ -61,8 +65,9 @@ def accelerator(job: JobLike, **kwargs: Any) -> Accelerator:
 
 
 def prepare_model(job: JobLike, model: Any = None) -> Any:
-    """The rank's model by the job's plan for `accelerator.prepare` (dsforge.plugins.parallel_model.prepare_model);
-    without ``model`` it is built from `model.pretrained` (or the seed), under ZeRO-3 partitioned as it is filled."""
+    """The rank's model by the job's plan for `accelerator.prepare`
+    (dsforge.plugins.parallel_model.prepare_model); without ``model`` it is built from `model.pretrained` (or
+    the seed), under ZeRO-3 partitioned as it is filled."""
     from dsforge.plugins import parallel_model
 
     j = require_trainer_layout(job, "Accelerate")
@@ -71,7 +76,8 @@ def prepare_model(job: JobLike, model: Any = None) -> Any:
 
 
 def check_accelerator(job: JobLike, acc: Accelerator) -> None:
-    """Compare the Accelerator's world and DeepSpeed config with the plan; raise PlanMismatchError on a difference."""
+    """Compare the Accelerator's world and DeepSpeed config with the plan; raise PlanMismatchError on a
+    difference."""
     j = load_job(job)
     plugin = acc.state.deepspeed_plugin if acc.distributed_type == DistributedType.DEEPSPEED else None
     live: dict[str, Any] = {"world size": acc.num_processes}
@@ -88,7 +94,8 @@ def check_accelerator(job: JobLike, acc: Accelerator) -> None:
 
 
 def check_dataloader(job: JobLike, loader: Any) -> None:
-    """The data loader gives micro_batch samples per rank (DeepSpeed itself never checks the batch it is fed)."""
+    """The data loader gives micro_batch samples per rank (DeepSpeed itself never checks the batch it is
+    fed)."""
     size = getattr(loader, "batch_size", None)
     if size is None:
         size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
@@ -96,10 +103,12 @@ def check_dataloader(job: JobLike, loader: Any) -> None:
 
 
 def optimizer_and_scheduler(job: JobLike, model: Any) -> tuple[DummyOptim, DummyScheduler | None]:
-    """Placeholders for `accelerator.prepare`: DeepSpeed builds the job's optimizer and schedule from the config."""
+    """Placeholders for `accelerator.prepare`: DeepSpeed builds the job's optimizer and schedule from the
+    config."""
     j: TrainerJob = load_job(job)
     t = j.plan.spec.training
     optimizer = DummyOptim(model.parameters(), lr=t.optimizer.lr, weight_decay=t.optimizer.weight_decay)
     if "scheduler" not in j.ds_config():
         return optimizer, None
-    return optimizer, DummyScheduler(optimizer, total_num_steps=t.steps, warmup_num_steps=t.scheduler.warmup_steps)
+    return optimizer, DummyScheduler(optimizer, total_num_steps=t.steps,
+                                     warmup_num_steps=t.scheduler.warmup_steps)

@@ -1,4 +1,5 @@
-"""HF Transformers Trainer driven by a job file: TrainingArguments keywords and a callback that checks the run.
+"""HF Transformers Trainer driven by a job file: TrainingArguments keywords and a callback that checks the
+run.
 
 ``training_args_kwargs`` gives the DeepSpeed config `dsforge compile` writes, as a dict, together
 with the TrainingArguments that HF compares it against. HF fills and checks the config in
@@ -29,13 +30,14 @@ from dsforge.plugins.parallel_model import own_exit, refuse_without_mpu, require
 
 #: Where the Trainer builds its engine: Trainer -> deepspeed_init -> Accelerator._prepare_deepspeed, whose
 #: deepspeed.initialize gets an mpu only from Ulysses sequence parallelism (ParallelismConfig sp_size).
-_NO_MPU = "transformers' deepspeed_init and accelerate's _prepare_deepspeed take no mpu, only Ulysses' for sp_size"
+_NO_MPU = ("transformers' deepspeed_init and accelerate's "
+           "_prepare_deepspeed take no mpu, only Ulysses' for sp_size")
 
 log = logging.getLogger("dsforge.plugins.hf")
 
 _HF_SCHEDULE = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
-_FIX = ("build the arguments with dsforge.plugins.hf.training_arguments(job, ...) without overriding these keys, "
-        "and start as many processes as the job plans")
+_FIX = ("build the arguments with dsforge.plugins.hf.training_arguments(job, ...) without overriding these "
+        "keys, and start as many processes as the job plans")
 
 
 def training_args_kwargs(job: JobLike) -> dict[str, Any]:
@@ -81,7 +83,8 @@ def training_arguments(job: JobLike, output_dir: str, **overrides: Any) -> Train
     from dsforge.runtime.teardown import before_init
 
     kwargs = training_args_kwargs(job)
-    before_init()  # before accelerate joins the world (dsforge.runtime.teardown): no thread outlives the interpreter
+    before_init()  # before accelerate joins the world (dsforge.runtime.teardown): no thread outlives the
+                   # interpreter
     args = TrainingArguments(output_dir=output_dir, **{**kwargs, **overrides})
     _ = args.world_size  # HF's _setup_devices: the distributed state (gloo on the CPU) exists from now on
     import torch.distributed as dist
@@ -97,8 +100,9 @@ def training_arguments(job: JobLike, output_dir: str, **overrides: Any) -> Train
 
 
 def prepare_model(job: JobLike, model: Any = None) -> Any:
-    """The rank's model by the job's plan for the Trainer (dsforge.plugins.parallel_model.prepare_model); without
-    ``model`` it is built from `model.pretrained` (or the seed), under ZeRO-3 partitioned as it is filled."""
+    """The rank's model by the job's plan for the Trainer (dsforge.plugins.parallel_model.prepare_model);
+    without ``model`` it is built from `model.pretrained` (or the seed), under ZeRO-3 partitioned as it is
+    filled."""
     from dsforge.plugins import parallel_model
 
     j = require_trainer_layout(job, "the HF Trainer")
@@ -139,7 +143,8 @@ class DsforgeCallback(TrainerCallback):  # type: ignore[misc]
         self._measure_at = 0
 
     def check_arguments(self, args: TrainingArguments) -> None:
-        """Compare TrainingArguments (and the DeepSpeed config they carry) with the plan; raise on a mismatch."""
+        """Compare TrainingArguments (and the DeepSpeed config they carry) with the plan; raise on a
+        mismatch."""
         live: dict[str, Any] = {"world size": args.world_size,
                                 "micro-batch per rank": args.per_device_train_batch_size,
                                 "gradient accumulation steps": args.gradient_accumulation_steps,
@@ -152,7 +157,8 @@ class DsforgeCallback(TrainerCallback):  # type: ignore[misc]
         check_live(self.job, live, "TrainingArguments", _FIX)
 
     def check_deepspeed(self, ds_config: dict[str, Any] | None, train_dataloader: Any) -> None:
-        """Compare the config DeepSpeed was started with, the process group and the data loader with the plan."""
+        """Compare the config DeepSpeed was started with, the process group and the data loader with the
+        plan."""
         import torch.distributed as dist
 
         live: dict[str, Any] = {"world size": dist.get_world_size() if dist.is_initialized() else 1}
@@ -164,8 +170,8 @@ class DsforgeCallback(TrainerCallback):  # type: ignore[misc]
                          "ZeRO stage": zero.get("stage", 0) if isinstance(zero, dict) else None,
                          "precision": precision_of(ds_config)})
         check_live(self.job, live, "the DeepSpeed engine", _FIX)
-        check_live(self.job, {"micro-batch per rank": _per_rank_batch(train_dataloader)}, "the training data loader",
-                   _FIX)
+        check_live(self.job, {"micro-batch per rank": _per_rank_batch(train_dataloader)},
+                   "the training data loader", _FIX)
 
     def on_init_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         """The Trainer is built: check its arguments (HF's own check runs only inside train())."""
@@ -181,7 +187,8 @@ class DsforgeCallback(TrainerCallback):  # type: ignore[misc]
 
             # Callbacks see the module and accelerate's optimizer wrapper, not the engine; the probe needs
             # only these two of it (the module, and DeepSpeed's optimizer around the torch one).
-            self._probes = (StateProbe(SimpleNamespace(module=model, optimizer=optimizer)), ActivationProbe(model))
+            self._probes = (StateProbe(SimpleNamespace(module=model, optimizer=optimizer)),
+                            ActivationProbe(model))
             # Adam's state exists from the second optimizer step on (as dsforge.runtime.main measures it).
             self._measure_at = state.global_step + (1 if args.max_steps - state.global_step >= 2 else 0)
 

@@ -87,11 +87,11 @@ def require_data_parallel(job: TrainerJob, trainer: str) -> None:
     if split:
         degrees = ", ".join(f"{k}={v}" for k, v in split.items())
         raise PluginError(
-            f"{job.file}: {degrees}: {trainer} passes the model to deepspeed.initialize without dsforge's process "
-            "groups, so DeepSpeed would treat every rank as a data-parallel replica; through this integration only "
-            "data parallelism with ZeRO 0-3 runs. Set parallel.tp/pp/cp/ep to 1 (at "
-            f"{job.where('parallel')}), or run the job with `dsforge compile` and its launcher (dsforge.runtime "
-            "builds the groups and the parallel model).")
+            f"{job.file}: {degrees}: {trainer} passes the model to deepspeed.initialize without dsforge's "
+            f"process groups, so DeepSpeed would treat every rank as a data-parallel replica; through this "
+            "integration only data parallelism with ZeRO 0-3 runs. Set parallel.tp/pp/cp/ep to 1 (at "
+            f"{job.where('parallel')}), or run the job with `dsforge compile` and its launcher "
+            f"(dsforge.runtime builds the groups and the parallel model).")
 
 
 def precision_of(ds_config: Mapping[str, Any]) -> str:
@@ -126,8 +126,12 @@ def mismatches(job: TrainerJob, live: Mapping[str, Any], source: str) -> list[st
 
 
 def check_live(job: TrainerJob, live: Mapping[str, Any], source: str, fix: str) -> None:
-    """Raise PlanMismatchError listing every live value that differs from the plan; ``fix`` says what to do."""
+    """Raise PlanMismatchError listing every live value that differs from the plan; ``fix`` says what to
+    do."""
     found = mismatches(job, live, source)
     if found:
-        raise PlanMismatchError(f"the run does not match the job file {job.file}:\n  - " + "\n  - ".join(found)
-                                + f"\n  fix: {fix}")
+        raise PlanMismatchError(
+            f"the run does not match the job file {job.file}:\n  - "
+            + "\n  - ".join(found)
+            + f"\n  fix: {fix}"
+        )

@@ -1,13 +1,13 @@
-"""Lightning driven by a job file: the dsforge strategy built from the plan, the Trainer arguments that go with
-it, and ``prepare_model``, the rank's model by the plan.
+"""Lightning driven by a job file: the dsforge strategy built from the plan, the Trainer arguments that go
+with it, and ``prepare_model``, the rank's model by the plan.
 
-The strategy (``DsforgeStrategy``, dsforge/plugins/lightning_strategy.py) is Lightning's DeepSpeedStrategy with
-dsforge's groups, data by dp rank, a plain HF directory in each checkpoint, a clean exit, and CPU processes
-(gloo). It gets the ds_config `dsforge compile` writes, less ``gradient_accumulation_steps``: Lightning refuses
-that key in a config and writes it itself from the Trainer's ``accumulate_grad_batches``
+The strategy (``DsforgeStrategy``, dsforge/plugins/lightning_strategy.py) is Lightning's DeepSpeedStrategy
+with dsforge's groups, data by dp rank, a plain HF directory in each checkpoint, a clean exit, and CPU
+processes (gloo). It gets the ds_config `dsforge compile` writes, less ``gradient_accumulation_steps``:
+Lightning refuses that key in a config and writes it itself from the Trainer's ``accumulate_grad_batches``
 (lightning/pytorch/strategies/deepspeed.py ``_format_batch_size_and_grad_accum_config``), which
-``trainer_kwargs`` sets to the plan's value. It keeps the config's micro-batch, clipping and precision sections
-as they are, so what Lightning hands deepspeed.initialize is the compiled config again.
+``trainer_kwargs`` sets to the plan's value. It keeps the config's micro-batch, clipping and precision
+sections as they are, so what Lightning hands deepspeed.initialize is the compiled config again.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from dsforge.plugins.lightning_strategy import DsforgeStrategy, _split, core
 PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": "32-true"}
 _JOB_PRECISION = {"bf16-mixed": "bf16", "bf16-true": "bf16", "16-mixed": "fp16", "16-true": "fp16",
                   "32-true": "fp32", "32": "fp32"}
-_FIX = "build the Trainer with dsforge.plugins.lightning.trainer_kwargs(job) and launch as many processes as planned"
+_FIX = ("build the Trainer with dsforge.plugins.lightning.trainer_kwargs(job) "
+        "and launch as many processes as planned")
 
 
 def strategy_config(job: JobLike) -> dict[str, Any]:
@@ -37,33 +38,39 @@ def strategy_config(job: JobLike) -> dict[str, Any]:
 
 #: What Lightning cannot feed exactly: degree -> (rule id, why).
 _REFUSED = {
-    "pp": ("DSF702", ("Lightning's training loop runs one forward and backward per micro-batch on every rank; a "
-                      "pipeline needs DeepSpeed's PipelineEngine schedule, which Lightning's strategy does not drive")),
-    "cp": ("DSF703", ("context parallelism needs each rank of a CP group to read its slice of every sequence; "
-                      "Lightning's sampler shards whole samples, and this plugin does not yet slice them exactly")),
+    "pp": ("DSF702", ("Lightning's training loop runs one forward and backward per micro-batch on every "
+                      "rank; a pipeline needs DeepSpeed's PipelineEngine schedule, "
+                      "which Lightning's strategy does not drive")),
+    "cp": ("DSF703", ("context parallelism needs each rank of a CP group to read its slice of every "
+                      "sequence; Lightning's sampler shards whole samples, and "
+                      "this plugin does not yet slice them exactly")),
     "ep": ("DSF704", "expert parallelism through Lightning is not verified exact against one process here"),
 }
 
 
 def require_lightning_layout(job: TrainerJob) -> None:
-    """PluginError (rule id, job-file key, `dsforge compile` alternative) for a layout Lightning cannot run exactly."""
+    """PluginError (rule id, job-file key, `dsforge compile` alternative) for a layout Lightning cannot run
+    exactly."""
     d = job.plan.degrees
     for degree, (rule, why) in _REFUSED.items():
         if getattr(d, degree) > 1:
             raise PluginError(f"{rule} {job.file}: parallel.{degree}={getattr(d, degree)} (at "
-                              f"{job.where('parallel', degree)}): {why}. Set parallel.{degree} to 1, or run the job "
-                              "with `dsforge compile` and its launcher (dsforge.runtime runs this layout).")
+                              f"{job.where('parallel', degree)}): {why}. Set parallel.{degree} to 1, or run "
+                              f"the job with `dsforge compile` and its "
+                              f"launcher (dsforge.runtime runs this layout).")
 
 
 def deepspeed_strategy(job: JobLike, **kwargs: Any) -> DsforgeStrategy:
-    """The dsforge strategy running the job's config (``kwargs`` go to the strategy, e.g. a cluster environment)."""
+    """The dsforge strategy running the job's config (``kwargs`` go to the strategy, e.g. a cluster
+    environment)."""
     j = load_job(job)
     require_lightning_layout(j)
     return DsforgeStrategy(j, config=strategy_config(j), **kwargs)
 
 
 def prepare_model(job: JobLike, model: Any = None) -> Any:
-    """The rank's parallel model by the job's plan (parallel_model's rewrite, as `dsforge run`); whole at tp/cp/ep=1."""
+    """The rank's parallel model by the job's plan (parallel_model's rewrite, as `dsforge run`); whole at
+    tp/cp/ep=1."""
     j = load_job(job)
     require_lightning_layout(j)
     base = core()
@@ -93,7 +100,8 @@ def trainer_kwargs(job: JobLike) -> dict[str, Any]:
 
 
 def check_trainer(job: JobLike, trainer: pl.Trainer) -> None:
-    """Compare the Trainer and its strategy's DeepSpeed config with the plan (PlanMismatchError on a difference)."""
+    """Compare the Trainer and its strategy's DeepSpeed config with the plan (PlanMismatchError on a
+    difference)."""
     j: TrainerJob = load_job(job)
     live: dict[str, Any] = {"world size": trainer.num_nodes * trainer.num_devices,
                             "gradient accumulation steps": trainer.accumulate_grad_batches,

@@ -1,24 +1,28 @@
-"""DsforgeStrategy: Lightning's DeepSpeedStrategy with dsforge's groups, data by dp rank, and CPU processes (gloo).
+"""DsforgeStrategy: Lightning's DeepSpeedStrategy with dsforge's groups, data by dp rank, and CPU processes
+(gloo).
 
-Built on Lightning's documented extension point, a Strategy subclass (lightning/pytorch/strategies/deepspeed.py,
-Lightning 2.6); no Lightning code is patched. What it changes, and why:
+Built on Lightning's documented extension point, a Strategy subclass
+(lightning/pytorch/strategies/deepspeed.py, Lightning 2.6); no Lightning code is patched. What it changes, and
+why:
 
-* ``setup_environment`` / ``setup_distributed``: the parent refuses any accelerator but CUDA and checks that the
-  devices' indices are the local ranks (a CPU device has no index). On a CPU job both checks are skipped; the
-  process group is joined as the parent does (deepspeed.init_distributed with the backend Lightning picks for
-  the device: gloo on CPU). A CUDA job runs the parent's code unchanged.
+* ``setup_environment`` / ``setup_distributed``: the parent refuses any accelerator but CUDA and checks that
+  the devices' indices are the local ranks (a CPU device has no index). On a CPU job both checks are skipped;
+  the process group is joined as the parent does (deepspeed.init_distributed with the backend Lightning picks
+  for the device: gloo on CPU). A CUDA job runs the parent's code unchanged.
 * ``_setup_model_and_optimizer``: the parent's deepspeed.initialize call plus ``mpu=`` (DeepSpeed's documented
-  hook): with the job's mpu, gradients are reduced over dp only, ZeRO partitions over dp, and the gradient norm
-  is summed over the TP group. A data-parallel-only job has no mpu (the world is the dp group).
+  hook): with the job's mpu, gradients are reduced over dp only, ZeRO partitions over dp, and the gradient
+  norm is summed over the TP group. A data-parallel-only job has no mpu (the world is the dp group).
 * ``distributed_sampler_kwargs``: the sampler Lightning inserts shards over the dp ranks only, so the ranks of
   one TP group read the same batch.
 * ``setup`` / ``on_train_start``: the Trainer and its data are compared with the plan before the first step
   (PlanMismatchError naming the job-file key).
-* ``save_checkpoint``: Lightning's DeepSpeed checkpoint (the sharded state that ``ckpt_path`` resumes exactly),
-  plus a plain HF directory ``<checkpoint>/hf`` gathered from the slices, which ``from_pretrained`` loads.
-* the exit: an atexit handler (registered when the world is joined) removes the engines' hooks and destroys the
-  process groups while the interpreter is whole, so no rank aborts at exit and the user's script calls no dsforge
-  teardown function; the groups stay up after fit for what the script does next (``trainer.save_checkpoint``).
+* ``save_checkpoint``: Lightning's DeepSpeed checkpoint (the sharded state that ``ckpt_path`` resumes
+  exactly), plus a plain HF directory ``<checkpoint>/hf`` gathered from the slices, which ``from_pretrained``
+  loads.
+* the exit: an atexit handler (registered when the world is joined) removes the engines' hooks and destroys
+  the process groups while the interpreter is whole, so no rank aborts at exit and the user's script calls no
+  dsforge teardown function; the groups stay up after fit for what the script does next
+  (``trainer.save_checkpoint``).
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ HF_SUBDIR = "hf"
 
 
 def core() -> Any:
-    """The shared trainer core (dsforge.plugins.parallel_model), or None where this tree does not have it yet."""
+    """The shared trainer core (dsforge.plugins.parallel_model), or None where this tree does not have it
+    yet."""
     try:
         from dsforge.plugins import parallel_model
     except ImportError:
@@ -58,7 +63,8 @@ def _split(job: TrainerJob) -> bool:
 
 
 def hf_model(module: torch.nn.Module) -> Any:
-    """The first submodule with ``save_pretrained`` (the user's HF model inside the LightningModule), or None."""
+    """The first submodule with ``save_pretrained`` (the user's HF model inside the LightningModule), or
+    None."""
     for sub in module.modules():
         if callable(getattr(sub, "save_pretrained", None)) and hasattr(sub, "config"):
             return sub
@@ -75,7 +81,8 @@ class DsforgeStrategy(DeepSpeedStrategy):  # type: ignore[misc]
         self.job = load_job(job)
         self._mpu: Any = None
 
-    # -- start-up ---------------------------------------------------------------------------------------------
+    # -- start-up
+    # ---------------------------------------------------------------------------------------------
     def setup_environment(self) -> None:
         """Join the world (gloo on CPU); the parent's CUDA-only check applies to CUDA jobs only."""
         from dsforge.runtime.teardown import before_init
@@ -108,17 +115,28 @@ class DsforgeStrategy(DeepSpeedStrategy):  # type: ignore[misc]
         check_trainer(self.job, trainer)
         super().setup(trainer)
 
-    def _setup_model_and_optimizer(self, model: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None) -> Any:
-        """The parent's deepspeed.initialize, with dsforge's mpu so that reductions and ZeRO use its groups."""
+    def _setup_model_and_optimizer(self, model: torch.nn.Module, optimizer: Any,
+                                   lr_scheduler: Any = None) -> Any:
+        """The parent's deepspeed.initialize, with dsforge's mpu so that reductions and ZeRO use its
+        groups."""
         import deepspeed
 
         engine, ds_optimizer, _, _ = deepspeed.initialize(
-            args=argparse.Namespace(device_rank=self.local_rank if self.root_device.index is None else self.root_device.index), config=self.config, model=model,
-            model_parameters=[p for p in model.parameters() if p.requires_grad], optimizer=optimizer,
-            lr_scheduler=lr_scheduler, dist_init_required=False, mpu=self._mpu)
+            args=argparse.Namespace(
+                device_rank=self.local_rank if self.root_device.index is None else self.root_device.index
+            ),
+            config=self.config,
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+            mpu=self._mpu,
+        )
         return engine, ds_optimizer
 
-    # -- data by dp rank -----------------------------------------------------------------------------------------
+    # -- data by dp rank
+    # -----------------------------------------------------------------------------------------
     def dp_shard(self) -> tuple[int, int]:
         """(dp rank, dp size) of this process: what the sampler shards over."""
         if self._mpu is not None:
@@ -132,31 +150,37 @@ class DsforgeStrategy(DeepSpeedStrategy):  # type: ignore[misc]
         return {"num_replicas": size, "rank": rank}
 
     def on_train_start(self) -> None:
-        """PlanMismatchError before the first step when the loader's batch or sampler differs from the plan."""
+        """PlanMismatchError before the first step when the loader's batch or sampler differs from the
+        plan."""
         super().on_train_start()
         trainer = self.lightning_module.trainer
         check_loader(self.job, trainer.train_dataloader, self.dp_shard())
 
-    # -- checkpoints ---------------------------------------------------------------------------------------------
+    # -- checkpoints
+    # ---------------------------------------------------------------------------------------------
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        """Lightning's sharded DeepSpeed checkpoint, then a plain HF directory ``<filepath>/hf`` from the slices."""
+        """Lightning's sharded DeepSpeed checkpoint, then a plain HF directory ``<filepath>/hf`` from the
+        slices."""
         super().save_checkpoint(checkpoint, filepath, storage_options)
         target = Path(self.broadcast(str(filepath))) / HF_SUBDIR
         save_hf_directory(self.job, self.lightning_module, target, self.is_global_zero)
         self.barrier()
 
-    # -- exit ----------------------------------------------------------------------------------------------------
+    # -- exit
+    # ----------------------------------------------------------------------------------------------------
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Refused (DSF716): Lightning's resume is not yet the uninterrupted run, and a resume that trains
         something else is never silent."""
-        raise PluginError(f"DSF716 {self.job.file}: resuming through Lightning's ckpt_path ({checkpoint_path}) is "
-                          "not exact: from an epoch-end checkpoint Lightning 2.6 replays one batch of the finished "
-                          "epoch, so the losses differ from the uninterrupted run. Start from the saved plain HF "
-                          "directory (<checkpoint>/hf) as model.pretrained, or run the job with `dsforge compile` "
-                          "and its launcher, whose resume is exact.")
+        raise PluginError(f"DSF716 {self.job.file}: resuming through Lightning's ckpt_path "
+                          f"({checkpoint_path}) is not exact: from an epoch-end checkpoint Lightning 2.6 "
+                          f"replays one batch of the finished epoch, so the losses differ from the "
+                          f"uninterrupted run. Start from the saved plain HF directory (<checkpoint>/hf) as "
+                          f"model.pretrained, or run the job with `dsforge "
+                          f"compile` and its launcher, whose resume is exact.")
 
     def teardown(self) -> None:
-        """The parent's teardown; the groups stay for what the script does after fit (a save), and go at exit."""
+        """The parent's teardown; the groups stay for what the script does after fit (a save), and go at
+        exit."""
         trainer = getattr(self.lightning_module, "_trainer", None)
         if trainer is not None and trainer.state.status != TrainerStatus.RUNNING:
             _EXIT["failed"] = True  # interrupted: the other ranks may be gone, so no barrier at exit
@@ -168,7 +192,8 @@ _EXIT: dict[str, Any] = {"failed": False, "registered": False}
 
 
 def _leave_at_exit() -> None:
-    """At interpreter exit, while it is whole: release every DeepSpeed engine and destroy the process groups."""
+    """At interpreter exit, while it is whole: release every DeepSpeed engine and destroy the process
+    groups."""
     from dsforge.runtime.teardown import leave, release_all_engines
 
     release_all_engines()
@@ -223,13 +248,17 @@ def check_loader(job: TrainerJob, loader: Any, shard: tuple[int, int]) -> None:
     rank, size = shard
     if replicas is not None and (replicas, getattr(sampler, "rank", rank)) != (size, rank):
         problems.append(f"data shards: the sampler splits the data {replicas} ways (this rank reads part "
-                        f"{getattr(sampler, 'rank', '?')}), the job file plans {size} data-parallel ranks and "
-                        f"this rank is dp rank {rank} (parallel at {job.where('parallel')}): ranks of one TP "
-                        "group must read the same batch")
+                        f"{getattr(sampler, 'rank', '?')}), the job file plans {size} data-parallel ranks "
+                        f"and this rank is dp rank {rank} (parallel at {job.where('parallel')}): ranks of "
+                        f"one TP group must read the same batch")
     elif replicas is None and size > 1 and os.environ.get("WORLD_SIZE", "1") != "1":
-        problems.append(f"data shards: the DataLoader has no distributed sampler, so every rank reads the same "
-                        f"data; the job file plans {size} data-parallel ranks (parallel at {job.where('parallel')})")
+        problems.append(f"data shards: the DataLoader has no distributed sampler, so every rank reads the "
+                        f"same data; the job file plans {size} data-parallel "
+                        f"ranks (parallel at {job.where('parallel')})")
     if problems:
-        raise PlanMismatchError(f"the run does not match the job file {job.file}:\n  - " + "\n  - ".join(problems)
-                                + "\n  fix: use DataLoader(batch_size=job.micro_batch) and keep Lightning's "
-                                "distributed sampler (use_distributed_sampler=True, the default)")
+        raise PlanMismatchError(
+            f"the run does not match the job file {job.file}:\n  - "
+            + "\n  - ".join(problems)
+            + "\n  fix: use DataLoader(batch_size=job.micro_batch) and keep Lightning's "
+            "distributed sampler (use_distributed_sampler=True, the default)"
+        )

@@ -1,27 +1,30 @@
-"""The parallel model inside a user's own trainer: the core the HF Trainer, Accelerate and Lightning plugins share.
+"""The parallel model inside a user's own trainer: the core the HF Trainer, Accelerate and Lightning plugins
+share.
 
 Stable API (each function takes a job file path or a loaded ``TrainerJob``):
 
 * ``start(job) -> ParallelRun``: join the launcher's world (gloo on CPU jobs), build the plan's process groups
   once per process, and own the clean exit (engines released, groups destroyed at interpreter exit, so no rank
   aborts in its exit code; the script calls no dsforge teardown function).
-* ``prepare_model(job, model=None) -> nn.Module``: the rank's parallel model, by the same rewrite `dsforge run`
-  applies (TP/SP layers, experts, CP attention). With ``model`` (the job's dense HF model, same weights on every
-  rank) its values are moved into the rewritten modules slice by slice; without it the rank's shard is built from
-  `model.pretrained` (or the job's seed) without any rank holding the whole model. The logits are whole on every
-  rank, so the model's own HF loss is the job's loss.
+* ``prepare_model(job, model=None) -> nn.Module``: the rank's parallel model, by the same rewrite `dsforge
+  run` applies (TP/SP layers, experts, CP attention). With ``model`` (the job's dense HF model, same weights
+  on every rank) its values are moved into the rewritten modules slice by slice; without it the rank's shard
+  is built from `model.pretrained` (or the job's seed) without any rank holding the whole model. The logits
+  are whole on every rank, so the model's own HF loss is the job's loss.
 * ``mpu(job)``: the object to pass as ``deepspeed.initialize(mpu=...)``: gradients reduced over dp, ZeRO
   partitions over dp, gradient norm summed over TP.
-* ``data_shard(job) -> (dp_rank, dp_size)``: what a sampler shards over (ranks of one TP group read the same batch).
-* ``check_batch(job, batch)``: PlanMismatchError (naming the job-file key) when the ranks of one TP group were fed
-  different data (a sampler that shards over the whole world).
+* ``data_shard(job) -> (dp_rank, dp_size)``: what a sampler shards over (ranks of one TP group read the same
+  batch).
+* ``check_batch(job, batch)``: PlanMismatchError (naming the job-file key) when the ranks of one TP group were
+  fed different data (a sampler that shards over the whole world).
 * ``gathered_state_dict(model)``: the dense state dict assembled from the slices (collective; rank 0 gets it).
-* ``save_hf(model, directory)``: a plain HF directory (config.json, model.safetensors) written by rank 0 from the
-  gathered slices, as `dsforge export` writes it; ``from_pretrained`` loads it (collective).
+* ``save_hf(model, directory)``: a plain HF directory (config.json, model.safetensors) written by rank 0 from
+  the gathered slices, as `dsforge export` writes it; ``from_pretrained`` loads it (collective).
 * ``require_trainer_layout(job, trainer)``: PluginError DSF702-DSF704 for what a trainer cannot feed exactly.
 * ``refuse_without_mpu(job, trainer, why)``: PluginError DSF705 for tp > 1 where the trainer's own
   ``deepspeed.initialize`` has no documented way to receive the mpu (HF Trainer, Accelerate 1.15).
-* ``own_exit(job)``: for a trainer that joins the world itself: the plan's groups and the clean exit (start()).
+* ``own_exit(job)``: for a trainer that joins the world itself: the plan's groups and the clean exit
+  (start()).
 """
 
 from __future__ import annotations
@@ -73,33 +76,37 @@ def require_trainer_layout(job: JobLike, trainer: str) -> TrainerJob:
     d = j.plan.degrees
     alt = ("or run the job with `dsforge compile` and its launcher (dsforge.runtime feeds these layouts)")
     if d.pp > 1:
-        raise PluginError(f"DSF702: {j.file}: parallel.pp={d.pp} at {j.where('parallel', 'pp')}: {trainer} runs "
-                          "one forward and backward per micro-batch over the whole module; pipeline stages need "
-                          f"DeepSpeed's pipeline engine, which no trainer drives. Set parallel.pp to 1, {alt}.")
+        raise PluginError(f"DSF702: {j.file}: parallel.pp={d.pp} at {j.where('parallel', 'pp')}: {trainer} "
+                          f"runs one forward and backward per micro-batch over the whole module; pipeline "
+                          f"stages need DeepSpeed's pipeline engine, which no "
+                          f"trainer drives. Set parallel.pp to 1, {alt}.")
     if d.cp > 1:
-        raise PluginError(f"DSF703: {j.file}: parallel.cp={d.cp} at {j.where('parallel', 'cp')}: {trainer}'s collator "
-                          "gives every rank whole sequences and its loss is the mean of each rank's tokens, while "
-                          "context parallelism needs each rank's slice of the sequence, its global positions and a "
-                          f"loss over the whole micro-batch's tokens. Set parallel.cp to 1, {alt}.")
+        raise PluginError(f"DSF703: {j.file}: parallel.cp={d.cp} at {j.where('parallel', 'cp')}: {trainer}'s "
+                          f"collator gives every rank whole sequences and its loss is the mean of each "
+                          f"rank's tokens, while context parallelism needs each rank's slice of the "
+                          f"sequence, its global positions and a loss over the whole micro-batch's tokens. "
+                          f"Set parallel.cp to 1, {alt}.")
     if d.ep > 1:
-        raise PluginError(f"DSF704: {j.file}: parallel.ep={d.ep} at {j.where('parallel', 'ep')}: {trainer} builds the "
-                          "optimizer over model.parameters() in one group, while expert parameters must be "
-                          "reduced over their expert-data-parallel group in their own optimizer groups. Set "
-                          f"parallel.ep to 1, {alt}.")
+        raise PluginError(f"DSF704: {j.file}: parallel.ep={d.ep} at {j.where('parallel', 'ep')}: {trainer} "
+                          f"builds the optimizer over model.parameters() in one group, while expert "
+                          f"parameters must be reduced over their expert-data-parallel group in their own "
+                          f"optimizer groups. Set parallel.ep to 1, {alt}.")
     return j
 
 
 def refuse_without_mpu(job: JobLike, trainer: str, why: str) -> TrainerJob:
-    """PluginError DSF705 when tp > 1: ``trainer`` calls deepspeed.initialize without an mpu (``why`` says where)."""
+    """PluginError DSF705 when tp > 1: ``trainer`` calls deepspeed.initialize without an mpu (``why`` says
+    where)."""
     j = load_job(job)
     tp = j.plan.degrees.tp
     if tp > 1:
         raise PluginError(
-            f"DSF705: {j.file}: tp={tp}: {trainer} passes the model to deepspeed.initialize without an mpu ({why}), so "
-            "DeepSpeed would average the tensor-parallel ranks' different slices as data-parallel replicas and compute "
-            "the gradient norm without the TP group; dsforge patches no trainer code. Set parallel.tp to 1 (at "
-            f"{j.where('parallel')}), or run the job with `dsforge compile` and its launcher, or pass "
-            "dsforge.plugins.parallel_model.mpu(job) to your own deepspeed.initialize.")
+            f"DSF705: {j.file}: tp={tp}: {trainer} passes the model to deepspeed.initialize without an mpu "
+            f"({why}), so DeepSpeed would average the tensor-parallel ranks' different slices as "
+            f"data-parallel replicas and compute the gradient norm without the TP group; dsforge patches no "
+            f"trainer code. Set parallel.tp to 1 (at {j.where('parallel')}), or run the job with `dsforge "
+            f"compile` and its launcher, or pass "
+            f"dsforge.plugins.parallel_model.mpu(job) to your own deepspeed.initialize.")
     return j
 
 
@@ -117,7 +124,8 @@ def _on_exception(kind: Any, value: Any, tb: Any, previous: Any = sys.excepthook
 
 
 def _clean_exit() -> None:
-    """At interpreter exit: release every DeepSpeed engine and destroy the groups (dsforge.runtime.teardown)."""
+    """At interpreter exit: release every DeepSpeed engine and destroy the groups
+    (dsforge.runtime.teardown)."""
     from dsforge.runtime.teardown import leave, release_all_engines
 
     release_all_engines()
@@ -130,7 +138,8 @@ def start(job: JobLike) -> ParallelRun:
     j = load_job(job)
     if _RUN is not None:
         if _RUN.job.plan.placement != j.plan.placement:
-            raise PluginError(f"{j.file}: this process already runs the layout of {_RUN.job.file}; one job per process")
+            raise PluginError(f"{j.file}: this process already runs the layout "
+                              f"of {_RUN.job.file}; one job per process")
         return _RUN
     import torch.distributed as dist
 
@@ -163,20 +172,23 @@ def data_shard(job: JobLike) -> tuple[int, int]:
 
 @dataclass
 class DenseWeights:
-    """A WeightSource over the dense model's own tensors (the user's model, moved into the rewritten modules)."""
+    """A WeightSource over the dense model's own tensors (the user's model, moved into the rewritten
+    modules)."""
 
     tensors: dict[str, Any]
 
-    def values(self, name: str, shape: tuple[int, ...], dim: int | None, ranges: Any, dtype: Any = None) -> Any:
+    def values(self, name: str, shape: tuple[int, ...], dim: int | None, ranges: Any,
+               dtype: Any = None) -> Any:
         """The dense tensor ``name``, whole or its ``ranges`` along ``dim``."""
         import torch
 
         value = self.tensors.get(name)
         if value is None:
-            raise PluginError(f"the model has no parameter {name}: pass the job's dense model (model: in the job file)")
+            raise PluginError(f"the model has no parameter {name}: pass the "
+                              f"job's dense model (model: in the job file)")
         if tuple(value.shape) != tuple(shape):
-            raise PluginError(f"{name}: the model's tensor is {list(value.shape)}, the job's model has {list(shape)}; "
-                              "the model passed to prepare_model is not the job file's model")
+            raise PluginError(f"{name}: the model's tensor is {list(value.shape)}, the job's model has "
+                              f"{list(shape)}; the model passed to prepare_model is not the job file's model")
         if dim is None or not ranges:
             return value
         return torch.cat([value.narrow(dim, a, n) for a, n in ranges], dim=dim)
@@ -202,7 +214,8 @@ def _to_meta(model: Any) -> dict[str, Any]:
 
 
 def prepare_model(job: JobLike, model: Any = None) -> Any:
-    """This rank's parallel model by the job's plan (see the module doc); the model returned is the one to train."""
+    """This rank's parallel model by the job's plan (see the module doc); the model returned is the one to
+    train."""
     run = start(job)
     plan = run.job.plan
     from dsforge.runtime.engine import parallelize
@@ -213,7 +226,8 @@ def prepare_model(job: JobLike, model: Any = None) -> Any:
         from dsforge.runtime.rank_build import rank_skeleton
 
         if plan.model.factory:
-            raise PluginError(f"{run.job.file}: model.factory: build the model yourself and pass it to prepare_model")
+            raise PluginError(f"{run.job.file}: model.factory: build the "
+                              f"model yourself and pass it to prepare_model")
         dense_config = model_config(plan.model, plan.degrees.tp)
         model, source = rank_skeleton(plan, plan.spec.training.seed)
     else:
@@ -262,7 +276,8 @@ def gathered_state_dict(model: Any) -> dict[str, Any] | None:
 
 
 def save_hf(model: Any, directory: str | os.PathLike[str]) -> None:
-    """Write a plain HF directory (config.json, model.safetensors) of the dense model on rank 0; collective."""
+    """Write a plain HF directory (config.json, model.safetensors) of the dense model on rank 0;
+    collective."""
     import torch.distributed as dist
 
     dense = gathered_state_dict(model)
@@ -288,7 +303,8 @@ def save_hf(model: Any, directory: str | os.PathLike[str]) -> None:
 
 
 def check_batch(job: JobLike, batch: Any) -> None:
-    """PlanMismatchError when the ranks of this rank's TP group hold different ``batch`` tensors (collective)."""
+    """PlanMismatchError when the ranks of this rank's TP group hold different ``batch`` tensors
+    (collective)."""
     import torch
     import torch.distributed as dist
 
@@ -302,7 +318,8 @@ def check_batch(job: JobLike, batch: Any) -> None:
     if any(not torch.equal(s, seen[0]) for s in seen):
         j = run.job
         raise PlanMismatchError(
-            f"the run does not match the job file {j.file}: the ranks of one tensor-parallel group were given "
-            f"different batches, while parallel.tp={j.plan.degrees.tp} (at {j.where('parallel', 'tp')}) splits one "
-            "model over them and needs the same batch on each; fix: shard the data over the data-parallel ranks "
-            "only (dsforge.plugins.parallel_model.data_shard(job) gives the dp rank and size)")
+            f"the run does not match the job file {j.file}: the ranks of one tensor-parallel group were "
+            f"given different batches, while parallel.tp={j.plan.degrees.tp} (at "
+            f"{j.where('parallel', 'tp')}) splits one model over them and needs the same batch on each; fix: "
+            f"shard the data over the data-parallel ranks only "
+            f"(dsforge.plugins.parallel_model.data_shard(job) gives the dp rank and size)")

@@ -37,7 +37,8 @@ class JobError(RuntimeRefusal, ValueError):
 
 
 def load_plan(job: str | os.PathLike[str] | JobSpec | Plan | ResolvedPlan) -> Plan | ResolvedPlan:
-    """The plan of a job file, a compiled job directory, a JobSpec or a Plan; JobError if the job has errors."""
+    """The plan of a job file, a compiled job directory, a JobSpec or a Plan; JobError if the job has
+    errors."""
     if isinstance(job, (Plan, ResolvedPlan)):
         return job
     if isinstance(job, JobSpec):
@@ -99,7 +100,8 @@ def initialize(model: nn.Module, job: str | os.PathLike[str] | JobSpec | Plan | 
     try:
         plan = loaded if isinstance(loaded, ResolvedPlan) else loaded.resolve()
     except UnresolvedPlan:
-        raise JobError("the job has no complete layout (a degree is `auto` or the degrees do not fill the world)") \
+        raise JobError("the job has no complete layout (a degree is "
+                       "`auto` or the degrees do not fill the world)") \
             from None
     _join(plan)
     ensure_deepspeed_comm()

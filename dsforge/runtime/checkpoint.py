@@ -1,4 +1,5 @@
-"""Checkpoints of a job: DeepSpeed's own format, saved every N optimizer steps and resumed with `resume: auto`.
+"""Checkpoints of a job: DeepSpeed's own format, saved every N optimizer steps and resumed with `resume:
+auto`.
 
 Everything a resumed run needs besides the engine's state is the optimizer-step count: the data
 stream is a pure function of the step (dsforge.runtime.data), so step ``s`` reads the same samples
@@ -49,15 +50,16 @@ class CheckpointPolicy:
 
     @classmethod
     def from_spec(cls, spec: CheckpointSpec, job_dir: str | Path) -> CheckpointPolicy:
-        """The policy of `training.checkpoint`; a relative directory (the default, `checkpoints`) lies in the job
-        directory (a relative one the job file wrote is already absolute in plan.json)."""
+        """The policy of `training.checkpoint`; a relative directory (the default, `checkpoints`) lies in the
+        job directory (a relative one the job file wrote is already absolute in plan.json)."""
         directory = Path(spec.dir).expanduser()
         if not directory.is_absolute():
             directory = Path(job_dir) / directory
         return cls(directory, spec.every, spec.resume == "auto", spec.keep, spec.if_damaged == "fall_back")
 
     def due(self, step: int, last: int) -> bool:
-        """Save after optimizer step ``step`` (1-based count of steps done)? Every N, and always after the last."""
+        """Save after optimizer step ``step`` (1-based count of steps done)? Every N, and always after the
+        last."""
         return step == last or (self.every > 0 and step % self.every == 0)
 
     def latest_tag(self) -> str | None:
@@ -125,7 +127,8 @@ def _marker(rank: int) -> str:
 
 
 def commit(directory: Path, tag: str, step: int, world: int, keep: int | str = "all") -> None:
-    """Make ``<tag>.partial`` the checkpoint ``tag`` and point ``latest`` at it, once every rank's marker is there.
+    """Make ``<tag>.partial`` the checkpoint ``tag`` and point ``latest`` at it, once every rank's marker is
+    there.
 
     The integrity manifest is written before the renames; ``keep`` then deletes older checkpoints
     (dsforge.runtime.retention).
@@ -134,9 +137,9 @@ def commit(directory: Path, tag: str, step: int, world: int, keep: int | str = "
     missing = [r for r in range(world) if not (partial / _marker(r)).is_file()]
     if missing:
         shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
-        raise CheckpointError(f"the checkpoint of step {step} in {partial} is incomplete: rank(s) {shown} left no "
-                              "marker (every rank must write into the same directory: on several nodes, a shared "
-                              f"file system); {LATEST} still names the previous checkpoint")
+        raise CheckpointError(f"the checkpoint of step {step} in {partial} is incomplete: rank(s) {shown} "
+                              f"left no marker (every rank must write into the same directory: on several "
+                              f"nodes, a shared file system); {LATEST} still names the previous checkpoint")
     (partial / COMMIT).write_text(json.dumps({"step": step, "world_size": world}), encoding="utf-8")
     from dsforge.runtime.checkpoint_manifest import write_manifest
 
@@ -173,7 +176,8 @@ def _replace_text(path: Path, text: str) -> None:
 
 
 def _remove_incomplete(directory: Path) -> None:
-    """Delete what interrupted saves left: ``*.partial`` tags, and ``*.replaced`` ones whose new tag is complete."""
+    """Delete what interrupted saves left: ``*.partial`` tags, and ``*.replaced`` ones whose new tag is
+    complete."""
     for p in directory.iterdir():
         if p.is_dir() and p.name.endswith(PARTIAL):
             shutil.rmtree(p, ignore_errors=True)
@@ -215,8 +219,9 @@ def resume(engine: Any, policy: CheckpointPolicy, job: dict[str, Any] | None = N
     if tag is None:
         return 0
     if not (policy.directory / tag).is_dir():
-        raise CheckpointError(f"{policy.directory / LATEST} names {tag}, which is not there; move the checkpoint "
-                              "directory away or set training.checkpoint.resume: never to start over")
+        raise CheckpointError(f"{policy.directory / LATEST} names {tag}, which is not there; move the "
+                              f"checkpoint directory away or set "
+                              f"training.checkpoint.resume: never to start over")
     from dsforge.runtime.resume_check import intact_tag
 
     tag = intact_tag(policy, tag)  # the manifest checked before anything is loaded; a fallback is said
@@ -227,27 +232,32 @@ def resume(engine: Any, policy: CheckpointPolicy, job: dict[str, Any] | None = N
         if not same_layout(saved[0], job):
             refusals = resume_refusals(saved[0], job, saved[1], ds_config)
             if refusals:
-                raise CheckpointError(f"cannot resume {policy.directory / tag} under this layout: {refusals[0]}")
+                raise CheckpointError(f"cannot resume {policy.directory / tag} "
+                                      f"under this layout: {refusals[0]}")
             from dsforge.runtime.train_state import TrainStateError, load_state
 
             try:
                 return load_state(engine, policy.directory / tag)
             except TrainStateError as exc:
-                raise CheckpointError(f"cannot resume {policy.directory / tag} under this layout: {exc}") from None
+                raise CheckpointError(f"cannot resume {policy.directory / tag} "
+                                      f"under this layout: {exc}") from None
     try:
         path, client = engine.load_checkpoint(str(policy.directory), tag=tag)
     except Exception as exc:  # DeepSpeed raises bare assertions and runtime errors of many kinds
         raise CheckpointError(f"cannot resume from {policy.directory / tag}: {type(exc).__name__}: {exc}. "
-                              "A checkpoint saved under another layout (degrees, ZeRO stage) by a dsforge that kept "
-                              "no copy of its plan.json in the checkpoint loads only under that layout (DSF641); "
-                              "set training.checkpoint.resume: never or move the directory away") from exc
+                              "A checkpoint saved under another layout (degrees, ZeRO stage) by a dsforge "
+                              "that kept no copy of its plan.json in the checkpoint loads only under that "
+                              "layout (DSF641); set training.checkpoint.resume: "
+                              "never or move the directory away") from exc
     if path is None or not client or CLIENT_KEY not in client:
-        raise CheckpointError(f"{policy.directory / tag} is not a dsforge checkpoint (no {CLIENT_KEY!r} client state)")
+        raise CheckpointError(f"{policy.directory / tag} is not a dsforge "
+                              f"checkpoint (no {CLIENT_KEY!r} client state)")
     return int(client[CLIENT_KEY]["step"])
 
 
 def _saved_job(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
-    """The plan.json (and ds_config.json) of the compile that wrote the checkpoint ``path``; None if absent."""
+    """The plan.json (and ds_config.json) of the compile that wrote the checkpoint ``path``; None if
+    absent."""
     try:
         plan = json.loads((path / JOB_FILES[0]).read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -40,7 +40,9 @@ class DamagedCheckpoint(CheckpointError):
 
     def __init__(self, tag_dir: Path, problems: list[str], fix: str = "") -> None:
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
-        super().__init__(f"DSF615: the checkpoint {tag_dir} is damaged: {shown}" + (f"; {fix}" if fix else ""))
+        super().__init__(
+            f"DSF615: the checkpoint {tag_dir} is damaged: {shown}" + (f"; {fix}" if fix else "")
+        )
         self.tag_dir, self.problems = tag_dir, problems
 
     def with_fix(self, fix: str) -> DamagedCheckpoint:
@@ -105,7 +107,8 @@ def digest(path: Path, algorithm: str = BLAKE2B) -> str:
 
 
 def share(sizes: dict[str, int], rank: int, world: int) -> list[str]:
-    """The files rank ``rank`` of ``world`` digests: largest first, each to the rank with the fewest bytes so far."""
+    """The files rank ``rank`` of ``world`` digests: largest first, each to the rank with the fewest bytes so
+    far."""
     loads = [0] * world
     mine = []
     for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
@@ -117,7 +120,8 @@ def share(sizes: dict[str, int], rank: int, world: int) -> list[str]:
 
 
 def write_share(tag_dir: Path, rank: int, world: int) -> None:
-    """Digest this rank's share of the files of ``tag_dir`` into its share file (every file is already written)."""
+    """Digest this rank's share of the files of ``tag_dir`` into its share file (every file is already
+    written)."""
     sizes, algorithm = listing(tag_dir), default_algorithm()
     entries = {n: {"size": sizes[n], "digest": digest(tag_dir / n, algorithm), "algorithm": algorithm}
                for n in share(sizes, rank, world)}
@@ -165,7 +169,8 @@ def read_manifest(tag_dir: Path) -> dict[str, Any] | None:
     return doc
 
 
-def check(tag_dir: Path, names: Iterable[str] | None = None, manifest: dict[str, Any] | None = None) -> list[str]:
+def check(tag_dir: Path, names: Iterable[str] | None = None,
+          manifest: dict[str, Any] | None = None) -> list[str]:
     """What is wrong with the files of ``tag_dir`` (``names``: only these, default all): one line per file.
 
     Sizes are compared first (no read); a digest is computed only for a file of the right size.
@@ -184,9 +189,11 @@ def check(tag_dir: Path, names: Iterable[str] | None = None, manifest: dict[str,
             problems.append(f"{path} is missing")
             continue
         if size != entry.get("size"):
-            problems.append(f"{path} has {size:,} bytes, the manifest {entry.get('size'):,} (truncated or rewritten)")
+            problems.append(f"{path} has {size:,} bytes, the manifest "
+                            f"{entry.get('size'):,} (truncated or rewritten)")
         elif digest(path, str(doc.get("algorithm", BLAKE2B))) != entry.get("digest"):
-            problems.append(f"{path} differs from its digest in the manifest (its bytes changed since the save)")
+            problems.append(f"{path} differs from its digest in the "
+                            f"manifest (its bytes changed since the save)")
     if names is None:
         extra = sorted(set(listing(tag_dir)) - set(files))
         problems += [f"{tag_dir / n} is not in the manifest (added after the save)" for n in extra]
@@ -194,7 +201,8 @@ def check(tag_dir: Path, names: Iterable[str] | None = None, manifest: dict[str,
 
 
 def check_share(tag_dir: Path, rank: int, world: int) -> list[str]:
-    """This rank's share of the check of ``tag_dir`` (rank 0 also reports files the manifest does not list)."""
+    """This rank's share of the check of ``tag_dir`` (rank 0 also reports files the manifest does not
+    list)."""
     doc = read_manifest(tag_dir)
     if doc is None:
         return []
@@ -202,5 +210,6 @@ def check_share(tag_dir: Path, rank: int, world: int) -> list[str]:
     problems = check(tag_dir, share(sizes, rank, world), doc)
     if rank == 0:
         present = set(listing(tag_dir))
-        problems += [f"{tag_dir / n} is not in the manifest (added after the save)" for n in sorted(present - set(sizes))]
+        problems += [f"{tag_dir / n} is not in the manifest (added after the "
+                     f"save)" for n in sorted(present - set(sizes))]
     return problems

@@ -63,8 +63,9 @@ class TokenFile:
     def __init__(self, path: str | os.PathLike[str], dtype: str, vocab: int, seq_len: int) -> None:
         self.path, self.vocab, self.seq_len = Path(path), vocab, seq_len
         if not self.path.is_file():
-            raise DataError(f"training.data.path {str(path)!r} is not a file (`dsforge validate` reports this as "
-                            "DSF610; a relative path in a job file is taken from the job file's directory)")
+            raise DataError(f"training.data.path {str(path)!r} is not a file (`dsforge validate` reports "
+                            f"this as DSF610; a relative path in a job "
+                            f"file is taken from the job file's directory)")
         try:
             self.tokens = np.memmap(self.path, dtype=np.dtype(dtype), mode="r")
         except (ValueError, OSError) as exc:
@@ -80,8 +81,8 @@ class TokenFile:
         window = torch.from_numpy(np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int64))
         top = int(window.max())
         if top >= self.vocab:
-            raise DataError(f"{self.path}: token id {top} near offset {start} is outside the model's vocabulary "
-                            f"of {self.vocab}; the token file and model.vocab disagree")
+            raise DataError(f"{self.path}: token id {top} near offset {start} is outside the model's "
+                            f"vocabulary of {self.vocab}; the token file and model.vocab disagree")
         return window
 
 
@@ -128,7 +129,12 @@ class Batches:
         if global_batch % (micro_batch * sharding.dp):
             raise DataError(f"global_batch {global_batch} does not split into micro_batch {micro_batch} x "
                             f"dp {sharding.dp}")
-        self.source, self.global_batch, self.micro, self.sharding = source, global_batch, micro_batch, sharding
+        self.source, self.global_batch, self.micro, self.sharding = (
+            source,
+            global_batch,
+            micro_batch,
+            sharding,
+        )
         self.grad_accum = global_batch // (micro_batch * sharding.dp)
 
     def samples(self, step: int, micro: int) -> list[int]:
@@ -153,12 +159,13 @@ class Batches:
         if s.cp > 1:
             ids = shard_sequence(ids, s.cp_rank, s.cp, dim=1, load_balanced=s.load_balanced)
             targets = shard_sequence(targets, s.cp_rank, s.cp, dim=1, load_balanced=s.load_balanced)
-        return Batch(ids.contiguous(), targets.contiguous(), pos.unsqueeze(0).expand(ids.shape[0], -1).contiguous(),
-                     tokens.shape[0] * seq_len)
+        return Batch(ids.contiguous(), targets.contiguous(),
+                     pos.unsqueeze(0).expand(ids.shape[0], -1).contiguous(), tokens.shape[0] * seq_len)
 
     def _get_examples(self, step: int, micro: int) -> Batch:
-        """A micro-batch of a source with targets and positions of its own, cut to this rank's tokens when cp > 1
-        (per-document positions under cp are refused at validate time, DSF627: the CP attention ignores them)."""
+        """A micro-batch of a source with targets and positions of its own, cut to this rank's tokens when cp
+        > 1 (per-document positions under cp are refused at validate time, DSF627: the CP attention ignores
+        them)."""
         examples = [self.source.example(i) for i in self.samples(step, micro)]
         ids = torch.stack([e.tokens[:-1] for e in examples])
         targets = torch.stack([e.targets for e in examples])
@@ -166,7 +173,8 @@ class Batches:
         whole = ids.numel()
         s = self.sharding
         if s.cp > 1:
-            ids, targets, pos = (shard_sequence(x, s.cp_rank, s.cp, dim=1, load_balanced=s.load_balanced).contiguous()
+            ids, targets, pos = (shard_sequence(x, s.cp_rank, s.cp, dim=1,
+                                                load_balanced=s.load_balanced).contiguous()
                                  for x in (ids, targets, pos))
         denominator = self._denominator(step) if getattr(self.source, "masked", False) else None
         return Batch(ids, targets, pos, whole, denominator)

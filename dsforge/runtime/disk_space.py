@@ -23,7 +23,8 @@ from dsforge.runtime.errors import CheckpointError
 
 
 class DiskFullError(CheckpointError):
-    """A checkpoint save ran out of disk space or quota; the message names the checkpoint and the bytes (DSF616)."""
+    """A checkpoint save ran out of disk space or quota; the message names the checkpoint and the bytes
+    (DSF616)."""
 
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -65,7 +66,8 @@ def planned_bytes(job_dir: Path | None) -> int | None:
 
 
 def needed_bytes(directory: Path, job_dir: Path | None) -> tuple[int | None, str]:
-    """The bytes one checkpoint needs and where the figure comes from (the previous one measured, or the estimate)."""
+    """The bytes one checkpoint needs and where the figure comes from (the previous one measured, or the
+    estimate)."""
     from dsforge.runtime.checkpoint_manifest import MANIFEST
 
     try:
@@ -82,10 +84,11 @@ def disk_full_message(partial: Path, directory: Path, step: int, job_dir: Path |
     """The one line a save that ran out of space ends with (DSF616)."""
     need, how = needed_bytes(directory, job_dir)
     need_text = f"{need:,} bytes ({how})" if need is not None else "an unknown number of bytes"
-    return (f"DSF616: the file system of {directory} is full: the checkpoint of step {step} ({partial.name}, removed) "
-            f"needs {need_text}, {free_bytes(directory):,} bytes are free; free space or point "
-            "training.checkpoint.dir elsewhere (training.checkpoint.keep limits how many are kept), then run the "
-            "same command again: it resumes from the last complete checkpoint, which `latest` still names")
+    return (f"DSF616: the file system of {directory} is full: the checkpoint of step {step} ({partial.name}, "
+            f"removed) needs {need_text}, {free_bytes(directory):,} bytes are free; free space or point "
+            "training.checkpoint.dir elsewhere (training.checkpoint.keep limits how many are kept), then run "
+            "the same command again: it resumes from the last "
+            "complete checkpoint, which `latest` still names")
 
 
 def remove_partial(partial: Path) -> None:

@@ -1,4 +1,5 @@
-"""The DeepSpeed engine of a plan: the job's model rewritten for this rank, its loss, and deepspeed.initialize.
+"""The DeepSpeed engine of a plan: the job's model rewritten for this rank, its loss, and
+deepspeed.initialize.
 
 pp = 1: a plain ``DeepSpeedEngine`` over a ``CausalLMLoss`` module, given the plan's groups as ``mpu``
 so the batch rule counts the plan's dp and ZeRO partitions and reduces over the plan's dp (x cp) group.
@@ -32,7 +33,8 @@ from dsforge.runtime.versions import require_deepspeed
 
 
 def token_loss_sum(logits: Tensor, targets: Tensor, head: nn.Module | None) -> Tensor:
-    """Sum of next-token cross entropy over the non-ignored targets (vocab-parallel when ``head`` is split)."""
+    """Sum of next-token cross entropy over the non-ignored targets (vocab-parallel when ``head`` is
+    split)."""
     if isinstance(head, VocabParallelLMHead) and head.tp > 1 and not head.gather_output:
         per_token = vocab_parallel_cross_entropy(logits, targets, head.pg, head.vocab_start, IGNORE_INDEX)
         return per_token.sum()
@@ -53,12 +55,14 @@ class CausalLMLoss(nn.Module):
         self.model, self.cp = model, cp
         self.head = getattr(model, "lm_head", None)
         # HF numbers the tokens it sees from 0: wrong for a context-parallel shard, the same otherwise. Packed
-        # documents (``documents``) restart their positions, from which HF builds the per-document causal mask.
+        # documents (``documents``) restart their positions, from which HF builds the per-document causal
+        # mask.
         self.pass_positions = cp > 1 or documents
         # HF looks for packed documents in the positions only without a KV cache (masking_utils)
         self.extra = {"use_cache": False} if documents else {}
 
-    def forward(self, ids: Tensor, targets: Tensor, positions: Tensor, denominator: float | None = None) -> Tensor:
+    def forward(self, ids: Tensor, targets: Tensor, positions: Tensor,
+                denominator: float | None = None) -> Tensor:
         """(ids, targets, global positions[, divisor of masked data]) -> scalar loss share."""
         pos = positions if self.pass_positions else None
         divisor = denominator or targets.numel() * self.cp
@@ -127,8 +131,9 @@ def parallelize(model: nn.Module, plan: ResolvedPlan, groups: ParallelGroups, ga
 
 
 def install_job_kernels(model: nn.Module, plan: ResolvedPlan, fused_loss: bool = True) -> None:
-    """The job's lean kernels (training.kernels; dsforge/runtime/kernels) on this rank's model (``fused_loss``:
-    False where the caller computes the loss from the model's logits, as `dsforge.initialize`'s loop does)."""
+    """The job's lean kernels (training.kernels; dsforge/runtime/kernels) on this rank's model
+    (``fused_loss``: False where the caller computes the loss from the model's logits, as
+    `dsforge.initialize`'s loop does)."""
     from dsforge.compiler.estimate.lean import requested_kernels
     from dsforge.compiler.model.lean_kernels import lean_kernels
     from dsforge.runtime.kernels.install import install_lean_kernels
@@ -151,7 +156,8 @@ def install_job_kernels(model: nn.Module, plan: ResolvedPlan, fused_loss: bool =
 
 
 def _finish_sequence_parallel(model: nn.Module, plan: ResolvedPlan, groups: ParallelGroups) -> None:
-    """What sequence parallelism needs beyond the applier's sequence regions: the norm-gradient sums over TP."""
+    """What sequence parallelism needs beyond the applier's sequence regions: the norm-gradient sums over
+    TP."""
     _sequence_parallel_hooks(model, groups.tp)
 
 
@@ -174,8 +180,9 @@ def build_parallel_model(plan: ResolvedPlan, groups: ParallelGroups, seed: int |
 
 
 def pipeline_loss(logits: Tensor, targets: Tensor | tuple[Tensor, Tensor]) -> Tensor:
-    """The last pipeline stage's loss: mean next-token cross entropy (targets come shifted by the data); masked
-    data's labels carry the global divisor (pipeline_inputs), so DeepSpeed's means give the global token mean."""
+    """The last pipeline stage's loss: mean next-token cross entropy (targets come shifted by the data);
+    masked data's labels carry the global divisor (pipeline_inputs), so DeepSpeed's means give the global
+    token mean."""
     if isinstance(targets, (tuple, list)):
         targets, denominator = targets
         return token_loss_sum(logits, targets, None) / denominator
@@ -183,9 +190,10 @@ def pipeline_loss(logits: Tensor, targets: Tensor | tuple[Tensor, Tensor]) -> Te
 
 
 def pipeline_inputs(batches: list[Batch]) -> list[tuple[Tensor, Tensor | tuple[Tensor, Tensor]]]:
-    """A step's micro-batches as PipelineEngine.train_batch reads them: (first stage's input, last stage's labels;
-    with masked targets the labels are (targets, the micro-batch's share of the global divisor))."""
-    return [(mb.ids, mb.targets if mb.denominator is None else (mb.targets, torch.tensor(float(mb.denominator))))
+    """A step's micro-batches as PipelineEngine.train_batch reads them: (first stage's input, last stage's
+    labels; with masked targets the labels are (targets, the micro-batch's share of the global divisor))."""
+    return [(mb.ids,
+             mb.targets if mb.denominator is None else (mb.targets, torch.tensor(float(mb.denominator))))
             for mb in batches]
 
 
@@ -196,8 +204,8 @@ def build_pipeline_module(plan: ResolvedPlan, groups: ParallelGroups, ds_config:
 
     d = plan.degrees
     if d.cp > 1:
-        raise EngineError("context parallelism inside a pipeline (cp > 1 with pp > 1) is not supported yet: the "
-                          "pipeline stages number positions from 0; use pp 1 with cp, or cp 1 with pp")
+        raise EngineError("context parallelism inside a pipeline (cp > 1 with pp > 1) is not supported yet: "
+                          "the pipeline stages number positions from 0; use pp 1 with cp, or cp 1 with pp")
     seed = plan.spec.training.seed if seed is None else seed
     stage_hooks: dict[str, Any] = {}
     if plan.model.factory:  # its own initialisation: built whole from the seed, each stage sliced from it
@@ -229,14 +237,16 @@ def _partition_group(plan: ResolvedPlan, groups: ParallelGroups, ds_config: dict
     return partition_group(ds_config, groups.tp, d.tp, plan.spec.parallel.sequence_parallel and d.tp > 1)
 
 
-def apply_job_recompute(model: nn.Module, plan: ResolvedPlan, groups: ParallelGroups, ds_config: dict[str, Any]) -> int:
+def apply_job_recompute(model: nn.Module, plan: ResolvedPlan, groups: ParallelGroups,
+                        ds_config: dict[str, Any]) -> int:
     """``training.recompute`` on this rank's rewritten model (pp = 1); the number of checkpointed layers."""
     from dsforge.runtime.recompute import apply_recompute
 
     return apply_recompute(model, plan.spec.training.recompute, _partition_group(plan, groups, ds_config))
 
 
-def pipeline_recompute(plan: ResolvedPlan, groups: ParallelGroups, ds_config: dict[str, Any]) -> dict[str, Any]:
+def pipeline_recompute(plan: ResolvedPlan, groups: ParallelGroups,
+                       ds_config: dict[str, Any]) -> dict[str, Any]:
     """PipelineModule keywords for ``training.recompute``: each decoder layer checkpointed (interval 1 under
     full), by dsforge's checkpoint (which honours partition_activations); embeddings and head are not."""
     from functools import partial
@@ -245,7 +255,8 @@ def pipeline_recompute(plan: ResolvedPlan, groups: ParallelGroups, ds_config: di
 
     interval = ds_config.get("pipeline", {}).get("activation_checkpoint_interval", 0)
     return {"activation_checkpoint_interval": interval, "checkpointable_layers": ["DecoderStage"],
-            "activation_checkpoint_func": partial(checkpoint, group=_partition_group(plan, groups, ds_config))}
+            "activation_checkpoint_func": partial(checkpoint,
+                                                  group=_partition_group(plan, groups, ds_config))}
 
 
 def optimizer_parameters(module: nn.Module) -> list[Any]:
@@ -295,7 +306,8 @@ def initialize_engine(module: nn.Module, ds_config: dict[str, Any], groups: Para
     return engine
 
 
-def build_engine(plan: ResolvedPlan, ds_config: dict[str, Any], groups: ParallelGroups, seed: int | None = None) -> Any:
+def build_engine(plan: ResolvedPlan, ds_config: dict[str, Any], groups: ParallelGroups,
+                 seed: int | None = None) -> Any:
     """The DeepSpeed engine of the plan on this rank (plain for pp = 1, pipeline for pp > 1)."""
     d = plan.degrees
     torch.manual_seed(plan.spec.training.seed if seed is None else seed)

@@ -51,14 +51,18 @@ def _checkpoint(job: Any, step: int | None) -> tuple[Path, int]:
     if step is None:
         tag = policy.latest_tag()
         if tag is None:
-            raise ExportError(f"{policy.directory} holds no complete checkpoint (no `latest`); train the job first "
-                              "(`dsforge run`), or pass --step N of a checkpoint there")
+            raise ExportError(f"{policy.directory} holds no complete checkpoint (no `latest`); train the job "
+                              f"first (`dsforge run`), or pass --step N of a checkpoint there")
         step = int(tag.removeprefix("step")) if tag.startswith("step") and tag[4:].isdigit() else -1
     else:
         tag = tag_of(step)
     path = policy.directory / tag
     if not path.is_dir():
-        have = sorted(p.name for p in policy.directory.glob("step*") if p.is_dir()) if policy.directory.is_dir() else []
+        have = (
+            sorted(p.name for p in policy.directory.glob("step*") if p.is_dir())
+            if policy.directory.is_dir()
+            else []
+        )
         raise ExportError(f"{path} does not exist (checkpoints there: {', '.join(have) or 'none'})")
     from dsforge.runtime.checkpoint_manifest import DamagedCheckpoint, check
 
@@ -77,9 +81,10 @@ def assemble_checkpoint(job: Any, path: Path) -> dict[str, Any]:
     from dsforge.runtime.weights_io import WEIGHTS_DIR, assemble, load_slices
 
     if not (path / WEIGHTS_DIR).is_dir():
-        raise ExportError(f"{path} has no {WEIGHTS_DIR}/: it was saved by a dsforge without layout-free weights, or "
-                          "its model came from model.factory or dsforge.initialize (whose parameters dsforge does not "
-                          "build); export needs a checkpoint of a job whose model dsforge builds")
+        raise ExportError(f"{path} has no {WEIGHTS_DIR}/: it was saved by a dsforge without layout-free "
+                          f"weights, or its model came from model.factory or dsforge.initialize (whose "
+                          f"parameters dsforge does not build); export needs "
+                          f"a checkpoint of a job whose model dsforge builds")
     try:
         dense = assemble(load_slices(path))
     except ValueError as exc:
@@ -91,14 +96,15 @@ def assemble_checkpoint(job: Any, path: Path) -> dict[str, Any]:
     if want != have:
         missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
         shaped = sorted(n for n in set(want) & set(have) if want[n] != have[n])
-        raise ExportError(f"{path}: the saved weights are not the job's model (missing {missing[:4]}, unexpected "
-                          f"{extra[:4]}, other shapes {shaped[:4]})")
+        raise ExportError(f"{path}: the saved weights are not the job's model (missing {missing[:4]}, "
+                          f"unexpected {extra[:4]}, other shapes {shaped[:4]})")
     return dense
 
 
 def export_checkpoint(job_dir: str | os.PathLike[str], out: str | os.PathLike[str], step: int | None = None
                       ) -> Exported:
-    """Write the checkpoint ``step`` (default: the newest) of the compiled job ``job_dir`` as an HF directory."""
+    """Write the checkpoint ``step`` (default: the newest) of the compiled job ``job_dir`` as an HF
+    directory."""
     from dsforge.compiler.emit.writer import TargetError
     from dsforge.runtime.main import JobDir, JobDirError
 
@@ -117,8 +123,9 @@ def export_checkpoint(job_dir: str | os.PathLike[str], out: str | os.PathLike[st
                     ", ".join(dtypes))
 
 
-#: model_type -> (the block name on disk for the model's ``mlp``, the per-expert names of the stacked gate_up rows,
-#: of down_proj): the inverse of transformers 5's load-time conversion (transformers/conversion_mapping.py).
+#: model_type -> (the block name on disk for the model's ``mlp``, the per-expert names of the stacked gate_up
+#: rows, of down_proj): the inverse of transformers 5's load-time conversion
+#: (transformers/conversion_mapping.py).
 ON_DISK_EXPERTS: dict[str, tuple[str, tuple[str, str], str]] = {
     "mixtral": ("block_sparse_moe", ("w1", "w3"), "w2"),
     "qwen2_moe": ("mlp", ("gate_proj", "up_proj"), "down_proj"),
@@ -158,7 +165,8 @@ def on_disk(dense: dict[str, Any], model_type: str | None) -> dict[str, Any]:
 
 
 def _write_hf(tmp: Path, job: Any, dense: dict[str, Any], dtypes: list[str], source: Path, step: int) -> None:
-    """config.json, the weights as ``save_pretrained`` writes them and a note of where they came from, into ``tmp``."""
+    """config.json, the weights as ``save_pretrained`` writes them and a note of where they came from, into
+    ``tmp``."""
     from dsforge.runtime.export_hf import HfExportError, save_hf
     from dsforge.runtime.models import model_config
 
@@ -166,7 +174,8 @@ def _write_hf(tmp: Path, job: Any, dense: dict[str, Any], dtypes: list[str], sou
     if len(dtypes) == 1:
         cfg.dtype = dtypes[0]
     cfg.architectures = [type(cfg).__name__.replace("Config", "ForCausalLM")]
-    try:  # transformers writes its own layout (experts, renames, tied head): key for key what save_pretrained does
+    try:  # transformers writes its own layout (experts, renames, tied head): key for key what save_pretrained
+          # does
         save_hf(tmp, cfg, dense, job.plan.model.pretrained)
     except HfExportError as exc:
         raise ExportError(f"{source}: {exc}") from None

@@ -25,7 +25,8 @@ class HfExportError(RuntimeRefusal, RuntimeError):
 
 
 def fill_hf_model(cfg: Any, dense: Mapping[str, Tensor], source: str | Path | None = None) -> Any:
-    """The job's HF causal LM holding ``dense`` (and the buffers ``source`` stores), ready for save_pretrained."""
+    """The job's HF causal LM holding ``dense`` (and the buffers ``source`` stores), ready for
+    save_pretrained."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -42,7 +43,11 @@ def fill_hf_model(cfg: Any, dense: Mapping[str, Tensor], source: str | Path | No
 
         reader = CheckpointReader(source)
         try:
-            found = {n: reader.read(k) for n in left if (k := reader.resolve(n, model.base_model_prefix)) is not None}
+            found = {
+                n: reader.read(k)
+                for n in left
+                if (k := reader.resolve(n, model.base_model_prefix)) is not None
+            }
         finally:
             reader.close()
         model.load_state_dict(found, strict=False, assign=True)
@@ -54,5 +59,6 @@ def fill_hf_model(cfg: Any, dense: Mapping[str, Tensor], source: str | Path | No
 
 
 def save_hf(target: Path, cfg: Any, dense: Mapping[str, Tensor], source: str | Path | None = None) -> None:
-    """config.json, the weights (and generation_config.json where the family has one) as save_pretrained writes them."""
+    """config.json, the weights (and generation_config.json where the family has one) as save_pretrained
+    writes them."""
     fill_hf_model(cfg, dense, source).save_pretrained(str(target))

@@ -52,7 +52,8 @@ class GPipeSchedule(ds_schedule.PipeSchedule):  # type: ignore[misc]
             if not first:
                 cmds.append(ds_schedule.SendGrad(m))
             if m == 0:
-                cmds += [ds_schedule.ReduceTiedGrads(), ds_schedule.ReduceGrads(), ds_schedule.OptimizerStep()]
+                cmds += [ds_schedule.ReduceTiedGrads(), ds_schedule.ReduceGrads(),
+                         ds_schedule.OptimizerStep()]
             yield cmds
 
     def num_pipe_buffers(self) -> int:
@@ -71,7 +72,8 @@ def _restore_loss(engine: Any, buffer_id: int) -> None:
 def use_gpipe(engine: Any) -> Any:
     """Make a DeepSpeed PipelineEngine train every batch with the GPipe schedule; returns the engine."""
     engine._dsforge_losses = {}
-    engine._INSTRUCTION_MAP = {**type(engine)._INSTRUCTION_MAP, KeepLoss: _keep_loss, RestoreLoss: _restore_loss}
+    engine._INSTRUCTION_MAP = {**type(engine)._INSTRUCTION_MAP, KeepLoss: _keep_loss,
+                               RestoreLoss: _restore_loss}
 
     def train_schedule(self: Any) -> GPipeSchedule:
         return GPipeSchedule(micro_batches=self.micro_batches, stages=self.num_stages, stage_id=self.stage_id)

@@ -52,7 +52,8 @@ def check_world_size(placement: Placement, launched: int | None = None) -> None:
 
 
 def ensure_deepspeed_comm() -> None:
-    """Let deepspeed.comm wrap the already-initialised torch.distributed world (DeepSpeed's collectives need it)."""
+    """Let deepspeed.comm wrap the already-initialised torch.distributed world (DeepSpeed's collectives need
+    it)."""
     import deepspeed.comm as ds_dist
 
     if not ds_dist.is_initialized():
@@ -173,7 +174,8 @@ def create_groups(plan: AnyPlan | Placement) -> ParallelGroups:
 
 
 class DeepSpeedMPU:
-    """The "model parallel unit" DeepSpeed queries (deepspeed/utils/groups.py, utils/bwc.py, runtime/engine.py).
+    """The "model parallel unit" DeepSpeed queries (deepspeed/utils/groups.py, utils/bwc.py,
+    runtime/engine.py).
 
     Data parallel = the plan's dp group (DeepSpeed's batch rule counts it); sequence parallel = cp
     and sequence-data parallel = dp x cp, over which DeepSpeed and ZeRO reduce and partition
@@ -301,11 +303,14 @@ def pipe_axes(placement: Placement) -> tuple[list[str], list[int]]:
         if merged and merged[-1] == name:
             continue
         if name in merged:
-            between = dense[dense.index("cp") + 1:dense.index("dp")] or dense[dense.index("dp") + 1:dense.index("cp")]
+            between = (
+                dense[dense.index("cp") + 1 : dense.index("dp")]
+                or dense[dense.index("dp") + 1 : dense.index("cp")]
+            )
             raise LayoutError(
-                f"order {'-'.join(placement.order)!r} puts {'-'.join(between)} between cp and dp; DeepSpeed's "
-                "PipelineEngine reduces gradients over one 'data' axis, so cp must sit next to dp "
-                "(e.g. order tp-cp-ep-dp-pp)")
+                f"order {'-'.join(placement.order)!r} puts {'-'.join(between)} between cp and dp; "
+                f"DeepSpeed's PipelineEngine reduces gradients over one 'data' axis, so cp must sit next to "
+                f"dp (e.g. order tp-cp-ep-dp-pp)")
         merged.append(name)
     for name in ("pipe", "data", "model"):  # DeepSpeed's grid reads all three; size-1 axes go anywhere
         if name not in merged:

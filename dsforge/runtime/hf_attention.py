@@ -1,4 +1,5 @@
-"""Context parallelism inside HF transformers models: their attention call routed to ring or Ulysses attention.
+"""Context parallelism inside HF transformers models: their attention call routed to ring or Ulysses
+attention.
 
 HF models (gpt2, llama, mixtral in transformers 5) look their attention function up by name in
 ``ALL_ATTENTION_FUNCTIONS`` (``config._attn_implementation``) and build the causal mask through the
@@ -35,8 +36,9 @@ def _attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, att
     """HF attention interface: [b, h, s_local, d] q/k/v -> ([b, s_local, h, d], no weights)."""
     impl: Callable[[Tensor, Tensor, Tensor, float | None], Tensor] | None = getattr(module, _ATTR, None)
     if impl is None:
-        raise ContextParallelError(f"{type(module).__name__} runs with attn_implementation {NAME!r} but has no "
-                                   "context-parallel layer attached (install_context_parallel was not called on it)")
+        raise ContextParallelError(f"{type(module).__name__} runs with attn_implementation {NAME!r} but has "
+                                   f"no context-parallel layer attached "
+                                   "(install_context_parallel was not called on it)")
     if dropout:
         raise ContextParallelError("context-parallel attention has no attention dropout; set it to 0")
     # Ring and Ulysses attention are plain causal softmax attention: anything else the model asks for
@@ -48,9 +50,10 @@ def _attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, att
     window = kwargs.get("sliding_window")
     total = query.shape[2] * getattr(module, _SIZE, 1)
     if window is not None and window < total:
-        raise ContextParallelError(f"{type(module).__name__} attends within a sliding window of {window} tokens, "
-                                   f"shorter than the sequence of {total}; context-parallel attention is fully "
-                                   "causal: use cp 1 or a sequence no longer than the window")
+        raise ContextParallelError(f"{type(module).__name__} attends within a sliding window of {window} "
+                                   f"tokens, shorter than the sequence of {total}; context-parallel "
+                                   f"attention is fully causal: use cp 1 or "
+                                   f"a sequence no longer than the window")
     return impl(query, key, value, scaling), None
 
 
@@ -77,13 +80,15 @@ def _ring(group: dist.ProcessGroup) -> Callable[[Tensor, Tensor, Tensor, float |
     return attend
 
 
-def _ulysses(group: dist.ProcessGroup) -> tuple[nn.Module, Callable[[Tensor, Tensor, Tensor, float | None], Tensor]]:
+def _ulysses(group: dist.ProcessGroup) -> tuple[nn.Module,
+                                                Callable[[Tensor, Tensor, Tensor, float | None], Tensor]]:
     scales: list[float | None] = [None]
 
     def local(q: Tensor, k: Tensor, v: Tensor, *args: object, **kwargs: object) -> Tensor:
         # [b, s, h, d] after the all-to-all: the whole sequence, this rank's heads.
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             is_causal=True, scale=scales[0], enable_gqa=k.shape[2] != q.shape[2])
+                                             is_causal=True, scale=scales[0],
+                                             enable_gqa=k.shape[2] != q.shape[2])
         return out.transpose(1, 2)
 
     layer = UlyssesAttention(group, local_attention=local)
@@ -96,7 +101,8 @@ def _ulysses(group: dist.ProcessGroup) -> tuple[nn.Module, Callable[[Tensor, Ten
 
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The modules that call HF's attention interface (their class name ends in ``Attention``)."""
-    return [(n, m) for n, m in model.named_modules() if type(m).__name__.endswith("Attention") and hasattr(m, "config")]
+    return [(n, m) for n,
+            m in model.named_modules() if type(m).__name__.endswith("Attention") and hasattr(m, "config")]
 
 
 def _window_of(module: nn.Module) -> Any:
@@ -118,14 +124,17 @@ def plain_causal_problems(model: nn.Module, seq_len: int) -> list[str]:
     for name, module in attention_modules(model):
         softcap = getattr(module, "attn_logit_softcapping", None)
         if softcap is not None:
-            found.setdefault(f"soft-capped attention scores (attn_logit_softcapping={softcap})", []).append(name)
+            found.setdefault(f"soft-capped attention scores (attn_logit_softcapping={softcap})",
+                             []).append(name)
         window = _window_of(module)
         if isinstance(window, int) and not isinstance(window, bool) and window < seq_len:
-            found.setdefault(f"a sliding window of {window} tokens (the sequence has {seq_len})", []).append(name)
+            found.setdefault(f"a sliding window of {window} tokens (the sequence has {seq_len})",
+                             []).append(name)
         dropout = getattr(module, "attention_dropout", 0.0)
         if isinstance(dropout, (int, float)) and dropout > 0:
             found.setdefault(f"attention dropout {dropout}", []).append(name)
-        if isinstance(getattr(module, "sinks", None), Tensor):  # GPT-OSS: a learnt logit per head in the softmax
+        # GPT-OSS: a learnt logit per head in the softmax
+        if isinstance(getattr(module, "sinks", None), Tensor):
             found.setdefault("attention sinks (a learnt logit per head joins each softmax)", []).append(name)
     from dsforge.runtime.rewrite.walk import group_names  # the rewrite package imports this module
 
@@ -136,12 +145,13 @@ def check_plain_causal(model: nn.Module, seq_len: int) -> None:
     """Refuse, when the rank starts, a model whose attention context parallelism would change (DSF144)."""
     problems = plain_causal_problems(model, seq_len)
     if problems:
-        raise ContextParallelError("context-parallel attention is plain causal softmax attention, but the model "
-                                   f"has {'; '.join(problems)}: use cp 1")
+        raise ContextParallelError("context-parallel attention is plain causal softmax attention, but the "
+                                   f"model has {'; '.join(problems)}: use cp 1")
 
 
 def install_context_parallel(model: nn.Module, kind: str, group: dist.ProcessGroup) -> int:
-    """Route every attention of an HF model through ring (``kind="ring"``) or Ulysses attention over ``group``.
+    """Route every attention of an HF model through ring (``kind="ring"``) or Ulysses attention over
+    ``group``.
 
     Returns the number of attention modules rewired; raises ContextParallelError when there are none.
     """

@@ -38,7 +38,8 @@ class JobDirError(RuntimeRefusal, ValueError):
 
 @dataclass(frozen=True)
 class JobDir:
-    """A compiled job directory: the plan rebuilt from plan.json, the DeepSpeed config, and the raw plan document."""
+    """A compiled job directory: the plan rebuilt from plan.json, the DeepSpeed config, and the raw plan
+    document."""
 
     path: Path
     plan: ResolvedPlan
@@ -58,13 +59,14 @@ class JobDir:
             try:
                 docs[name] = json.loads((path / name).read_text(encoding="utf-8"))
             except (OSError, ValueError) as exc:
-                raise JobDirError(f"{path / name}: cannot read it ({exc}); recompile the job with `dsforge compile`")
+                raise JobDirError(f"{path / name}: cannot read it ({exc}); "
+                                  f"recompile the job with `dsforge compile`")
         doc = docs["plan.json"]
         try:
             lazy = build_plan(JobSpec.model_validate(doc["job"]))
         except (SpecError, KeyError, TypeError) as exc:
-            raise JobDirError(f"{path / 'plan.json'}: its job does not fit this dsforge version's schema ({exc}); "
-                              "recompile the job with `dsforge compile`") from None
+            raise JobDirError(f"{path / 'plan.json'}: its job does not fit this dsforge version's schema "
+                              f"({exc}); recompile the job with `dsforge compile`") from None
         try:
             plan = lazy.resolve()
         except UnresolvedPlan:
@@ -73,7 +75,8 @@ class JobDir:
 
         if asdict(plan.degrees) != doc.get("degrees") or plan.world_size != doc.get("world_size"):
             raise JobDirError(f"{path / 'plan.json'} was written by another dsforge version (its degrees "
-                              f"{doc.get('degrees')} differ from {asdict(plan.degrees)} now); recompile the job")
+                              f"{doc.get('degrees')} differ from "
+                              f"{asdict(plan.degrees)} now); recompile the job")
         return cls(path, plan, docs["ds_config.json"], doc)
 
     @property
@@ -110,7 +113,8 @@ def prepare_environment(job: JobDir) -> None:
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """Drop what DeepSpeed prints to stdout while it starts (op builds, topology dumps) unless DSFORGE_VERBOSE=1."""
+    """Drop what DeepSpeed prints to stdout while it starts (op builds, topology dumps) unless
+    DSFORGE_VERBOSE=1."""
     if os.environ.get("DSFORGE_VERBOSE") == "1":
         yield
         return
@@ -119,7 +123,8 @@ def quiet() -> Iterator[None]:
 
 
 def init_distributed(job: JobDir) -> None:
-    """Join the job's process group (env:// from the launcher) with a timeout, so a missing rank fails, not hangs."""
+    """Join the job's process group (env:// from the launcher) with a timeout, so a missing rank fails, not
+    hangs."""
     import torch
     import torch.distributed as dist
 
@@ -188,7 +193,8 @@ def _stopped(exc: BaseException, rank: int, status: Any) -> int:
         print(f"dsforge: rank {rank}: stopped {status.where()} {why}", file=sys.stderr, flush=True)
         status.update("stopped", message=why)
         return EXIT_FAILED
-    if isinstance(exc, RuntimeRefusal):  # the job's fault (layout, data, checkpoint, model): one line, no traceback
+    if isinstance(exc, RuntimeRefusal):  # the job's fault (layout, data, checkpoint, model): one line, no
+                                         # traceback
         print(f"dsforge: rank {rank}: {exc}", file=sys.stderr, flush=True)
         status.update("failed", message=str(exc))
         return EXIT_FAILED
@@ -251,10 +257,11 @@ def say(text: str) -> None:
 def describe_job(job: JobDir) -> str:
     """One header line: name, layout, batch split."""
     d, b = job.degrees, job.doc["batch"]
-    layout = " x ".join(f"{k}={getattr(d, k)}" for k in ("tp", "pp", "dp", "cp", "ep") if getattr(d, k) > 1) or "1 rank"
+    layout = " x ".join(f"{k}={getattr(d, k)}" for k in ("tp", "pp", "dp", "cp",
+                                                         "ep") if getattr(d, k) > 1) or "1 rank"
     return (f"dsforge: {job.plan.spec.name}: {layout}, ZeRO-{job.plan.zero}, {job.plan.world_size} ranks; "
-            f"global batch {b['global_batch']} = micro {b['micro_batch']} x {b['grad_accum']} accumulation x dp "
-            f"{d.dp}; {job.plan.spec.training.steps} steps")
+            f"global batch {b['global_batch']} = micro {b['micro_batch']} x {b['grad_accum']} accumulation x "
+            f"dp {d.dp}; {job.plan.spec.training.steps} steps")
 
 
 def start_engine(job: JobDir) -> tuple[Any, Any]:
@@ -289,9 +296,9 @@ def resume_point(engine: Any, policy: Any, steps: int, job: JobDir | None = None
     if start:
         say(f"dsforge: resumed from {policy.directory / ckpt.tag_of(start)} after step {start}")
     if start >= steps:
-        say(f"dsforge: the checkpoint has all {steps} steps; nothing to train. To train longer, raise training.steps "
-            f"in the job file and run `dsforge run <job file>` again (it continues from this checkpoint); to start "
-            f"over: `dsforge run --fresh <job file>`, or move {policy.directory} away")
+        say(f"dsforge: the checkpoint has all {steps} steps; nothing to train. To train longer, raise "
+            f"training.steps in the job file and run `dsforge run <job file>` again (it continues from this "
+            f"checkpoint); to start over: `dsforge run --fresh <job file>`, or move {policy.directory} away")
         return None
     return start
 
@@ -395,7 +402,8 @@ def log_step(job: JobDir, result: Any) -> None:
 
     if dist.get_rank() != 0:
         return
-    line = {"step": result.step, "loss": result.loss, "seconds": result.seconds, "tokens_per_s": result.tokens_per_s}
+    line = {"step": result.step, "loss": result.loss, "seconds": result.seconds,
+            "tokens_per_s": result.tokens_per_s}
     with open(job.path / "train_log.jsonl", "a", encoding="utf-8") as fh:
         fh.write(json.dumps(line) + "\n")
 
@@ -429,5 +437,6 @@ def write_report(job: JobDir, rows: list[dict[str, Any]], results: list[Any], ti
            "notes": REPORT_NOTES}
     (job.path / "memory_report.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
     print(render_table(rows), flush=True)
-    print(f"dsforge: {job.plan.spec.name}: final loss {results[-1].loss:.4f}, {doc['tokens_per_s_mean']:,.0f} tok/s, "
-          f"{mean_s * 1000:.0f} ms/step; wrote {job.path / 'memory_report.json'}", flush=True)
+    print(f"dsforge: {job.plan.spec.name}: final loss {results[-1].loss:.4f}, "
+          f"{doc['tokens_per_s_mean']:,.0f} tok/s, {mean_s * 1000:.0f} ms/step; wrote "
+          f"{job.path / 'memory_report.json'}", flush=True)

@@ -1,4 +1,5 @@
-"""Building only what a rank owns: the model's parameters on the meta device, then this rank's slices made real.
+"""Building only what a rank owns: the model's parameters on the meta device, then this rank's slices made
+real.
 
 The dense model is constructed with every parameter on ``meta`` (buffers such as RoPE's
 frequencies stay real: they are computed, not learned) and rewritten there, so no rank ever
@@ -42,7 +43,8 @@ class MaterializeError(ModelBuildError):
 
 
 class WeightRangeError(MaterializeError):
-    """A weight is not finite in the job's dtype: an fp16 cast overflowed (or the checkpoint holds inf/NaN)."""
+    """A weight is not finite in the job's dtype: an fp16 cast overflowed (or the checkpoint holds
+    inf/NaN)."""
 
 
 @contextlib.contextmanager
@@ -200,7 +202,8 @@ class SeededInit:
         """This parameter's seeded values (or slice), drawn in fp32 and cast to ``dtype`` chunk by chunk."""
         spec = self.specs.get(name)
         if spec is None:
-            raise MaterializeError(f"{name}: not a parameter of the dense model the initialisation was planned on")
+            raise MaterializeError(f"{name}: not a parameter of the dense "
+                                   f"model the initialisation was planned on")
         return chunked_init(self.seed, spec, shape, dim, ranges, dtype)
 
 
@@ -219,12 +222,12 @@ class PretrainedWeights:
 
         key = self.reader.resolve(name, self.prefix)
         if key is None:
-            raise PretrainedLoadError(f"DSF640: {self.reader.directory} holds no tensor for the model's parameter "
-                                      f"{name}; the checkpoint was written for another model")
+            raise PretrainedLoadError(f"DSF640: {self.reader.directory} holds no tensor for the model's "
+                                      f"parameter {name}; the checkpoint was written for another model")
         stored = self.reader.shape(key)
         if stored != tuple(shape):
-            raise PretrainedLoadError(f"DSF640: {self.reader.directory}: tensor {key} is {list(stored)}, the model's "
-                                      f"parameter {name} is {list(shape)}")
+            raise PretrainedLoadError(f"DSF640: {self.reader.directory}: tensor {key} is {list(stored)}, the "
+                                      f"model's parameter {name} is {list(shape)}")
         return self.reader.read(key, dim, ranges or ())
 
 
@@ -242,7 +245,8 @@ class Target:
 
 
 def owned_ranges(entry: ModulePlan, p: ParamShard, tp_rank: int, tp: int) -> Ranges | None:
-    """This TP rank's ranges along ``p.dim`` of a planned parameter: the cut ``from_dense`` makes, per variant.
+    """This TP rank's ranges along ``p.dim`` of a planned parameter: the cut ``from_dense`` makes, per
+    variant.
 
     A column cut takes the rank's share of every fused block (q, k, v), a row cut one contiguous
     share, a vocab cut the rows ``split_sizes`` gives the rank. None: the parameter is whole here.
@@ -298,8 +302,10 @@ def _param_slot(root: nn.Module, qualified: str) -> tuple[nn.Module, str]:
     return submodule(root, mod_name), attr
 
 
-def rank_targets(model: nn.Module, rp: RewritePlan, tp_rank: int, only: set[str] | None = None) -> list[Target]:
-    """Every parameter this rank holds after the rewrite, with the dense slice it takes (``only``: these modules)."""
+def rank_targets(model: nn.Module, rp: RewritePlan, tp_rank: int,
+                 only: set[str] | None = None) -> list[Target]:
+    """Every parameter this rank holds after the rewrite, with the dense slice it takes (``only``: these
+    modules)."""
     targets: list[Target] = []
     moe_blocks: dict[str, nn.Module] = {}
     for entry in rp.modules:
@@ -314,7 +320,8 @@ def rank_targets(model: nn.Module, rp: RewritePlan, tp_rank: int, only: set[str]
         for p in entry.params:
             owner = entry.owners.get(p.name, _join(entry.name, p.name))
             holder, attr = _param_slot(module, p.name)
-            # A rewritten HF Conv1D (weight stored in x out) holds (out, in); one left as it is (tp = 1) does not.
+            # A rewritten HF Conv1D (weight stored in x out) holds (out, in); one left as it is (tp = 1) does
+            # not.
             transpose = (entry.kind == "conv1d" and p.name == "weight" and entry.variant in ("column", "row")
                          and type(holder).__name__ != "Conv1D")
             targets.append(Target(holder, attr, owner, p.shape, p.dim, owned_ranges(entry, p, tp_rank, rp.tp),
@@ -339,13 +346,14 @@ def _replaced_block(model: nn.Module, name: str) -> tuple[str, nn.Module] | None
 
 
 def _moe_targets(entry: ModulePlan, block_name: str, moe: Any, seen: dict[str, nn.Module]) -> list[Target]:
-    """An expert-parallel block's parameters: its router whole, each local expert's slice of the stacked experts."""
+    """An expert-parallel block's parameters: its router whole, each local expert's slice of the stacked
+    experts."""
     out: list[Target] = []
     if entry.variant == "expert":
         shapes = {p.name: p.shape for p in entry.params}
         if set(shapes) != {"gate_up_proj", "down_proj"}:
-            raise MaterializeError(f"{entry.name}: expert-parallel blocks are built from HF Mixtral's stacked "
-                                   f"gate_up_proj/down_proj, not {sorted(shapes)}")
+            raise MaterializeError(f"{entry.name}: expert-parallel blocks are built from HF Mixtral's "
+                                   f"stacked gate_up_proj/down_proj, not {sorted(shapes)}")
         for i, local in enumerate(moe.local_experts):
             e = moe.first_expert + i
             for attr_mod, key in ((local.gate_up, "gate_up_proj"), (local.down, "down_proj")):
@@ -354,8 +362,8 @@ def _moe_targets(entry: ModulePlan, block_name: str, moe: Any, seen: dict[str, n
         wg = moe.moe.deepspeed_moe.gate.wg
         out.append(Target(wg, "weight", _join(entry.name, "weight"), tuple(entry.params[0].shape)))
     else:
-        raise MaterializeError(f"{entry.name}: inside the expert-parallel block {block_name}, which holds only the "
-                               "router and the experts")
+        raise MaterializeError(f"{entry.name}: inside the expert-parallel block {block_name}, which holds "
+                               f"only the router and the experts")
     seen[block_name] = moe
     return out
 
@@ -393,7 +401,8 @@ def materialize(targets: list[Target], source: WeightSource, dtype: torch.dtype,
     for t in targets:
         old = t.module._parameters.get(t.attr)
         if old is None:
-            raise MaterializeError(f"{t.dense}: the rewritten module {type(t.module).__name__} has no parameter {t.attr}")
+            raise MaterializeError(f"{t.dense}: the rewritten module "
+                                   f"{type(t.module).__name__} has no parameter {t.attr}")
         if id(old) in done:
             continue
         if old.device.type != "meta":  # already real (a module outside the rewrite kept its values)
@@ -415,21 +424,22 @@ def materialize(targets: list[Target], source: WeightSource, dtype: torch.dtype,
 
 
 def _filled(t: Target, old: nn.Parameter, source: WeightSource, dtype: torch.dtype) -> nn.Parameter:
-    """The real parameter that replaces ``old``, with ``t``'s values in ``dtype`` (its temporaries die here)."""
+    """The real parameter that replaces ``old``, with ``t``'s values in ``dtype`` (its temporaries die
+    here)."""
     value = source.values(t.dense, t.shape, t.dim, t.ranges, dtype)
     if t.transpose:
         value = value.t()
     if t.ranges is not None and t.dim == 0 and len(t.shape) == len(old.shape) + 1:
         value = value.reshape(old.shape)  # one expert out of the stacked experts
     if tuple(value.shape) != tuple(old.shape):
-        raise MaterializeError(f"{t.dense}: the planned slice is {list(value.shape)} but this rank's parameter is "
-                               f"{list(old.shape)}")
+        raise MaterializeError(f"{t.dense}: the planned slice is {list(value.shape)} but this rank's "
+                               f"parameter is {list(old.shape)}")
     value = value.to(dtype).contiguous()
     _check_finite(t.dense, value)
     new = nn.Parameter(value, requires_grad=old.requires_grad)
     new.__dict__.update(old.__dict__)
-    # Tensor hooks live outside __dict__: a rewrite's (sum_grads_over_tp on Qwen3's per-head q/k norms) would be
-    # lost, and each TP rank would train its copy of the norm on its own heads' gradient alone.
+    # Tensor hooks live outside __dict__: a rewrite's (sum_grads_over_tp on Qwen3's per-head q/k norms) would
+    # be lost, and each TP rank would train its copy of the norm on its own heads' gradient alone.
     for hook in (old._backward_hooks or {}).values():
         new.register_hook(hook)
     tag(new, SliceTag(t.dense, tuple(t.shape), t.dim, tuple(t.ranges or ()), t.transpose))  # for export
@@ -440,11 +450,13 @@ def _check_finite(name: str, value: Tensor) -> None:
     """Refuse a 16-bit value that is not finite: the cast of a pretrained weight beyond fp16's range gives inf
     silently (precision.match_precision sees only the cast values), and a checkpoint's own inf/NaN would train
     as NaN from the first step."""
-    if value.dtype in (torch.float16, torch.bfloat16) and value.numel() and not bool(torch.isfinite(value).all()):
+    if value.dtype in (torch.float16,
+                       torch.bfloat16) and value.numel() and not bool(torch.isfinite(value).all()):
         top = torch.finfo(value.dtype).max
-        raise WeightRangeError(f"{name} is not finite in {str(value.dtype).replace('torch.', '')} (beyond its "
-                               f"largest value {top:.6g}, or inf/NaN in the checkpoint): training.precision bf16 "
-                               "(or fp32) keeps such weights; a checkpoint holding inf/NaN must be repaired")
+        raise WeightRangeError(f"{name} is not finite in {str(value.dtype).replace('torch.', '')} (beyond "
+                               f"its largest value {top:.6g}, or inf/NaN in the checkpoint): "
+                               f"training.precision bf16 (or fp32) keeps such weights; a "
+                               f"checkpoint holding inf/NaN must be repaired")
 
 
 def _restore_buffers(root: nn.Module) -> None:
@@ -458,7 +470,8 @@ def _restore_buffers(root: nn.Module) -> None:
             module._gather_order = None if order is None else torch.tensor(order)
 
 
-def materialize_dense(model: nn.Module, source: WeightSource, dtype: torch.dtype = torch.float32) -> nn.Module:
+def materialize_dense(model: nn.Module, source: WeightSource,
+                      dtype: torch.dtype = torch.float32) -> nn.Module:
     """Every parameter of a dense (unrewritten) model on meta made real from ``source``; returns the model."""
     targets = []
     for name, p in model.named_parameters():

@@ -33,7 +33,8 @@ def storage_key(t: Tensor) -> int:
 
 
 def tensors_in(obj: Any, out: list[Tensor], max_depth: int = 5, depth: int = 0) -> None:
-    """Append the tensors in ``obj`` and its dicts, lists and tuples (``max_depth`` levels down) to ``out``."""
+    """Append the tensors in ``obj`` and its dicts, lists and tuples (``max_depth`` levels down) to
+    ``out``."""
     if torch.is_tensor(obj):
         out.append(obj)
     elif depth < max_depth and isinstance(obj, dict):
@@ -52,7 +53,8 @@ class ActivationProbe:
         self._seen: set[int] = set()
         self._ctx: Any = None
         self._params = list(module.parameters())
-        self._handles = [module.register_forward_pre_hook(self._enter), module.register_forward_hook(self._exit)]
+        self._handles = [module.register_forward_pre_hook(self._enter),
+                         module.register_forward_hook(self._exit)]
 
     def arm(self) -> None:
         """Record the next forward call."""
@@ -94,7 +96,8 @@ def inner_optimizer(engine: Any) -> torch.optim.Optimizer | None:
 
 def classify(module: nn.Module, inner: torch.optim.Optimizer | None, groups: list[Tensor] | None = None,
              pending_grads: Any = None) -> dict[str, int]:
-    """Bytes of distinct live storages: parameters, gradients, optimizer (first class that holds a storage wins).
+    """Bytes of distinct live storages: parameters, gradients, optimizer (first class that holds a storage
+    wins).
 
     ``groups`` are the optimizer's parameters (default: those of its param groups now; ZeRO steps one
     group at a time with the others swapped out, so the probe passes the list it saw before the step);
@@ -131,7 +134,8 @@ def classify(module: nn.Module, inner: torch.optim.Optimizer | None, groups: lis
 
 
 class StateProbe:
-    """Model-state bytes at the next optimizer step of the engine (taken inside the torch optimizer's step)."""
+    """Model-state bytes at the next optimizer step of the engine (taken inside the torch optimizer's
+    step)."""
 
     def __init__(self, engine: Any) -> None:
         self.engine, self.inner = engine, inner_optimizer(engine)
@@ -201,7 +205,8 @@ def render_table(rows: Iterable[dict[str, Any]]) -> str:
 
 
 def predicted(plan: ResolvedPlan, stage: int) -> dict[str, Any]:
-    """The cost model's bytes for one rank of ``stage`` (dsforge.compiler.estimate.memory), in the table's terms.
+    """The cost model's bytes for one rank of ``stage`` (dsforge.compiler.estimate.memory), in the table's
+    terms.
 
     Model states are the model's "step" moment, the one the probe measures (inside the optimizer step,
     where ZeRO has already reduced the gradients into its fp32 partitions); ``at_peak`` keeps the states
@@ -226,11 +231,20 @@ def predicted(plan: ResolvedPlan, stage: int) -> dict[str, Any]:
     # themselves, their fp32 copy) are part of the peak but saved by nothing, so the per-micro-batch figure
     # leaves them out: on tiny-3d's last stage they were the +11 % (0.471 against 0.424 MiB measured)
     transient = transient_logits(plan) if live["logits"] else 0.0
-    return {"parameters": step["parameters"], "gradients": step["gradients"], "optimizer": step["optimizer"],
-            "at_peak": {"phase": row.phase, **{k: c[k] for k in ("parameters", "gradients", "optimizer", "buffers")}},
-            "activations": live["activations"], "logits": live["logits"], "in_flight_micro_batches": flight,
-            "activations_per_micro_batch": (live["activations"] + live["logits"] - transient) / max(1, flight),
-            "peak": row.device_bytes}
+    return {
+        "parameters": step["parameters"],
+        "gradients": step["gradients"],
+        "optimizer": step["optimizer"],
+        "at_peak": {
+            "phase": row.phase,
+            **{k: c[k] for k in ("parameters", "gradients", "optimizer", "buffers")},
+        },
+        "activations": live["activations"],
+        "logits": live["logits"],
+        "in_flight_micro_batches": flight,
+        "activations_per_micro_batch": (live["activations"] + live["logits"] - transient) / max(1, flight),
+        "peak": row.device_bytes,
+    }
 
 
 def transient_logits(plan: ResolvedPlan) -> float:
@@ -242,7 +256,8 @@ def transient_logits(plan: ResolvedPlan) -> float:
     return logits_bytes(plan.model, activation_shape(plan), padded_vocab(plan.model, plan.degrees.tp))[1]
 
 
-def rank_row(plan: ResolvedPlan, rank: int, states: dict[str, int] | None, activations: int | None) -> dict[str, Any]:
+def rank_row(plan: ResolvedPlan, rank: int, states: dict[str, int] | None,
+             activations: int | None) -> dict[str, Any]:
     """This rank's report row: coordinates, prediction and measurement."""
     coords = plan.placement.coordinates(rank)
     measured: dict[str, Any] = dict(states or {})

@@ -1,4 +1,5 @@
-"""Building the job's model: an HF transformers gpt2 / llama / mixtral from the model spec, or `model.factory`.
+"""Building the job's model: an HF transformers gpt2 / llama / mixtral from the model spec, or
+`model.factory`.
 
 Weights are random (seeded); on the ``meta`` device nothing is allocated, which is how the
 compiler plans even a 405B model. The HF configs are derived from the spec field by field so the
@@ -52,13 +53,13 @@ def hf_config(model: ModelSpec | ResolvedModel, tp: int = 1) -> Any:
     cfg: Any
     if arch == "gpt2":
         from transformers import GPT2Config
-        cfg = GPT2Config(n_positions=model.seq_len, n_embd=model.hidden, n_layer=model.layers, n_head=model.heads,
-                         n_inner=ffn, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
-                         attn_pdrop=0.0, **_common(model, tp))
+        cfg = GPT2Config(n_positions=model.seq_len, n_embd=model.hidden, n_layer=model.layers,
+                         n_head=model.heads, n_inner=ffn, activation_function="gelu_new", resid_pdrop=0.0,
+                         embd_pdrop=0.0, attn_pdrop=0.0, **_common(model, tp))
     else:
-        common = dict(hidden_size=model.hidden, num_hidden_layers=model.layers, num_attention_heads=model.heads,
-                      num_key_value_heads=kv, head_dim=model.head_dim, max_position_embeddings=model.seq_len,
-                      attention_dropout=0.0, **_common(model, tp))
+        common = dict(hidden_size=model.hidden, num_hidden_layers=model.layers,
+                      num_attention_heads=model.heads, num_key_value_heads=kv, head_dim=model.head_dim,
+                      max_position_embeddings=model.seq_len, attention_dropout=0.0, **_common(model, tp))
         if arch == "llama" and model.qkv_bias:
             # Llama's attention_bias would bias o_proj too; Qwen2 is Llama with biases on q, k and v only
             from transformers import Qwen2Config
@@ -87,7 +88,8 @@ def model_config(model: ModelSpec | ResolvedModel, tp: int = 1) -> Any:
 
 
 def build_skeleton(model: ModelSpec | ResolvedModel, tp: int = 1) -> nn.Module:
-    """The job's HF model with every parameter on the meta device and its computed buffers real (nothing allocated)."""
+    """The job's HF model with every parameter on the meta device and its computed buffers real (nothing
+    allocated)."""
     from transformers import AutoModelForCausalLM
 
     from dsforge.runtime.materialize import params_on_meta
@@ -98,7 +100,8 @@ def build_skeleton(model: ModelSpec | ResolvedModel, tp: int = 1) -> nn.Module:
 
 def seeded_init(skeleton: nn.Module, seed: int) -> Any:
     """The seeded initialisation of a dense HF model (dsforge.runtime.materialize.SeededInit): HF's scheme
-    (N(0, initializer_range), GPT-2's residual projections scaled by 1/sqrt(2 x layers)) drawn per parameter."""
+    (N(0, initializer_range), GPT-2's residual projections scaled by 1/sqrt(2 x layers)) drawn per
+    parameter."""
     from dsforge.runtime.materialize import SeededInit, init_specs
 
     cfg: Any = getattr(skeleton, "config", None)
@@ -163,7 +166,8 @@ def call_factory(path: str, model: ResolvedModel, device: str = "meta", seed: in
     except Exception as exc:  # the user's code: wrap so the job says which factory failed
         raise ModelBuildError(f"model.factory {path!r} raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(module, nn.Module):
-        raise ModelBuildError(f"model.factory {path!r} returned a {type(module).__name__}, not a torch nn.Module")
+        raise ModelBuildError(f"model.factory {path!r} returned a "
+                              f"{type(module).__name__}, not a torch nn.Module")
     return module
 
 

@@ -32,7 +32,8 @@ from dsforge.runtime.groups import LayoutError, ParallelGroups, ensure_deepspeed
 
 
 class GatedExpert(nn.Module):
-    """A SwiGLU expert, down(silu(gate(x)) * up(x)), with gate and up fused as in HF Mixtral's ``gate_up_proj``."""
+    """A SwiGLU expert, down(silu(gate(x)) * up(x)), with gate and up fused as in HF Mixtral's
+    ``gate_up_proj``."""
 
     def __init__(self, hidden: int, ffn: int) -> None:
         super().__init__()
@@ -71,18 +72,19 @@ def register_expert_groups(groups: ParallelGroups) -> str:
     for kind in ("ep", "edp"):
         if have[kind] is None or list(have[kind]) != want[kind]:
             raise LayoutError(
-                f"DeepSpeed already holds {kind} groups {name!r} with ranks {have[kind] and list(have[kind])}, "
-                f"but the plan's are {want[kind]} on rank {groups.rank}; call register_expert_groups before "
-                "any DeepSpeed MoE layer is set up (deepspeed.initialize creates them otherwise)")
+                f"DeepSpeed already holds {kind} groups {name!r} with ranks "
+                f"{have[kind] and list(have[kind])}, but the plan's are {want[kind]} on rank {groups.rank}; "
+                f"call register_expert_groups before any DeepSpeed MoE layer "
+                f"is set up (deepspeed.initialize creates them otherwise)")
     return name
 
 
 class ExpertParallelMoE(nn.Module):
     """DeepSpeed's MoE layer with ep from the plan: E experts, E/ep of them on this rank, top-k routing."""
 
-    def __init__(self, hidden: int, expert: nn.Module, num_experts: int, groups: ParallelGroups, top_k: int = 2,
-                 drop_tokens: bool = False, capacity_factor: float = 1.0, min_capacity: int = 0,
-                 renormalize: bool = True) -> None:
+    def __init__(self, hidden: int, expert: nn.Module, num_experts: int, groups: ParallelGroups,
+                 top_k: int = 2, drop_tokens: bool = False, capacity_factor: float = 1.0,
+                 min_capacity: int = 0, renormalize: bool = True) -> None:
         super().__init__()
         from deepspeed.moe.layer import MoE
         from deepspeed.utils import groups as ds_groups
@@ -94,13 +96,14 @@ class ExpertParallelMoE(nn.Module):
         ensure_deepspeed_comm()
         self.name = register_expert_groups(groups)
         if top_k == 1 and renormalize:
-            raise ValueError("DeepSpeed's top-1 gate weights the expert by its softmax probability, a renormalised "
-                             "top-1 router by 1; such a block has no exact DeepSpeed twin")
+            raise ValueError("DeepSpeed's top-1 gate weights the expert by its softmax probability, a "
+                             "renormalised top-1 router by 1; such a block has no exact DeepSpeed twin")
         self.num_experts, self.ep, self.top_k = num_experts, ep, top_k
         # top-1 already weighs by the plain probability; k >= 2 renormalises, undone by the factor S.
         self.scale_by_mass = not renormalize and top_k > 1
         self.num_local = num_experts // ep
-        self.first_expert = groups.index("ep") * self.num_local  # experts [first, first + num_local) live here
+        # experts [first, first + num_local) live here
+        self.first_expert = groups.index("ep") * self.num_local
         self.moe = MoE(hidden_size=hidden, expert=expert, num_experts=num_experts, ep_size=ep, k=top_k,
                        capacity_factor=capacity_factor, eval_capacity_factor=capacity_factor,
                        min_capacity=min_capacity, drop_tokens=drop_tokens, use_rts=False,
@@ -111,7 +114,8 @@ class ExpertParallelMoE(nn.Module):
                               f"{list(ds_groups._get_expert_parallel_group_ranks(self.name))}, the plan's is "
                               f"{groups.ranks('ep')}")
         self.aux_loss: Tensor | None = None
-        self.shared_name: str | None = None  # the block's shared expert, kept beside the routed ones (keep_shared)
+        self.shared_name: str | None = None  # the block's shared expert, kept beside the routed ones
+                                             # (keep_shared)
 
     @property
     def local_experts(self) -> nn.ModuleList:
@@ -149,16 +153,19 @@ class ExpertParallelMoE(nn.Module):
         return out
 
     def load_dense(self, gate_weight: Tensor, experts: Sequence[Mapping[str, Tensor]]) -> None:
-        """Load a dense MoE block: the router weight, and this rank's experts out of all ``experts`` state dicts."""
+        """Load a dense MoE block: the router weight, and this rank's experts out of all ``experts`` state
+        dicts."""
         if len(experts) != self.num_experts:
-            raise ValueError(f"got {len(experts)} expert state dicts for a layer of {self.num_experts} experts")
+            raise ValueError(f"got {len(experts)} expert state dicts for "
+                             f"a layer of {self.num_experts} experts")
         with torch.no_grad():
             self.gate_weight.copy_(gate_weight)
             for i, local in enumerate(self.local_experts):
                 local.load_state_dict(experts[self.first_expert + i])
 
     def load_mixtral(self, block: nn.Module) -> None:
-        """Load a HF MixtralSparseMoeBlock (fused 3-D ``experts.gate_up_proj``/``down_proj``, or per-expert w1/w2/w3)."""
+        """Load a HF MixtralSparseMoeBlock (fused 3-D ``experts.gate_up_proj``/``down_proj``, or per-expert
+        w1/w2/w3)."""
         experts: Any = block.experts
         if hasattr(experts, "gate_up_proj"):  # transformers >= 5: [E, 2F, H] and [E, H, F]
             dicts = [{"gate_up.weight": experts.gate_up_proj[e], "down.weight": experts.down_proj[e]}
@@ -179,7 +186,8 @@ class ExpertParallelMoE(nn.Module):
         """
         gate: Any = block.gate
         num_experts, hidden = gate.weight.shape
-        own = next((k for k in (getattr(gate, "top_k", None), getattr(block, "top_k", None)) if isinstance(k, int)),
+        own = next((k for k in (getattr(gate, "top_k", None),
+                                getattr(block, "top_k", None)) if isinstance(k, int)),
                    None)
         if top_k is None:
             top_k = own if own is not None else 2
@@ -189,10 +197,12 @@ class ExpertParallelMoE(nn.Module):
         experts: Any = block.experts
         act = getattr(experts, "act_fn", None)
         if act is not None and not isinstance(act, nn.SiLU) and "SiLU" not in type(act).__name__:
-            raise ValueError(f"its experts use {type(act).__name__}; the expert-parallel experts are SwiGLU (SiLU)")
+            raise ValueError(f"its experts use {type(act).__name__}; the "
+                             f"expert-parallel experts are SwiGLU (SiLU)")
         ffn = experts.down_proj.shape[-1] if hasattr(experts, "down_proj") else experts[0].w2.weight.shape[1]
         layer = cls(hidden, GatedExpert(hidden, ffn).to(gate.weight.dtype), num_experts, groups,
-                    top_k=top_k, drop_tokens=drop_tokens, capacity_factor=capacity_factor, renormalize=renormalize)
+                    top_k=top_k, drop_tokens=drop_tokens, capacity_factor=capacity_factor,
+                    renormalize=renormalize)
         layer.load_mixtral(block)
         return layer
 
@@ -203,9 +213,10 @@ SHARED_NAMES = ("shared_expert", "shared_experts")
 SHARED_GATE = "shared_expert_gate"
 
 
-def from_hf_block(block: nn.Module, groups: ParallelGroups, top_k: int | None = None, drop_tokens: bool = False,
-                  capacity_factor: float = 1.0) -> ExpertParallelMoE:
-    """The expert-parallel twin of an HF sparse MoE block: routed experts on DeepSpeed, shared experts kept."""
+def from_hf_block(block: nn.Module, groups: ParallelGroups, top_k: int | None = None,
+                  drop_tokens: bool = False, capacity_factor: float = 1.0) -> ExpertParallelMoE:
+    """The expert-parallel twin of an HF sparse MoE block: routed experts on DeepSpeed, shared experts
+    kept."""
     layer = ExpertParallelMoE.from_mixtral(block, groups, top_k, drop_tokens, capacity_factor)
     name = next((n for n in SHARED_NAMES if isinstance(getattr(block, n, None), nn.Module)), None)
     if name is not None:

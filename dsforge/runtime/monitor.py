@@ -18,7 +18,8 @@ def resolve_monitor_paths(ds_config: dict[str, Any], job_dir: str | os.PathLike[
     """Make the monitors' relative output paths absolute inside the job directory (in place)."""
     for key in MONITOR_KEYS:
         section = ds_config.get(key)
-        if isinstance(section, dict) and section.get("enabled") and not os.path.isabs(section.get("output_path", "")):
+        if isinstance(section,
+                      dict) and section.get("enabled") and not os.path.isabs(section.get("output_path", "")):
             section["output_path"] = str(Path(job_dir) / section.get("output_path", ""))
 
 

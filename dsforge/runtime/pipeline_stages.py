@@ -43,10 +43,12 @@ class Structure:
 
 
 STRUCTURES: dict[str, Structure] = {
-    "gpt2": Structure("transformer.wte", "transformer.h", "transformer.ln_f", "lm_head", pos="transformer.wpe",
-                      drop="transformer.drop"),
-    "llama": Structure("model.embed_tokens", "model.layers", "model.norm", "lm_head", rotary="model.rotary_emb"),
-    "mixtral": Structure("model.embed_tokens", "model.layers", "model.norm", "lm_head", rotary="model.rotary_emb"),
+    "gpt2": Structure("transformer.wte", "transformer.h", "transformer.ln_f", "lm_head",
+                      pos="transformer.wpe", drop="transformer.drop"),
+    "llama": Structure("model.embed_tokens", "model.layers", "model.norm", "lm_head",
+                       rotary="model.rotary_emb"),
+    "mixtral": Structure("model.embed_tokens", "model.layers", "model.norm", "lm_head",
+                         rotary="model.rotary_emb"),
 }
 
 
@@ -92,7 +94,8 @@ class PositionStage(nn.Module):
 
 
 class DecoderStage(nn.Module):
-    """One decoder layer on hidden states; rotary positions recomputed here since only hidden crosses stages."""
+    """One decoder layer on hidden states; rotary positions recomputed here since only hidden crosses
+    stages."""
 
     def __init__(self, layer: nn.Module, rotary: nn.Module | None = None, seq_factor: int = 1) -> None:
         super().__init__()
@@ -106,7 +109,8 @@ class DecoderStage(nn.Module):
         else:
             seq = hidden.shape[1] * self.seq_factor  # sequence-parallel hidden holds 1/tp of the positions
             position_ids = torch.arange(seq, device=hidden.device).unsqueeze(0)
-            out = self.layer(hidden, position_ids=position_ids, position_embeddings=self.rotary(hidden, position_ids))
+            out = self.layer(hidden, position_ids=position_ids,
+                             position_embeddings=self.rotary(hidden, position_ids))
         return out.contiguous()  # DeepSpeed sends stage outputs point-to-point, which needs contiguous memory
 
 
@@ -136,13 +140,14 @@ def stage_modules(rp: RewritePlan, stage: int) -> set[str]:
 
 
 def layer_list(model: nn.Module, rp: RewritePlan) -> tuple[list[Any], int, int]:
-    """DeepSpeed's flat layer list for a rewritten HF model, with the entries before and after the decoder layers."""
+    """DeepSpeed's flat layer list for a rewritten HF model, with the entries before and after the decoder
+    layers."""
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
     s = STRUCTURES.get(rp.arch)
     if s is None:
-        raise RewriteError(rp.arch, [(f"pipeline stages know the HF families {sorted(STRUCTURES)}; a `{rp.arch}` "
-                                      "model must come as a PipelineModule from its factory")])
+        raise RewriteError(rp.arch, [(f"pipeline stages know the HF families {sorted(STRUCTURES)}; a "
+                                      f"`{rp.arch}` model must come as a PipelineModule from its factory")])
     get = model.get_submodule
     embed = get(s.embed)
     tied = rp.module(s.head).tied_to == s.embed
@@ -163,14 +168,16 @@ def layer_list(model: nn.Module, rp: RewritePlan) -> tuple[list[Any], int, int]:
 
 
 def boundaries(plan: ResolvedPlan, layers: int, lead: int, tail: int) -> list[int]:
-    """DeepSpeed's ``parts``: the layer-list index where each stage starts (lead entries with stage 0, tail last)."""
+    """DeepSpeed's ``parts``: the layer-list index where each stage starts (lead entries with stage 0, tail
+    last)."""
     pp = plan.degrees.pp if plan.degrees else 1
     if plan.virtual_stages != 1:
-        raise RewriteError("pipeline", [(f"virtual_stages={plan.virtual_stages}: DeepSpeed's PipelineModule runs one "
-                                         "chunk per stage (no interleaved schedule)")])
+        raise RewriteError("pipeline", [(f"virtual_stages={plan.virtual_stages}: DeepSpeed's PipelineModule "
+                                         f"runs one chunk per stage (no interleaved schedule)")])
     chunks = plan.stage_layers or ([layers] if pp == 1 else [])
     if len(chunks) != pp or sum(chunks) != layers:
-        raise RewriteError("pipeline", [f"the plan's partition {chunks} does not split {layers} layers into pp={pp}"])
+        raise RewriteError("pipeline", [(f"the plan's partition {chunks} does not "
+                                         f"split {layers} layers into pp={pp}")])
     parts = [0, lead + chunks[0]]
     for n in chunks[1:-1]:
         parts.append(parts[-1] + n)
@@ -190,7 +197,8 @@ def ds_pipeline_config(rp: RewritePlan) -> dict[str, bool]:
 def build_pipeline(model: nn.Module, rp: RewritePlan, plan: ResolvedPlan, groups: ParallelGroups,
                    loss_fn: Callable[[Tensor, Tensor], Tensor] = causal_lm_loss,
                    on_meta: Callable[[], Any] | None = None,
-                   after_rewrite: Callable[[nn.Module, set[str]], Any] | None = None, **kwargs: Any) -> nn.Module:
+                   after_rewrite: Callable[[nn.Module, set[str]], Any] | None = None,
+                   **kwargs: Any) -> nn.Module:
     """Rewrite this rank's stage of a dense HF model and wrap the model as a PipelineModule cut by the plan.
 
     ``on_meta`` (a context manager factory) wraps the rewrite of a model whose parameters are on the
@@ -208,7 +216,8 @@ def build_pipeline(model: nn.Module, rp: RewritePlan, plan: ResolvedPlan, groups
     parts = boundaries(plan, len(specs) - lead - tail, lead, tail)
 
     class PlannedPipelineModule(PipelineModule):  # type: ignore[misc]
-        """PipelineModule whose stage boundaries are the plan's (DeepSpeed has no explicit-partition option)."""
+        """PipelineModule whose stage boundaries are the plan's (DeepSpeed has no explicit-partition
+        option)."""
 
         def _partition_layers(self, method: str = "uniform") -> None:
             self.parts = parts

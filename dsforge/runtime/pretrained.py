@@ -54,13 +54,16 @@ class PretrainedLoadError(ModelBuildError):
 #: A checkpoint tensor of one expert's projection: (block, expert index, projection).
 _EXPERT_KEY = re.compile(r"^(?P<block>.+)\.experts\.(?P<expert>\d+)\.(?P<proj>[A-Za-z0-9_]+)\.weight$")
 #: Stacked model tensor -> the per-expert projections it concatenates along its rows, per family's naming
-#: (transformers' conversion_mapping.py: Mixtral w1 = gate, w3 = up, w2 = down; Qwen-MoE's names as in a dense MLP).
+#: (transformers' conversion_mapping.py: Mixtral w1 = gate, w3 = up, w2 = down; Qwen-MoE's names as in a dense
+#: MLP).
 STACKS: dict[str, tuple[tuple[str, ...], ...]] = {"gate_up_proj": (("w1", "w3"), ("gate_proj", "up_proj")),
                                                   "down_proj": (("w2",), ("down_proj",))}
 #: Names a checkpoint uses for what the transformers 5 model calls otherwise, the tensor's shape the same:
 #: Mixtral's ``block_sparse_moe`` is the model's ``mlp``; GraniteMoE stores its router as ``router.layer`` and
-#: its stacked experts as ``input_linear`` [E, 2F, H] / ``output_linear`` [E, H, F] (transformers/conversion_mapping.py).
-RENAMES = ((".block_sparse_moe.", ".mlp."), (".block_sparse_moe.router.layer.weight", ".block_sparse_moe.router.weight"),
+#: its stacked experts as ``input_linear`` [E, 2F, H] / ``output_linear`` [E, H, F]
+#: (transformers/conversion_mapping.py).
+RENAMES = ((".block_sparse_moe.", ".mlp."),
+           (".block_sparse_moe.router.layer.weight", ".block_sparse_moe.router.weight"),
            (".block_sparse_moe.input_linear.weight", ".block_sparse_moe.experts.gate_up_proj"),
            (".block_sparse_moe.output_linear.weight", ".block_sparse_moe.experts.down_proj"))
 
@@ -89,7 +92,8 @@ class CheckpointReader:
         except PretrainedError as exc:
             raise PretrainedLoadError(f"{exc.rule}: {exc.message}; {exc.fix}") from None
         self._stack = contextlib.ExitStack()
-        self._where: dict[str, Any] = {}  # tensor name -> open safetensors file, or a memory-mapped state dict
+        self._where: dict[str, Any] = {}  # tensor name -> open safetensors file, or a memory-mapped state
+                                          # dict
         self.reads: list[dict[str, Any]] = []
         self.stored: Counter[str] = Counter()
         for path in files:
@@ -115,7 +119,8 @@ class CheckpointReader:
             for old, new in RENAMES:
                 if old in key and key.replace(old, new) not in self._where:
                     self._renamed[key.replace(old, new)] = key
-        experts: dict[str, dict[str, dict[int, str]]] = {}  # block (model naming) -> projection -> expert -> key
+        experts: dict[str, dict[str, dict[int, str]]] = {}  # block (model naming) -> projection -> expert ->
+                                                            # key
         for key in self._where:
             m = _EXPERT_KEY.match(key)
             if m:
@@ -142,12 +147,13 @@ class CheckpointReader:
                                           f"({', '.join(naming)}), which holds {count}")
                 elif any(len(s) != 1 or len(next(iter(s))) != 2 for s in per_part) or \
                         len({next(iter(s))[1] for s in per_part}) != 1:
-                    self._broken[name] = (f"the experts of {block} ({', '.join(naming)}) are not all 2-D tensors of "
-                                          f"one width: {sorted({tuple(v) for v in shapes.values()})[:4]}")
+                    self._broken[name] = (f"the experts of {block} ({', '.join(naming)}) are not all 2-D "
+                                          f"tensors of one width: "
+                                          f"{sorted({tuple(v) for v in shapes.values()})[:4]}")
                 else:
                     rows = tuple(next(iter(s))[0] for s in per_part)
-                    self._stacked[name] = Stacked(tuple(tuple(f[e] for f in found) for e in range(count)), rows,
-                                                  next(iter(per_part[0]))[1])
+                    self._stacked[name] = Stacked(tuple(tuple(f[e] for f in found) for e in range(count)),
+                                                  rows, next(iter(per_part[0]))[1])
 
     def close(self) -> None:
         """Close the open files."""
@@ -159,7 +165,8 @@ class CheckpointReader:
 
     def resolve(self, name: str, prefix: str = "") -> str | None:
         """The key to read a model parameter by: its own name, or without the base model's prefix; a renamed
-        block or an expert stack (see the module docstring) under the model's name. None: not in the checkpoint."""
+        block or an expert stack (see the module docstring) under the model's name. None: not in the
+        checkpoint."""
         names = [name]
         if prefix and name.startswith(prefix + "."):
             names.append(name[len(prefix) + 1:])
@@ -168,8 +175,8 @@ class CheckpointReader:
                 return n
         for n in names:
             if n in self._broken:
-                raise PretrainedLoadError(f"DSF640: {self.directory}: {self._broken[n]}; the model's parameter "
-                                          f"{name} stacks them")
+                raise PretrainedLoadError(f"DSF640: {self.directory}: {self._broken[n]}; the model's "
+                                          f"parameter {name} stacks them")
         return None
 
     def shape(self, key: str) -> tuple[int, ...]:
@@ -183,7 +190,8 @@ class CheckpointReader:
         return tuple(src.get_slice(key).get_shape())
 
     def read(self, key: str, dim: int | None = None, ranges: Ranges = ()) -> Tensor:
-        """The tensor ``key`` (whole, or its ``ranges`` along ``dim`` concatenated there), in its stored dtype."""
+        """The tensor ``key`` (whole, or its ``ranges`` along ``dim`` concatenated there), in its stored
+        dtype."""
         if key in self._stacked:
             return self._read_stacked(self._stacked[key], dim, ranges)
         key = self._renamed.get(key, key)
@@ -212,7 +220,8 @@ class CheckpointReader:
         return out
 
     def _read_stacked(self, st: Stacked, dim: int | None, ranges: Ranges) -> Tensor:
-        """Experts of a stack read from their own tensors: only the experts (dim 0), rows (1) or columns (2) asked."""
+        """Experts of a stack read from their own tensors: only the experts (dim 0), rows (1) or columns (2)
+        asked."""
         if dim not in (None, 0, 1, 2):
             raise PretrainedLoadError(f"a stack of experts has 3 dimensions, not a cut along dimension {dim}")
         chosen = [e for s, n in ranges for e in range(s, s + n)] if dim == 0 else range(len(st.parts))
@@ -224,19 +233,22 @@ class CheckpointReader:
                 pieces = [self.read(k, 1, ranges) for k in st.parts[e]]
             else:  # rows of the concatenated parts: each range split over the parts it spans
                 if list(ranges) != sorted(ranges):  # parts are read in order: the ranges must be too
-                    raise PretrainedLoadError("rows of a stack of experts must be asked for in increasing order")
+                    raise PretrainedLoadError("rows of a stack of experts must "
+                                              "be asked for in increasing order")
                 pieces, offset = [], 0
                 for k, rows in zip(st.parts[e], st.rows, strict=True):
-                    mine = [(max(s, offset) - offset, min(s + n, offset + rows) - max(s, offset)) for s, n in ranges
-                            if s < offset + rows and s + n > offset]
+                    mine = [(max(s, offset) - offset, min(s + n, offset + rows) - max(s, offset)) for s,
+                            n in ranges if s < offset + rows and s + n > offset]
                     if mine:
                         pieces.append(self.read(k, 0, mine))
                     offset += rows
             out.append(torch.cat(pieces, dim=0))
         return torch.stack(out)
 
-    def _record(self, key: str, dim: int | None, parts: list[tuple[int, int]], shape: tuple[int, ...]) -> None:
-        entry = {"rank": _rank(), "key": key, "dim": dim, "ranges": [list(p) for p in parts], "shape": list(shape)}
+    def _record(self, key: str, dim: int | None, parts: list[tuple[int, int]],
+                shape: tuple[int, ...]) -> None:
+        entry = {"rank": _rank(), "key": key, "dim": dim, "ranges": [list(p) for p in parts],
+                 "shape": list(shape)}
         self.reads.append(entry)
         if self._log:
             with open(self._log, "a", encoding="utf-8") as fh:
@@ -250,7 +262,8 @@ def _rank() -> int:
 
 
 def hf_config(directory: str | Path) -> Any:
-    """The transformers config of the directory's config.json, set up as dsforge runs its models (sdpa, no cache)."""
+    """The transformers config of the directory's config.json, set up as dsforge runs its models (sdpa, no
+    cache)."""
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(str(directory))
@@ -259,5 +272,5 @@ def hf_config(directory: str | Path) -> Any:
     return cfg
 
 
-__all__ = ["SAFETENSORS", "SAFETENSORS_INDEX", "TORCH_BIN", "TORCH_INDEX", "CheckpointReader", "PretrainedLoadError",
-           "hf_config"]
+__all__ = ["SAFETENSORS", "SAFETENSORS_INDEX", "TORCH_BIN", "TORCH_INDEX", "CheckpointReader",
+           "PretrainedLoadError", "hf_config"]

@@ -26,7 +26,8 @@ from dsforge.runtime.rewrite.planner import RewritePlan
 
 
 def weight_source(plan: ResolvedPlan, skeleton: nn.Module, seed: int) -> WeightSource:
-    """Where this rank's parameter values come from: the pretrained checkpoint, else the seeded initialisation."""
+    """Where this rank's parameter values come from: the pretrained checkpoint, else the seeded
+    initialisation."""
     if plan.model.pretrained:
         from dsforge.runtime.materialize import PretrainedWeights
         from dsforge.runtime.pretrained import CheckpointReader
@@ -42,14 +43,16 @@ def rank_skeleton(plan: ResolvedPlan, seed: int) -> tuple[nn.Module, WeightSourc
     return skeleton, weight_source(plan, skeleton, seed)
 
 
-def fill_rank(model: nn.Module, rp: RewritePlan, groups: ParallelGroups, source: WeightSource, plan: ResolvedPlan,
-              only: set[str] | None = None, ds_config: dict[str, Any] | None = None) -> int:
-    """Give this rank's parameters (of the modules ``only`` names, or all) their values in the job's precision;
-    the number of elements made real. With a ZeRO-3 ``ds_config`` each parameter is partitioned over the
-    data-parallel group as soon as it is filled (``zero3_partitioner``). A pretrained load says, on rank 0,
-    what it read and converted."""
+def fill_rank(model: nn.Module, rp: RewritePlan, groups: ParallelGroups, source: WeightSource,
+              plan: ResolvedPlan, only: set[str] | None = None,
+              ds_config: dict[str, Any] | None = None) -> int:
+    """Give this rank's parameters (of the modules ``only`` names, or all) their values in the job's
+    precision; the number of elements made real. With a ZeRO-3 ``ds_config`` each parameter is partitioned
+    over the data-parallel group as soon as it is filled (``zero3_partitioner``). A pretrained load says, on
+    rank 0, what it read and converted."""
     dtype = PRECISION_DTYPES[plan.spec.training.precision]
-    place = zero3_partitioner(ds_config, groups, dtype) if ds_config is not None and zero_stage(ds_config) == 3 \
+    place = zero3_partitioner(ds_config, groups,
+                              dtype) if ds_config is not None and zero_stage(ds_config) == 3 \
         else None
     count = materialize(rank_targets(model, rp, groups.index("tp"), only), source, dtype, model, place)
     reader = getattr(source, "reader", None)
@@ -79,8 +82,8 @@ def zero3_partitioner(ds_config: dict[str, Any], groups: ParallelGroups, dtype: 
     import deepspeed
 
     mpu = groups.mpu()
-    init = deepspeed.zero.Init(data_parallel_group=mpu.get_data_parallel_group(), config_dict_or_path=ds_config,
-                               dtype=dtype, mpu=mpu)
+    init = deepspeed.zero.Init(data_parallel_group=mpu.get_data_parallel_group(),
+                               config_dict_or_path=ds_config, dtype=dtype, mpu=mpu)
 
     def place(param: nn.Parameter) -> None:
         param.data = param.data.to(init.local_device)
@@ -91,7 +94,8 @@ def zero3_partitioner(ds_config: dict[str, Any], groups: ParallelGroups, dtype: 
 
 
 def say_conversion(reader: Any, dtype: torch.dtype, plan: ResolvedPlan) -> None:
-    """One line on rank 0: how many slices were read from the checkpoint, stored as what, converted to what."""
+    """One line on rank 0: how many slices were read from the checkpoint, stored as what, converted to
+    what."""
     if dist.is_initialized() and dist.get_rank() != 0:
         return
     want = str(dtype).replace("torch.", "")
@@ -100,5 +104,5 @@ def say_conversion(reader: Any, dtype: torch.dtype, plan: ResolvedPlan) -> None:
     what = (f"converted to {want} for training.precision {plan.spec.training.precision}" if converted
             else f"kept in {want}")
     # stderr: the runtime keeps DeepSpeed's start-up chatter off stdout while the engine is built (main.quiet)
-    print(f"dsforge: rank 0 read {len(reader.reads)} tensor slice(s) of {reader.directory} (stored: {stored}); "
-          f"{what}", file=sys.stderr, flush=True)
+    print(f"dsforge: rank 0 read {len(reader.reads)} tensor slice(s) of {reader.directory} (stored: "
+          f"{stored}); {what}", file=sys.stderr, flush=True)

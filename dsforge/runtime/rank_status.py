@@ -1,4 +1,5 @@
-"""What each rank is doing, in ``<job dir>/status/rank-<r>.json``, so a failed run can say which rank died and when.
+"""What each rank is doing, in ``<job dir>/status/rank-<r>.json``, so a failed run can say which rank died and
+when.
 
 A rank rewrites its file (atomically: a temporary file renamed over it) when it starts, at every
 optimizer step, around each checkpoint save, and once more when it ends: ``done``, ``failed``
@@ -49,7 +50,8 @@ class RankStatus:
         path = path_of(self.job_dir, self.rank)
         try:
             path.parent.mkdir(exist_ok=True)
-            # per thread: the SIGTERM watcher (dsforge.runtime.stop_watch) may write while the main thread does
+            # per thread: the SIGTERM watcher (dsforge.runtime.stop_watch) may write while the main thread
+            # does
             tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_text(json.dumps(doc), encoding="utf-8")
             os.replace(tmp, path)
@@ -108,8 +110,8 @@ def describe_failure(job_dir: Path, world_size: int) -> list[str]:
     lines = []
     for r in died:
         d = docs[r] or {}
-        lines.append(f"rank {r} (pid {d.get('pid')} on {d.get('host')}) died {_where(d)} without a word: killed "
-                     "by a signal (SIGKILL, the out-of-memory killer) or its node was lost")
+        lines.append(f"rank {r} (pid {d.get('pid')} on {d.get('host')}) died {_where(d)} without a word: "
+                     f"killed by a signal (SIGKILL, the out-of-memory killer) or its node was lost")
     for r in failed:
         d = docs[r] or {}
         lines.append(f"rank {r} failed {_where(d)}: {d.get('message') or 'see its message above'}")

@@ -1,4 +1,5 @@
-"""Activation recomputation as ``training.recompute`` names it (Korthikanti et al. 2022, sec. 5; Chen et al. 2016).
+"""Activation recomputation as ``training.recompute`` names it (Korthikanti et al. 2022, sec. 5; Chen et al.
+2016).
 
 * ``full``: every decoder layer is checkpointed. Its forward runs without saving anything; only its
   input is kept (1/tp of it when ``activation_checkpointing.partition_activations`` is on and the
@@ -55,7 +56,8 @@ def _splits(x: Any, group: Any) -> bool:
 
 
 class _Checkpoint(torch.autograd.Function):
-    """Run ``fn`` without saving its activations; keep its (partitioned) tensor inputs; recompute in backward."""
+    """Run ``fn`` without saving its activations; keep its (partitioned) tensor inputs; recompute in
+    backward."""
 
     @staticmethod
     def forward(ctx: Any, fn: Callable[..., Any], group: Any, *args: Any) -> Any:
@@ -166,7 +168,8 @@ def apply_recompute(model: nn.Module, recompute: str, partition_group: Any = Non
     if not layers:
         raise RecomputeError(f"training.recompute: full checkpoints each decoder layer, and "
                              f"{type(model).__name__} has none dsforge can find (no HF decoder layer, no "
-                             "nn.ModuleList); use recompute none or selective, or build the layers in a ModuleList")
+                             "nn.ModuleList); use recompute none or "
+                             "selective, or build the layers in a ModuleList")
     for layer in layers:
         _checkpoint_forward(layer, partition_group)
     return len(layers)

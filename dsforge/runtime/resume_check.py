@@ -54,7 +54,8 @@ def problems_of(tag_dir: Path) -> list[str] | None:
 
 
 def intact_tag(policy: Any, tag: str) -> str:
-    """``tag`` if its files match its manifest; else the newest intact one below it (fall_back), or DamagedCheckpoint."""
+    """``tag`` if its files match its manifest; else the newest intact one below it (fall_back), or
+    DamagedCheckpoint."""
     from dsforge.runtime.checkpoint_manifest import DamagedCheckpoint
     from dsforge.runtime.retention import TAG, complete_steps
 
@@ -62,7 +63,8 @@ def intact_tag(policy: Any, tag: str) -> str:
     directory = Path(policy.directory)
     problems = problems_of(directory / tag)
     if problems is None:
-        _say(f"dsforge: note: {directory / tag} has no integrity manifest (saved by an older dsforge): not checked")
+        _say(f"dsforge: note: {directory / tag} has no integrity "
+             f"manifest (saved by an older dsforge): not checked")
         RESUME_RECORD.update(tag=tag, checked=False)
         return tag
     if not problems:
@@ -70,8 +72,8 @@ def intact_tag(policy: Any, tag: str) -> str:
         return tag
     damaged = DamagedCheckpoint(directory / tag, problems)
     if not policy.fall_back:
-        raise damaged.with_fix("restore it, or set training.checkpoint.if_damaged: fall_back to resume from the "
-                               "newest intact checkpoint, or start over with `dsforge run --fresh`")
+        raise damaged.with_fix("restore it, or set training.checkpoint.if_damaged: fall_back to resume from "
+                               "the newest intact checkpoint, or start over with `dsforge run --fresh`")
     skipped = [{"tag": tag, "problems": problems}]
     m = TAG.fullmatch(tag)
     below = [s for s in complete_steps(directory) if m is None or s < int(m.group(1))]

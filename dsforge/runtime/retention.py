@@ -33,7 +33,8 @@ def complete_steps(directory: Path) -> list[int]:
 
 
 def obsolete(steps: list[int], latest: int, keep: int) -> list[int]:
-    """Which of ``steps`` retention deletes when ``latest`` is the newest commit: all below it but the keep - 1 newest."""
+    """Which of ``steps`` retention deletes when ``latest`` is the newest commit: all below it but the keep -
+    1 newest."""
     below = sorted(s for s in steps if s < latest)
     survivors = max(0, keep - 1)
     return below[: max(0, len(below) - survivors)]

@@ -56,7 +56,8 @@ class Lock:
     took_over: str = ""
 
     def release(self) -> None:
-        """Drop the lock and delete its file (while still holding it: see ``acquire`` for why that is safe)."""
+        """Drop the lock and delete its file (while still holding it: see ``acquire`` for why that is
+        safe)."""
         try:
             self.path.unlink()
         except OSError:
@@ -66,7 +67,8 @@ class Lock:
 
 
 def lock_file_of_job(job_dir: Path) -> Path:
-    """The lock file of the job directory ``job_dir``: a hidden sibling, so replacing the directory keeps it."""
+    """The lock file of the job directory ``job_dir``: a hidden sibling, so replacing the directory keeps
+    it."""
     job_dir = Path(os.path.abspath(job_dir))
     return job_dir.parent / f".{job_dir.name}{LOCK_SUFFIX}"
 
@@ -126,7 +128,8 @@ def acquire(path: Path, what: str, command: str, how_to_proceed: str) -> Lock:
         state = "which is no longer running" if gone else "which holds no lock on it any more"
         took_over = f"took over the lock {path} of {describe(previous)}, {state}"
     me = {"pid": os.getpid(), "host": socket.gethostname(),
-          "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "command": command}
+          "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          "command": command}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
     os.fsync(fd)
@@ -136,12 +139,13 @@ def acquire(path: Path, what: str, command: str, how_to_proceed: str) -> Lock:
 
 
 def _locked_fd(path: Path, what: str, how_to_proceed: str) -> int:
-    """``path`` opened (created if needed) and flock-ed; BusyError naming the holder when another process has it."""
+    """``path`` opened (created if needed) and flock-ed; BusyError naming the holder when another process has
+    it."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise BusyError(f"cannot create the lock file {path} ({exc.strerror}); {what} needs a writable parent "
-                        "directory") from None
+        raise BusyError(f"cannot create the lock file {path} ({exc.strerror}); {what} needs a writable "
+                        f"parent directory") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -174,7 +178,8 @@ def lock_job_dir(job_dir: Path, command: str) -> Lock:
 
 
 def lock_checkpoint_dir(directory: Path, job_dir: Path, command: str) -> Lock | None:
-    """The lock of a checkpoint directory outside ``job_dir`` (created if needed); None when it lies inside."""
+    """The lock of a checkpoint directory outside ``job_dir`` (created if needed); None when it lies
+    inside."""
     directory, job_dir = Path(os.path.abspath(directory)), Path(os.path.abspath(job_dir))
     if directory == job_dir or job_dir in directory.parents:
         return None
@@ -183,8 +188,8 @@ def lock_checkpoint_dir(directory: Path, job_dir: Path, command: str) -> Lock | 
     except OSError as exc:
         raise BusyError(f"cannot create the checkpoint directory {directory} ({exc.strerror})") from None
     return acquire(directory / CHECKPOINT_LOCK, f"the checkpoint directory {directory}", command,
-                   "two jobs must not share one training.checkpoint.dir: give this job its own, or wait for the "
-                   "other run to finish")
+                   "two jobs must not share one training.checkpoint.dir: give this job its own, or wait for "
+                   "the other run to finish")
 
 
 def held() -> list[Lock]:

@@ -33,7 +33,8 @@ class StepExtras:
         if self.rank0:
             with open(self.job_dir / "train_log.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps({"step": step, "valid_loss": value}) + "\n")
-            print(f"step {step}: valid loss {value:.4f} ({self.validation.spec.batches} fixed batches)", flush=True)
+            print(f"step {step}: valid loss {value:.4f} ({self.validation.spec.batches} fixed batches)",
+                  flush=True)
 
     def after_step(self, result: Any) -> None:
         """Once step ``result.step``'s loss is known: the monitor's scalars."""

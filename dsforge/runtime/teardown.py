@@ -35,7 +35,8 @@ def before_init() -> None:
 
 
 def release_engine(engine: Any) -> None:
-    """Remove the hooks a DeepSpeed engine set on its parameters, so that the engine and its groups can be freed.
+    """Remove the hooks a DeepSpeed engine set on its parameters, so that the engine and its groups can be
+    freed.
 
     Safe on an engine that failed half-way and on objects without ``destroy`` (a plain module).
     """
@@ -88,7 +89,8 @@ def leave(synchronize: bool) -> None:
 
 
 def _deepspeed_comm() -> Any:
-    """deepspeed.comm if this process imported it (never imported here: a plain torch job need not have it)."""
+    """deepspeed.comm if this process imported it (never imported here: a plain torch job need not have
+    it)."""
     import sys
 
     return sys.modules.get("deepspeed.comm")

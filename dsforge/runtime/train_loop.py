@@ -65,7 +65,8 @@ class PendingLoss:
 
 
 def plain_step(engine: Any, batches: Batches, step: int, groups: ParallelGroups) -> PendingLoss:
-    """One optimizer step of a plain engine (0-based ``step``); the global batch's mean loss, being reduced."""
+    """One optimizer step of a plain engine (0-based ``step``); the global batch's mean loss, being
+    reduced."""
     device = getattr(engine, "device", None)
     total = torch.zeros((), device=device)  # NCCL reduces device tensors only
     for mb in batches.step(step):
@@ -94,7 +95,8 @@ def pipeline_step(engine: Any, batches: Batches, step: int, groups: ParallelGrou
 class Progress:
     """A one-line progress bar on a terminal, or a line every ``every`` steps otherwise (rank 0 only)."""
 
-    def __init__(self, total: int, start: int, every: int, enabled: bool, stream: TextIO | None = None) -> None:
+    def __init__(self, total: int, start: int, every: int, enabled: bool,
+                 stream: TextIO | None = None) -> None:
         self.total, self.start, self.every, self.enabled = total, start, max(1, every), enabled
         self.stream = stream or sys.stdout
         self.tty = self.stream.isatty()

@@ -1,4 +1,5 @@
-"""Layout-free training state inside a checkpoint: fp32 weights and optimizer state by dense tensor, and counters.
+"""Layout-free training state inside a checkpoint: fp32 weights and optimizer state by dense tensor, and
+counters.
 
 DeepSpeed's own checkpoint holds flat ZeRO partitions whose boundaries depend on every degree, so
 it loads only under the layout that wrote it. Beside it, each save writes ``dsforge-state/``:
@@ -43,19 +44,21 @@ FORMAT = 1
 
 
 class TrainStateError(RuntimeRefusal, RuntimeError):
-    """The layout-free state cannot be written or set into this engine; the message has the rule id and a fix."""
+    """The layout-free state cannot be written or set into this engine; the message has the rule id and a
+    fix."""
 
 
 def torch_optimizer(engine: Any) -> Any:
-    """The torch optimizer that holds the state: ZeRO's and the bf16 wrapper's inner one, or the engine's own."""
+    """The torch optimizer that holds the state: ZeRO's and the bf16 wrapper's inner one, or the engine's
+    own."""
     opt = engine.optimizer
     inner = getattr(opt, "optimizer", None)
     return inner if isinstance(inner, torch.optim.Optimizer) else opt
 
 
 def _mode(p: nn.Parameter) -> str:
-    """How DeepSpeed keeps this parameter's fp32 state: ZeRO-3 partitions, a fragment mapping, or the parameter
-    (or, under the unfused 16-bit wrapper, an fp32 copy of it: see ``_copies``)."""
+    """How DeepSpeed keeps this parameter's fp32 state: ZeRO-3 partitions, a fragment mapping, or the
+    parameter (or, under the unfused 16-bit wrapper, an fp32 copy of it: see ``_copies``)."""
     if hasattr(p, "ds_id"):
         return "zero3"
     if hasattr(p, "_hp_mapping"):
@@ -86,12 +89,14 @@ def unsupported(engine: Any, params: list[nn.Parameter]) -> str | None:
     plain = [p for p in params if _mode(p) == "plain"]
     if plain:
         copies = _copies(engine)
-        if copies and getattr(getattr(engine.optimizer, "loss_scale_config", None), "dynamic_loss_scale", False):
+        if copies and getattr(getattr(engine.optimizer, "loss_scale_config", None), "dynamic_loss_scale",
+                              False):
             return f"{type(engine.optimizer).__name__} scales the loss dynamically (fp16 without ZeRO)"
         held = {id(q) for g in opt.param_groups for q in g["params"]}
-        if any(id(copies.get(id(p), p)) not in held or copies.get(id(p), p).dtype != torch.float32 for p in plain):
-            return (f"{type(engine.optimizer).__name__} keeps fp32 copies outside DeepSpeed's fragment mapping "
-                    "that dsforge cannot pair with the model's parameters")
+        if any(id(copies.get(id(p), p)) not in held or copies.get(id(p),
+                                                                  p).dtype != torch.float32 for p in plain):
+            return (f"{type(engine.optimizer).__name__} keeps fp32 copies outside DeepSpeed's fragment "
+                    f"mapping that dsforge cannot pair with the model's parameters")
     return None
 
 
@@ -107,7 +112,8 @@ def _hp_params(engine: Any, opt: Any) -> list[Tensor]:
 
 
 def _state_names(engine: Any, opt: Any) -> tuple[list[str], dict[str, Any]]:
-    """The element-wise state keys of the optimizer and its scalar state (from the first parameter holding any)."""
+    """The element-wise state keys of the optimizer and its scalar state (from the first parameter holding
+    any)."""
     for hp in _hp_params(engine, opt):
         st = opt.state.get(hp)
         if not st:
@@ -129,13 +135,17 @@ def _group_settings(opt: Any) -> dict[str, Any]:
     for k, v in opt.param_groups[0].items():
         if isinstance(v, bool) or k == "params":
             continue
-        if isinstance(v, (int, float)) or (isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) for x in v)):
+        if isinstance(v,
+                      (int, float)) or (isinstance(v,
+                                                   (list,
+                                                    tuple)) and all(isinstance(x, (int, float)) for x in v)):
             out[k] = list(v) if isinstance(v, (list, tuple)) else v
     return out
 
 
 def _full(p: nn.Parameter, opt: Any, key: str | None, copies: dict[int, Tensor]) -> Tensor | None:
-    """The fp32 value (``key`` None) or one optimizer state of this rank's whole parameter (collective under ZeRO)."""
+    """The fp32 value (``key`` None) or one optimizer state of this rank's whole parameter (collective under
+    ZeRO)."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     mode = _mode(p)
@@ -165,7 +175,8 @@ def save_state(engine: Any, directory: Path, rank: int, step: int) -> Path | Non
     why = unsupported(engine, [p for p, _ in params])
     opt = torch_optimizer(engine)
     keys, scalars = ([], {}) if why else _state_names(engine, opt)
-    keys = _agreed(keys)  # every rank gathers the same states: a rank without any would leave the others waiting
+    keys = _agreed(keys)  # every rank gathers the same states: a rank without any would leave the others
+                          # waiting
     if why is None:
         _relink(engine)
         copies = _copies(engine)
@@ -237,7 +248,8 @@ class _Pieces:
         if not pieces:
             raise TrainStateError(f"DSF642: no rank of the checkpoint saved the {state} of {name}")
         try:
-            whole: Tensor = assemble([(t, fh.get_tensor(key)) for t, fh, key in pieces], first_copy_wins=True)[name]
+            whole: Tensor = assemble([(t, fh.get_tensor(key)) for t, fh, key in pieces],
+                                     first_copy_wins=True)[name]
         except ValueError as exc:
             raise TrainStateError(f"DSF642: {exc}") from None
         self._cache = ((name, state), whole)
@@ -245,23 +257,25 @@ class _Pieces:
 
 
 def cut(dense: Tensor, t: SliceTag, shape: tuple[int, ...]) -> Tensor:
-    """The slice ``t`` of a dense tensor in the layout of the parameter holding it (``shape``), as materialize cuts."""
+    """The slice ``t`` of a dense tensor in the layout of the parameter holding it (``shape``), as materialize
+    cuts."""
     if tuple(dense.shape) != tuple(t.shape):
-        raise TrainStateError(f"DSF642: the checkpoint's {t.dense} is {list(dense.shape)}, this layout's dense model "
-                              f"has {list(t.shape)}")
+        raise TrainStateError(f"DSF642: the checkpoint's {t.dense} is {list(dense.shape)}, this layout's "
+                              f"dense model has {list(t.shape)}")
     value = dense if t.dim is None else torch.cat([dense.narrow(t.dim, s, n) for s, n in t.ranges], dim=t.dim)
     if t.transpose:
         value = value.t()
     if t.dim == 0 and t.ranges and len(t.shape) == len(shape) + 1:
         value = value.reshape(shape)  # one expert out of the stacked experts
     if tuple(value.shape) != tuple(shape):
-        raise TrainStateError(f"DSF642: {t.dense}: the slice this rank holds is {list(shape)}, the saved tensor cuts "
-                              f"to {list(value.shape)}")
+        raise TrainStateError(f"DSF642: {t.dense}: the slice this rank holds is {list(shape)}, the saved "
+                              f"tensor cuts to {list(value.shape)}")
     return value.contiguous()
 
 
 def _prime(engine: Any, opt: Any, keys: list[str], scalars: dict[str, Any]) -> None:
-    """Create the optimizer state torch makes at the first step, so that it can be set, and link ZeRO's fragments."""
+    """Create the optimizer state torch makes at the first step, so that it can be set, and link ZeRO's
+    fragments."""
     for hp in _hp_params(engine, opt):
         st = opt.state[hp]
         for k in keys:
@@ -306,7 +320,8 @@ def _set(p: nn.Parameter, opt: Any, values: dict[str, Tensor], copies: dict[int,
             safe_set_full_optimizer_state(p, v.to(torch.float32), k)
     if mode == "mapped":
         with torch.no_grad():
-            p.data.copy_(master.to(p.dtype))  # DeepSpeed's own step copies the master into the model weight too
+            p.data.copy_(master.to(p.dtype))  # DeepSpeed's own step copies the master into the model weight
+                                              # too
 
 
 def _zero3_weights(engine: Any) -> None:
@@ -317,7 +332,8 @@ def _zero3_weights(engine: Any) -> None:
         if lp is None or hp.numel() == 0:
             continue
         lp.data.copy_(hp.data)
-        for partitioned, q in zip(z3.fp16_partitioned_groups[i], z3.unflatten(lp, z3.fp16_partitioned_groups[i])):
+        for partitioned, q in zip(z3.fp16_partitioned_groups[i],
+                                  z3.unflatten(lp, z3.fp16_partitioned_groups[i])):
             partitioned.data = q.data
 
 
@@ -337,28 +353,32 @@ def load_state(engine: Any, path: Path) -> int:
     """
     meta = read_meta(path)
     if meta is None or meta.get("format") != FORMAT:
-        raise TrainStateError(f"DSF641: {path} holds no layout-free state ({STATE_DIR}/{META}): it was saved by an "
-                              "older dsforge or from a model dsforge did not build (model.factory); resume it under "
-                              "the layout that wrote it")
+        raise TrainStateError(f"DSF641: {path} holds no layout-free state ({STATE_DIR}/{META}): it was saved "
+                              f"by an older dsforge or from a model dsforge did not build (model.factory); "
+                              f"resume it under the layout that wrote it")
     if meta.get("unsupported"):
-        raise TrainStateError(f"DSF643: {path} was saved by an engine whose optimizer state dsforge cannot read by "
-                              f"tensor ({meta['unsupported']}); resume it under the layout that wrote it")
+        raise TrainStateError(f"DSF643: {path} was saved by an engine whose optimizer state dsforge cannot "
+                              f"read by tensor ({meta['unsupported']}); "
+                              f"resume it under the layout that wrote it")
     module = engine.module
     params = tagged(module)
     why = unsupported(engine, [p for p, _ in params])
     if why:
-        raise TrainStateError(f"DSF643: this layout's engine keeps its optimizer state where dsforge cannot set it "
-                              f"({why}); resume under the checkpoint's layout, or change the ZeRO stage")
+        raise TrainStateError(f"DSF643: this layout's engine keeps its optimizer state where dsforge cannot "
+                              f"set it ({why}); resume under the checkpoint's "
+                              f"layout, or change the ZeRO stage")
     opt = torch_optimizer(engine)
     if type(opt).__name__ != meta.get("optimizer"):
-        raise TrainStateError(f"DSF643: the checkpoint's optimizer is {meta.get('optimizer')}, this layout builds "
-                              f"{type(opt).__name__}; resume under the checkpoint's layout or hardware kind")
+        raise TrainStateError(f"DSF643: the checkpoint's optimizer is {meta.get('optimizer')}, this layout "
+                              f"builds {type(opt).__name__}; resume under "
+                              f"the checkpoint's layout or hardware kind")
     keys: list[str] = list(meta.get("keys", []))
     _prime(engine, opt, keys, meta.get("scalars", {}))
     copies = _copies(engine)
     with contextlib.ExitStack() as stack:
         pieces = _Pieces(path / STATE_DIR, stack)
-        order = sorted(((t.dense, i) for i, (_, t) in enumerate(params)))  # one dense tensor assembled at a time
+        # one dense tensor assembled at a time
+        order = sorted(((t.dense, i) for i, (_, t) in enumerate(params)))
         for _, i in order:
             p, t = params[i]
             if not p.requires_grad:
@@ -372,7 +392,8 @@ def load_state(engine: Any, path: Path) -> int:
 
 
 def _restore_settings(engine: Any, opt: Any, meta: dict[str, Any], path: Path) -> None:
-    """The scheduler's state, the param groups' settings (the current learning rate) and the engine's counters."""
+    """The scheduler's state, the param groups' settings (the current learning rate) and the engine's
+    counters."""
     scheduler = getattr(engine, "lr_scheduler", None)
     saved = path / STATE_DIR / SCHEDULER
     if scheduler is not None and hasattr(scheduler, "load_state_dict") and saved.is_file():

@@ -27,7 +27,8 @@ _PRE = re.compile(r"^[-_.]?(a|alpha|b|beta|c|rc|pre|preview|dev)", re.IGNORECASE
 
 
 class UnsupportedVersionError(RuntimeRefusal, RuntimeError):
-    """The installed DeepSpeed is outside the range dsforge supports (the message says which and how to fix)."""
+    """The installed DeepSpeed is outside the range dsforge supports (the message says which and how to
+    fix)."""
 
 
 def deepspeed_version() -> str | None:
@@ -51,7 +52,8 @@ def _padded(numbers: tuple[int, ...], width: int) -> tuple[int, ...]:
 
 
 def supported(version: str) -> bool:
-    """True when ``version`` lies in SUPPORTED (PEP 440: 0.19.8rc1 is below 0.19.8, 0.20.0.dev0 not below 0.20)."""
+    """True when ``version`` lies in SUPPORTED (PEP 440: 0.19.8rc1 is below 0.19.8, 0.20.0.dev0 not below
+    0.20)."""
     parsed = _release(version)
     if parsed is None:
         return False
@@ -67,8 +69,8 @@ def deepspeed_problem(found: str | None) -> str | None:
         return f"DeepSpeed is not installed; dsforge's runtime needs DeepSpeed {SUPPORTED}: {INSTALL_HINT}"
     if supported(found):
         return None
-    return (f"DeepSpeed {found} is installed, but dsforge supports DeepSpeed {SUPPORTED} (its checks, config keys "
-            f"and runtime hooks follow 0.19.8): {INSTALL_HINT}")
+    return (f"DeepSpeed {found} is installed, but dsforge supports DeepSpeed {SUPPORTED} (its checks, config "
+            f"keys and runtime hooks follow 0.19.8): {INSTALL_HINT}")
 
 
 def require_deepspeed(found: str | None = None, *, installed_only: bool = False) -> None:

@@ -35,14 +35,14 @@ class SliceTag:
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {"dense": self.dense, "shape": list(self.shape), "dim": self.dim, "ranges": [list(r) for r in self.ranges],
-                "transpose": self.transpose}
+        return {"dense": self.dense, "shape": list(self.shape), "dim": self.dim,
+                "ranges": [list(r) for r in self.ranges], "transpose": self.transpose}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> SliceTag:
         """Inverse of ``to_json``."""
-        return cls(str(doc["dense"]), tuple(doc["shape"]), doc["dim"], tuple((int(a), int(b)) for a, b in doc["ranges"]),
-                   bool(doc.get("transpose", False)))
+        return cls(str(doc["dense"]), tuple(doc["shape"]), doc["dim"],
+                   tuple((int(a), int(b)) for a, b in doc["ranges"]), bool(doc.get("transpose", False)))
 
 
 def tag(param: nn.Parameter, slice_tag: SliceTag) -> None:
@@ -157,7 +157,8 @@ def assemble(slices: list[tuple[SliceTag, Tensor]], first_copy_wins: bool = Fals
                 offset += length
         for region, seen, value in targets:
             if tuple(region.shape) != tuple(value.shape):
-                raise ValueError(f"{t.dense}: a slice of {list(value.shape)} does not fit its place {list(region.shape)}")
+                raise ValueError(f"{t.dense}: a slice of {list(value.shape)} "
+                                 f"does not fit its place {list(region.shape)}")
             if seen.any():
                 if not seen.all():
                     raise ValueError(f"{t.dense}: two saved slices overlap in part")

@@ -1,4 +1,5 @@
-"""`dsforge calibrate`'s output: the ring fit recovers alpha and beta, and the file is a usable hardware file."""
+"""`dsforge calibrate`'s output: the ring fit recovers alpha and beta, and the file is a usable hardware
+file."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from dsforge.runtime.calibrate.fits import fit_ring
 
 def test_ring_fit_recovers_latency_and_bandwidth() -> None:
     alpha, beta, n = 50e-6, 2e9, 4
-    rows = [(s, 2 * (n - 1) * alpha + 2 * (n - 1) / n * s / beta) for s in (1 << 10, 1 << 14, 1 << 18, 1 << 22)]
+    rows = [(s,
+             2 * (n - 1) * alpha + 2 * (n - 1) / n * s / beta) for s in (1 << 10, 1 << 14, 1 << 18, 1 << 22)]
     got_alpha, got_beta = fit_ring(rows, n)
     assert got_alpha == pytest.approx(alpha, rel=1e-6) and got_beta == pytest.approx(beta, rel=1e-6)
 
@@ -25,20 +27,23 @@ def test_ring_fit_recovers_latency_and_bandwidth() -> None:
 def _result(cores: int) -> dict[str, object]:
     link = {"bandwidth_gbs": 0.5, "latency_us": 200.0, "bus_efficiency": 1.0}
     return {"measured": {"fp32_gemm_tflops": {64: 0.01, 256: 0.05}, "bf16_gemm_tflops": {64: 0.001},
-                         "copy_gbs": 5.0, "bare_op_us": 10.0, "op_overhead_us": 20.0, "all_reduce_seconds": [(1024, 1e-3)], "ranks": 2,
-                         "cores": cores, "host": "test", "torch": "x", "when": "now"},
+                         "copy_gbs": 5.0, "bare_op_us": 10.0, "op_overhead_us": 20.0,
+                         "all_reduce_seconds": [(1024, 1e-3)], "ranks": 2, "cores": cores, "host": "test",
+                         "torch": "x", "when": "now"},
             "hardware": {"nodes": 1, "gpus_per_node": 2, "host_cores": cores, "host_ram_gb": 16.0,
-                         "accelerator": {"name": "cpu", "memory_gb": 8.0, "fp32_tflops": 0.05, "bf16_tflops": 0.001,
-                                         "fp16_tflops": 0, "hbm_gbs": 5.0, "gemm_efficiency": 1.0,
-                                         "memory_efficiency": 1.0, "op_overhead_us": 20.0},
+                         "accelerator": {"name": "cpu", "memory_gb": 8.0, "fp32_tflops": 0.05,
+                                         "bf16_tflops": 0.001, "fp16_tflops": 0, "hbm_gbs": 5.0,
+                                         "gemm_efficiency": 1.0, "memory_efficiency": 1.0,
+                                         "op_overhead_us": 20.0},
                          "intra_node": link, "inter_node": dict(link)}}
 
 
 def _compute_s(tmp_path: Path, cores: int, ranks: int) -> float:
     hw = tmp_path / f"hw-{cores}.yaml"
     hw.write_text(render(_result(cores)), encoding="utf-8")
-    job = {"version": 1, "extends": hw.name, "model": {"preset": "tiny-llama"}, "hardware": {"gpus_per_node": ranks},
-           "parallel": {"dp": ranks, "zero": 1}, "training": {"global_batch": 8, "precision": "fp32"}}
+    job = {"version": 1, "extends": hw.name, "model": {"preset": "tiny-llama"},
+           "hardware": {"gpus_per_node": ranks}, "parallel": {"dp": ranks, "zero": 1},
+           "training": {"global_batch": 8, "precision": "fp32"}}
     path = tmp_path / f"job-{cores}-{ranks}.yaml"
     path.write_text(yaml.safe_dump(job), encoding="utf-8")
     result = validate_file(path)
@@ -73,11 +78,13 @@ def test_launched_reads_the_launchers_world(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_a_links_only_file_states_both_links(tmp_path: Path) -> None:
-    fit = {"bandwidth_gbs": 0.3, "latency_us": 90.0, "bus_efficiency": 1.0, "ranks": 2, "rows": [(1024, 1e-3)]}
+    fit = {"bandwidth_gbs": 0.3, "latency_us": 90.0, "bus_efficiency": 1.0, "ranks": 2,
+           "rows": [(1024, 1e-3)]}
     result = {"links_only": True, "measured": {"host": "h", "when": "now", "torch": "x", "intra_node": fit,
                                                "inter_node": {**fit, "latency_us": 400.0}},
               "hardware": {"nodes": 2, "gpus_per_node": 2,
-                           "intra_node": {k: fit[k] for k in ("bandwidth_gbs", "latency_us", "bus_efficiency")},
+                           "intra_node": {k: fit[k] for k in ("bandwidth_gbs", "latency_us",
+                                                              "bus_efficiency")},
                            "inter_node": {"bandwidth_gbs": 0.3, "latency_us": 400.0, "bus_efficiency": 1.0}}}
     text = render(result)
     assert "# intra_node: 2 ranks per group" in text and "# inter_node: 2 ranks per group" in text
@@ -86,7 +93,9 @@ def test_a_links_only_file_states_both_links(tmp_path: Path) -> None:
 
 @settings(max_examples=50, deadline=None)
 @given(st.floats(1e-6, 1e-1), st.floats(1e6, 1e11), st.integers(2, 16))
-def test_in_situ_alpha_prices_the_small_all_reduce_at_its_in_situ_seconds(situ: float, beta: float, n: int) -> None:
+def test_in_situ_alpha_prices_the_small_all_reduce_at_its_in_situ_seconds(
+    situ: float, beta: float, n: int
+) -> None:
     from dsforge.runtime.calibrate.links import IN_SITU_BYTES, in_situ_alpha
 
     alpha = in_situ_alpha(situ, beta, n)
@@ -97,8 +106,8 @@ def test_in_situ_alpha_prices_the_small_all_reduce_at_its_in_situ_seconds(situ: 
 
 def test_the_file_states_the_in_situ_latency_its_noise_and_the_load(tmp_path: Path) -> None:
     result = _result(2)
-    result["measured"].update({"in_situ_all_reduce_s": 2.5e-3, "in_situ_spread": 0.4, "fitted_latency_us": 150.0,
-                               "load": [1.5, 2.25], "op_overhead_spread": 0.5})
+    result["measured"].update({"in_situ_all_reduce_s": 2.5e-3, "in_situ_spread": 0.4,
+                               "fitted_latency_us": 150.0, "load": [1.5, 2.25], "op_overhead_spread": 0.5})
     text = render(result)
     assert "noise of the per-operation figure: spread 50% of its median" in text
     assert "a 16 KiB all-reduce adds 2.500 ms (noise: spread 40% of the median" in text

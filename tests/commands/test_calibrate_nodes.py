@@ -26,7 +26,8 @@ def test_two_agents_write_an_intra_and_an_inter_node_link(tmp_path: Path) -> Non
     agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "calibrate-test",
              "--max-restarts", "0", "-m", "dsforge", "calibrate", "--links-only", "-o", str(out)]
-    agents = [subprocess.Popen(agent, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    agents = [subprocess.Popen(agent, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
               for _ in range(2)]
     logs = [a.communicate(timeout=240)[0] for a in agents]
     assert all(a.returncode == 0 for a in agents), "\n".join(log[-3000:] for log in logs)

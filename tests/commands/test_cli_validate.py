@@ -39,7 +39,8 @@ def test_error_exits_1_with_location_message_and_fix() -> None:
     result = _run("validate", TP_KV)
     assert result.exit_code == 1
     first, fix, summary = result.output.splitlines()
-    assert re.fullmatch(r".*dsf104-tp-kv-heads\.yaml:10:7: error\[DSF104\] tp=4 does not divide kv_heads=2: .*", first)
+    assert re.fullmatch(r".*dsf104-tp-kv-heads\.yaml:10:7: error\[DSF104\] "
+                        r"tp=4 does not divide kv_heads=2: .*", first)
     assert fix.startswith("  fix: use tp in {1, 2}") and summary.startswith("1 error(s)")
 
 
@@ -76,7 +77,11 @@ def test_every_format_writes_to_output_file(tmp_path: Path, fmt: str) -> None:
 
 def test_unwritable_output_is_a_clear_error(tmp_path: Path) -> None:
     result = _run("validate", "-o", str(tmp_path / "no-such-dir" / "r.txt"), TP_KV)
-    assert result.exit_code == 2 and "cannot write the report" in result.output and "Traceback" not in result.output
+    assert (
+        result.exit_code == 2
+        and "cannot write the report" in result.output
+        and "Traceback" not in result.output
+    )
     assert list(tmp_path.iterdir()) == []  # nothing half-written
 
 
@@ -111,7 +116,8 @@ def test_pre_commit_hook_runs_dsforge_validate_on_job_files() -> None:
     (hook,) = [h for h in hooks if h["id"] == "dsforge-validate"]
     assert hook["language"] == "python" and hook["entry"].split() == ["dsforge", "validate"]
     scripts = re.search(r"\[project\.scripts\]\s*\n(.*?)\n", (ROOT / "pyproject.toml").read_text()).group(1)
-    assert scripts.replace(" ", "") == 'dsforge="dsforge.__main__:main"'  # the entry point the hook calls exists
+    # the entry point the hook calls exists
+    assert scripts.replace(" ", "") == 'dsforge="dsforge.__main__:main"'
     files = re.compile(hook["files"])
     for name in ("train.dsforge.yaml", "a/b/llama.dsforge.yml", "jobs/llama.yaml", "infra/job/x.yml"):
         assert files.search(name), name
@@ -134,7 +140,11 @@ def test_action_is_composite_with_the_documented_inputs() -> None:
     assert {"files", "format", "strict"} <= set(inputs)
     assert inputs["format"]["default"] == "github" and inputs["strict"]["default"] == "false"
     install = _step("Install dsforge (no torch, no DeepSpeed)")["run"]
-    assert "pip install" in install and "torch" not in install.replace("no torch", "") and "[runtime]" not in install
+    assert (
+        "pip install" in install
+        and "torch" not in install.replace("no torch", "")
+        and "[runtime]" not in install
+    )
     assert "${{" not in _step("validate")["run"]  # inputs arrive as environment variables only
 
 
@@ -158,8 +168,9 @@ def test_action_script_annotates_and_reports_the_exit_code(tmp_path: Path) -> No
     (tmp_path / "jobs").mkdir()
     shutil.copy(TP_KV, tmp_path / "jobs" / "bad.dsforge.yaml")
     shutil.copy(EXAMPLES[0], tmp_path / "jobs" / "ok.dsforge.yaml")
-    code, out, outputs = _run_action_script(tmp_path, DSFORGE_FILES="**/*.dsforge.yaml", DSFORGE_FORMAT="github",
-                                            DSFORGE_STRICT="false", DSFORGE_SARIF="dsforge.sarif")
+    code, out, outputs = _run_action_script(tmp_path, DSFORGE_FILES="**/*.dsforge.yaml",
+                                            DSFORGE_FORMAT="github", DSFORGE_STRICT="false",
+                                            DSFORGE_SARIF="dsforge.sarif")
     assert code == 0 and outputs["exit-code"] == "1"  # the last step of the action fails the job
     assert "::error file=jobs/bad.dsforge.yaml,line=10,col=7,title=DSF104::" in out
     assert "checked 2 file(s)" in out

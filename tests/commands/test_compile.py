@@ -92,7 +92,8 @@ def test_unusable_input_exits_2(tmp_path: Path) -> None:
 
 
 EMIT_ERRORS: dict[str, tuple[str, dict[str, Any]]] = {
-    "DSF601": ("llama3-8b-dgx-h100", {"parallel": {"zero": 3}, "training": {"optimizer": {"offload": "nvme"}}}),
+    "DSF601": ("llama3-8b-dgx-h100",
+               {"parallel": {"zero": 3}, "training": {"optimizer": {"offload": "nvme"}}}),
     "DSF602": ("llama3-70b-multinode", {"launch": {"launcher": "deepspeed"}}),
     "DSF603": ("llama3-70b-multinode", {"launch": {"launcher": "torchrun"}}),
     "DSF604": ("tiny-tp2-dp2", {"launch": {"env": {"BAD-KEY": "1"}}}),
@@ -116,7 +117,8 @@ def test_emit_checks_refuse_with_a_located_diagnostic(tmp_path: Path, rule: str)
 def test_a_name_with_shell_syntax_injects_nothing(tmp_path: Path) -> None:
     canary = tmp_path / "canary"
     name = f"x; touch {canary}; $(touch {canary}) `touch {canary}` ' \" \\"
-    path = write_variant(tmp_path, "tiny-tp2-dp2", {"name": name, "launch": {"python": f"py $(touch {canary})"}})
+    path = write_variant(tmp_path, "tiny-tp2-dp2",
+                         {"name": name, "launch": {"python": f"py $(touch {canary})"}})
     assert compile_(str(path), "-o", str(tmp_path / "job")).exit_code == 0
     variables, argv = dry_run(tmp_path / "job" / "launch.sh")
     assert variables["JOB_NAME"] == name and argv[0] == f"py $(touch {canary})"
@@ -182,17 +184,19 @@ def test_train_py_fails_clearly_without_the_runtime(tmp_path: Path) -> None:
     # None in sys.modules makes `import dsforge.runtime` raise ImportError, as if it were not installed.
     hide = ("import runpy, sys; sys.modules['dsforge.runtime'] = None; "
             f"runpy.run_path({str(train)!r}, run_name='__main__')")
-    proc = subprocess.run([sys.executable, "-c", hide], check=False, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", hide], check=False, capture_output=True, text=True,
+                          timeout=60)
     assert proc.returncode == 2
     assert "dsforge.runtime.main.run_job is not available" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_compile_without_the_rewrite_plan_imports_neither_torch_nor_deepspeed(tmp_path: Path) -> None:
     code = ("import sys; from dsforge.commands.compile import compile_file; "
-            f"r = compile_file({str(example_path('mixtral-8x7b-ep'))!r}, {str(tmp_path / 'job')!r}, rewrite=False); "
-            "assert r.written, r.diagnostics; "
+            f"r = compile_file({str(example_path('mixtral-8x7b-ep'))!r}, {str(tmp_path / 'job')!r}, "
+            f"rewrite=False); assert r.written, r.diagnostics; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'deepspeed')))")
-    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                          timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
 

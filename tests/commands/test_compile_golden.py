@@ -22,4 +22,5 @@ def test_emitted_files_match_the_goldens(example: str) -> None:
     assert sorted(files) == sorted(os.listdir(golden)), "run python scripts/update_goldens.py"
     for name, content in files.items():
         expected = (golden / name).read_text(encoding="utf-8")
-        assert content == expected, f"{example}/{name} changed; run python scripts/update_goldens.py and review"
+        assert content == expected, (f"{example}/{name} changed; run python "
+                                     f"scripts/update_goldens.py and review")

@@ -1,4 +1,5 @@
-"""compile's meta build against the estimates' parameter count for a `model.pretrained` family the model keys cannot state."""
+"""compile's meta build against the estimates' parameter count for a `model.pretrained` family the model keys
+cannot state."""
 
 from __future__ import annotations
 

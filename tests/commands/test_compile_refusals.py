@@ -1,5 +1,5 @@
-"""The ids only `dsforge compile` reports: DSF600 (a degree left `auto` where no search ran) and DSF699 (the emitter
-failed)."""
+"""The ids only `dsforge compile` reports: DSF600 (a degree left `auto` where no search ran) and DSF699 (the
+emitter failed)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ training: {global_batch: 4, micro_batch: 1, precision: fp32}
 """
 
 
-def test_an_auto_degree_is_resolved_by_the_search_and_dsf600_guards_a_plan_that_was_not(write_job, tmp_path: Path) -> None:
+def test_an_auto_degree_is_resolved_by_the_search_and_dsf600_guards_a_plan_that_was_not(
+    write_job, tmp_path: Path
+) -> None:
     # compile resolves `auto` with the layout search (validate's), so the directory is written ...
     result = compile_file(write_job(JOB.replace("TP", "auto")), tmp_path / "out", rewrite=False)
     assert result.written is not None and "DSF600" not in {d.rule for d in result.diagnostics}
@@ -33,7 +35,9 @@ def test_an_auto_degree_is_resolved_by_the_search_and_dsf600_guards_a_plan_that_
     assert job is not None
     found = run_rules(Context(job.spec, build_plan(job.spec), job.source, job.raw), checks("compile"))
     (dsf600,) = [d for d in found if d.rule == "DSF600"]
-    assert (dsf600.location.line, dsf600.path) == (5, ("parallel", "tp")) and "set parallel.tp to a number" in dsf600.fix
+    assert (dsf600.location.line, dsf600.path) == (5,
+                                                   ("parallel",
+                                                    "tp")) and "set parallel.tp to a number" in dsf600.fix
 
 
 def test_an_auto_the_search_cannot_resolve_writes_nothing(write_job, tmp_path: Path) -> None:

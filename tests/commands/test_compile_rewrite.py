@@ -1,5 +1,6 @@
-"""`dsforge compile` and the rewrite plan: recorded in plan.json, DSF607 for a model the policies cannot place,
-a recorded skip without torch or with --no-rewrite, and the runtime agreeing with the emitted pipeline keys."""
+"""`dsforge compile` and the rewrite plan: recorded in plan.json, DSF607 for a model the policies cannot
+place, a recorded skip without torch or with --no-rewrite, and the runtime agreeing with the emitted pipeline
+keys."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from tests.test_compile_support import example_path, variant_plan
 #: The toy non-HF model of the rewrite tests, with rules for only some of its modules.
 TOY_JOB: dict[str, Any] = {
     "version": 1, "name": "toy",
-    "model": {"arch": "custom", "factory": "tests.runtime_rewrite.toy_models:build", "layers": 2, "hidden": 64,
-              "heads": 4, "ffn_hidden": 128, "vocab": 256, "seq_len": 32},
+    "model": {"arch": "custom", "factory": "tests.runtime_rewrite.toy_models:build", "layers": 2,
+              "hidden": 64, "heads": 4, "ffn_hidden": 128, "vocab": 256, "seq_len": 32},
     "hardware": {"preset": "cpu-local", "gpus_per_node": 2},
     "parallel": {"tp": 2, "pp": 1, "dp": 1},
     "training": {"global_batch": 2, "micro_batch": 1},
@@ -85,8 +86,8 @@ def test_a_model_the_policies_cannot_place_is_refused_naming_the_modules_left_ov
     found = [d for d in json.loads(as_json.stdout)["diagnostics"] if d["rule"] == "DSF607"]
     rules_line = path.read_text(encoding="utf-8").splitlines().index("rewrite:") + 1
     assert found[0]["line"] >= rules_line and "rewrite:" in found[0]["fix"]  # at the job's `rewrite:` rules
-    assert found[0]["details"]["leftover"] == ["blocks.0.norm", "blocks.0.fc2", "blocks.1.norm", "blocks.1.fc2",
-                                               "final", "head"]
+    assert found[0]["details"]["leftover"] == ["blocks.0.norm", "blocks.0.fc2", "blocks.1.norm",
+                                               "blocks.1.fc2", "final", "head"]
     from tests.runtime_rewrite.toy_models import build
 
     placed = {**TOY_JOB, "rewrite": [*TOY_JOB["rewrite"], {"match": r"blocks\.\d+\.fc2", "as": "row"},
@@ -114,12 +115,14 @@ def test_no_rewrite_is_recorded_as_skipped_without_a_note(tmp_path: Path) -> Non
 def test_without_torch_the_rewrite_plan_is_a_recorded_skip_and_a_note(tmp_path: Path) -> None:
     out = tmp_path / "job"
     code = ("import sys; sys.modules['torch'] = None; from dsforge.cli import main; "
-            f"sys.argv = ['dsforge', 'compile', {str(example_path('tiny-3d'))!r}, '-o', {str(out)!r}]; main()")
+            f"sys.argv = ['dsforge', 'compile', "
+            f"{str(example_path('tiny-3d'))!r}, '-o', {str(out)!r}]; main()")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "note: plan.json has no rewrite plan: torch is not installed here" in proc.stderr
-    assert plan_json(out)["rewrite"] == {"skipped": "torch is not installed here (pip install 'dsforge[runtime]')"}
+    assert plan_json(out)["rewrite"] == {"skipped": "torch is not installed here (pip install "
+                                                    "'dsforge[runtime]')"}
 
 
 def test_a_factory_that_cannot_be_imported_here_is_a_skip_not_an_error(tmp_path: Path) -> None:
@@ -139,12 +142,15 @@ def test_a_crashing_rewrite_planner_costs_only_the_section(tmp_path: Path, monke
     monkeypatch.setattr(rewrite, "describe", boom)
     result = compile_(str(example_path("tiny-tp2-dp2")), "-o", str(tmp_path / "job"))
     assert result.exit_code == 0 and "DSF691" in result.output and "boom" in result.output
-    assert plan_json(tmp_path / "job")["rewrite"] == {"skipped": "the rewrite planner failed: RuntimeError: boom"}
+    assert plan_json(tmp_path / "job")["rewrite"] == {
+        "skipped": "the rewrite planner failed: RuntimeError: boom"
+    }
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_the_runtime_asks_deepspeed_for_the_pipeline_keys_compile_emits(tmp_path: Path, sequence_parallel: bool,
-                                                                      runtime: None) -> None:
+def test_the_runtime_asks_deepspeed_for_the_pipeline_keys_compile_emits(
+    tmp_path: Path, sequence_parallel: bool, runtime: None
+) -> None:
     from dsforge.runtime.pipeline_stages import ds_pipeline_config
     from dsforge.runtime.rewrite import plan_rewrite
 

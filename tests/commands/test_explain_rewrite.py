@@ -51,14 +51,16 @@ def test_text_shows_the_rewrite_plan_and_exact_counts(runtime: None, mixtral_tp2
     # The formula keeps experts whole on every TP rank, as the runtime does, so the two agree.
     assert "parameters per GPU by stage (exact)  12.08B" in out and "(formula" not in out
     plain = CliRunner().invoke(cli, ["explain", str(mixtral_tp2)])
-    assert "Rewrite plan" not in plain.output and "parameters per GPU by stage (formula)  12.08B" in plain.output
+    assert "Rewrite plan" not in plain.output and ("parameters per GPU by stage (formula)  "
+                                                   "12.08B") in plain.output
 
 
 def test_exact_counts_are_shown_beside_a_formula_that_differs() -> None:
     plan = example_plan("tiny-3d")
     summary = summarize(plan)
     per_stage = [row["dense"] + row["expert"] + 1000 for row in summary["params"]["per_gpu_by_stage"]]
-    desc = {"ok": True, "params": {"total": summary["params"]["total"] + 2000, "per_rank_by_stage": per_stage}}
+    desc = {"ok": True,
+            "params": {"total": summary["params"]["total"] + 2000, "per_rank_by_stage": per_stage}}
     merged = with_exact_params(summary, desc)
     rows = summary_section(merged).rows
     row = next(r for r in rows if r[0].startswith("parameters per GPU by stage"))
@@ -73,7 +75,10 @@ def test_json_carries_the_rewrite_plan_and_the_exact_counts(runtime: None, mixtr
     rewrite, params = doc.pop("rewrite"), doc.pop("params")
     assert rewrite["ok"] and rewrite["params"]["per_rank_by_stage"] == [12_077_764_608]
     assert params["total"] == rewrite["params"]["total"] == params["formula_total"]
-    assert params["per_gpu_by_stage"][0]["exact"] == 12_077_764_608 and params["source"] == "rewrite plan (exact)"
+    assert (
+        params["per_gpu_by_stage"][0]["exact"] == 12_077_764_608
+        and params["source"] == "rewrite plan (exact)"
+    )
     row = params["per_gpu_by_stage"][0]
     assert row["dense"] + row["expert"] == row["exact"]  # formula and module tree agree for MoE under TP
     plain = json.loads(CliRunner().invoke(cli, ["explain", str(mixtral_tp2), "--format", "json"]).stdout)
@@ -83,7 +88,8 @@ def test_json_carries_the_rewrite_plan_and_the_exact_counts(runtime: None, mixtr
 def test_html_report_has_the_rewrite_section(tmp_path: Path, runtime: None) -> None:
     pytest.importorskip("matplotlib")
     html = tmp_path / "report.html"
-    result = CliRunner().invoke(cli, ["explain", str(example_path("tiny-3d")), "--rewrite", "--html", str(html)])
+    result = CliRunner().invoke(cli,
+                                ["explain", str(example_path("tiny-3d")), "--rewrite", "--html", str(html)])
     assert result.exit_code == 0, result.output
     page = html.read_text(encoding="utf-8")
     assert "<h2>Rewrite plan (llama, tp=2, ep=1)</h2>" in page and "model.layers.{0..3}.mlp.down_proj" in page
@@ -107,8 +113,9 @@ def test_without_torch_rewrite_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def _summary(total: int, stages: list[tuple[int, int]], active: int | None = None) -> dict[str, Any]:
-    return {"params": {"total": total, "active_per_token": total if active is None else active, "per_layer": 1,
-                       "per_gpu_by_stage": [{"stage": i, "dense": d, "expert": e} for i, (d, e) in enumerate(stages)]}}
+    return {"params": {"total": total, "active_per_token": total if active is None else active,
+                       "per_layer": 1, "per_gpu_by_stage": [{"stage": i, "dense": d, "expert": e} for i,
+                                            (d, e) in enumerate(stages)]}}
 
 
 def test_exact_counts_replace_the_formula_only_where_the_plan_is_ok() -> None:

@@ -1,4 +1,5 @@
-"""`dsforge init`: every preset pair gets a commented starter job that validates clean (or a reasoned refusal).
+"""`dsforge init`: every preset pair gets a commented starter job that validates clean (or a reasoned
+refusal).
 
 The starter is checked the way a user would check it: its text is loaded and validated from scratch,
 its comments are stripped to show they carry no data, and each key's comment is compared with the
@@ -35,7 +36,8 @@ PAIRS = [(m, h) for m in MODELS for h in HARDWARE]
 
 
 @cache
-def _starter(model: str, hardware: str, nodes: int | None = None, launcher: str | None = None) -> Starter | InitError:
+def _starter(model: str, hardware: str, nodes: int | None = None,
+             launcher: str | None = None) -> Starter | InitError:
     try:
         return starter(Choices(model, hardware, nodes, launcher))
     except InitError as exc:
@@ -43,7 +45,8 @@ def _starter(model: str, hardware: str, nodes: int | None = None, launcher: str 
 
 
 def _problems(text: str, tmp_path: Path) -> list[tuple[str, str]]:
-    """(rule, severity) of every error and warning `dsforge validate` reports for ``text`` written to a file."""
+    """(rule, severity) of every error and warning `dsforge validate` reports for ``text`` written to a
+    file."""
     path = tmp_path / "job.yaml"
     path.write_text(text, encoding="utf-8")
     result = validate_file(path)
@@ -76,7 +79,8 @@ def _check_text(job: Starter) -> None:
 
 
 @pytest.mark.parametrize(("model", "hardware"), PAIRS, ids=[f"{m}@{h}" for m, h in PAIRS])
-def test_every_preset_pair_validates_clean_or_is_refused_for_memory(model: str, hardware: str, tmp_path) -> None:
+def test_every_preset_pair_validates_clean_or_is_refused_for_memory(model: str, hardware: str,
+                                                                    tmp_path) -> None:
     job = _starter(model, hardware)
     if isinstance(job, InitError):
         # Only this machine's preset (2 CPU ranks of 6 GB) refuses, and only for models it cannot hold:
@@ -124,14 +128,17 @@ def test_a_node_count_that_cannot_fit_names_one_that_does() -> None:
 def test_default_job_trains_here_small_and_in_fp32() -> None:
     job = _starter(init_job.DEFAULT_MODEL, init_job.DEFAULT_HARDWARE)
     assert isinstance(job, Starter)
-    assert job.data["model"] == {"preset": "tiny-llama"} and job.data["hardware"] == {"preset": "cpu-local", "nodes": 1}
+    assert job.data["model"] == {"preset": "tiny-llama"} and job.data["hardware"] == {
+        "preset": "cpu-local",
+        "nodes": 1,
+    }
     assert job.data["training"]["precision"] == "fp32" and job.data["training"]["steps"] == 20
     assert job.data["launch"] == {"launcher": "local"}
 
 
 @pytest.mark.parametrize(("launcher", "rule", "key"), [
-    ("deepspeed", "DSF602", "hosts"), ("torchrun", "DSF603", "master_addr"), ("kubernetes", "DSF605", "image"),
-    ("accelerate", "DSF603", "master_addr"), ("slurm", None, None)])
+    ("deepspeed", "DSF602", "hosts"), ("torchrun", "DSF603", "master_addr"),
+    ("kubernetes", "DSF605", "image"), ("accelerate", "DSF603", "master_addr"), ("slurm", None, None)])
 def test_launchers_leave_only_the_site_settings_to_fill_in(launcher: str, rule: str | None, key: str | None,
                                                            tmp_path) -> None:
     job = _starter("llama3-8b", "dgx-h100", 2, launcher)
@@ -142,14 +149,16 @@ def test_launchers_leave_only_the_site_settings_to_fill_in(launcher: str, rule: 
         return
     assert problems == [(rule, "error")]
     assert [n.split(":")[0] for n in job.notes] == [rule]
-    assert f"  # {key}: ...   <- TODO: set launch.{key}" in job.text  # commented out: the data stays as validated
+    # commented out: the data stays as validated
+    assert f"  # {key}: ...   <- TODO: set launch.{key}" in job.text
 
 
 def test_unusable_choices_are_refused_with_code_2() -> None:
     for choices, text in ((Choices(model="llama9"), "unknown model preset 'llama9'"),
                           (Choices(hardware="tpu"), "unknown hardware preset 'tpu'"),
                           (Choices(launcher="mpirun"), "unknown launcher 'mpirun'"),
-                          (Choices("llama3-8b", "dgx-h100", 2, "local"), "the local launcher starts every rank"),
+                          (Choices("llama3-8b", "dgx-h100", 2, "local"),
+                           "the local launcher starts every rank"),
                           (Choices(name=""), "--name must not be empty"),
                           (Choices(name="a\0b"), "NUL")):
         with pytest.raises(InitError, match=re.escape(text)) as err:
@@ -158,7 +167,8 @@ def test_unusable_choices_are_refused_with_code_2() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.text(min_size=1, max_size=40) | st.sampled_from(["\x85", "a\u2028b", "\r", "null", "1e3", "- x", "\ufeff"]))
+@given(st.text(min_size=1,
+               max_size=40) | st.sampled_from(["\x85", "a\u2028b", "\r", "null", "1e3", "- x", "\ufeff"]))
 def test_any_name_round_trips_or_is_refused_as_a_name(name: str) -> None:
     try:
         job = starter(Choices(name=name))

@@ -54,7 +54,8 @@ def test_an_interrupt_inside_the_rename_window_restores_the_old_target(
     with pytest.raises(KeyboardInterrupt):
         writer.write_job_dir(out, FILES, force=True)
     monkeypatch.undo()
-    assert len(calls) >= on_call and calls[0][0] == str(out)  # the window was entered: the old target moved aside
+    # the window was entered: the old target moved aside
+    assert len(calls) >= on_call and calls[0][0] == str(out)
     assert snapshot(out) == before
     assert [p.name for p in tmp_path.iterdir()] == ["job"]  # no aside, no temporary directory left
 
@@ -114,8 +115,8 @@ def test_sigterm_is_held_back_even_with_other_threads_running(tmp_path: Path) ->
 
 def dead_pid() -> int:
     """The id of a process that has exited."""
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
     return int(proc.stdout)
 
 
@@ -214,8 +215,9 @@ def test_ctrl_c_during_start_up_imports_exits_130_without_a_traceback(tmp_path: 
            "MARK": str(mark)}
     cmd = [str(script)] if how == "console-script" else [sys.executable, "-m", "dsforge"]
     # A suite started in the background or under nohup inherits SIGINT ignored, and so would the child (Python
-    # then installs no KeyboardInterrupt handler): give it the default disposition a terminal's command has. An
-    # ignored signal stays ignored across exec, a handled one is reset to the default, so handle it while starting.
+    # then installs no KeyboardInterrupt handler): give it the default disposition a terminal's command has.
+    # An ignored signal stays ignored across exec, a handled one is reset to the default, so handle it while
+    # starting.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         proc = subprocess.Popen([*cmd, "validate", str(example_path("tiny-tp2-dp2"))], env=env, cwd=tmp_path,

@@ -1,4 +1,5 @@
-"""`dsforge run` relays its launcher's stderr without torchrun's ChildFailedError block (dsforge.commands.launcher_output)."""
+"""`dsforge run` relays its launcher's stderr without torchrun's ChildFailedError block
+(dsforge.commands.launcher_output)."""
 
 from __future__ import annotations
 
@@ -36,13 +37,15 @@ def relayed(tmp_path: Path, data: bytes) -> bytes:
 
 
 def test_the_child_failed_block_is_dropped_and_the_rest_kept_in_order(tmp_path: Path) -> None:
-    agent = b"E1202 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0\n"
+    agent = (b"E1202 torch/distributed/elastic/multiprocessing/api.py:1002] "
+             b"failed (exitcode: 1) local_rank: 0\n")
     assert relayed(tmp_path, RANK_LINE + agent + CHILD_FAILED) == RANK_LINE + agent
 
 
 def test_other_tracebacks_pass_whole(tmp_path: Path) -> None:
     assert relayed(tmp_path, RANK_BUG) == RANK_BUG
-    assert relayed(tmp_path, RANK_LINE + RANK_BUG + b"more\n" + CHILD_FAILED) == RANK_LINE + RANK_BUG + b"more\n"
+    assert relayed(tmp_path,
+                   RANK_LINE + RANK_BUG + b"more\n" + CHILD_FAILED) == RANK_LINE + RANK_BUG + b"more\n"
     plain = b"no newline at the end"
     assert relayed(tmp_path, plain) == plain
     assert os.path.getsize(tmp_path / "err") == len(plain)

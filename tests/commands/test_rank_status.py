@@ -1,5 +1,5 @@
-"""What a failed run says: the ranks' status files, `dsforge run`'s report of them, the fault hook's syntax and
-the train log of a resumed run (no torch needed)."""
+"""What a failed run says: the ranks' status files, `dsforge run`'s report of them, the fault hook's syntax
+and the train log of a resumed run (no torch needed)."""
 
 from __future__ import annotations
 
@@ -52,8 +52,10 @@ def test_the_report_names_the_checkpoint_a_rerun_resumes_from(tmp_path: Path) ->
     (d / "checkpoints" / "latest").write_text("step2")
     report = failure_report(d)
     assert "rank 1 never started (no status file)" in report
-    assert report[-1] == f"the last complete checkpoint is {d / 'checkpoints' / 'step2'}: run the same command " \
-                         "again to resume from it"
+    assert (
+        report[-1] == f"the last complete checkpoint is {d / 'checkpoints' / 'step2'}: run the same command "
+        "again to resume from it"
+    )
     (d / "checkpoints" / "latest").unlink()
     assert failure_report(d)[-1] == "no checkpoint was completed: run the same command again to start over"
     assert failure_report(job_dir(tmp_path, 2, "never"))[-1].startswith("rerunning starts over")
@@ -64,7 +66,8 @@ def test_clear_removes_an_earlier_launch_and_nothing_else(tmp_path: Path) -> Non
     RankStatus(d, 0).update("done", 2)
     rank_status.clear(d)
     assert rank_status.read_all(d, 2) == {0: None, 1: None}
-    assert describe_failure(d, 2) == []  # no rank wrote anything: nothing to say beyond the launcher's own words
+    assert describe_failure(d, 2) == []  # no rank wrote anything: nothing to say beyond the launcher's own
+                                         # words
     assert (d / "plan.json").is_file()
 
 
@@ -73,7 +76,8 @@ def test_an_unwritable_status_directory_does_not_stop_training(tmp_path: Path) -
     RankStatus(tmp_path, 0).update("training", 1)  # no exception
 
 
-@given(st.sampled_from(faults.HOWS), st.integers(0, 4096), st.sampled_from(faults.POINTS), st.integers(0, 10**6))
+@given(st.sampled_from(faults.HOWS), st.integers(0, 4096), st.sampled_from(faults.POINTS),
+       st.integers(0, 10**6))
 def test_fault_specs_round_trip(how: str, rank: int, point: str, step: int) -> None:
     assert faults.parse(f"{how}:{rank}:{point}:{step}") == (how, rank, point, step)
 

@@ -1,5 +1,5 @@
-"""`dsforge search --verify`: the top candidates and the last-ranked one of a tiny job run with `dsforge run` on
-this machine's CPU processes, predicted beside measured, with the rank correlation."""
+"""`dsforge search --verify`: the top candidates and the last-ranked one of a tiny job run with `dsforge run`
+on this machine's CPU processes, predicted beside measured, with the rank correlation."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ model: {preset: tiny-llama}
 hardware: {preset: cpu-local, gpus_per_node: 2}
 parallel: {tp: auto, pp: auto, zero: auto}
 training: {global_batch: 4, micro_batch: auto, precision: fp32, steps: 4, optimizer: {name: adamw, lr: 1.0e-3}}
-"""
+"""  # noqa: E501
 
 
 def test_spearman_is_one_for_the_same_order_and_minus_one_for_the_reverse() -> None:
@@ -46,7 +46,9 @@ def test_verify_runs_six_layouts_and_sets_measured_beside_predicted(write_job, m
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)["verify"]
     assert len(rows) == 6 and [r["rank"] for r in rows][:5] == [1, 2, 3, 4, 5] and rows[-1]["rank"] > 5
-    assert all(r["error"] is None and r["measured_step_s"] > 0 and r["measured_peak_bytes"] > 0 for r in rows), rows
+    assert all(
+        r["error"] is None and r["measured_step_s"] > 0 and r["measured_peak_bytes"] > 0 for r in rows
+    ), rows
     assert len({json.dumps(r["layout"], sort_keys=True) for r in rows}) == 6
     assert not list(path.parent.glob(".*.verify-*.yaml"))  # the candidates' job files are cleaned up
 

@@ -59,7 +59,8 @@ CYCLES = {"dsf010-extends-cycle-a.yaml", "dsf010-extends-cycle-b.yaml", "dsf010-
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in BAD.glob("*.yaml")))
-def test_every_corpus_file_gets_the_same_diagnostics_from_stdin(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_corpus_file_gets_the_same_diagnostics_from_stdin(name: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     # From the corpus folder, `extends:` relative to the working directory finds what the file finds.
     monkeypatch.chdir(BAD)
     from_file = validate_file(name)
@@ -73,9 +74,10 @@ def test_every_corpus_file_gets_the_same_diagnostics_from_stdin(name: str, monke
         assert _found(from_stdin.diagnostics, STDIN_NAME) == _found(from_file.diagnostics, name)
 
 
-def test_extends_resolves_against_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "base.yaml").write_text("version: 1\nmodel: {preset: tiny-llama}\nhardware: {preset: cpu-local}\n"
-                                        "parallel: {tp: 3}\n", encoding="utf-8")
+def test_extends_resolves_against_the_working_directory(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "base.yaml").write_text("version: 1\nmodel: {preset: tiny-llama}\nhardware: {preset: "
+                                        "cpu-local}\nparallel: {tp: 3}\n", encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     _stdin(monkeypatch, b"extends: base.yaml\nname: child\n")
     result = validate_file("-")
@@ -126,10 +128,12 @@ def test_closed_stdin_is_a_diagnostic(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.one_of(st.binary(max_size=200),
-                 st.lists(st.sampled_from([b"version: 1\n", b"model: {preset: tiny-llama}\n", b"\t", b"  ", b"&a ",
-                                           b"*a", b"\xff", b"\xef\xbb\xbf", b"key: [", b"# c\n", b"x: 1\n", b"\n"]),
+                 st.lists(st.sampled_from([b"version: 1\n", b"model: {preset: tiny-llama}\n", b"\t", b"  ",
+                                           b"&a ", b"*a", b"\xff", b"\xef\xbb\xbf", b"key: [", b"# c\n",
+                                           b"x: 1\n", b"\n"]),
                           max_size=8).map(b"".join)))
-def test_stdin_and_a_file_agree_on_any_bytes(data: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stdin_and_a_file_agree_on_any_bytes(data: bytes, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "job.yaml"
     path.write_bytes(data)
     from_file = validate_file(path)
@@ -151,7 +155,8 @@ def test_explain_and_compile_read_stdin(tmp_path: Path) -> None:
 
 def test_a_real_pipe(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "dsforge", "validate", "-"], check=False, input=b"version: 1\nmodel: 3\nhardware: {preset: cpu-local}\n",
-                          capture_output=True, cwd=tmp_path, env=env, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "dsforge", "validate", "-"], check=False,
+                          input=b"version: 1\nmodel: 3\nhardware: {preset: cpu-local}\n", capture_output=True,
+                          cwd=tmp_path, env=env, timeout=60)
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.decode().startswith("<stdin>:2:8: error[DSF021]")

@@ -1,4 +1,5 @@
-"""The supported DeepSpeed range: pinned in pyproject, checked by `dsforge run`, the runtime and the integrations."""
+"""The supported DeepSpeed range: pinned in pyproject, checked by `dsforge run`, the runtime and the
+integrations."""
 
 from __future__ import annotations
 

@@ -1,1 +1,2 @@
-"""The compiler, package by package (frontend, spec, model, plan, deepspeed, rules, estimate, search, emit)."""
+"""The compiler, package by package (frontend, spec, model, plan, deepspeed, rules, estimate, search,
+emit)."""

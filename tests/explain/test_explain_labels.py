@@ -45,7 +45,8 @@ def test_each_bubble_figure_says_what_it_measures() -> None:
     assert f"{share} of this rank's step" in text
     assert f"{pct(p['bubble_fraction'])} of the pipeline's rank-time, {SIMULATED_LABEL}" in text
     assert f"{pct(p['bubble_fraction_closed_form'])} {IDEAL_LABEL}" in text
-    assert len({share, pct(p["bubble_fraction"]), pct(p["bubble_fraction_closed_form"])}) == 3  # why labels matter
+    # why labels matter
+    assert len({share, pct(p["bubble_fraction"]), pct(p["bubble_fraction_closed_form"])}) == 3
     assert "pipeline bubble: none (one pipeline stage)" in render(explained(NO_PIPELINE).summary)
 
 

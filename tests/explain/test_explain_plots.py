@@ -1,4 +1,5 @@
-"""Pictures and the HTML report: files are real PNG/SVG, and the timeline shows work and bubbles where they are."""
+"""Pictures and the HTML report: files are real PNG/SVG, and the timeline shows work and bubbles where they
+are."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ def _hex(colour: str) -> tuple[float, float, float]:
 
 def test_plot_and_html_files(tmp_path: Path) -> None:
     html = tmp_path / "report.html"
-    result = CliRunner().invoke(cli, ["explain", str(TINY_3D), "--plot", str(tmp_path / "pics"), "--html", str(html)])
+    result = CliRunner().invoke(cli,
+                                ["explain", str(TINY_3D), "--plot", str(tmp_path / "pics"), "--html",
+                                 str(html)])
     assert result.exit_code == 0, result.output
     for stem in ("timeline", "memory", "placement"):
         png, svg = tmp_path / "pics" / f"{stem}.png", tmp_path / "pics" / f"{stem}.svg"
@@ -57,7 +60,9 @@ def test_timeline_picture_shows_passes_and_the_bubble(tmp_path: Path) -> None:
     assert forward > 0.01 and backward > 0.01 and idle > 0.01
     # the painted areas follow the simulated pass lengths and the idle share
     slots = [x for row in ex.step.timeline.stages for x in row]
-    b_over_f = sum(x.end - x.start for x in slots if x.kind == "B") / sum(x.end - x.start for x in slots if x.kind == "F")
+    b_over_f = sum(x.end - x.start for x in slots if x.kind == "B") / sum(
+        x.end - x.start for x in slots if x.kind == "F"
+    )
     assert backward / forward == pytest.approx(b_over_f, rel=0.15)
     assert idle / (forward + backward + idle) == pytest.approx(with_bubble, rel=0.25)
 

@@ -14,7 +14,8 @@ DIAGS = [
                "use tp in {1, 2, 4}", ("parallel", "tp")),
     Diagnostic("DSF204", Severity.WARNING, "bubble 33%, 50% idle: a,b", Location("jobs/a.yaml", 9, 3),
                "raise global_batch", ("parallel", "pp"), {"bubble": 0.33}),
-    Diagnostic("DSF107", Severity.INFO, "vocab=250\nis odd", Location("/abs/b.yaml", 2, 1), "", ("model", "vocab")),
+    Diagnostic("DSF107", Severity.INFO, "vocab=250\nis odd", Location("/abs/b.yaml", 2, 1), "",
+               ("model", "vocab")),
     Diagnostic("DSF001", Severity.ERROR, "file x.yaml does not exist", Location("x.yaml"), "check the path"),
 ]
 
@@ -30,8 +31,10 @@ def test_text_is_compiler_style_with_fix_and_counts() -> None:
     lines = get("text")(DIAGS).splitlines()
     assert lines[0] == "jobs/a.yaml:14:7: error[DSF104] tp=8 does not divide kv_heads=4"
     assert lines[1] == "  fix: use tp in {1, 2, 4}"
-    assert "/abs/b.yaml:2:1: info[DSF107] vocab=250" in lines and "    is odd" in lines  # continuation indented
-    assert "x.yaml: error[DSF001] file x.yaml does not exist" in lines  # a file-level finding has no line:column
+    # continuation indented
+    assert "/abs/b.yaml:2:1: info[DSF107] vocab=250" in lines and "    is odd" in lines
+    # a file-level finding has no line:column
+    assert "x.yaml: error[DSF001] file x.yaml does not exist" in lines
     assert lines[-1] == "2 error(s), 1 warning(s), 1 note(s)"
 
 
@@ -47,9 +50,10 @@ def test_json_round_trips_every_field() -> None:
 
 def test_github_commands_escape_data_and_properties() -> None:
     lines = get("github")(DIAGS).splitlines()
-    assert lines[0] == ("::error file=jobs/a.yaml,line=14,col=7,title=DSF104::tp=8 does not divide kv_heads=4 "
-                        "(fix: use tp in {1, 2, 4})")
-    assert lines[1].startswith("::warning ") and "50%25 idle: a,b" in lines[1]  # % escaped in data, , and : kept
+    assert lines[0] == ("::error file=jobs/a.yaml,line=14,col=7,title=DSF104::tp=8 does not divide "
+                        "kv_heads=4 (fix: use tp in {1, 2, 4})")
+    # % escaped in data, , and : kept
+    assert lines[1].startswith("::warning ") and "50%25 idle: a,b" in lines[1]
     assert lines[2].startswith("::notice file=/abs/b.yaml,") and "vocab=250%0Ais odd" in lines[2]
     assert lines[3] == "::error file=x.yaml,title=DSF001::file x.yaml does not exist (fix: check the path)"
 
@@ -68,7 +72,9 @@ def test_sarif_is_a_valid_2_1_0_log() -> None:
     rule_ids = [r["id"] for r in driver["rules"]]
     assert rule_ids == sorted({d.rule for d in DIAGS})
     described = {r["id"]: r for r in driver["rules"]}
-    assert described["DSF104"]["shortDescription"]["text"] and described["DSF104"]["helpUri"].endswith("#dsf104")
+    assert described["DSF104"]["shortDescription"]["text"] and described["DSF104"]["helpUri"].endswith(
+        "#dsf104"
+    )
     levels = [r["level"] for r in run["results"]]
     assert levels == ["error", "warning", "note", "error"]
     first = run["results"][0]

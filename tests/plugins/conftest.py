@@ -34,7 +34,8 @@ def install_fixture_plugin(site: Path) -> Path:
                     ignore=shutil.ignore_patterns("__pycache__"))
     info = site / f"{meta['name'].replace('-', '_')}-{meta['version']}.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {meta['name']}\nVersion: {meta['version']}\n\n",
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: "
+                                   f"{meta['name']}\nVersion: {meta['version']}\n\n",
                                    encoding="utf-8")
     groups = [f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in entries.items())
               for group, entries in meta["entry-points"].items()]
@@ -55,9 +56,11 @@ def plugin_env(plugin_site: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
 
 
-def run(args: list[str], env: dict[str, str], cwd: Path | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+def run(args: list[str], env: dict[str, str], cwd: Path | None = None,
+        timeout: int = 120) -> subprocess.CompletedProcess:
     """Run a command; its output as text."""
-    return subprocess.run(args, check=False, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(args, check=False, env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def no_traceback(proc: subprocess.CompletedProcess) -> None:

@@ -35,7 +35,9 @@ def compiled(tmp: Path, job: Path = EXAMPLE / "job.yaml") -> Path:
 def test_plugin_config_is_the_compiled_ds_config_key_for_key(tmp_path: Path) -> None:
     plugin = deepspeed_plugin(EXAMPLE / "job.yaml")
     assert plugin.deepspeed_config == json.loads((compiled(tmp_path) / "ds_config.json").read_text())
-    assert plugin.zero_stage == 1 and plugin.gradient_accumulation_steps == 2 and plugin.zero3_init_flag is False
+    assert (
+        plugin.zero_stage == 1 and plugin.gradient_accumulation_steps == 2 and plugin.zero3_init_flag is False
+    )
 
 
 def dry_run(launch: Path, *args: str) -> list[str]:
@@ -65,15 +67,16 @@ def test_multi_node_config_names_the_master_and_each_node_its_rank(tmp_path: Pat
     cmd = dry_run(out / "launch.sh", "t.py")
     args, _, _ = _validate_launch_command(launch_command_parser().parse_args(cmd[3:]))
     assert (args.num_processes, args.num_machines, args.machine_rank) == (4, 2, 1)
-    assert (args.main_process_ip, args.main_process_port, args.deepspeed_multinode_launcher) == ("node0", 6000,
+    assert (args.main_process_ip, args.main_process_port,
+            args.deepspeed_multinode_launcher) == ("node0", 6000,
                                                                                                   "standard")
 
 
 def test_check_names_a_world_accelerate_got_wrong(tmp_path: Path) -> None:
     """accelerate's own CPU default: one process per world and no DeepSpeed; the check says so."""
     acc = SimpleNamespace(num_processes=1, distributed_type=DistributedType.NO, state=None)
-    with pytest.raises(PlanMismatchError, match=r"(?s)world size: the Accelerator has 1, the job file plans 2.*"
-                                                r"ZeRO stage: the Accelerator has none \(accelerate runs"):
+    with pytest.raises(PlanMismatchError, match=r"(?s)world size: the Accelerator has 1, the job file plans "
+                                                r"2.*ZeRO stage: the Accelerator has none \(accelerate runs"):
         check_accelerator(EXAMPLE / "job.yaml", acc)
 
 
@@ -85,8 +88,9 @@ def test_compiled_launch_sh_trains_the_example_on_two_processes(tmp_path: Path) 
     # activate the virtualenv.
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     summary = tmp_path / "summary.json"
-    proc = subprocess.run([str(out / "launch.sh"), str(EXAMPLE / "train_accelerate.py"), str(EXAMPLE / "job.yaml"),
-                           "--summary", str(summary)], check=False, env=env, cwd=tmp_path, capture_output=True, text=True,
+    proc = subprocess.run([str(out / "launch.sh"), str(EXAMPLE / "train_accelerate.py"),
+                           str(EXAMPLE / "job.yaml"), "--summary",
+                           str(summary)], check=False, env=env, cwd=tmp_path, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads(summary.read_text())

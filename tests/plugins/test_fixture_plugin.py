@@ -38,12 +38,14 @@ def test_plugins_lists_each_entry_point_its_origin_and_the_broken_ones(plugin_en
     for added in ("hardware preset fixture-cpu-box", "models preset fixture-tinynet", "rule FIX001",
                   "rewrite policy tinynet", "launcher fixture-batch"):
         assert added in out
-    assert "broken = dsforge_fixture_plugin.broken\n      FAILED, skipped: RuntimeError: fixture plugin is broken" in out
+    assert ("broken = dsforge_fixture_plugin.broken\n      FAILED, "
+            "skipped: RuntimeError: fixture plugin is broken") in out
     assert "wrong-kind" in out and "kind 'gpus'" in out
     assert out.rstrip().endswith("6 entry point(s): 4 loaded, 2 failed")
     report = json.loads(run([*DSFORGE, "plugins", "--format", "json"], plugin_env).stdout)
     assert {(p["name"], p["ok"]) for p in report["plugins"]} == {
-        ("fixture", True), ("wrong-kind", False), ("broken", False), ("tinynet", True), ("fixture-batch", True)}
+        ("fixture", True), ("wrong-kind", False), ("broken", False), ("tinynet", True),
+        ("fixture-batch", True)}
 
 
 def test_preset_and_rule_work_in_validate_and_broken_plugins_are_warnings(plugin_env: dict[str, str],
@@ -58,7 +60,8 @@ def test_preset_and_rule_work_in_validate_and_broken_plugins_are_warnings(plugin
     broken = [d["message"] for d in diags if d["rule"] == "DSF701"]
     assert len(broken) == 2 and any("'broken'" in m and "broken on purpose" in m for m in broken)
     strict = run([*DSFORGE, "validate", "--strict", str(write_job(tmp_path, name="team-ok"))], plugin_env)
-    assert strict.returncode == 1 and "FIX001" not in strict.stdout  # only the broken plugins' warnings remain
+    # only the broken plugins' warnings remain
+    assert strict.returncode == 1 and "FIX001" not in strict.stdout
 
 
 def test_plugin_presets_are_listed_with_their_origin(plugin_env: dict[str, str]) -> None:
@@ -71,8 +74,9 @@ def test_plugin_presets_are_listed_with_their_origin(plugin_env: dict[str, str])
 
 @pytest.mark.slow  # over ~3 s: the fast tier stays near a minute
 def test_launch_target_and_rewrite_policy_work_in_compile(plugin_env: dict[str, str], tmp_path: Path) -> None:
-    """`launch.launcher: fixture-batch` writes the plugin's submit.sh; TinyNet (the plugin's model, built by its
-    factory, `arch: auto`) is recognised as the plugin's family and sharded for tp=2 in plan.json's rewrite plan."""
+    """`launch.launcher: fixture-batch` writes the plugin's submit.sh; TinyNet (the plugin's model, built by
+    its factory, `arch: auto`) is recognised as the plugin's family and sharded for tp=2 in plan.json's
+    rewrite plan."""
     out = tmp_path / "job-dir"
     job = write_job(tmp_path, model="fixture-tinynet", launcher="fixture-batch")
     proc = run([*DSFORGE, "compile", str(job), "-o", str(out)], plugin_env)
@@ -82,7 +86,8 @@ def test_launch_target_and_rewrite_policy_work_in_compile(plugin_env: dict[str, 
     assert os.access(submit, os.X_OK)
     # the target sees launch.python filled in: the interpreter that ran `dsforge compile` (DSFORGE's)
     python = shlex.quote(os.path.abspath(DSFORGE[0]))
-    assert f"exec fixture-submit --name team-demo --ranks 4 -- {python} -m torch.distributed.run" in submit.read_text()
+    assert (f"exec fixture-submit --name team-demo --ranks 4 -- {python} -m "
+            f"torch.distributed.run") in submit.read_text()
     readme = (out / "README.md").read_text()
     assert "./submit.sh" in readme and "`submit.sh`: submits the job to fixture-submit" in readme
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "ds_config.json", "plan.json", "submit.sh",

@@ -50,11 +50,13 @@ def hf_fill_in(kwargs: dict[str, Any], world: int) -> dict[str, Any]:
     """Run HF's own DeepSpeed fill-in and checks (trainer_config_process + _finalize) on the keywords."""
     args = SimpleNamespace(**{k: v for k, v in kwargs.items() if k != "deepspeed"}, world_size=world,
                            save_on_each_node=False, fp16_full_eval=False, bf16_full_eval=False)
-    args.get_warmup_steps = lambda n: TrainingArguments.get_warmup_steps(args, n)  # HF's rule, on these values
+    # HF's rule, on these values
+    args.get_warmup_steps = lambda n: TrainingArguments.get_warmup_steps(args, n)
     hf = HfTrainerDeepSpeedConfig(kwargs["deepspeed"])
     try:
         hf.trainer_config_process(args)
-        hf.trainer_config_finalize(args, SimpleNamespace(config=SimpleNamespace(hidden_size=64)), args.max_steps)
+        hf.trainer_config_finalize(args, SimpleNamespace(config=SimpleNamespace(hidden_size=64)),
+                                   args.max_steps)
         return hf.config
     finally:  # the config registers itself globally (ZeRO-3 model construction); later tests must not see it
         unset_hf_deepspeed_config()
@@ -62,11 +64,14 @@ def hf_fill_in(kwargs: dict[str, Any], world: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize("over", [
     {}, {"precision": "fp16", "zero": 3}, {"precision": "fp32", "zero": 0, "clip": 0.0},
-    {"sched": "linear", "warm": 0}, {"sched": "constant", "warm": 3, "zero": 1}, {"sched": "cosine", "warm": 0,
+    {"sched": "linear", "warm": 0}, {"sched": "constant", "warm": 3, "zero": 1},
+    {"sched": "cosine", "warm": 0,
                                                                                     "min_lr": 2.0e-5},
     {"hardware": "cpu-local", "ranks": 2, "precision": "fp32"},
 ], ids=["bf16-z2", "fp16-z3", "fp32-z0-noclip", "linear-nowarmup", "constant-z1", "cosine-minlr", "cpu"])
-def test_training_arguments_pass_hf_checks_and_leave_the_config_as_compiled(tmp_path: Path, over: dict) -> None:
+def test_training_arguments_pass_hf_checks_and_leave_the_config_as_compiled(
+    tmp_path: Path, over: dict
+) -> None:
     path = job_file(tmp_path, **over)
     kwargs = training_args_kwargs(path)
     compiled = json.loads(json.dumps(kwargs["deepspeed"]))
@@ -85,14 +90,19 @@ def test_hf_check_catches_a_keyword_that_disagrees(tmp_path: Path) -> None:
 
 def test_callback_names_each_mismatch_and_the_job_file_key(tmp_path: Path) -> None:
     path = job_file(tmp_path, hardware="cpu-local", ranks=2, precision="fp32")
-    args = SimpleNamespace(world_size=1, per_device_train_batch_size=4, gradient_accumulation_steps=4, bf16=True,
-                           fp16=False, hf_deepspeed_config=SimpleNamespace(config={"zero_optimization": {"stage": 2}}))
+    args = SimpleNamespace(world_size=1, per_device_train_batch_size=4, gradient_accumulation_steps=4,
+                           bf16=True, fp16=False,
+                           hf_deepspeed_config=SimpleNamespace(config={"zero_optimization": {"stage": 2}}))
     with pytest.raises(PlanMismatchError) as err:
         DsforgeCallback(path).check_arguments(args)
     text = str(err.value)
-    assert f"world size: TrainingArguments has 1, the job file plans 2 (hardware.gpus_per_node at {path}:3:" in text
-    assert f"micro-batch per rank: TrainingArguments has 4, the job file plans 2 (training.micro_batch at {path}:7:" \
+    assert (f"world size: TrainingArguments has 1, the job file "
+            f"plans 2 (hardware.gpus_per_node at {path}:3:") in text
+    assert (
+        f"micro-batch per rank: TrainingArguments has 4, the "
+        f"job file plans 2 (training.micro_batch at {path}:7:"
         in text
+    )
     assert "precision: TrainingArguments has bf16, the job file plans fp32" in text
     assert "gradient accumulation" not in text and "ZeRO" not in text  # those agree
     args.world_size, args.per_device_train_batch_size, args.bf16 = 2, 2, False
@@ -100,10 +110,12 @@ def test_callback_names_each_mismatch_and_the_job_file_key(tmp_path: Path) -> No
 
 
 def test_layouts_the_trainer_cannot_run_and_bad_jobs_are_clear_errors(tmp_path: Path) -> None:
-    with pytest.raises(PluginError, match=r"tp=2: the HF Trainer passes the model to deepspeed.initialize without"):
+    with pytest.raises(PluginError, match=r"tp=2: the HF Trainer passes the model "
+                                          r"to deepspeed.initialize without"):
         training_args_kwargs(job_file(tmp_path, tp=2))
     bad = tmp_path / "bad.yaml"
-    bad.write_text("version: 1\nmodel: {preset: tiny-llama}\nhardware: {preset: cpu-local}\nparallel: {tp: 3}\n")
+    bad.write_text("version: 1\nmodel: {preset: tiny-llama}\nhardware: "
+                   "{preset: cpu-local}\nparallel: {tp: 3}\n")
     with pytest.raises(PluginError, match=r"(?s)cannot be used:\n.*bad.yaml:4:\d+: error\[DSF102\]"):
         training_args_kwargs(bad)
 
@@ -137,4 +149,5 @@ def test_batch_mismatch_stops_the_run_before_step_one(tmp_path: Path) -> None:
     assert "micro-batch per rank: TrainingArguments has 4, the job file plans 2 (training.micro_batch at" \
         in proc.stderr
     assert "'loss'" not in proc.stdout + proc.stderr  # no step ran
-    assert 'train_hf.py", line' not in proc.stderr  # the script's message, not its traceback (torchrun adds its own)
+    assert 'train_hf.py", line' not in proc.stderr  # the script's message, not its traceback (torchrun adds
+                                                    # its own)

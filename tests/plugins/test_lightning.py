@@ -1,5 +1,6 @@
-"""Lightning integration: the strategy and the Trainer are built from the plan, the config Lightning formats for
-deepspeed.initialize is the compiled one, and the dsforge strategy trains on CPU processes (gloo) like one process."""
+"""Lightning integration: the strategy and the Trainer are built from the plan, the config Lightning formats
+for deepspeed.initialize is the compiled one, and the dsforge strategy trains on CPU processes (gloo) like one
+process."""
 
 from __future__ import annotations
 
@@ -42,14 +43,15 @@ def compiled_config(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def test_strategy_config_is_compiled_config_less_the_key_lightning_owns(compiled_config: dict) -> None:
-    assert strategy_config(JOB) == {k: v for k, v in compiled_config.items() if k != "gradient_accumulation_steps"}
+    assert strategy_config(JOB) == {k: v for k,
+                                    v in compiled_config.items() if k != "gradient_accumulation_steps"}
 
 
 def test_trainer_from_the_plan_formats_the_compiled_config_for_deepspeed(compiled_config: dict) -> None:
     kwargs = trainer_kwargs(JOB)
     assert {k: v for k, v in kwargs.items() if k != "strategy"} == {
-        "accelerator": "cpu", "devices": 2, "num_nodes": 1, "precision": "32-true", "accumulate_grad_batches": 2,
-        "max_steps": 4}
+        "accelerator": "cpu", "devices": 2, "num_nodes": 1, "precision": "32-true",
+        "accumulate_grad_batches": 2, "max_steps": 4}
     trainer = pl.Trainer(**kwargs, logger=False, enable_checkpointing=False)
     assert (trainer.world_size, trainer.accumulate_grad_batches) == (2, 2)
     check_trainer(JOB, trainer)
@@ -73,13 +75,15 @@ def test_a_trainer_that_differs_from_the_plan_is_named(compiled_config: dict) ->
     assert "precision: the Lightning Trainer has bf16, the job file plans fp32" in text
 
 
-def _run(script_args: list[str], nproc: int, cwd: Path, port: int, **env_extra: str) -> tuple[dict[int, float], str]:
-    """Run the example (torchrun for nproc > 1); the mean loss of each optimizer step over every rank's micro-batches."""
+def _run(script_args: list[str], nproc: int, cwd: Path, port: int,
+         **env_extra: str) -> tuple[dict[int, float], str]:
+    """Run the example (torchrun for nproc > 1); the mean loss of each optimizer step over every rank's
+    micro-batches."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "LOSS_LOG": "1", **env_extra}
     launch = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
                str(port)] if nproc > 1 else [sys.executable])
-    proc = subprocess.run([*launch, str(EXAMPLE / "train_lightning.py"), *script_args], check=False, env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([*launch, str(EXAMPLE / "train_lightning.py"), *script_args], check=False, env=env,
+                          cwd=cwd, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "Signal 6" not in out and "terminate called" not in out  # no rank aborts at exit
@@ -91,10 +95,10 @@ def _run(script_args: list[str], nproc: int, cwd: Path, port: int, **env_extra: 
 
 @pytest.mark.slow
 def test_lightning_on_cpu_equals_one_process_and_saves_hf(tmp_path: Path) -> None:
-    """The example (a LightningModule plus the two documented dsforge lines) on 2 CPU ranks, dp=2 ZeRO-2: the loss
-    of every step equals one process's over the same global batch, no rank aborts at exit, and the HF directory in
-    Lightning's checkpoint loads with from_pretrained and gives the one-process model's logits. (Resuming with
-    ckpt_path is not exact yet: see docs/trainers.md.)"""
+    """The example (a LightningModule plus the two documented dsforge lines) on 2 CPU ranks, dp=2 ZeRO-2: the
+    loss of every step equals one process's over the same global batch, no rank aborts at exit, and the HF
+    directory in Lightning's checkpoint loads with from_pretrained and gives the one-process model's logits.
+    (Resuming with ckpt_path is not exact yet: see docs/trainers.md.)"""
     import transformers
 
     one = tmp_path / "one.yaml"
@@ -108,7 +112,9 @@ def test_lightning_on_cpu_equals_one_process_and_saves_hf(tmp_path: Path) -> Non
     tokens = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
     logits = {}
     for name in ("two", "ref"):
-        model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / name / "epoch=1-step=4.ckpt" / "hf")
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            tmp_path / name / "epoch=1-step=4.ckpt" / "hf"
+        )
         with torch.no_grad():
             logits[name] = model(input_ids=tokens).logits
     torch.testing.assert_close(logits["two"], logits["ref"], rtol=1e-4, atol=1e-5)
@@ -123,7 +129,8 @@ def _variant(tmp_path: Path, parallel: str) -> Path:
     ("  zero: 1\n  pp: 2", "DSF702", "parallel.pp=2"),
     ("  zero: 1\n  cp: 2", "DSF703", "parallel.cp=2"),
 ])
-def test_what_lightning_cannot_feed_is_refused_before_start(tmp_path: Path, parallel: str, rule: str, key: str) -> None:
+def test_what_lightning_cannot_feed_is_refused_before_start(tmp_path: Path, parallel: str, rule: str,
+                                                            key: str) -> None:
     from dsforge.plugins.job import PluginError
     from dsforge.plugins.lightning import prepare_model
 
@@ -137,7 +144,8 @@ def test_what_lightning_cannot_feed_is_refused_before_start(tmp_path: Path, para
 
 
 def test_a_resume_through_ckpt_path_is_refused_not_trained_differently(tmp_path: Path) -> None:
-    # Lightning calls the strategy's load_checkpoint for fit(ckpt_path=...); its replayed batch would change the run
+    # Lightning calls the strategy's load_checkpoint for fit(ckpt_path=...); its replayed batch would change
+    # the run
     from dsforge.plugins.job import PluginError
 
     strategy = trainer_kwargs(JOB)["strategy"]
@@ -159,15 +167,17 @@ def test_a_loader_that_differs_from_the_plan_is_named_before_the_first_step() ->
     with pytest.raises(PlanMismatchError) as err:
         check_loader(job, DataLoader(data, batch_size=3, sampler=DistributedSampler(data, 4, 3)), (1, 2))
     text = str(err.value)
-    assert "micro-batch per rank: the DataLoader has batch_size=3, the job file plans 2 (training.micro_batch at" in text
-    assert "data shards: the sampler splits the data 4 ways (this rank reads part 3), the job file plans 2" in text
+    assert ("micro-batch per rank: the DataLoader has batch_size=3, the job file plans 2 "
+            "(training.micro_batch at") in text
+    assert ("data shards: the sampler splits the data 4 ways (this "
+            "rank reads part 3), the job file plans 2") in text
 
 
 @pytest.mark.slow
 def test_lightning_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path) -> None:
-    """The same example at tp=2 with sequence parallelism and ZeRO-1 on 2 CPU ranks (prepare_model's rewrite, the
-    strategy's mpu, the sampler over dp=1): every step's loss equals one process's, and the HF directory gathered
-    from the slices gives the one-process model's logits."""
+    """The same example at tp=2 with sequence parallelism and ZeRO-1 on 2 CPU ranks (prepare_model's rewrite,
+    the strategy's mpu, the sampler over dp=1): every step's loss equals one process's, and the HF directory
+    gathered from the slices gives the one-process model's logits."""
     pytest.importorskip("dsforge.plugins.parallel_model")
     import transformers
 
@@ -182,7 +192,9 @@ def test_lightning_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path
     tokens = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
     logits = {}
     for name in ("tp", "ref"):
-        model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / name / "epoch=1-step=4.ckpt" / "hf")
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            tmp_path / name / "epoch=1-step=4.ckpt" / "hf"
+        )
         with torch.no_grad():
             logits[name] = model(input_ids=tokens).logits
     torch.testing.assert_close(logits["tp"], logits["ref"], rtol=1e-4, atol=1e-5)

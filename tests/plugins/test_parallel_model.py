@@ -1,9 +1,10 @@
-"""The shared core of the trainer plugins (dsforge.plugins.parallel_model) on real gloo DeepSpeed: the user's dense
-HF model rewritten by the plan, trained by a `deepspeed.initialize` given the core's mpu, equals one process.
+"""The shared core of the trainer plugins (dsforge.plugins.parallel_model) on real gloo DeepSpeed: the user's
+dense HF model rewritten by the plan, trained by a `deepspeed.initialize` given the core's mpu, equals one
+process.
 
-One 2-rank world (tp=2, sequence parallelism, ZeRO-1) asserts: the rewrite happened (shard shapes), every step's
-loss and gradient norm equal the single-process reference's, check_batch refuses different data inside the TP
-group, and the saved HF directory loads with from_pretrained and gives the trained reference's logits.
+One 2-rank world (tp=2, sequence parallelism, ZeRO-1) asserts: the rewrite happened (shard shapes), every
+step's loss and gradient norm equal the single-process reference's, check_batch refuses different data inside
+the TP group, and the saved HF directory loads with from_pretrained and gives the trained reference's logits.
 """
 
 from __future__ import annotations
@@ -86,9 +87,9 @@ def test_core_tp2_sequence_parallel_zero1(tmp_path: Path) -> None:
 
 def _job(tmp: Path, parallel: str, preset: str = "tiny-llama", ranks: int = 2) -> Path:
     path = tmp / "job.yaml"
-    path.write_text(f"version: 1\nname: t\nmodel: {{preset: {preset}}}\nhardware: {{preset: cpu-local, gpus_per_node: "
-                    f"{ranks}}}\nparallel: {{{parallel}}}\ntraining: {{global_batch: 8, micro_batch: 1, precision: fp32, "
-                    "steps: 2}\n", encoding="utf-8")
+    path.write_text(f"version: 1\nname: t\nmodel: {{preset: {preset}}}\nhardware: {{preset: cpu-local, "
+                    f"gpus_per_node: {ranks}}}\nparallel: {{{parallel}}}\ntraining: {{global_batch: 8, "
+                    f"micro_batch: 1, precision: fp32, steps: 2}}\n", encoding="utf-8")
     return path
 
 
@@ -97,14 +98,16 @@ def _job(tmp: Path, parallel: str, preset: str = "tiny-llama", ranks: int = 2) -
     ("cp: 2", "tiny-llama", "DSF703", "parallel.cp=2"),
     ("ep: 2", "tiny-mixtral", "DSF704", "parallel.ep=2"),
 ])
-def test_layouts_a_trainer_cannot_feed_are_refused_before_start(tmp_path: Path, parallel: str, preset: str, rule: str,
+def test_layouts_a_trainer_cannot_feed_are_refused_before_start(tmp_path: Path, parallel: str, preset: str,
+                                                                rule: str,
                                                                  key: str) -> None:
     from dsforge.plugins.hf import prepare_model, training_args_kwargs
     from dsforge.plugins.job import PluginError
 
     job = _job(tmp_path, parallel, preset)
     for call in (training_args_kwargs, prepare_model):
-        with pytest.raises(PluginError, match=rf"^{rule}: .*job.yaml: {key} at .*job.yaml:\d+:\d+.*dsforge compile"):
+        with pytest.raises(PluginError, match=rf"^{rule}: .*job.yaml: {key} at "
+                                              rf".*job.yaml:\d+:\d+.*dsforge compile"):
             call(job)
 
 
@@ -117,13 +120,15 @@ def test_tensor_parallel_without_an_mpu_hook_is_refused_with_its_reason(tmp_path
     job = _job(tmp_path, "tp: 2")
     for call, where in ((prepare_model, "deepspeed_init"), (acc_prepare, "_prepare_deepspeed"),
                         (deepspeed_plugin, "_prepare_deepspeed")):
-        with pytest.raises(PluginError, match=rf"^DSF705: .*tp=2: .* without an mpu \(.*{where}.*parallel_model.mpu"):
+        with pytest.raises(PluginError, match=rf"^DSF705: .*tp=2: .* without an mpu "
+                                              rf"\(.*{where}.*parallel_model.mpu"):
             call(job)
 
 
 def _train_dp(rank: int, world: int, path: str, ckpt: str) -> None:
     """tp=2 x dp=2: each dp rank reads its half of the global batch; the step's loss (mean over dp) equals one
-    process's; a run resumed from DeepSpeed's checkpoint of step 2 gives the uninterrupted step 3 loss exactly."""
+    process's; a run resumed from DeepSpeed's checkpoint of step 2 gives the uninterrupted step 3 loss
+    exactly."""
     import deepspeed
     import torch.distributed as dist
 
@@ -141,11 +146,12 @@ def _train_dp(rank: int, world: int, path: str, ckpt: str) -> None:
     reference = copy.deepcopy(dense)
     opt = reference_optimizer(spec, reference.parameters())
     g = torch.Generator().manual_seed(5)
-    batches = [torch.randint(0, spec.model.vocab, (t.global_batch, spec.model.seq_len), generator=g) for _ in range(3)]
+    batches = [torch.randint(0, spec.model.vocab, (t.global_batch, spec.model.seq_len),
+                             generator=g) for _ in range(3)]
 
     def engine_of(model: torch.nn.Module) -> object:
-        engine, *_ = deepspeed.initialize(model=prepare_model(job, model), config=job.ds_config(), mpu=mpu(job),
-                                          model_parameters=None)
+        engine, *_ = deepspeed.initialize(model=prepare_model(job, model), config=job.ds_config(),
+                                          mpu=mpu(job), model_parameters=None)
         return engine
 
     def step(engine: object, batch: torch.Tensor) -> float:

@@ -58,15 +58,18 @@ def test_plugins_command_without_plugins_says_so_and_exits_0() -> None:
     assert "no dsforge plugins installed" in result.output and "dsforge.rewrite_policies" in result.output
 
 
-def test_validate_and_listing_stay_torch_free_and_load_lazily(plugin_env: dict[str, str], tmp_path: Path) -> None:
-    """Plugins are read on the first preset/rule lookup, and reading them imports neither torch nor the trainers."""
+def test_validate_and_listing_stay_torch_free_and_load_lazily(plugin_env: dict[str, str],
+                                                              tmp_path: Path) -> None:
+    """Plugins are read on the first preset/rule lookup, and reading them imports neither torch nor the
+    trainers."""
     job = tmp_path / "job.yaml"
-    job.write_text("version: 1\nname: team-x\nmodel: {preset: fixture-tinynet}\nhardware: {preset: fixture-cpu-box}\n",
+    job.write_text("version: 1\nname: team-x\nmodel: {preset: "
+                   "fixture-tinynet}\nhardware: {preset: fixture-cpu-box}\n",
                    encoding="utf-8")
     code = ("import sys; from dsforge import extensions as r\n"
             "import dsforge.compiler.validate as v; before = dict(r._records)\n"
             f"res = v.validate_file({str(job)!r}); import dsforge.commands.plugins as p; p.plugin_report()\n"
-            "heavy = [m for m in ('torch', 'deepspeed', 'transformers', 'accelerate', 'lightning') if m in sys.modules]\n"
-            "print(before == {}, sorted({d.rule for d in res.diagnostics}), heavy)")
+            "heavy = [m for m in ('torch', 'deepspeed', 'transformers', 'accelerate', 'lightning') if m in "
+            "sys.modules]\nprint(before == {}, sorted({d.rule for d in res.diagnostics}), heavy)")
     proc = run([sys.executable, "-c", code], plugin_env)
     assert proc.stdout.strip() == "True ['DSF701'] []", proc.stdout + proc.stderr

@@ -120,7 +120,8 @@ class Generator:
             raise MegatronRefusal(DUPLICATE_AXIS, f"order {self.order!r} names an axis of size > 1 twice")
 
     def ranks(self, token: str) -> list[list[int]]:
-        """The groups of ``token`` (axes joined by '-', e.g. 'dp-cp'), as Megatron's get_ranks returns them."""
+        """The groups of ``token`` (axes joined by '-', e.g. 'dp-cp'), as Megatron's get_ranks returns
+        them."""
         cache = self.__dict__.setdefault("_cache", {})
         if token not in cache:
             cache[token] = self._ranks(token)
@@ -171,6 +172,6 @@ def initialize(world: int, tp: int, pp: int, cp: int, ep: int, order: str,
         raise MegatronRefusal(PP_LAST, "When not using pp-last rank ordering, the data parallel size of the "
                                        "attention and moe layers must be the same")
     if decoder.ranks("pp") != expert.ranks("pp"):
-        raise MegatronRefusal(PP_GROUPS, "Pipeline parallel groups are expected to be the same for Non-Expert "
-                                         "and Expert part")
+        raise MegatronRefusal(PP_GROUPS, "Pipeline parallel groups are expected to be the same for "
+                                         "Non-Expert and Expert part")
     return MegatronGroups(decoder, expert)

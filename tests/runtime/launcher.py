@@ -28,7 +28,8 @@ def free_port() -> int:
 
 def _worker(rank: int, world: int, port: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), DS_ACCELERATOR="cpu",
+                      OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     before_init()  # dsforge's runtime teardown (dsforge.runtime.teardown): no gloo thread outlives a worker
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
@@ -42,7 +43,8 @@ def _worker(rank: int, world: int, port: int, fn: Callable[..., None], args: tup
 
 
 def run(fn: Callable[..., None], world: int, *args: Any) -> None:
-    """Call ``fn(rank, world, *args)`` on ``world`` processes; a rank's exception re-raises here with its traceback."""
+    """Call ``fn(rank, world, *args)`` on ``world`` processes; a rank's exception re-raises here with its
+    traceback."""
     mp.spawn(_worker, args=(world, free_port(), fn, args), nprocs=world, join=True)
 
 

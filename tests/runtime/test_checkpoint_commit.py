@@ -22,7 +22,8 @@ class Engine:
     def __init__(self) -> None:
         self.saved_latest: list[bool] = []
 
-    def save_checkpoint(self, save_dir: str, tag: str, client_state: dict[str, Any], save_latest: bool) -> None:
+    def save_checkpoint(self, save_dir: str, tag: str, client_state: dict[str, Any],
+                        save_latest: bool) -> None:
         self.saved_latest.append(save_latest)
         d = Path(save_dir) / tag
         d.mkdir(parents=True, exist_ok=True)
@@ -45,7 +46,8 @@ def test_a_save_writes_a_partial_tag_then_commits_it(tmp_path: Path) -> None:
     p, engine = policy(tmp_path), Engine()
     ckpt.save(engine, p, 1)
     ckpt.save(engine, p, 2)
-    assert engine.saved_latest == [False, False]  # DeepSpeed's own `latest` would name a tag still being written
+    assert engine.saved_latest == [False, False]  # DeepSpeed's own `latest` would name a tag still being
+                                                  # written
     assert entries(p) == ["latest", "step1", "step2"] and p.latest_tag() == "step2"
     assert json.loads((p.directory / "step2" / ckpt.COMMIT).read_text()) == {"step": 2, "world_size": 1}
     assert ckpt.resume(engine, p) == 2
@@ -76,7 +78,9 @@ def test_a_commit_without_every_ranks_marker_refuses(tmp_path: Path) -> None:
     assert p.latest_tag() == "step1"
 
 
-def test_a_resave_of_a_committed_step_replaces_it_and_a_kill_between_the_renames_is_undone(tmp_path: Path) -> None:
+def test_a_resave_of_a_committed_step_replaces_it_and_a_kill_between_the_renames_is_undone(
+    tmp_path: Path,
+) -> None:
     p, engine = policy(tmp_path), Engine()
     ckpt.save(engine, p, 1)
     ckpt.save(engine, p, 1)  # resume: never over an old run's directory saves the same tags again

@@ -26,7 +26,8 @@ from tests.runtime.test_checkpoint_commit import Engine
 class BigEngine(Engine):
     """Writes a second, larger file per save, as DeepSpeed writes model and optimizer files."""
 
-    def save_checkpoint(self, save_dir: str, tag: str, client_state: dict[str, Any], save_latest: bool) -> None:
+    def save_checkpoint(self, save_dir: str, tag: str, client_state: dict[str, Any],
+                        save_latest: bool) -> None:
         super().save_checkpoint(save_dir, tag, client_state, save_latest)
         (Path(save_dir) / tag / "optim_states.pt").write_bytes(bytes(range(256)) * 64)
 
@@ -67,7 +68,8 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(tmp_path: Path, damage:
     else:
         target = p.directory / "step2" / "stray.bin"
         target.write_bytes(b"x")
-    with pytest.raises(manifest.DamagedCheckpoint, match=rf"DSF615: .*step2 is damaged: {target}.*if_damaged: fall_back"):
+    with pytest.raises(manifest.DamagedCheckpoint, match=rf"DSF615: .*step2 is damaged: "
+                                                         rf"{target}.*if_damaged: fall_back"):
         ckpt.resume(engine, p)
 
 
@@ -82,8 +84,13 @@ def test_fall_back_skips_damaged_checkpoints_to_the_newest_intact_one(
     (p.directory / "step2" / "optim_states.pt").write_bytes(b"")
     assert ckpt.resume(engine, p) == 1
     out = capsys.readouterr().out
-    assert "step3 is damaged" in out and "resuming from the newest intact checkpoint" in out and "step1" in out
-    assert RESUME_RECORD["tag"] == "step1" and [s["tag"] for s in RESUME_RECORD["skipped"]] == ["step3", "step2"]
+    assert (
+        "step3 is damaged" in out and "resuming from the newest intact checkpoint" in out and "step1" in out
+    )
+    assert RESUME_RECORD["tag"] == "step1" and [s["tag"] for s in RESUME_RECORD["skipped"]] == [
+        "step3",
+        "step2",
+    ]
     flip(p.directory / "step1" / "optim_states.pt")
     with pytest.raises(manifest.DamagedCheckpoint, match="no older checkpoint there is intact"):
         ckpt.resume(engine, p)
@@ -102,7 +109,8 @@ def test_without_xxhash_the_manifest_is_blake2b_and_still_catches_a_flip(
     assert "differs from its digest" in manifest.check(p.directory / "step1")[0]
 
 
-def test_a_checkpoint_without_a_manifest_loads_with_a_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_checkpoint_without_a_manifest_loads_with_a_note(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
     p, engine = policy(tmp_path), BigEngine()
     ckpt.save(engine, p, 1)
     (p.directory / "step1" / manifest.MANIFEST).unlink()  # as a dsforge before manifests saved it
@@ -123,7 +131,8 @@ def test_keep_leaves_the_newest_n_and_never_what_latest_names(tmp_path: Path) ->
     for step in range(1, 6):
         ckpt.save(engine, p, step)
     assert complete_steps(p.directory) == [4, 5] and p.latest_tag() == "step5"
-    ckpt.save(engine, p, 3)  # a resave below the newest (resume: never over the directory): 5 and 4 are not older
+    ckpt.save(engine, p, 3)  # a resave below the newest (resume: never over the directory): 5 and 4 are not
+                             # older
     assert complete_steps(p.directory) == [3, 4, 5] and p.latest_tag() == "step3"
     q = policy(tmp_path / "all")
     for step in range(1, 4):
@@ -157,16 +166,22 @@ class FullDisk(Engine):
         super().__init__()
         self.exc = exc
 
-    def save_checkpoint(self, save_dir: str, tag: str, client_state: dict[str, Any], save_latest: bool) -> None:
+    def save_checkpoint(self, save_dir: str, tag: str, client_state: dict[str, Any],
+                        save_latest: bool) -> None:
         (Path(save_dir) / tag).mkdir(parents=True, exist_ok=True)
         (Path(save_dir) / tag / "half.pt").write_bytes(b"x" * 100)
         raise self.exc
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 6049088 "
-                                              "vs 6048976"), OSError(errno.ENOSPC, "No space left on device"),
-                                 OSError(errno.EDQUOT, "Disk quota exceeded"),
-                                 ValueError("Error while serializing: I/O error: No space left on device (os error 28)")])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 6049088 vs 6048976"),
+        OSError(errno.ENOSPC, "No space left on device"),
+        OSError(errno.EDQUOT, "Disk quota exceeded"),
+        ValueError("Error while serializing: I/O error: No space left on device (os error 28)"),
+    ],
+)
 def test_a_full_disk_inside_a_save_is_one_line_and_leaves_latest(tmp_path: Path, exc: BaseException) -> None:
     p = policy(tmp_path)
     ckpt.save(BigEngine(), p, 1)
@@ -175,7 +190,10 @@ def test_a_full_disk_inside_a_save_is_one_line_and_leaves_latest(tmp_path: Path,
     text = str(info.value)
     assert text.startswith("DSF616: the file system of") and "\n" not in text
     size = json.loads((p.directory / "step1" / manifest.MANIFEST).read_text())["bytes"]
-    assert f"step2.partial, removed) needs {size:,} bytes (as step1 measured)" in text and "bytes are free" in text
+    assert (
+        f"step2.partial, removed) needs {size:,} bytes (as step1 measured)" in text
+        and "bytes are free" in text
+    )
     assert p.latest_tag() == "step1" and not (p.directory / "step2.partial").exists()
 
 

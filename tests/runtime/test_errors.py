@@ -1,4 +1,5 @@
-"""One base for every refusal at run time (dsforge.runtime.errors): found in the source, so a new class is checked."""
+"""One base for every refusal at run time (dsforge.runtime.errors): found in the source, so a new class is
+checked."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ NOT_REFUSALS = {"dsforge.runtime.faults:InjectedFault"}
 
 
 def _exception_classes() -> list[tuple[str, str]]:
-    """(module, class) of every class in dsforge/runtime whose name ends in Error or that derives an exception."""
+    """(module, class) of every class in dsforge/runtime whose name ends in Error or that derives an
+    exception."""
     found = []
     for path in sorted(RUNTIME.rglob("*.py")):
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -52,7 +54,8 @@ def test_every_runtime_exception_is_a_refusal() -> None:
     ("cannot rewrite the model", "DSF607", "DSF607"),
     ("DSF642: a message", "DSF643", "DSF643"),  # a given rule wins over the message
 ])
-def test_the_rule_comes_from_the_message_or_is_given(message: str, given: str | None, rule: str | None) -> None:
+def test_the_rule_comes_from_the_message_or_is_given(message: str, given: str | None,
+                                                     rule: str | None) -> None:
     exc = RuntimeRefusal(message, rule=given)
     assert exc.rule == rule and str(exc) == message
 

@@ -1,4 +1,5 @@
-"""Export writes what save_pretrained writes, key for key, for dense and MoE families of every checkpoint layout.
+"""Export writes what save_pretrained writes, key for key, for dense and MoE families of every checkpoint
+layout.
 
 Each family's tiny random model (benchmarks/hf_zoo.py's config, fixed seed) is saved by transformers
 and, from its parameters alone (what a checkpoint's slices assemble to: a tied head once), by
@@ -24,8 +25,8 @@ from dsforge.runtime.export_hf import HfExportError, save_hf
 #: Dense families (a tied head among them) and every expert layout on disk: one tensor per expert (mixtral,
 #: qwen3_moe, olmoe), granitemoe's input_linear/output_linear, llama4_text's transposed gate_up_proj stack,
 #: ernie4_5_moe's moe_statics.e_score_correction_bias.
-FAMILIES = ["llama", "olmo2", "gemma3_text", "phi", "starcoder2", "mixtral", "qwen3_moe", "olmoe", "granitemoe",
-            "llama4_text", "ernie4_5_moe"]
+FAMILIES = ["llama", "olmo2", "gemma3_text", "phi", "starcoder2", "mixtral", "qwen3_moe", "olmoe",
+            "granitemoe", "llama4_text", "ernie4_5_moe"]
 
 
 def tensors(directory: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
@@ -51,7 +52,8 @@ def _model(model_type: str, tied: bool, dtype: torch.dtype) -> Any:
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_export_writes_what_save_pretrained_writes(model_type: str, tmp_path: Path) -> None:
-    tied, dtype = model_type in ("llama", "gemma3_text"), torch.bfloat16 if model_type == "mixtral" else torch.float32
+    tied, dtype = model_type in ("llama",
+                                 "gemma3_text"), torch.bfloat16 if model_type == "mixtral" else torch.float32
     model = _model(model_type, tied, dtype)
     model.save_pretrained(tmp_path / "ref")
     dense = {n: p.detach().clone() for n, p in model.named_parameters()}  # a tied head appears once
@@ -63,7 +65,8 @@ def test_export_writes_what_save_pretrained_writes(model_type: str, tmp_path: Pa
         (tmp_path / "ref" / "config.json").read_text())
     ids = torch.randint(0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
     logits = []
-    for name in ("out", "ref"):  # (model.to(bf16) also rounds the rotary buffer, which from_pretrained keeps fp32)
+    for name in ("out", "ref"):  # (model.to(bf16) also rounds the rotary buffer, which from_pretrained keeps
+                                 # fp32)
         back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / name, dtype=dtype,
                                                                  attn_implementation="eager").eval()
         with torch.no_grad():
@@ -74,7 +77,9 @@ def test_export_writes_what_save_pretrained_writes(model_type: str, tmp_path: Pa
             assert torch.equal(logits[0], model(input_ids=ids).logits)
 
 
-def test_a_parameter_the_weights_lack_is_read_from_the_pretrained_directory_or_refused(tmp_path: Path) -> None:
+def test_a_parameter_the_weights_lack_is_read_from_the_pretrained_directory_or_refused(
+    tmp_path: Path,
+) -> None:
     model = _model("llama", False, torch.float32)
     model.save_pretrained(tmp_path / "ref")
     dense = {n: p.detach().clone() for n, p in model.named_parameters() if n != "model.norm.weight"}

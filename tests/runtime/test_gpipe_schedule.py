@@ -64,13 +64,15 @@ def replay(micro: int, stages: int) -> list[list[tuple[str, int]]]:
                 elif isinstance(cmd, RestoreLoss):
                     loss_of[s] = kept.pop(cmd.buffer_id)
                 elif isinstance(cmd, ds.BackwardPass) and s == stages - 1:
-                    assert loss_of[s] == cmd.buffer_id, f"backward of {cmd.buffer_id} on the loss of {loss_of[s]}"
+                    assert loss_of[s] == cmd.buffer_id, (f"backward of {cmd.buffer_id} "
+                                                         f"on the loss of {loss_of[s]}")
                 name = type(cmd).__name__
                 logs[s].append((name, getattr(cmd, "buffer_id", -1)))
                 pos[s] += 1
                 moved = True
         if not moved:
-            raise AssertionError(f"deadlock: stages wait at {[todo[s][pos[s]] for s in range(stages) if pos[s] < len(todo[s])]}")
+            raise AssertionError(f"deadlock: stages wait at "
+                                 f"{[todo[s][pos[s]] for s in range(stages) if pos[s] < len(todo[s])]}")
     return logs
 
 
@@ -80,7 +82,8 @@ def test_every_stage_runs_all_forwards_then_all_backwards_without_deadlock(micro
     logs = replay(micro, stages)
     for s, log in enumerate(logs):
         passes = [(e, m) for e, m in log if e in ("ForwardPass", "BackwardPass")]
-        assert passes == [("ForwardPass", m) for m in range(micro)] + [("BackwardPass", m) for m in reversed(range(micro))]
+        assert passes == [("ForwardPass",
+                           m) for m in range(micro)] + [("BackwardPass", m) for m in reversed(range(micro))]
         loads = [m for e, m in log if e == "LoadMicroBatch"]
         assert loads == (list(range(micro)) if s in (0, stages - 1) else [])
         tail = [e for e, _ in log[-3:]]

@@ -84,7 +84,10 @@ def test_every_rank_gets_the_plans_groups_fake_pg(layout: tuple[int, int, int, i
             g = create_groups(placement)
             mpu = g.mpu()
             for kind in KINDS:
-                assert dist.get_process_group_ranks(g.group(kind)) == placement.group_of(kind, rank), (rank, kind)
+                assert dist.get_process_group_ranks(g.group(kind)) == placement.group_of(kind, rank), (
+                    rank,
+                    kind,
+                )
             c = placement.coordinates(rank)
             assert (mpu.get_tensor_model_parallel_rank(), mpu.get_pipe_parallel_rank(),
                     mpu.get_data_parallel_rank(), mpu.get_sequence_parallel_rank(),
@@ -122,7 +125,8 @@ def _check_membership(g, tag: str) -> None:
         out = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size(handle))]
         dist.all_gather(out, torch.tensor([g.rank]), group=handle)
         got = [int(t) for t in out]
-        assert got == g.ranks(kind), f"{tag}: {kind} group of rank {g.rank} has members {got}, plan {g.ranks(kind)}"
+        assert got == g.ranks(kind), (f"{tag}: {kind} group of rank {g.rank} "
+                                      f"has members {got}, plan {g.ranks(kind)}")
 
 
 def _check_pipeline_grid(g, tag: str) -> None:
@@ -146,7 +150,8 @@ def _check_engine_uses_plan_groups(g) -> None:
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
-    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}, "steps_per_print": 10 ** 6}
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1},
+              "steps_per_print": 10 ** 6}
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
                                       config=config, mpu=g.mpu())
     try:

@@ -25,13 +25,14 @@ from tests.runtime_rewrite.families import BASE, FAMILY_JOBS
 
 JOBS: dict[str, dict[str, Any]] = {**FAMILY_JOBS, "gpt2": {"arch": "gpt2", **BASE, "kv_heads": 4},
                                    "llama": {"arch": "llama", **BASE}}
-#: module replacements each family must show (2 layers: per layer two norms, OLMo2 and the q/k-norm families four,
-#: and the final norm; one SwiGLU MLP per layer where the layer has a dense MLP or a shared expert)
-WANT = {"qwen3": {"norm": 9, "swiglu": 2}, "olmo2": {"norm": 9, "swiglu": 2}, "phi3": {"norm": 5, "swiglu": 2},
-        "mistral": {"norm": 5, "swiglu": 2}, "qwen2": {"norm": 5, "swiglu": 2}, "llama": {"norm": 5, "swiglu": 2},
-        "qwen2_moe": {"norm": 5, "swiglu": 2}, "qwen3_moe": {"norm": 9},
-        "mixtral": {"norm": 5}, "deepseek_v3": {"norm": 9, "swiglu": 2},
-        "gpt2": {"gelu": 2}, "gpt_neox": {}, "gemma2": {}, "gemma3": {}}
+#: module replacements each family must show (2 layers: per layer two norms, OLMo2 and the q/k-norm families
+#: four, and the final norm; one SwiGLU MLP per layer where the layer has a dense MLP or a shared expert)
+WANT = {"qwen3": {"norm": 9, "swiglu": 2}, "olmo2": {"norm": 9, "swiglu": 2},
+        "phi3": {"norm": 5, "swiglu": 2}, "mistral": {"norm": 5, "swiglu": 2},
+        "qwen2": {"norm": 5, "swiglu": 2}, "llama": {"norm": 5, "swiglu": 2},
+        "qwen2_moe": {"norm": 5, "swiglu": 2}, "qwen3_moe": {"norm": 9}, "mixtral": {"norm": 5},
+        "deepseek_v3": {"norm": 9, "swiglu": 2}, "gpt2": {"gelu": 2}, "gpt_neox": {}, "gemma2": {},
+        "gemma3": {}}
 
 
 def saved_bytes(fn: Any, params: Any) -> int:
@@ -57,7 +58,8 @@ def test_lean_model_equals_plain_model(name: str, tmp_path: Path) -> None:
     on = lean_kernels(plan.model, {}, 1)
     counts = install_lean_kernels(lean, on)
     assert {k: v for k, v in counts.items() if v} == WANT[name], (on, counts)
-    ids = torch.randint(0, plan.model.vocab, (2, plan.model.seq_len), generator=torch.Generator().manual_seed(5))
+    ids = torch.randint(0, plan.model.vocab, (2, plan.model.seq_len),
+                        generator=torch.Generator().manual_seed(5))
     targets = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)
     count = (targets != -100).sum()
 
@@ -74,8 +76,10 @@ def test_lean_model_equals_plain_model(name: str, tmp_path: Path) -> None:
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum") / count
 
     results: dict[str, torch.Tensor] = {}
-    kept = {"plain": saved_bytes(lambda: results.setdefault("plain", plain_loss()).backward(), plain.parameters()),
-            "lean": saved_bytes(lambda: results.setdefault("lean", lean_loss()).backward(), lean.parameters())}
+    kept = {"plain": saved_bytes(lambda: results.setdefault("plain", plain_loss()).backward(),
+                                 plain.parameters()),
+            "lean": saved_bytes(lambda: results.setdefault("lean", lean_loss()).backward(),
+                                lean.parameters())}
     assert float(results["lean"].detach()) == pytest.approx(float(results["plain"].detach()), rel=1e-5)
     ref = dict(plain.named_parameters())
     for pname, p in lean.named_parameters():

@@ -55,7 +55,8 @@ def _head_loss_grads(hidden: torch.Tensor, weight: torch.Tensor, target: torch.T
 
 
 @settings(max_examples=25, deadline=None)
-@given(tokens=st.integers(1, 40), vocab=st.integers(2, 70), ignored=st.integers(0, 5), seed=st.integers(0, 2**16))
+@given(tokens=st.integers(1, 40), vocab=st.integers(2, 70), ignored=st.integers(0, 5),
+       seed=st.integers(0, 2**16))
 def test_fused_loss_equals_head_then_cross_entropy(tokens: int, vocab: int, ignored: int, seed: int) -> None:
     # Against the same computation in fp64: the fused loss is as close to it as the unfused fp32 path (twice
     # its error, plus 1e-6 of the gradient's scale: both sides round softmax - onehot near a saturated token)
@@ -77,7 +78,8 @@ def test_fused_loss_equals_head_then_cross_entropy(tokens: int, vocab: int, igno
 
 def test_fused_loss_chunks_and_keeps_no_logits(monkeypatch: pytest.MonkeyPatch) -> None:
     # 7 tokens per chunk over 50: the chunk walk and the recomputing backward still give the same loss and
-    # gradients; backward keeps the input, the targets and per token the fp32 row maximum and sum of exponentials, no tokens x vocab
+    # gradients; backward keeps the input, the targets and per token the fp32 row maximum and sum of
+    # exponentials, no tokens x vocab
     import dsforge.runtime.kernels.fused_ce as fce
 
     monkeypatch.setattr(fce, "loss_chunk_tokens", lambda v: 7)
@@ -85,7 +87,8 @@ def test_fused_loss_chunks_and_keeps_no_logits(monkeypatch: pytest.MonkeyPatch) 
     hidden = torch.randn(2, 25, 16, generator=g, requires_grad=True)
     weight = torch.nn.Parameter(torch.randn(300, 16, generator=g))  # a parameter: not counted as saved
     target = torch.randint(0, 300, (2, 25), generator=g)
-    ref = F.cross_entropy(F.linear(hidden, weight).float().reshape(-1, 300), target.reshape(-1), reduction="sum")
+    ref = F.cross_entropy(F.linear(hidden, weight).float().reshape(-1, 300), target.reshape(-1),
+                          reduction="sum")
     ref.backward()
     want = (hidden.grad.clone(), weight.grad.clone())
     hidden.grad = weight.grad = None
@@ -155,7 +158,8 @@ def test_swiglu_equals_silu_times_up_and_saves_two_tensors(dtype: torch.dtype) -
     close(gate.grad, want_g[0], tol)
     close(up.grad, want_g[1], tol)
     assert saved_bytes(lambda: swiglu(gate, up)) == 2 * gate.numel() * gate.element_size()
-    assert saved_bytes(lambda: F.silu(gate) * up) == 3 * gate.numel() * gate.element_size()  # + the product's user
+    # + the product's user
+    assert saved_bytes(lambda: F.silu(gate) * up) == 3 * gate.numel() * gate.element_size()
 
 
 def test_gelu_new_equals_hf_and_saves_its_input() -> None:

@@ -1,4 +1,5 @@
-"""The arithmetic of building only a rank's shard: seeded slices, the slice rule per variant, and reassembly."""
+"""The arithmetic of building only a rank's shard: seeded slices, the slice rule per variant, and
+reassembly."""
 
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ from dsforge.runtime.weights_io import SliceTag, assemble
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 40), cols=st.integers(1, 12), chunk=st.integers(1, 64), dim=st.sampled_from([0, 1]),
-       data=st.data())
+@given(rows=st.integers(1, 40), cols=st.integers(1, 12), chunk=st.integers(1, 64),
+       dim=st.sampled_from([0, 1]), data=st.data())
 def test_a_seeded_slice_equals_the_slice_of_the_whole(rows: int, cols: int, chunk: int, dim: int,
                                                       data: st.DataObject) -> None:
-    """Chunked draws: any set of ranges along either dimension reproduces those elements of the whole tensor."""
+    """Chunked draws: any set of ranges along either dimension reproduces those elements of the whole
+    tensor."""
     old = materialize.CHUNK_ELEMENTS
     materialize.CHUNK_ELEMENTS = chunk  # small chunks, so slices straddle chunk boundaries
     try:
@@ -55,11 +57,12 @@ def _entry(variant: str, fused: int = 1) -> ModulePlan:
 
 
 @settings(max_examples=80, deadline=None)
-@given(tp=st.sampled_from([1, 2, 4, 8]), fused=st.integers(1, 3), per=st.integers(1, 5), cols=st.integers(1, 6),
-       data=st.data())
+@given(tp=st.sampled_from([1, 2, 4, 8]), fused=st.integers(1, 3), per=st.integers(1, 5),
+       cols=st.integers(1, 6), data=st.data())
 def test_the_column_and_row_slices_are_the_ones_from_dense_cuts(tp: int, fused: int, per: int, cols: int,
                                                                  data: st.DataObject) -> None:
-    """owned_ranges gives the rows shard_blocks (what ColumnParallelLinear.from_dense keeps) takes, per rank."""
+    """owned_ranges gives the rows shard_blocks (what ColumnParallelLinear.from_dense keeps) takes, per
+    rank."""
     rank = data.draw(st.integers(0, tp - 1))
     out = fused * tp * per
     weight = torch.arange(out * cols, dtype=torch.float32).reshape(out, cols)
@@ -92,7 +95,8 @@ def test_assemble_inverts_the_cuts(tp: int, fused: int, transpose: bool) -> None
     for r in range(tp):
         ranges = owned_ranges(entry, p, r, tp)
         piece = torch.cat([dense.narrow(0, s, n) for s, n in ranges])
-        slices.append((SliceTag("w", (out, cols), 0, tuple(ranges), transpose), piece.t() if transpose else piece))
+        slices.append((SliceTag("w", (out, cols), 0, tuple(ranges), transpose),
+                       piece.t() if transpose else piece))
     slices.append((SliceTag("b", (cols,), None, ()), torch.ones(cols)))
     got = assemble(slices)
     assert torch.equal(got["w"], dense) and torch.equal(got["b"], torch.ones(cols))
@@ -132,7 +136,8 @@ def test_a_checkpoint_without_a_parameter_or_with_another_shape_is_refused() -> 
     assert got.shape == (32,) and reader.reads[-1]["key"] == "model.norm.weight"
     half = source.values("model.embed_tokens.weight", (128, 32), 0, [(64, 64)])
     assert half.shape == (64, 32) and reader.reads[-1]["ranges"] == [[64, 64]]
-    with pytest.raises(ModelBuildError, match="DSF640.*no tensor for the model's parameter model.extra.weight"):
+    with pytest.raises(ModelBuildError,
+                       match="DSF640.*no tensor for the model's parameter model.extra.weight"):
         source.values("model.extra.weight", (4,), None, None)
     with pytest.raises(ModelBuildError, match=r"DSF640.*model.norm.weight is \[32\].*is \[64\]"):
         source.values("model.norm.weight", (64,), None, None)
@@ -150,11 +155,13 @@ class _Constant:
         return torch.full(shape, self.value)
 
 
-@pytest.mark.parametrize(("value", "dtype", "refused"), [(1.0e6, torch.float16, True), (1.0e6, torch.bfloat16, False),
+@pytest.mark.parametrize(("value", "dtype", "refused"),
+                         [(1.0e6, torch.float16, True), (1.0e6, torch.bfloat16, False),
                                                          (float("nan"), torch.bfloat16, True),
                                                          (6.0e4, torch.float16, False)])
 def test_a_weight_the_cast_makes_infinite_is_refused(value: float, dtype: torch.dtype, refused: bool) -> None:
-    """fp16's largest value is 65,504: casting a larger pretrained weight gives inf, which would train as NaN."""
+    """fp16's largest value is 65,504: casting a larger pretrained weight gives inf, which would train as
+    NaN."""
     with params_on_meta():
         model = nn.Linear(4, 3)
     if refused:

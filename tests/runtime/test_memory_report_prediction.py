@@ -18,8 +18,9 @@ pytest.importorskip("torch")
 def test_activations_per_micro_batch_is_the_backward_figure(tmp_path: Path, zero: int) -> None:
     from dsforge.runtime.measure import predicted, transient_logits
 
-    job = {"version": 1, "model": {"preset": "tiny-llama"}, "hardware": {"preset": "cpu-local", "gpus_per_node": 2},
-           "parallel": {"zero": zero}, "training": {"global_batch": 4, "micro_batch": 1, "precision": "fp32",
+    job = {"version": 1, "model": {"preset": "tiny-llama"},
+           "hardware": {"preset": "cpu-local", "gpus_per_node": 2}, "parallel": {"zero": zero},
+           "training": {"global_batch": 4, "micro_batch": 1, "precision": "fp32",
                                                     "recompute": "full"}}
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job), encoding="utf-8")
@@ -47,11 +48,12 @@ def test_the_last_stage_counts_the_saved_logits_only() -> None:
     plan = validate_file(ROOT / "examples" / "tiny-3d.yaml").plan
     model, shape = plan.model, activation_shape(plan)
     saved = act.logits_bytes(model, shape, padded_vocab(model, 2))[0]
-    expected = plan.stage_layers[1] * act.layer_bytes(model, shape, False, "none") + act.head_bytes(model, shape) + saved
+    expected = plan.stage_layers[1] * act.layer_bytes(model, shape, False,
+                                                      "none") + act.head_bytes(model, shape) + saved
     got = predicted(plan.resolve(), 1)
     assert got["in_flight_micro_batches"] == 1
     assert got["activations_per_micro_batch"] == pytest.approx(expected, rel=1e-9)
     # measured by `dsforge run examples/tiny-3d.yaml` (rank 7's memory_report.json): 0.424 MiB before the lean
-    # kernels (predicted then 0.471, +11 %, before this fix 0.440), 329,984 B with them on by default (issue 25's
-    # fused loss keeps no logits); predicted now 346,880 B (+5.1 %), within the 10 %
+    # kernels (predicted then 0.471, +11 %, before this fix 0.440), 329,984 B with them on by default (issue
+    # 25's fused loss keeps no logits); predicted now 346,880 B (+5.1 %), within the 10 %
     assert abs(got["activations_per_micro_batch"] / 329_984 - 1) < 0.10

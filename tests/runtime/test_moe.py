@@ -80,8 +80,10 @@ def mixtral_block(seed: int) -> nn.Module:
 def check_moe_parity(g: ParallelGroups, block: nn.Module, seed: int) -> None:
     """The expert-parallel layer reproduces the dense block on this rank's tokens, values and gradients."""
     dp, me = g.size("dp-cp"), g.index("dp-cp")  # token batches differ across the data-parallel ranks
-    xs = [torch.randn(3, 5, HIDDEN, generator=torch.Generator().manual_seed(seed + 100 + r)) for r in range(dp)]
-    ws = [torch.randn(3, 5, HIDDEN, generator=torch.Generator().manual_seed(seed + 200 + r)) for r in range(dp)]
+    xs = [torch.randn(3, 5, HIDDEN,
+                      generator=torch.Generator().manual_seed(seed + 100 + r)) for r in range(dp)]
+    ws = [torch.randn(3, 5, HIDDEN,
+                      generator=torch.Generator().manual_seed(seed + 200 + r)) for r in range(dp)]
     xs = [x.requires_grad_(True) for x in xs]
     refs = [block(x) for x in xs]
     sum((ref * w).sum() for ref, w in zip(refs, ws)).backward()
@@ -99,7 +101,8 @@ def check_moe_parity(g: ParallelGroups, block: nn.Module, seed: int) -> None:
         d_gate_up, d_down = expert.gate_up.weight.grad.clone(), expert.down.weight.grad.clone()
         dist.all_reduce(d_gate_up, group=g.edp)
         dist.all_reduce(d_down, group=g.edp)
-        report(f"moe expert {e} d gate_up (summed over edp)", d_gate_up, block.experts.gate_up_proj.grad[e], RTOL)
+        report(f"moe expert {e} d gate_up (summed over edp)", d_gate_up, block.experts.gate_up_proj.grad[e],
+               RTOL)
         report(f"moe expert {e} d down (summed over edp)", d_down, block.experts.down_proj.grad[e], RTOL)
     router = moe.gate_weight.grad.clone()
     dist.all_reduce(router, group=g.dp_cp)  # what the engine's data-parallel reduction adds up

@@ -1,4 +1,5 @@
-"""Weights arriving in another dtype than the job's precision: cast, stated, or refused (dsforge.runtime.precision)."""
+"""Weights arriving in another dtype than the job's precision: cast, stated, or refused
+(dsforge.runtime.precision)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""MoE checkpoints as save_pretrained writes them (one tensor per expert and projection) read as the model's stacks.
+"""MoE checkpoints as save_pretrained writes them (one tensor per expert and projection) read as the model's
+stacks.
 
 transformers 5 holds a Mixtral / Qwen2-MoE / Qwen3-MoE block's experts stacked (``experts.gate_up_proj``
 [E, 2F, H], ``experts.down_proj`` [E, H, F]) but writes, and reads back, one tensor per expert; Mixtral's
@@ -37,8 +38,8 @@ def _tiny(kind: str) -> Any:
     elif kind == "qwen3_moe":
         cfg = Qwen3MoeConfig(intermediate_size=48, moe_intermediate_size=FFN, num_experts=EXPERTS, **common)
     else:
-        cfg = Qwen2MoeConfig(intermediate_size=48, moe_intermediate_size=FFN, shared_expert_intermediate_size=40,
-                             num_experts=EXPERTS, **common)
+        cfg = Qwen2MoeConfig(intermediate_size=48, moe_intermediate_size=FFN,
+                             shared_expert_intermediate_size=40, num_experts=EXPERTS, **common)
     return AutoModelForCausalLM.from_config(cfg)
 
 
@@ -101,12 +102,15 @@ def test_a_slice_of_a_stack_reads_only_what_it_holds(saved: Any, data: Any, kind
     read_experts = {int(r["key"].split(".experts.")[1].split(".")[0]) for r in reader.reads}
     assert read_experts == wanted  # no expert outside the cut is touched
     if dim == 0:
-        assert all(r["dim"] is None for r in reader.reads)  # an owned expert is read whole, once per projection
+        assert all(r["dim"] is None for r in reader.reads)  # an owned expert is read whole, once per
+                                                            # projection
         assert len(reader.reads) == len(wanted) * (2 if which == "gate_up_proj" else 1)
     else:  # only the rows or columns in the cut, of every expert
-        assert all(r["dim"] == dim - 1 and sum(n for _, n in r["ranges"]) <= full.shape[dim] for r in reader.reads)
+        assert all(r["dim"] == dim - 1 and sum(n for _,
+                                               n in r["ranges"]) <= full.shape[dim] for r in reader.reads)
         parts = 2 if which == "gate_up_proj" and dim == 2 else 1  # a column cut reads it of gate and of up
-        assert sum(n for r in reader.reads for _, n in r["ranges"]) == EXPERTS * parts * sum(n for _, n in ranges)
+        assert sum(n for r in reader.reads for _,
+                   n in r["ranges"]) == EXPERTS * parts * sum(n for _, n in ranges)
 
 
 def test_a_missing_expert_is_named(saved: Any, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The job directory's lock (dsforge.runtime.run_lock) and the start checks of `dsforge run` (preflight), fast.
+"""The job directory's lock (dsforge.runtime.run_lock) and the start checks of `dsforge run` (preflight),
+fast.
 
 A second process holds the lock as a running `dsforge run` does; tests/runtime_e2e/test_machine_faults.py
 does it with a real training run.
@@ -102,8 +103,8 @@ def test_an_outside_checkpoint_directory_is_locked_too(tmp_path: Path) -> None:
     code = ("import sys; from pathlib import Path; from dsforge.runtime.run_lock import lock_checkpoint_dir\n"
             "try:\n lock_checkpoint_dir(Path(sys.argv[1]), Path(sys.argv[2]), 'dsforge run')\n"
             "except Exception as e: print(e)")
-    out = subprocess.run([sys.executable, "-c", code, str(outside), str(tmp_path / "job2")], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code, str(outside), str(tmp_path / "job2")],
+                         capture_output=True, text=True, check=True).stdout
     assert "DSF612: the checkpoint directory" in out and "must not share one training.checkpoint.dir" in out
     run_lock.release_all()
 
@@ -112,10 +113,12 @@ def _plan(keep: object, saves: int, each: int) -> dict[str, object]:
     return {"summary": {"checkpoint": {"bytes_total": each, "keep": keep, "saves": saves}}}
 
 
-def test_free_space_refuses_with_a_keep_and_warns_without(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_free_space_refuses_with_a_keep_and_warns_without(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("dsforge.runtime.disk_space.free_bytes", lambda p: 10_000)
     assert preflight.space_check(tmp_path, _plan(2, 10, 3000)) == []  # 3 x 3,000 fit
-    with pytest.raises(preflight.PreflightError, match=r"DSF614: .* 10,000 bytes free; .* need 12,000 .*keep: 3"):
+    with pytest.raises(preflight.PreflightError, match=r"DSF614: .* 10,000 bytes free; "
+                                                       r".* need 12,000 .*keep: 3"):
         preflight.space_check(tmp_path, _plan(3, 10, 3000))
     warned = preflight.space_check(tmp_path, _plan("all", 10, 3000))
     assert len(warned) == 1 and warned[0].startswith("warning: DSF614") and "30,000" in warned[0]
@@ -127,8 +130,10 @@ def test_a_stale_build_lock_is_refused_naming_the_file(tmp_path: Path) -> None:
     lock.touch()
     now = time.time()
     assert "another start is building" in preflight.build_lock_check(tmp_path, now)[0]  # just taken
-    with pytest.raises(preflight.PreflightError, match=rf"DSF617: {lock}: .*no process works in its build.*rm {lock}$"):
-        preflight.build_lock_check(tmp_path, now + preflight.IDLE_BUILD_LOCK_S + 5)  # and nothing builds there
+    with pytest.raises(preflight.PreflightError, match=rf"DSF617: {lock}: .*no process works in its "
+                                                       rf"build.*rm {lock}$"):
+        # and nothing builds there
+        preflight.build_lock_check(tmp_path, now + preflight.IDLE_BUILD_LOCK_S + 5)
     building = subprocess.Popen(["sleep", "60"], cwd=lock.parent)  # as ninja runs in the build directory
     try:
         assert "another start is building" in preflight.build_lock_check(tmp_path, now + 300)[0]
@@ -140,14 +145,16 @@ def test_a_stale_build_lock_is_refused_naming_the_file(tmp_path: Path) -> None:
     assert preflight.build_lock_check(tmp_path / "none", now) == []
 
 
-def test_dsforge_run_refuses_to_start_over_a_stale_build_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dsforge_run_refuses_to_start_over_a_stale_build_lock(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     lock = tmp_path / "ext" / "py311_cpu" / "deepspeed_shm_comm" / "lock"
     lock.parent.mkdir(parents=True)
     lock.touch()
     old = time.time() - preflight.STALE_BUILD_LOCK_S - 60
     os.utime(lock, (old, old))
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
-    monkeypatch.setattr(runner, "launch", lambda d: pytest.fail(f"launched {d}: it would wait for {lock} forever"))
+    monkeypatch.setattr(runner, "launch",
+                        lambda d: pytest.fail(f"launched {d}: it would wait for {lock} forever"))
     (tmp_path / "job.yaml").write_text(GOOD)
     ran = CliRunner().invoke(cli, ["run", str(tmp_path / "job.yaml"), "-o", str(tmp_path / "job")])
     assert ran.exit_code == 2 and f"DSF617: {lock}" in ran.output and f"rm {lock}" in ran.output, ran.output
@@ -158,13 +165,19 @@ def test_two_job_files_validated_together_must_not_share_a_checkpoint_dir(tmp_pa
     shared = tmp_path / "shared-ckpt"
     for name in ("a", "b", "c"):
         directory = shared if name != "c" else tmp_path / "own"
-        text = GOOD.replace("lock-job", f"job-{name}").replace("steps: 2}", f"steps: 2, checkpoint: {{dir: {directory}}}}}")
+        text = GOOD.replace("lock-job", f"job-{name}").replace("steps: 2}",
+                                                               f"steps: 2, checkpoint: {{dir: "
+                                                               f"{directory}}}}}")
         (tmp_path / f"{name}.yaml").write_text(text)
     both = CliRunner().invoke(cli, ["validate", str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml"),
                                     str(tmp_path / "c.yaml")])
     assert both.exit_code == 1, both.output
     lines = [x for x in both.output.splitlines() if "DSF613" in x]
-    assert len(lines) == 2 and lines[0].startswith(f"{tmp_path / 'a.yaml'}:5:") and str(tmp_path / "b.yaml") in lines[0]
+    assert (
+        len(lines) == 2
+        and lines[0].startswith(f"{tmp_path / 'a.yaml'}:5:")
+        and str(tmp_path / "b.yaml") in lines[0]
+    )
     assert lines[1].startswith(f"{tmp_path / 'b.yaml'}:5:") and str(tmp_path / "a.yaml") in lines[1]
     alone = CliRunner().invoke(cli, ["validate", str(tmp_path / "a.yaml"), str(tmp_path / "c.yaml")])
     assert alone.exit_code == 0 and "DSF613" not in alone.output, alone.output

@@ -1,6 +1,7 @@
 """A rank's SIGTERM is taken by the watcher thread: the status file gets its last word at once, a main thread
 in Python code unwinds with Terminated, and one stuck where Python cannot interrupt it (here a sleep that no
-signal wakes, as a gloo wait) is ended after the grace period instead of waiting for the launcher's SIGKILL."""
+signal wakes, as a gloo wait) is ended after the grace period instead of waiting for the launcher's
+SIGKILL."""
 
 from __future__ import annotations
 
@@ -73,7 +74,9 @@ def test_a_main_thread_in_python_unwinds_and_keeps_where_it_was(tmp_path: Path) 
 
 
 @pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="needs Linux's /proc/<tid>/wchan")
-def test_a_main_thread_stuck_outside_python_is_ended_after_the_grace_with_its_last_word(tmp_path: Path) -> None:
+def test_a_main_thread_stuck_outside_python_is_ended_after_the_grace_with_its_last_word(
+    tmp_path: Path,
+) -> None:
     code, out, err, spent = _run(tmp_path, "stuck")
     assert code == 143 and "unwound" not in out, (out, err)
     assert 1.0 <= spent < 30, spent  # the grace, not the launcher's SIGKILL (which would be -9)

@@ -31,7 +31,8 @@ def one_engine_step() -> object:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
     config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-              "zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": True, "steps_per_print": 10**9}
+              "zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": True,
+              "steps_per_print": 10**9}
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                            config=config)
     loss = engine(torch.ones(1, 8)).sum()
@@ -60,7 +61,8 @@ def worker(rank: int, world: int, ports: tuple[int, int]) -> None:
     release_engine(engine)
     del engine
     leave(synchronize=True)
-    assert communication_threads() == [], f"rank {rank}: {communication_threads()} still running after leave()"
+    assert communication_threads() == [], (f"rank {rank}: {communication_threads()} "
+                                           f"still running after leave()")
 
     # Without release_engine the engine, and the groups it holds, survive destroy_process_group.
     join(ports[1])

@@ -70,7 +70,8 @@ def _column_fused_gqa(g: ParallelGroups) -> None:
             report("column(gqa) out", y, _blocks(ref, widths, r, tp, -1), RTOL)
             (y * _blocks(w_out, widths, r, tp, -1)).sum().backward()
         report(f"column(gather={gather}) dx", xp.grad, x.grad, RTOL)
-        report(f"column(gather={gather}) dW", col.weight.grad, _blocks(dense.weight.grad, widths, r, tp, 0), RTOL)
+        report(f"column(gather={gather}) dW", col.weight.grad, _blocks(dense.weight.grad, widths, r, tp, 0),
+               RTOL)
         report(f"column(gather={gather}) db", col.bias.grad, _blocks(dense.bias.grad, widths, r, tp, 0), RTOL)
 
 
@@ -94,7 +95,8 @@ def _gpt2_conv1d(g: ParallelGroups) -> None:
     report("gpt2 conv1d c_attn->c_proj out", y, ref, RTOL)
     y.square().sum().backward()
     report("gpt2 conv1d dx", xp.grad, x.grad, RTOL)
-    report("gpt2 conv1d d c_attn.W", col.weight.grad, _blocks(c_attn.weight.grad.t(), [H] * 3, r, tp, 0), RTOL)
+    report("gpt2 conv1d d c_attn.W", col.weight.grad, _blocks(c_attn.weight.grad.t(), [H] * 3, r, tp, 0),
+           RTOL)
     report("gpt2 conv1d d c_proj.W", row.weight.grad, _shard(c_proj.weight.grad.t(), r, tp, 1), RTOL)
 
 
@@ -119,7 +121,8 @@ def _row(g: ParallelGroups) -> None:
 
 
 def _mlp_with_sequence_parallel(g: ParallelGroups) -> None:
-    """LayerNorm -> column -> GELU -> row, plain TP and with sequence parallelism (Korthikanti et al. 2022)."""
+    """LayerNorm -> column -> GELU -> row, plain TP and with sequence parallelism (Korthikanti et al.
+    2022)."""
     r, tp = g.index("tp"), g.size("tp")
     torch.manual_seed(3)
     norm, up, down = nn.LayerNorm(H), nn.Linear(H, 32), nn.Linear(32, H)
@@ -167,7 +170,8 @@ def _sequence_mappings(g: ParallelGroups) -> None:
 
 
 def _vocab(g: ParallelGroups, vocab: int) -> None:
-    """Embedding -> LM head -> cross entropy over an uneven vocabulary split, untied and tied, with and without SP."""
+    """Embedding -> LM head -> cross entropy over an uneven vocabulary split, untied and tied, with and
+    without SP."""
     r, tp = g.index("tp"), g.size("tp")
     torch.manual_seed(5)
     emb, head = nn.Embedding(vocab, H), nn.Linear(H, vocab, bias=False)
@@ -217,7 +221,8 @@ def _lm_head_gather(g: ParallelGroups, vocab: int) -> None:
 
 
 def _lm_head_bias(g: ParallelGroups, vocab: int) -> None:
-    """A biased LM head (CodeGen, GPT-J, Phi): each rank keeps its rows of the bias; logits and both grads match."""
+    """A biased LM head (CodeGen, GPT-J, Phi): each rank keeps its rows of the bias; logits and both grads
+    match."""
     torch.manual_seed(7)
     head = nn.Linear(H, vocab, bias=True)
     h = torch.randn(B, S, H, requires_grad=True)
@@ -254,5 +259,6 @@ def _tp2_worker(rank: int, world: int, with_transformers: bool) -> None:
 def test_tensor_parallel_layers_match_dense_tp2() -> None:
     with_transformers = importlib.util.find_spec("transformers") is not None
     if not with_transformers:
-        warnings.warn("transformers is not installed: the HF Conv1D (GPT-2) sharding check is not run", stacklevel=1)
+        warnings.warn("transformers is not installed: the HF Conv1D (GPT-2) sharding check is not run",
+                      stacklevel=1)
     run(_tp2_worker, 2, with_transformers)

@@ -29,7 +29,8 @@ def tp_tag(name: str, shape: tuple[int, ...], dim: int | None, blocks: int, tp: 
         return SliceTag(name, shape, None, (), transpose)
     width = shape[dim] // blocks
     share = width // tp
-    return SliceTag(name, shape, dim, tuple((b * width + rank * share, share) for b in range(blocks)), transpose)
+    return SliceTag(name, shape, dim, tuple((b * width + rank * share, share) for b in range(blocks)),
+                    transpose)
 
 
 def local_shape(t: SliceTag) -> tuple[int, ...]:
@@ -51,8 +52,8 @@ def write_rank(directory: Path, rank: int, pieces: list[tuple[SliceTag, str, tor
 
 @settings(max_examples=40, deadline=None)
 @given(blocks=st.sampled_from([1, 3]), tp_old=st.sampled_from([1, 2, 4]), tp_new=st.sampled_from([1, 2, 4]),
-       dim_old=st.sampled_from([None, 0, 1]), dim_new=st.sampled_from([None, 0, 1]), replicas=st.integers(1, 2),
-       transpose=st.booleans(), seed=st.integers(0, 2**16))
+       dim_old=st.sampled_from([None, 0, 1]), dim_new=st.sampled_from([None, 0, 1]),
+       replicas=st.integers(1, 2), transpose=st.booleans(), seed=st.integers(0, 2**16))
 def test_pieces_of_one_layout_recut_for_another_equal_the_dense_cut(
         tmp_path_factory: pytest.TempPathFactory, blocks: int, tp_old: int, tp_new: int, dim_old: int | None,
         dim_new: int | None, replicas: int, transpose: bool, seed: int) -> None:
@@ -64,7 +65,8 @@ def test_pieces_of_one_layout_recut_for_another_equal_the_dense_cut(
         for r in range(tp_old):
             t = tp_tag("w", shape, dim_old, blocks, tp_old, r, transpose)
             write_rank(directory, copy * tp_old + r, [(t, "fp32", cut(dense, t, local_shape(t))),
-                                                      (t, "momentum_buffer", cut(momentum, t, local_shape(t)))])
+                                                      (t, "momentum_buffer",
+                                                       cut(momentum, t, local_shape(t)))])
             if dim_old is None:
                 break
     import contextlib
@@ -74,7 +76,8 @@ def test_pieces_of_one_layout_recut_for_another_equal_the_dense_cut(
         assert torch.equal(pieces.dense("w", "fp32"), dense)
         for r in range(tp_new):
             t = tp_tag("w", shape, dim_new, blocks, tp_new, r, transpose)
-            want = dense if dim_new is None else torch.cat([dense.narrow(dim_new, s, n) for s, n in t.ranges], dim_new)
+            want = dense if dim_new is None else torch.cat([dense.narrow(dim_new, s, n) for s, n in t.ranges],
+                                                           dim_new)
             want = want.t() if transpose else want
             assert torch.equal(cut(pieces.dense("w", "fp32"), t, local_shape(t)), want)
             assert torch.equal(cut(pieces.dense("w", "momentum_buffer"), t, local_shape(t)), want * 0.5 + 1)
@@ -107,11 +110,14 @@ def test_a_missing_piece_or_another_shape_names_the_tensor(tmp_path: Path) -> No
         cut(torch.zeros(8, 4), SliceTag("w", (16, 4), None, ()), (16, 4))
 
 
-def test_a_checkpoint_without_layout_free_state_is_refused_before_the_engine_is_touched(tmp_path: Path) -> None:
+def test_a_checkpoint_without_layout_free_state_is_refused_before_the_engine_is_touched(
+    tmp_path: Path,
+) -> None:
     with pytest.raises(TrainStateError, match=r"DSF641: .* holds no layout-free state"):
         load_state(None, tmp_path)
     (tmp_path / STATE_DIR).mkdir()
-    (tmp_path / STATE_DIR / "state.json").write_text(json.dumps({"format": 1, "step": 3,
-                                                                 "unsupported": "ZeRO-3 swaps its state to NVMe"}))
+    (tmp_path / STATE_DIR / "state.json").write_text(
+        json.dumps({"format": 1, "step": 3, "unsupported": "ZeRO-3 swaps its state to NVMe"})
+    )
     with pytest.raises(TrainStateError, match=r"DSF643: .*NVMe"):
         load_state(None, tmp_path)

@@ -1,4 +1,5 @@
-"""Shared pieces of the end-to-end tests: job specs from a few keys, the single-process reference, parity checks.
+"""Shared pieces of the end-to-end tests: job specs from a few keys, the single-process reference, parity
+checks.
 
 The reference is the dense HF model built from the job's seed on one process, trained with
 torch.optim.AdamW and torch's gradient clipping on the whole global batch of every step (the
@@ -54,7 +55,8 @@ def job_spec(tmp: Path, name: str, preset: str, parallel: dict[str, Any], world:
              **train: Any) -> JobSpec:
     """A parsed job on cpu-local hardware with ``world`` ranks (over ``nodes`` nodes)."""
     doc: dict[str, Any] = {"version": 1, "name": name, "model": {"preset": preset},
-                           "hardware": {"preset": "cpu-local", "nodes": nodes, "gpus_per_node": world // nodes},
+                           "hardware": {"preset": "cpu-local", "nodes": nodes,
+                                        "gpus_per_node": world // nodes},
                            "parallel": {"dp": "auto", **parallel}, "training": training(**train)}
     if doc["training"]["optimizer"]["name"] == "sgd":
         doc["deepspeed"] = SGD_DEEPSPEED
@@ -104,11 +106,11 @@ def compare(name: str, what: str, got: list[float], want: list[float], rtol: flo
 
     rank = dist.get_rank() if dist.is_initialized() else 0
     rel = [abs(g - w) / abs(w) for g, w in zip(got, want)] or [math.inf]
-    print(f"PARITY rank={rank} {name} {what}: {[f'{g:.6f}' for g in got]} reference {[f'{w:.6f}' for w in want]} "
-          f"max rel {max(rel):.1e}", flush=True)
+    print(f"PARITY rank={rank} {name} {what}: {[f'{g:.6f}' for g in got]} reference "
+          f"{[f'{w:.6f}' for w in want]} max rel {max(rel):.1e}", flush=True)
     if len(got) != len(want) or max(rel) > rtol:
-        raise AssertionError(f"{name}: rank {rank} {what} {got} differ from the single-process reference {want} "
-                             f"by up to {max(rel):.2e} relative (allowed {rtol:.0e})")
+        raise AssertionError(f"{name}: rank {rank} {what} {got} differ from the single-process reference "
+                             f"{want} by up to {max(rel):.2e} relative (allowed {rtol:.0e})")
 
 
 def check_parity(name: str, spec: JobSpec, losses: list[float], norms: list[float]) -> None:
@@ -130,14 +132,17 @@ def expect_shapes(name: str, module: torch.nn.Module, expected: dict[str, tuple[
     for suffix, want in expected.items():
         hits = [n for n in shapes if n.endswith(suffix)]
         if not hits:
-            raise AssertionError(f"{name}: no parameter named *{suffix}; this rank holds {sorted(shapes)[:12]}...")
+            raise AssertionError(f"{name}: no parameter named *{suffix}; this rank holds "
+                                 f"{sorted(shapes)[:12]}...")
         for n in hits:
             if shapes[n] != want:
                 raise AssertionError(f"{name}: {n} is {shapes[n]} on this rank, expected {want}")
 
 
-def run_parallel(spec: JobSpec, steps: int = STEPS, resume: Any = None) -> tuple[Any, Any, list[float], list[float]]:
-    """Train ``spec`` on the already-initialised world with dsforge's runtime; (engine, groups, losses, norms).
+def run_parallel(spec: JobSpec, steps: int = STEPS,
+                 resume: Any = None) -> tuple[Any, Any, list[float], list[float]]:
+    """Train ``spec`` on the already-initialised world with dsforge's runtime; (engine, groups, losses,
+    norms).
 
     ``resume``: a CheckpointPolicy to resume from first (the losses then start after its step).
     """

@@ -19,8 +19,9 @@ OLMoE under dp2 too: its router has no expert-parallel twin, DSF607) and trained
   expert was read by its owner, and the router, the shared expert and attention whole; under tp2 the
   tensor-parallel group's cuts are disjoint and cover each tensor (test_shard_build.check_reads);
 * the checkpoint of step 2 exported with ``dsforge export`` holds the experts as save_pretrained writes
-  them (the key set of the save_pretrained directory it started from), and ``from_pretrained`` of it gives the trained parallel model's logits (1e-5 of their scale):
-  two TP ranks whose copies of Qwen3's q/k norms had trained apart would be refused there.
+  them (the key set of the save_pretrained directory it started from), and ``from_pretrained`` of it gives the
+  trained parallel model's logits (1e-5 of their scale): two TP ranks whose copies of Qwen3's q/k norms had
+  trained apart would be refused there.
 """
 
 from __future__ import annotations
@@ -44,14 +45,17 @@ SEQ_LEN = 32
 STEPS = 2
 #: job name -> (the saved model it fine-tunes, its layout). Mixtral under tp2 (experts whole on both ranks,
 #: attention cut as Llama's) adds ~10 s and nothing the other cases and tests/runtime do not cover.
-LAYOUTS = {"mixtral-ep2": ("mixtral", {"ep": 2, "zero": 1}), "qwen2_moe-ep2": ("qwen2_moe", {"ep": 2, "zero": 1}),
+LAYOUTS = {"mixtral-ep2": ("mixtral", {"ep": 2, "zero": 1}),
+           "qwen2_moe-ep2": ("qwen2_moe", {"ep": 2, "zero": 1}),
            "qwen3_moe-ep2": ("qwen3_moe", {"ep": 2, "zero": 1}), "qwen3-tp2": ("qwen3", {"tp": 2, "zero": 1}),
            "olmo2-tp2": ("olmo2", {"tp": 2, "zero": 1}), "olmoe-dp2": ("olmoe", {"zero": 1}),
-           "olmoe-tp2": ("olmoe", {"tp": 2, "zero": 1}), "granitemoe-tp2": ("granitemoe", {"tp": 2, "zero": 1}),
+           "olmoe-tp2": ("olmoe", {"tp": 2, "zero": 1}),
+           "granitemoe-tp2": ("granitemoe", {"tp": 2, "zero": 1}),
            "llama4_text-tp2": ("llama4_text", {"tp": 2, "zero": 1})}
 EXPERT_READ = re.compile(r"^model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(\w+)\.weight$")
 PROJECTIONS = {"mixtral": ("w1", "w2", "w3"), "qwen2_moe": ("gate_proj", "up_proj", "down_proj"),
-               "qwen3_moe": ("gate_proj", "up_proj", "down_proj"), "olmoe": ("gate_proj", "up_proj", "down_proj")}
+               "qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
+               "olmoe": ("gate_proj", "up_proj", "down_proj")}
 
 
 def save_tiny(kind: str, out: Path) -> Path:
@@ -75,20 +79,25 @@ def save_tiny(kind: str, out: Path) -> Path:
         cfg: Any = MixtralConfig(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
                                  sliding_window=SEQ_LEN, **common)
     elif kind == "qwen2_moe":
-        cfg = Qwen2MoeConfig(intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48,
-                             num_experts=4, num_experts_per_tok=2, **common)
+        cfg = Qwen2MoeConfig(intermediate_size=96, moe_intermediate_size=32,
+                             shared_expert_intermediate_size=48, num_experts=4, num_experts_per_tok=2,
+                             **common)
     elif kind == "qwen3_moe":
-        cfg = Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-                             norm_topk_prob=True, **common)
+        cfg = Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=32, num_experts=4,
+                             num_experts_per_tok=2, norm_topk_prob=True, **common)
     elif kind == "olmoe":  # a MoE type without a hand-written family (q/k norms over the whole projection)
         cfg = OlmoeConfig(intermediate_size=32, num_experts=4, num_experts_per_tok=2, **common)
-    elif kind == "granitemoe":  # experts stacked on disk as input_linear / output_linear; multipliers and scales
-        cfg = GraniteMoeConfig(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=2.0,
-                               logits_scaling=3.0, residual_multiplier=0.5, attention_multiplier=0.2, **common)
-    elif kind == "llama4_text":  # experts stacked on disk, gate_up_proj [E, hidden, 2F]; a shared expert, NoPE layers
+    elif kind == "granitemoe":  # experts stacked on disk as input_linear / output_linear; multipliers and
+                                # scales
+        cfg = GraniteMoeConfig(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                               embedding_multiplier=2.0, logits_scaling=3.0, residual_multiplier=0.5,
+                               attention_multiplier=0.2, **common)
+    elif kind == "llama4_text":  # experts stacked on disk, gate_up_proj [E, hidden, 2F]; a shared expert,
+                                 # NoPE layers
         cfg = Llama4TextConfig(intermediate_size=32, intermediate_size_mlp=96, num_local_experts=4,
                                num_experts_per_tok=1, head_dim=16, no_rope_layers=[1, 0], **common)
-    elif kind == "olmo2":  # no hand-written family: placed by its HF tp plan (q/k norms over the whole projection)
+    elif kind == "olmo2":  # no hand-written family: placed by its HF tp plan (q/k norms over the whole
+                           # projection)
         cfg = Olmo2Config(intermediate_size=96, **common)
     else:
         cfg = Qwen3Config(intermediate_size=128, head_dim=32, tie_word_embeddings=True, **common)
@@ -142,10 +151,13 @@ def check_expert_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: lis
             assert r["dim"] is None, f"rank {rank} read a slice of {r['key']}, an expert it owns whole"
             readers.setdefault((layer, e, m[3]), set()).add(rank)
         others.append(rest)
-    # experts stored as stacks (granitemoe's input_linear, llama4_text's gate_up_proj) are checked as tp cuts above
-    want = {(layer, e, w) for layer in range(layers) for e in range(experts) for w in PROJECTIONS.get(_kind(plan), ())}
+    # experts stored as stacks (granitemoe's input_linear, llama4_text's gate_up_proj) are checked as tp cuts
+    # above
+    want = {(layer, e,
+             w) for layer in range(layers) for e in range(experts) for w in PROJECTIONS.get(_kind(plan), ())}
     assert set(readers) == want, f"experts never read: {sorted(want - set(readers))[:6]}"
-    for (layer, e, w), ranks in readers.items():  # each rank once per tensor; every rank of the owner's ep index
+    for (layer, e, w), ranks in readers.items():  # each rank once per tensor; every rank of the owner's ep
+                                                  # index
         owners = {r for r, (_, i) in enumerate(coords) if i == e // per_rank}
         assert ranks == owners, ((layer, e, w), ranks, owners)
     for rank, mine in enumerate(reads):
@@ -155,8 +167,8 @@ def check_expert_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: lis
 
 
 def _model_name(key: str, kind: str) -> str:
-    """The model's name of a checkpoint tensor the reader renamed (Mixtral's block_sparse_moe is the model's mlp,
-    GraniteMoE's router.layer and input_linear / output_linear its router and expert stacks)."""
+    """The model's name of a checkpoint tensor the reader renamed (Mixtral's block_sparse_moe is the model's
+    mlp, GraniteMoE's router.layer and input_linear / output_linear its router and expert stacks)."""
     from dsforge.runtime.pretrained import RENAMES
 
     for old, new in RENAMES if kind == "mixtral" else RENAMES[1:]:
@@ -168,7 +180,9 @@ def _kind(plan: Any) -> str:
     """The checkpoint's family: its arch, or for `arch: auto` config.json's model_type."""
     if plan.model.arch != "auto":
         return str(plan.model.arch)
-    return str(json.loads((Path(plan.model.pretrained) / "config.json").read_text(encoding="utf-8"))["model_type"])
+    return str(
+        json.loads((Path(plan.model.pretrained) / "config.json").read_text(encoding="utf-8"))["model_type"]
+    )
 
 
 def prepare(tmp: Path) -> tuple[dict[str, str], dict[str, list[tuple[str, float]]]]:
@@ -177,8 +191,10 @@ def prepare(tmp: Path) -> tuple[dict[str, str], dict[str, list[tuple[str, float]
     from tests.runtime_e2e.test_shard_build import reference_first_loss
 
     tmp.mkdir(parents=True, exist_ok=True)
-    saved = {kind: save_tiny(kind, tmp / f"tiny-{kind}") for kind in sorted({kind for kind, _ in LAYOUTS.values()})}
-    jobs = {name: str(compile_pretrained(tmp, name, saved[kind], par)) for name, (kind, par) in LAYOUTS.items()}
+    saved = {kind: save_tiny(kind,
+                             tmp / f"tiny-{kind}") for kind in sorted({kind for kind, _ in LAYOUTS.values()})}
+    jobs = {name: str(compile_pretrained(tmp, name, saved[kind], par)) for name,
+            (kind, par) in LAYOUTS.items()}
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from dsforge.compiler.model.hf_params import hf_param_count
@@ -203,7 +219,8 @@ def prepare(tmp: Path) -> tuple[dict[str, str], dict[str, list[tuple[str, float]
 
 def finetune_and_export(rank: int, world: int, jobs: dict[str, str], refs: dict[str, list[tuple[str, float]]],
                         tmp: str) -> None:
-    """On each rank of the world: every job of ``prepare`` trained, its reads checked, exported and compared."""
+    """On each rank of the world: every job of ``prepare`` trained, its reads checked, exported and
+    compared."""
     import time
 
     began = time.perf_counter()
@@ -231,7 +248,8 @@ def finetune_and_export(rank: int, world: int, jobs: dict[str, str], refs: dict[
             engine = build_engine(plan, job.ds_config, groups)
         finally:
             del os.environ["DSFORGE_READ_LOG"]
-        results = train(engine, batches_for(plan, groups, job.path), groups, steps=STEPS, start=0, pipeline=False)
+        results = train(engine, batches_for(plan, groups, job.path), groups, steps=STEPS, start=0,
+                        pipeline=False)
         first = results[0].loss
         for label, want in refs[name]:
             rel = abs(first - want) / abs(want)

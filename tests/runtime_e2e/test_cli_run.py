@@ -91,7 +91,8 @@ def test_same_compile_is_reused_more_steps_continue_and_other_changes_need_fresh
     assert not [p for p in (tmp_path / "runs").iterdir() if p.name.startswith(".dsforge-run-")]
 
 
-def test_fresh_refuses_checkpoints_it_would_not_discard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fresh_refuses_checkpoints_it_would_not_discard(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner, "launch", lambda d: 0)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "ckpt").mkdir()
@@ -107,7 +108,8 @@ def test_a_token_file_missing_here_is_not_launched(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(runner, "launch", _no_launch)
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "mnt" / "train.bin"  # absolute: only a warning for validate, but this machine trains
-    (tmp_path / "job.yaml").write_text(GOOD.replace("steps: 2}", f"steps: 2, data: {{kind: tokens, path: {data}}}}}"))
+    (tmp_path / "job.yaml").write_text(GOOD.replace("steps: 2}",
+                                                    f"steps: 2, data: {{kind: tokens, path: {data}}}}}"))
     result = CliRunner().invoke(cli, ["run", "job.yaml"])
     assert result.exit_code == 1 and "warning[DSF610]" in result.output and "is not here" in result.output
     assert not (tmp_path / "runs" / "cli-run").exists()

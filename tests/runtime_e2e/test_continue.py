@@ -1,4 +1,5 @@
-"""A finished `dsforge run`, continued by raising training.steps, then under another layout, without the venv on PATH.
+"""A finished `dsforge run`, continued by raising training.steps, then under another layout, without the venv
+on PATH.
 
 One tiny job (tiny-gpt2, DP2 with ZeRO-1 on 2 CPU ranks, SGD with momentum at a constant rate, the
 harness's training keys) runs 2 steps through `dsforge run`; the job file then asks for 4 and the same
@@ -36,7 +37,9 @@ def write_job(path: Path, steps: int, parallel: dict[str, int] | None = None, mi
 
 
 def logged(job_dir: Path) -> list[dict[str, float]]:
-    return [json.loads(line) for line in (job_dir / "train_log.jsonl").read_text(encoding="utf-8").splitlines()]
+    return [
+        json.loads(line) for line in (job_dir / "train_log.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
 
 
 @pytest.mark.slow
@@ -65,7 +68,8 @@ def test_raising_steps_continues_from_the_checkpoint_like_an_uninterrupted_run(
     assert [e["step"] for e in log] == [1, 2, 3, 4]  # the second run trained only steps 3 and 4
     assert (job_dir / "checkpoints" / "latest").read_text().strip() == "step4"
 
-    write_job(path, 6, {"tp": 2, "zero": 0}, micro=2)  # another layout: only the checkpoint's dense state carries
+    write_job(path, 6, {"tp": 2, "zero": 0}, micro=2)  # another layout: only the checkpoint's dense state
+                                                       # carries
     third = CliRunner().invoke(cli, ["run", "job.yaml"])
     out = capfd.readouterr().out
     assert third.exit_code == 0, third.output + out[-4000:]

@@ -19,13 +19,15 @@ from dsforge.runtime.data import Batches, DataError, Sharding, SyntheticTokens, 
 
 def test_data_parallel_ranks_split_the_global_batch() -> None:
     source = SyntheticTokens(vocab=50, seq_len=8, seed=3)
-    ranks = [Batches(source, global_batch=8, micro_batch=2, sharding=Sharding(dp=2, dp_rank=r)) for r in (0, 1)]
+    ranks = [Batches(source, global_batch=8, micro_batch=2,
+                     sharding=Sharding(dp=2, dp_rank=r)) for r in (0, 1)]
     assert ranks[0].grad_accum == 2
     for step in (0, 5):
         seen = sorted(i for b in ranks for m in range(b.grad_accum) for i in b.samples(step, m))
         assert seen == list(range(8 * step, 8 * step + 8))
         whole = torch.cat([b.full(step, m) for m in range(2) for b in ranks])
-        assert sorted(map(tuple, whole.tolist())) == sorted(map(tuple, ranks[0].global_batch_tokens(step).tolist()))
+        assert sorted(map(tuple, whole.tolist())) == sorted(map(tuple,
+                                                                ranks[0].global_batch_tokens(step).tolist()))
     batch = ranks[1].get(1, 0)
     assert torch.equal(batch.ids[:, 1:], batch.targets[:, :-1])  # targets are the next tokens
     assert batch.tokens == 2 * 8
@@ -35,12 +37,15 @@ def test_data_parallel_ranks_split_the_global_batch() -> None:
 def test_context_parallel_ranks_hold_complementary_tokens(balanced: bool) -> None:
     source = SyntheticTokens(vocab=97, seq_len=16, seed=1)
     full = Batches(source, 2, 2, Sharding(1, 0)).get(0, 0)
-    parts = [Batches(source, 2, 2, Sharding(1, 0, cp=2, cp_rank=r, load_balanced=balanced)).get(0, 0) for r in (0, 1)]
+    parts = [Batches(source, 2, 2,
+                     Sharding(1, 0, cp=2, cp_rank=r, load_balanced=balanced)).get(0, 0) for r in (0, 1)]
     positions = torch.cat([p.positions for p in parts], dim=1)
     assert sorted(positions[0].tolist()) == list(range(16))
     for p in parts:
         assert p.ids.shape == (2, 8) and p.tokens == 2 * 16
-        assert torch.equal(p.ids, full.ids.gather(1, p.positions)) and torch.equal(p.targets, full.targets.gather(1, p.positions))
+        assert torch.equal(p.ids, full.ids.gather(1, p.positions)) and torch.equal(
+            p.targets, full.targets.gather(1, p.positions)
+        )
     if balanced:  # ring attention's layout: rank 0 holds the first and the last quarter
         assert parts[0].positions[0].tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
 

@@ -32,7 +32,8 @@ from tests.runtime_e2e.harness import (
     run_parallel,
 )
 
-GPT2 = {"c_attn.weight": (64, 192), "wte.weight": (256, 64)}  # tiny-gpt2 whole on every rank (HF Conv1D: in x out)
+# tiny-gpt2 whole on every rank (HF Conv1D: in x out)
+GPT2 = {"c_attn.weight": (64, 192), "wte.weight": (256, 64)}
 GPT2_TP2 = {"c_attn.weight": (96, 64), "attn.c_proj.weight": (64, 32), "c_fc.weight": (128, 64),
             "wte.weight": (128, 64)}
 LLAMA_TP2 = {"q_proj.weight": (32, 64), "k_proj.weight": (16, 64), "v_proj.weight": (16, 64),
@@ -53,7 +54,8 @@ def check_zero(engine: Any, stage: int, dp: int) -> None:
         return
     total = sum(p.numel() for p in params)
     mine = sum(t.numel() for t in engine.optimizer.single_partition_of_fp32_groups)
-    assert total / dp <= mine <= total / dp + 2 * dp * 64, f"fp32 partition {mine} of {total} params over dp={dp}"
+    assert total / dp <= mine <= total / dp + 2 * dp * 64, (f"fp32 partition {mine} of "
+                                                            f"{total} params over dp={dp}")
 
 
 def check_sequence_parallel(engine: Any) -> None:
@@ -85,7 +87,8 @@ def check_experts(engine: Any, groups: Any) -> None:
 
 
 def check_pipeline(engine: Any, groups: Any) -> None:
-    """This rank holds only its stage: 2 of the 4 decoder layers, the embedding on the first stage, the head on the last."""
+    """This rank holds only its stage: 2 of the 4 decoder layers, the embedding on the first stage, the head
+    on the last."""
     names = [n for n, _ in engine.module.named_parameters()]
     layers = {n.split(".")[0] for n in names if ".layer.self_attn." in n}
     assert len(layers) == 2, f"stage {groups.index('pp')} holds decoder layers {sorted(layers)}"
@@ -99,12 +102,14 @@ def check_gpipe(engine: Any) -> None:
     from dsforge.runtime.gpipe import GPipeSchedule
 
     assert isinstance(engine._train_schedule(), GPipeSchedule)
-    assert engine.num_pipe_buffers == engine.micro_batches == 4, (engine.num_pipe_buffers, engine.micro_batches)
+    assert engine.num_pipe_buffers == engine.micro_batches == 4, (engine.num_pipe_buffers,
+                                                                  engine.micro_batches)
 
 
 def check_recompute(engine: Any, groups: Any, spec: Any) -> None:
     """Every decoder layer is checkpointed (pp = 1: through HF's hook, its input split over TP under
-    partition_activations unless SP already split it; pp > 1: the pipeline checkpoints decoder stages only)."""
+    partition_activations unless SP already split it; pp > 1: the pipeline checkpoints decoder stages
+    only)."""
     from dsforge.runtime.recompute import checkpoint, decoder_layers
 
     if groups.size("pp") > 1:
@@ -144,7 +149,8 @@ def _check(name: str, engine: Any, groups: Any, spec: Any, check: str) -> None:
 
 
 def hand_written_loop(spec: Any) -> tuple[Any, Any, list[float], list[float]]:
-    """The user's own loop around ``dsforge.initialize``: dense HF model in, DeepSpeed engine out, HF logits."""
+    """The user's own loop around ``dsforge.initialize``: dense HF model in, DeepSpeed engine out, HF
+    logits."""
     import torch.distributed as dist
     import torch.nn.functional as F
 
@@ -190,7 +196,9 @@ def _layouts(rank: int, world: int, cases: list[tuple[str, Any, str]]) -> None:
         if check.startswith("resume:"):
             engine, groups, losses, norms = resumed_run(spec, check.partition(":")[2])
         else:
-            engine, groups, losses, norms = (hand_written_loop if name.startswith("api") else run_parallel)(spec)
+            engine, groups, losses, norms = (hand_written_loop if name.startswith("api") else run_parallel)(
+                spec
+            )
         check_parity(name, spec, losses, norms)
         _check(name, engine, groups, spec, check)
         del engine
@@ -201,7 +209,8 @@ def test_two_rank_layouts_match_one_process(tmp_path: Path) -> None:
     def spec(name: str, preset: str, parallel: dict[str, Any], **train: Any) -> Any:
         return job_spec(tmp_path, name, preset, parallel, 2, **train)
 
-    cases = [(f"dp2-zero{z}", spec(f"dp2z{z}", "tiny-gpt2", {"zero": z}), f"gpt2+zero:{z}") for z in (1, 2, 3)]
+    cases = [(f"dp2-zero{z}", spec(f"dp2z{z}", "tiny-gpt2", {"zero": z}),
+              f"gpt2+zero:{z}") for z in (1, 2, 3)]
     cases += [
         ("dp2-zero1-adamw", spec("dp2adam", "tiny-gpt2", {"zero": 1}, **ADAMW), "gpt2+zero:1"),
         ("tp2-zero0-clipped", spec("tp2", "tiny-llama", {"tp": 2}, **CLIPPED), "llama"),
@@ -212,7 +221,8 @@ def test_two_rank_layouts_match_one_process(tmp_path: Path) -> None:
          "pp+gpipe"),
         ("cp2-ring", spec("cpring", "tiny-llama", {"cp": 2, "zero": 1, "context_parallel": {"kind": "ring"}}),
          "llama+cp"),
-        ("cp2-ulysses", spec("cpuly", "tiny-llama", {"cp": 2, "zero": 1, "context_parallel": {"kind": "ulysses"}}),
+        ("cp2-ulysses",
+         spec("cpuly", "tiny-llama", {"cp": 2, "zero": 1, "context_parallel": {"kind": "ulysses"}}),
          "llama+cp"),
         ("ep2", spec("ep2", "tiny-mixtral", {"ep": 2, "zero": 1}), "ep"),
         # recompute: full (each decoder layer run again in backward) changes no loss and no gradient norm
@@ -222,7 +232,8 @@ def test_two_rank_layouts_match_one_process(tmp_path: Path) -> None:
          "pp+recompute"),
         ("cp2-ring-recompute-full", spec("cpfull", "tiny-llama", {"cp": 2, "zero": 1}, recompute="full"),
          "llama+cp+recompute"),
-        ("tp2-sp-recompute-full", spec("tp2spfull", "tiny-llama", {"tp": 2, "zero": 1, "sequence_parallel": True},
+        ("tp2-sp-recompute-full",
+         spec("tp2spfull", "tiny-llama", {"tp": 2, "zero": 1, "sequence_parallel": True},
                                         recompute="full"), "llama+sp+recompute"),
         ("ep2-recompute-full", spec("ep2full", "tiny-mixtral", {"ep": 2, "zero": 1}, recompute="full"),
          "ep+recompute"),
@@ -240,7 +251,8 @@ def test_four_rank_layouts_match_one_process(tmp_path: Path) -> None:
     cases = [
         ("tp2xdp2", spec("tp2dp2", "tiny-gpt2", {"tp": 2, "zero": 1}), "gpt2+zero:1"),
         ("tp2xpp2", spec("tp2pp2", "tiny-llama", {"tp": 2, "pp": 2, "zero": 1}), "llama+pp"),
-        ("tp2xpp2-adamw", spec("tp2pp2adam", "tiny-llama", {"tp": 2, "pp": 2, "zero": 1}, **ADAMW), "llama+pp"),
+        ("tp2xpp2-adamw", spec("tp2pp2adam", "tiny-llama", {"tp": 2, "pp": 2, "zero": 1}, **ADAMW),
+         "llama+pp"),
         ("api-tp2xdp2-zero2", spec("api", "tiny-gpt2", {"tp": 2, "zero": 2}), "gpt2+zero:2"),
     ]
     run(_layouts, 4, cases)

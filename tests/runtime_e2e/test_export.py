@@ -34,12 +34,15 @@ from tests.runtime_e2e.harness import ADAMW, RTOL, SGD_DEEPSPEED, compare, refer
 LOGITS_RTOL = 1e-5
 TP2_PP2 = {"llama-tp2xpp2": ("tiny-llama", {"tp": 2, "pp": 2, "zero": 1})}
 LAYOUTS = {"llama-tp2": ("tiny-llama", {"tp": 2, "zero": 1}), "gpt2-pp2": ("tiny-gpt2", {"pp": 2, "zero": 1}),
-           "llama-zero3-dp2": ("tiny-llama", {"zero": 3}), "mixtral-ep2": ("tiny-mixtral", {"ep": 2, "zero": 1})}
+           "llama-zero3-dp2": ("tiny-llama", {"zero": 3}),
+           "mixtral-ep2": ("tiny-mixtral", {"ep": 2, "zero": 1})}
 
 
-#: A 2-rank job the first world only trains: the checkpoint the 4-rank world resumes under tp2 x pp2 with Adam.
+#: A 2-rank job the first world only trains: the checkpoint the 4-rank world resumes under tp2 x pp2 with
+#: Adam.
 ADAM_SOURCE = {"llama-dp2-adamw": ("tiny-llama", {"zero": 1})}
-#: Trained only, too: the ep1 dp2 Mixtral checkpoint the third world resumes under ep2 (and mixtral-ep2's under ep1).
+#: Trained only, too: the ep1 dp2 Mixtral checkpoint the third world resumes under ep2 (and mixtral-ep2's
+#: under ep1).
 MOE_SOURCE = {"mixtral-dp2": ("tiny-mixtral", {"zero": 1})}
 #: The third world's resumed jobs: name -> (preset, layout, the job whose step-4 checkpoint it resumes).
 INTO_TWO = {"tp2xpp2-as-dp2": ("tiny-llama", {"zero": 1}, "llama-tp2xpp2"),
@@ -50,7 +53,8 @@ INTO_TWO = {"tp2xpp2-as-dp2": ("tiny-llama", {"zero": 1}, "llama-tp2xpp2"),
 
 def compile_job(tmp: Path, name: str, preset: str, parallel: dict[str, Any], ranks: int = 2,
                 train: dict[str, Any] | None = None, steps: int = 4, resume_from: Path | None = None) -> Path:
-    """Compile a test job; ``resume_from``: a job directory whose checkpoints this one resumes (and never writes)."""
+    """Compile a test job; ``resume_from``: a job directory whose checkpoints this one resumes (and never
+    writes)."""
     from dsforge.cli import cli
 
     checkpoint: dict[str, Any] = {"every": 4}
@@ -71,7 +75,8 @@ def compile_job(tmp: Path, name: str, preset: str, parallel: dict[str, Any], ran
 
 
 def parallel_logits(engine: Any, groups: Any, ids: torch.Tensor, pp: int) -> torch.Tensor | None:
-    """The trained parallel model's full-vocabulary logits on ``ids`` (None on ranks that do not hold them)."""
+    """The trained parallel model's full-vocabulary logits on ``ids`` (None on ranks that do not hold
+    them)."""
     import torch.distributed as dist
 
     if pp > 1:
@@ -90,12 +95,14 @@ def parallel_logits(engine: Any, groups: Any, ids: torch.Tensor, pp: int) -> tor
 def _losses(tmp: str, name: str, rank: int, results: list[Any]) -> None:
     """Rank 0 leaves a job's losses for the test process, which compares them with the reference."""
     if rank == 0:
-        (Path(tmp) / f"{name}.losses.json").write_text(json.dumps([r.loss for r in results]), encoding="utf-8")
+        (Path(tmp) / f"{name}.losses.json").write_text(json.dumps([r.loss for r in results]),
+                                                       encoding="utf-8")
 
 
 def _world(rank: int, world: int, jobs: dict[str, str], tmp: str, train_only: tuple[str, ...] = (),
            resumed: dict[str, str] | None = None) -> None:
-    """Train, save and export each of ``jobs`` (only train and save those in ``train_only``), then ``resumed``."""
+    """Train, save and export each of ``jobs`` (only train and save those in ``train_only``), then
+    ``resumed``."""
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
@@ -121,23 +128,26 @@ def _world(rank: int, world: int, jobs: dict[str, str], tmp: str, train_only: tu
             del engine
             continue
         # the training micro-batch shape: the pipeline keeps the stage buffers it sized in training
-        ids = torch.randint(0, plan.model.vocab, (1, plan.model.seq_len), generator=torch.Generator().manual_seed(9))
+        ids = torch.randint(0, plan.model.vocab, (1, plan.model.seq_len),
+                            generator=torch.Generator().manual_seed(9))
         logits = parallel_logits(engine, groups, ids, plan.degrees.pp)
         holder = torch.tensor([rank if logits is not None else world])
         dist.all_reduce(holder, op=dist.ReduceOp.MIN)
         src = int(holder)
         if logits is None:
             logits = torch.empty(1, plan.model.seq_len, plan.model.vocab)
-        # Gathered vocab-parallel logits are a movedim view (layers/mappings.py _all_gather): gloo broadcasts a
-        # tensor's storage in memory order and receivers read it as contiguous, which scrambled tp x pp's logits
-        # ("1.6x their scale off") while the holders' own copies, and their loss, were right.
+        # Gathered vocab-parallel logits are a movedim view (layers/mappings.py _all_gather): gloo broadcasts
+        # a tensor's storage in memory order and receivers read it as contiguous, which scrambled tp x pp's
+        # logits ("1.6x their scale off") while the holders' own copies, and their loss, were right.
         logits = logits.contiguous()
         dist.broadcast(logits, src)
         dist.barrier()
         if rank == 0:
             out = Path(tmp) / f"{name}-hf"
             done = export_checkpoint(job_dir, out)
-            assert done.step == 4 and (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+            assert (
+                done.step == 4 and (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+            )
             note = json.loads((out / "dsforge-export.json").read_text(encoding="utf-8"))
             assert note["step"] == 4 and note["tensors"] == done.tensors
             model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="sdpa")
@@ -182,14 +192,16 @@ def test_exported_checkpoints_give_the_parallel_logits_and_resume_under_other_la
 
     tmp = str(tmp_path)
     two = {name: compile_job(tmp_path, name, preset, par) for name, (preset, par) in LAYOUTS.items()}
-    two |= {name: compile_job(tmp_path, name, preset, par, train=ADAMW) for name, (preset, par) in ADAM_SOURCE.items()}
+    two |= {name: compile_job(tmp_path, name, preset, par, train=ADAMW) for name,
+            (preset, par) in ADAM_SOURCE.items()}
     two |= {name: compile_job(tmp_path, name, preset, par) for name, (preset, par) in MOE_SOURCE.items()}
     run(_world, 2, {k: str(v) for k, v in two.items()}, tmp, (*ADAM_SOURCE, *MOE_SOURCE))
 
     four = {name: compile_job(tmp_path, name, preset, par, 4) for name, (preset, par) in TP2_PP2.items()}
     tp2pp2 = {"tp": 2, "pp": 2, "zero": 1}
     # resumed job -> the job whose checkpoint it resumes
-    into_four = {"adamw-dp2-as-tp2xpp2": ("llama-dp2-adamw", ADAMW), "zero3-dp2-as-tp2xpp2": ("llama-zero3-dp2", {})}
+    into_four = {"adamw-dp2-as-tp2xpp2": ("llama-dp2-adamw", ADAMW),
+                 "zero3-dp2-as-tp2xpp2": ("llama-zero3-dp2", {})}
     resumed4 = {name: compile_job(tmp_path, name, "tiny-llama", tp2pp2, 4, train, 8, two[source])
                 for name, (source, train) in into_four.items()}
     run(_world, 4, {k: str(v) for k, v in four.items()}, tmp, (), {k: str(v) for k, v in resumed4.items()})
@@ -206,13 +218,14 @@ def test_exported_checkpoints_give_the_parallel_logits_and_resume_under_other_la
     pairs |= {name: source for name, (_, _, source) in INTO_TWO.items()}
     for resumed, source in pairs.items():
         want = adam if "adamw" in source else moe if "mixtral" in source else sgd
-        compare(f"{source} then {resumed}", "losses", _logged(tmp_path, source) + _logged(tmp_path, resumed), want,
-                RTOL)
+        compare(f"{source} then {resumed}", "losses", _logged(tmp_path, source) + _logged(tmp_path, resumed),
+                want, RTOL)
     _refusals(tmp_path, four["llama-tp2xpp2"])
 
 
 def _refusals(tmp: Path, source: Path) -> None:
-    """A run that cannot resume the checkpoint says why and how, before its engine is touched (engine None)."""
+    """A run that cannot resume the checkpoint says why and how, before its engine is touched (engine
+    None)."""
     from dsforge.runtime import checkpoint as ckpt
     from dsforge.runtime.main import JobDir
     from dsforge.runtime.train_state import STATE_DIR
@@ -226,7 +239,8 @@ def _refusals(tmp: Path, source: Path) -> None:
     import shutil
 
     shutil.copytree(source / "checkpoints", old / "checkpoints")
-    shutil.rmtree(old / "checkpoints" / "step4" / STATE_DIR)  # as a dsforge without layout-free state saved it
+    # as a dsforge without layout-free state saved it
+    shutil.rmtree(old / "checkpoints" / "step4" / STATE_DIR)
     from dsforge.runtime.checkpoint_manifest import MANIFEST
 
     (old / "checkpoints" / "step4" / MANIFEST).unlink()  # nor integrity manifests: its files are not checked

@@ -1,4 +1,5 @@
-"""Faults of the machine on real `dsforge run` jobs (one CPU rank, tiny-gpt2): each one as a cluster user meets it.
+"""Faults of the machine on real `dsforge run` jobs (one CPU rank, tiny-gpt2): each one as a cluster user
+meets it.
 
 * A second `dsforge run` (and `compile --force`) on a job directory a run is training in is refused
   within seconds naming the holder, and the first run's log and checkpoints are its own alone.
@@ -41,7 +42,9 @@ def write_job(path: Path, name: str, steps: int, every: int, **checkpoint: Any) 
 
 
 def logged(job_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (job_dir / "train_log.jsonl").read_text(encoding="utf-8").splitlines()]
+    return [
+        json.loads(line) for line in (job_dir / "train_log.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
 
 
 def tags(directory: Path) -> list[str]:
@@ -55,14 +58,17 @@ def run(args: list[str], capfd: pytest.CaptureFixture[str]) -> tuple[int, str]:
 
 
 def assert_checkpoint_size(job_dir: Path, tag_dir: Path) -> None:
-    """explain's `checkpoint on disk` (plan.json's summary.checkpoint) within 5 % of the real checkpoint's bytes."""
+    """explain's `checkpoint on disk` (plan.json's summary.checkpoint) within 5 % of the real checkpoint's
+    bytes."""
     planned = json.loads((job_dir / "plan.json").read_text())["summary"]["checkpoint"]["bytes_total"]
     real = sum(p.stat().st_size for p in tag_dir.rglob("*") if p.is_file())
     assert abs(planned - real) / real < 0.05, (tag_dir, planned, real)
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()
+    }
 
 
 @pytest.mark.slow
@@ -100,11 +106,11 @@ def test_a_second_run_on_a_busy_directory_is_refused_and_the_first_is_untouched(
 
 def _mount_tmpfs(where: Path, size: str) -> None:
     where.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                          capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        pytest.skip(f"a full disk needs a small tmpfs, and `mount -t tmpfs` is not permitted here ({proc.stderr.strip()}"
-                    "); run as root (CI does)")
+        pytest.skip(f"a full disk needs a small tmpfs, and `mount -t tmpfs` is not permitted here "
+                    f"({proc.stderr.strip()}); run as root (CI does)")
 
 
 @pytest.mark.slow
@@ -123,7 +129,8 @@ def test_a_save_onto_a_full_disk_says_so_and_the_rerun_resumes(
         assert code == 1, text[-4000:]
         assert "warning: DSF614" in text  # keep: all, and the retention does not fit: said, not refused
         line = next(x for x in text.splitlines() if "DSF616" in x)
-        assert f"the file system of {disk / 'ck'} is full: the checkpoint of step 2 (step2.partial, removed)" in line
+        assert (f"the file system of {disk / 'ck'} is full: the "
+                f"checkpoint of step 2 (step2.partial, removed)") in line
         assert "bytes (as step1 measured)" in line and "bytes are free" in line, line
         assert "Traceback" not in text and "unexpected pos" not in text, text[-4000:]
         assert (disk / "ck" / "latest").read_text() == "step1" and tags(disk / "ck") == ["latest", "step1"]
@@ -179,7 +186,8 @@ def test_a_damaged_checkpoint_is_refused_or_falls_back_and_keep_leaves_two(
     write_job(tmp_path / "job.yaml", "damaged", steps=6, every=1, keep=2, if_damaged="fall_back")
     code, text = run(["run", "job.yaml", "-o", "job"], capfd)
     assert code == 0, text[-4000:]
-    assert "step4 is damaged" in text and f"resuming from the newest intact checkpoint, {ck / 'step3'}" in text
+    assert "step4 is damaged" in text and (f"resuming from the newest intact checkpoint, "
+                                           f"{ck / 'step3'}") in text
     assert f"resumed from {ck / 'step3'} after step 3" in text
     report = json.loads((job_dir / "memory_report.json").read_text())["resume"]
     assert report["tag"] == "step3" and report["skipped"][0]["tag"] == "step4"

@@ -160,8 +160,8 @@ extends: {ROOT / 'examples' / 'tiny-moe-ep2.yaml'}
 name: wrong-world
 """)
     env = {**_env(), "WORLD_SIZE": "3", "RANK": "0"}
-    proc = subprocess.run([sys.executable, str(job_dir / "train.py")], check=False, env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(job_dir / "train.py")], check=False, env=env,
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "places 2 ranks" in proc.stderr and "3 processes were launched" in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr

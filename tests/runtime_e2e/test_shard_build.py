@@ -17,8 +17,9 @@ One 2-rank world runs every case (starting ranks dominates the cost on two cores
   every fill (``watch_fill``), every parameter made so far holds only its 1/dp partition and none is
   whole, so no rank ever held more than its partition plus the parameter being filled, and the engine
   trains exactly those partitions (DeepSpeed converted nothing more);
-* pretrained MoE checkpoints stored one tensor per expert (Mixtral, Qwen2-MoE, Qwen3-MoE under ep2) and a Qwen3
-  under tp2, fine-tuned, their reads checked and their exports compared (tests/runtime_e2e/pretrained_moe.py).
+* pretrained MoE checkpoints stored one tensor per expert (Mixtral, Qwen2-MoE, Qwen3-MoE under ep2) and a
+  Qwen3 under tp2, fine-tuned, their reads checked and their exports compared
+  (tests/runtime_e2e/pretrained_moe.py).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ PRETRAINED_LAYOUTS = {"tp2": {"tp": 2, "zero": 1}, "pp2": {"pp": 2, "zero": 1}, 
 
 
 def save_tiny(kind: str, out: Path) -> Path:
-    """A tiny random HF model written with save_pretrained (Qwen2: tied head, biases, 8 safetensors shards)."""
+    """A tiny random HF model written with save_pretrained (Qwen2: tied head, biases, 8 safetensors
+    shards)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     common = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -87,8 +89,8 @@ def reference_first_loss(spec: Any, **config: Any) -> float:
     from dsforge.runtime.data import Batches, Sharding, SyntheticTokens
 
     m, t = spec.model, spec.training
-    model = AutoModelForCausalLM.from_pretrained(m.pretrained, dtype=torch.float32, attn_implementation="sdpa",
-                                                 **config)
+    model = AutoModelForCausalLM.from_pretrained(m.pretrained, dtype=torch.float32,
+                                                 attn_implementation="sdpa", **config)
     tokens = Batches(SyntheticTokens(m.vocab, m.seq_len, t.seed), t.global_batch, t.micro_batch,
                      Sharding(1, 0)).global_batch_tokens(0)
     with torch.no_grad():
@@ -97,7 +99,8 @@ def reference_first_loss(spec: Any, **config: Any) -> float:
 
 
 def check_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: list[tuple[int, int]]) -> None:
-    """Every read is of the reader's own stage; a TP group's ranges of each tensor are disjoint and cover it."""
+    """Every read is of the reader's own stage; a TP group's ranges of each tensor are disjoint and cover
+    it."""
     from dsforge.compiler.plan.plan import build_plan
     from dsforge.runtime.models import build_model
     from dsforge.runtime.pipeline_stages import stage_modules
@@ -108,7 +111,8 @@ def check_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: list[tuple
     module_of = {}
     for entry in rp.modules:
         for p in entry.params:
-            module_of.setdefault(entry.owners.get(p.name, f"{entry.name}.{p.name}"), (entry.name, p))  # tied: its owner
+            # tied: its owner
+            module_of.setdefault(entry.owners.get(p.name, f"{entry.name}.{p.name}"), (entry.name, p))
     groups: dict[tuple[int, str], list[tuple[int, dict[str, Any]]]] = {}
     for rank, (tp_index, stage) in enumerate(coords):
         allowed = stage_modules(rp, stage)
@@ -125,11 +129,14 @@ def check_reads(spec: Any, reads: list[list[dict[str, Any]]], coords: list[tuple
     for (stage, key), hits in groups.items():
         assert sorted(i for i, _ in hits) == list(range(plan.degrees.tp)), (key, hits)
         covered = sorted(j for _, r in hits for s, n in r["ranges"] for j in range(s, s + n))
-        assert covered == list(range(hits[0][1]["shape"][hits[0][1]["dim"]])), f"{key}: ranges overlap or leave gaps"
+        assert covered == list(range(hits[0][1]["shape"][hits[0][1]["dim"]])), (
+            f"{key}: ranges overlap or leave gaps"
+        )
 
 
 class PartitionWatch:
-    """Checks, after each parameter the build fills, that every parameter made so far holds only its partition."""
+    """Checks, after each parameter the build fills, that every parameter made so far holds only its
+    partition."""
 
     def __init__(self, dp: int) -> None:
         self.dp = dp
@@ -149,7 +156,8 @@ class PartitionWatch:
     def check_engine(self, name: str, engine: Any) -> None:
         """The engine trains the partitions the build made: the same parameters, none converted again."""
         mine = {id(p) for p in engine.module.parameters()}
-        assert mine == {id(p) for p in self.made}, f"{name}: the engine's parameters are not the ones the build partitioned"
+        assert mine == {id(p) for p in self.made}, (f"{name}: the engine's parameters are not the ones the "
+                                                    f"build partitioned")
         held = sum(p.ds_tensor.numel() for p in self.made)
         total = sum(p.ds_numel for p in self.made)
         assert held <= total / self.dp + len(self.made), (held, total)
@@ -185,7 +193,8 @@ def _world(rank: int, world: int, tmp: str, dirs: dict[str, str], moe: tuple[Any
         mine, want = dict(built.named_parameters()), dict(sliced.named_parameters())
         assert mine.keys() == want.keys()
         wrong = [n for n in mine if not torch.equal(mine[n], want[n].to(mine[n].dtype))]
-        assert not wrong, f"{preset} {par}: rank {rank}'s shards differ from the dense model's slices: {wrong[:4]}"
+        assert not wrong, (f"{preset} {par}: rank {rank}'s shards differ "
+                           f"from the dense model's slices: {wrong[:4]}")
     from dsforge.runtime.materialize import watch_fill
 
     spec = job_spec(jobs, "llama-zero3-build", "tiny-llama", {"zero": 3}, world)
@@ -211,8 +220,8 @@ def _world(rank: int, world: int, tmp: str, dirs: dict[str, str], moe: tuple[Any
                 watch.check_engine(name, engine)
             want_loss = reference_first_loss(spec)
             rel = abs(losses[0] - want_loss) / abs(want_loss)
-            print(f"PRETRAINED rank={rank} {name}: first loss {losses[0]:.7f}, from_pretrained {want_loss:.7f}, "
-                  f"rel {rel:.1e}", flush=True)
+            print(f"PRETRAINED rank={rank} {name}: first loss {losses[0]:.7f}, from_pretrained "
+                  f"{want_loss:.7f}, rel {rel:.1e}", flush=True)
             assert rel <= LOSS_RTOL, f"{name}: first-step loss {losses[0]} != from_pretrained {want_loss}"
             reads = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
             everyone: list[Any] = [None] * world

@@ -1,4 +1,5 @@
-"""The compiled slurm.sbatch, submitted with `sbatch` to a real SLURM cluster, trains; a failing rank fails the job.
+"""The compiled slurm.sbatch, submitted with `sbatch` to a real SLURM cluster, trains; a failing rank fails
+the job.
 
 The cluster is the one scripts/ci/start_slurm.sh starts on this machine (.ci/run does, before the tests):
 munged, slurmctld and two slurmd daemons in SLURM's multiple-slurmd mode, nodes dsforge-n1 and
@@ -76,7 +77,8 @@ def slurm(*args: str, timeout: float = 30) -> str:
 def idle_nodes() -> int:
     """How many nodes the dsforge-ci test cluster has up (skips when there is none to submit to)."""
     if shutil.which("sbatch") is None:
-        unavailable("no sbatch on PATH: SLURM is not installed (scripts/ci/start_slurm.sh starts a test cluster)")
+        unavailable("no sbatch on PATH: SLURM is not installed "
+                    "(scripts/ci/start_slurm.sh starts a test cluster)")
     try:
         config = slurm("scontrol", "show", "config", timeout=10)  # it retries a silent controller for long
         states = slurm("sinfo", "-h", "-N", "-o", "%N %t", timeout=10).split()
@@ -87,7 +89,8 @@ def idle_nodes() -> int:
     if name != CLUSTER:
         unavailable(f"the SLURM controller here is cluster {name!r}, not the {CLUSTER} test cluster of "
                     "scripts/ci/start_slurm.sh; the tests submit nothing to it")
-    up = {node for node, state in zip(states[::2], states[1::2]) if state.rstrip("*") in ("idle", "mix", "alloc")}
+    up = {node for node,
+          state in zip(states[::2], states[1::2]) if state.rstrip("*") in ("idle", "mix", "alloc")}
     if not up:
         unavailable(f"cluster {CLUSTER} has no node up ({' '.join(states)})")
     return len(up)
@@ -108,7 +111,8 @@ class Submitted:
         return self.job_dir / f"{self.name}-{self.job_id}.out"
 
     def log(self) -> str:
-        return self.output.read_text(encoding="utf-8", errors="replace") if self.output.exists() else "(no output)"
+        return self.output.read_text(encoding="utf-8",
+                                     errors="replace") if self.output.exists() else "(no output)"
 
 
 def job_fields(job_id: str) -> dict[str, str]:
@@ -118,15 +122,16 @@ def job_fields(job_id: str) -> dict[str, str]:
 
 
 def wait(job: Submitted) -> dict[str, str]:
-    """Poll until the job has ended (at most WAIT_S after submission; then it is cancelled and the test fails)."""
+    """Poll until the job has ended (at most WAIT_S after submission; then it is cancelled and the test
+    fails)."""
     while True:
         fields = job_fields(job.job_id)
         if fields.get("JobState") in DONE:
             return fields
         if time.monotonic() - job.submitted > WAIT_S:
             subprocess.run(["scancel", job.job_id], check=False)
-            pytest.fail(f"SLURM job {job.job_id} ({job.name}) still {fields.get('JobState')} after {WAIT_S} s:\n"
-                        f"{job.log()[-4000:]}")
+            pytest.fail(f"SLURM job {job.job_id} ({job.name}) still {fields.get('JobState')} after {WAIT_S} "
+                        f"s:\n{job.log()[-4000:]}")
         time.sleep(1)
 
 
@@ -143,7 +148,8 @@ def write_job(path: Path, name: str, nodes: int, gpus_per_node: int, parallel: d
 
 def submit(root: Path, name: str, nodes: int, gpus_per_node: int, parallel: dict[str, Any],
            env: dict[str, str] | None = None, **launch: Any) -> Submitted:
-    """Compile the job with `dsforge compile` and submit its slurm.sbatch from its directory, in a bare environment."""
+    """Compile the job with `dsforge compile` and submit its slurm.sbatch from its directory, in a bare
+    environment."""
     write_job(root / f"{name}.yaml", name, nodes, gpus_per_node, parallel, **launch)
     job_dir = root / name
     compiled = CliRunner().invoke(cli, ["compile", str(root / f"{name}.yaml"), "-o", str(job_dir)])
@@ -159,7 +165,8 @@ def submit(root: Path, name: str, nodes: int, gpus_per_node: int, parallel: dict
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Submitted]]:
-    """Both jobs submitted at once (each takes one CPU per node: they run side by side); cancelled if left running.
+    """Both jobs submitted at once (each takes one CPU per node: they run side by side); cancelled if left
+    running.
 
     Over two nodes where the cluster has them (the multi-node path is the one a single node cannot show),
     else on the one node.

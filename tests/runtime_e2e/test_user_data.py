@@ -1,6 +1,6 @@
-"""The user's own data on one process: every text format tokenized by the model's tokenizer and cached, packing
-with per-document positions and masks, chat loss masking, Megatron .bin/.idx read token for token, blends,
-and a data order that is a pure function of the seed and the step.
+"""The user's own data on one process: every text format tokenized by the model's tokenizer and cached,
+packing with per-document positions and masks, chat loss masking, Megatron .bin/.idx read token for token,
+blends, and a data order that is a pure function of the seed and the step.
 
 A failure here means a run trains on other tokens than the files hold, attends across documents the job
 says it must not, or puts the loss on prompt tokens.
@@ -39,7 +39,8 @@ class Spec:
         from dsforge.compiler.spec.schema import DataSpec, ModelSpec
 
         self.data = DataSpec.model_validate({"kind": "text", **data})
-        self.model = ModelSpec.model_validate({"layers": 2, "hidden": 64, "heads": 4, "vocab": 320, "seq_len": 16})
+        self.model = ModelSpec.model_validate({"layers": 2, "hidden": 64, "heads": 4, "vocab": 320,
+                                               "seq_len": 16})
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,10 @@ def test_jsonl_is_tokenized_by_the_models_tokenizer_and_cached(model_dir: Path, 
     assert (found.tokens, found.documents) == (len(s.tokens), 12)
     write_jsonl(path, records[:6])  # changed content: a new cache, never the stale one
     changed = source(model_dir, path=str(path))
-    assert len(changed.starts) == 6 and len(list((tmp_path / "data" / ".dsforge-cache").glob("*/meta.json"))) == 2
+    assert (
+        len(changed.starts) == 6
+        and len(list((tmp_path / "data" / ".dsforge-cache").glob("*/meta.json"))) == 2
+    )
 
 
 def test_every_format_reads_the_same_documents(model_dir: Path, tmp_path: Path) -> None:
@@ -97,11 +101,13 @@ def test_every_format_reads_the_same_documents(model_dir: Path, tmp_path: Path) 
     (tmp_path / "txt").mkdir()
     (tmp_path / "txt" / "a.txt").write_text("\n".join(texts) + "\n\n", encoding="utf-8")
     (tmp_path / "parquet").mkdir()
-    pq.write_table(pa.table({"id": [r["id"] for r in records], "text": texts}), tmp_path / "parquet" / "a.parquet")
+    pq.write_table(pa.table({"id": [r["id"] for r in records], "text": texts}),
+                   tmp_path / "parquet" / "a.parquet")
     datasets.Dataset.from_list(records).save_to_disk(str(tmp_path / "hf"))
     write_jsonl(tmp_path / "split" / "part-0.jsonl", records[:4])
     write_jsonl(tmp_path / "split" / "part-1.jsonl", records[4:])
-    for path in ("jsonl/a.jsonl", "json/a.json", "txt/a.txt", "parquet/a.parquet", "hf", "split", "split/*.jsonl"):
+    for path in ("jsonl/a.jsonl", "json/a.json", "txt/a.txt", "parquet/a.parquet", "hf", "split",
+                 "split/*.jsonl"):
         got = source(model_dir, path=str(tmp_path / path)).tokens.tolist()
         assert got == want, path
     with pytest.raises(DataError, match="no field 'body'"):
@@ -134,7 +140,9 @@ def test_packed_documents_do_not_attend_across_each_other(model_dir: Path, tmp_p
     assert concat.positions.tolist() == list(range(32)) and torch.equal(concat.tokens, e.tokens)
 
 
-def test_unpacked_documents_are_padded_and_the_padding_carries_no_loss(model_dir: Path, tmp_path: Path) -> None:
+def test_unpacked_documents_are_padded_and_the_padding_carries_no_loss(
+    model_dir: Path, tmp_path: Path
+) -> None:
     records = corpus(6)
     path = write_jsonl(tmp_path / "d.jsonl", records)
     s = source(model_dir, seq_len=32, path=str(path), packing=False)
@@ -177,7 +185,8 @@ def test_chat_records_carry_the_loss_on_assistant_tokens_only(model_dir: Path, t
 
 
 def test_masked_batches_divide_by_the_global_live_targets(model_dir: Path, tmp_path: Path) -> None:
-    """With -100 targets the dp ranks' micro-batch losses, averaged as DeepSpeed does, are the global token mean."""
+    """With -100 targets the dp ranks' micro-batch losses, averaged as DeepSpeed does, are the global token
+    mean."""
     path = write_jsonl(tmp_path / "d.jsonl", corpus(12))
     s = source(model_dir, seq_len=32, path=str(path), packing=False)
     ranks = [Batches(s, 4, 1, Sharding(dp=2, dp_rank=r)) for r in (0, 1)]
@@ -186,7 +195,8 @@ def test_masked_batches_divide_by_the_global_live_targets(model_dir: Path, tmp_p
     for b in ranks:
         for m in range(b.grad_accum):
             mb = b.get(0, m)
-            got += float(F.cross_entropy(logits[0], mb.targets[0], ignore_index=IGNORE_INDEX, reduction="sum")) \
+            got += float(F.cross_entropy(logits[0], mb.targets[0], ignore_index=IGNORE_INDEX,
+                                         reduction="sum")) \
                 / mb.denominator
     got /= 2 * 2  # DeepSpeed: the mean over dp of the mean over micro-batches
     whole = Batches(s, 4, 4, Sharding(1, 0)).get(0, 0)
@@ -210,12 +220,13 @@ def test_order_is_seeded_per_epoch_and_a_pure_function_of_the_step(model_dir: Pa
 
 
 # --- Megatron indexed datasets ------------------------------------------------------------------------------
-# A reference writer of the MMIDIDX layout documented in Megatron-Core's megatron/core/datasets/indexed_dataset.py
-# (class _IndexWriter, and megatron/core/datasets/readme.md): the index header b"MMIDIDX\x00\x00", the version as
-# a little-endian u64 (1), the dtype code as a u8 (DType: uint8=1, int8=2, int16=3, int32=4, int64=5, float64=6,
-# float32=7, uint16=8), the sequence count (u64), the document count (u64), then the int32 sequence lengths, the
-# int64 byte pointers of the sequences in the .bin, and the int64 document indices [0, ..., sequence count].
-# Written here from that description, independently of the reader under test.
+# A reference writer of the MMIDIDX layout documented in Megatron-Core's
+# megatron/core/datasets/indexed_dataset.py (class _IndexWriter, and megatron/core/datasets/readme.md): the
+# index header b"MMIDIDX\x00\x00", the version as a little-endian u64 (1), the dtype code as a u8 (DType:
+# uint8=1, int8=2, int16=3, int32=4, int64=5, float64=6, float32=7, uint16=8), the sequence count (u64), the
+# document count (u64), then the int32 sequence lengths, the int64 byte pointers of the sequences in the .bin,
+# and the int64 document indices [0, ..., sequence count]. Written here from that description, independently
+# of the reader under test.
 
 DTYPE_CODES = {np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5, np.uint16: 8}
 
@@ -302,7 +313,8 @@ def test_bad_records_are_named_by_file_and_line(model_dir: Path, tmp_path: Path)
 
 
 def test_the_cache_is_built_once_while_the_others_wait(tmp_path: Path) -> None:
-    """Four readers at once (flock conflicts between separate opens, as between ranks): one build, one cache."""
+    """Four readers at once (flock conflicts between separate opens, as between ranks): one build, one
+    cache."""
     import threading
     import time
 
@@ -319,8 +331,12 @@ def test_the_cache_is_built_once_while_the_others_wait(tmp_path: Path) -> None:
         yield from (([1, 2, 3, 4], None) for _ in range(3))
 
     results: list[Any] = []
-    threads = [threading.Thread(target=lambda n=n: results.append(tokenized(str(path), files, "k", documents(n), "d")))
-               for n in range(4)]
+    threads = [
+        threading.Thread(
+            target=lambda n=n: results.append(tokenized(str(path), files, "k", documents(n), "d"))
+        )
+        for n in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -330,7 +346,9 @@ def test_the_cache_is_built_once_while_the_others_wait(tmp_path: Path) -> None:
     assert not list((tmp_path / ".dsforge-cache").glob(".building-*"))
 
 
-def test_packed_chat_keeps_its_mask_and_a_held_out_fraction_is_never_trained(model_dir: Path, tmp_path: Path) -> None:
+def test_packed_chat_keeps_its_mask_and_a_held_out_fraction_is_never_trained(
+    model_dir: Path, tmp_path: Path
+) -> None:
     chats = [{"messages": [{"role": "user", "content": SENTENCES[i % 8]},
                            {"role": "assistant", "content": SENTENCES[(i + 3) % 8]}]} for i in range(12)]
     path = write_jsonl(tmp_path / "chat.jsonl", chats)
@@ -357,7 +375,8 @@ from hypothesis import strategies as st
 @given(st.lists(st.integers(1, 30), min_size=1, max_size=25), st.integers(2, 12), st.integers(0, 5),
        st.sampled_from([True, "concat", False]))
 def test_packing_arithmetic(lengths: list[int], seq_len: int, seed: int, packing: Any) -> None:
-    """Windows tile the stream, each epoch visits every sample once, positions restart exactly at documents."""
+    """Windows tile the stream, each epoch visits every sample once, positions restart exactly at
+    documents."""
     from dsforge.runtime.datasets.packing import PackedTokens
 
     starts = np.cumsum([0] + lengths[:-1])
@@ -365,9 +384,11 @@ def test_packing_arithmetic(lengths: list[int], seq_len: int, seed: int, packing
     doc_of = np.repeat(np.arange(len(lengths)), lengths)
     if packing is not False and len(tokens) < seq_len + 1:
         with pytest.raises(DataError, match="fewer than one sequence"):
-            PackedTokens(tokens, starts, None, seq_len=seq_len, vocab=97, seed=seed, packing=packing, eos=0, name="t")
+            PackedTokens(tokens, starts, None, seq_len=seq_len, vocab=97, seed=seed, packing=packing, eos=0,
+                         name="t")
         return
-    s = PackedTokens(tokens, starts, None, seq_len=seq_len, vocab=97, seed=seed, packing=packing, eos=0, name="t")
+    s = PackedTokens(tokens, starts, None, seq_len=seq_len, vocab=97, seed=seed, packing=packing, eos=0,
+                     name="t")
     assert sorted(s.unit(i) for i in range(s.samples)) == list(range(s.samples))
     for i in range(s.samples):
         e, u = s.example(i), s.unit(i)
@@ -393,7 +414,8 @@ def test_a_read_only_data_directory_caches_elsewhere(model_dir: Path, tmp_path: 
     path = write_jsonl(tmp_path / "ro" / "d.jsonl", corpus(6))
     os.chmod(tmp_path / "ro", 0o555)
     try:
-        if not os.access(tmp_path / "ro", os.W_OK):  # root may write anywhere: then only the variable is tested
+        if not os.access(tmp_path / "ro", os.W_OK):  # root may write anywhere: then only the variable is
+                                                     # tested
             with pytest.raises(DataError, match="DSFORGE_DATA_CACHE"):
                 source(model_dir, path=str(path))
     finally:

@@ -1,7 +1,8 @@
-"""Real runs on the user's data (2 gloo CPU ranks, DeepSpeed): a tiny pretrained Llama with its own BPE tokenizer
-fine-tunes on a JSONL corpus and on an HF datasets directory under tp=2 and dp=2 with the single-process
-losses; chat records train with the masked token mean (dp=2, cp=2, pp=2), packed text under cp=2; one repeated sentence is learned; a run resumed
-mid-epoch trains on the same next batches; `dsforge run` writes the validation loss and TensorBoard scalars.
+"""Real runs on the user's data (2 gloo CPU ranks, DeepSpeed): a tiny pretrained Llama with its own BPE
+tokenizer fine-tunes on a JSONL corpus and on an HF datasets directory under tp=2 and dp=2 with the
+single-process losses; chat records train with the masked token mean (dp=2, cp=2, pp=2), packed text under
+cp=2; one repeated sentence is learned; a run resumed mid-epoch trains on the same next batches; `dsforge run`
+writes the validation loss and TensorBoard scalars.
 
 The single-process reference is the HF model from_pretrained trained with torch's SGD on each step's whole
 global batch (the samples dsforge.runtime.data assigns to that step), with the batch's positions (reset per
@@ -53,9 +54,11 @@ def reference_losses(spec: Any, steps: int) -> list[float]:
     from dsforge.runtime.datasets import source_for
 
     t, m = spec.training, spec.model
-    model = AutoModelForCausalLM.from_pretrained(m.pretrained, dtype=torch.float32, attn_implementation="sdpa").train()
+    model = AutoModelForCausalLM.from_pretrained(m.pretrained, dtype=torch.float32,
+                                                 attn_implementation="sdpa").train()
     momentum = spec.deepspeed.get("optimizer", {}).get("params", {}).get("momentum", 0.0)
-    opt = torch.optim.SGD(model.parameters(), lr=t.optimizer.lr, momentum=momentum, weight_decay=t.optimizer.weight_decay)
+    opt = torch.optim.SGD(model.parameters(), lr=t.optimizer.lr, momentum=momentum,
+                          weight_decay=t.optimizer.weight_decay)
     whole = Batches(source_for(t.data, m, t.seed), t.global_batch, t.global_batch, Sharding(1, 0))
     losses = []
     for step in range(steps):
@@ -71,16 +74,19 @@ def reference_losses(spec: Any, steps: int) -> list[float]:
 
 
 def reference_valid_loss(spec: Any, steps: int) -> float:
-    """The validation loss one process computes after ``steps`` steps: the mean of the fixed batches' token means."""
+    """The validation loss one process computes after ``steps`` steps: the mean of the fixed batches' token
+    means."""
     from transformers import AutoModelForCausalLM
 
     from dsforge.runtime.data import IGNORE_INDEX, Batches, Sharding
     from dsforge.runtime.datasets import source_for
 
     t, m = spec.training, spec.model
-    model = AutoModelForCausalLM.from_pretrained(m.pretrained, dtype=torch.float32, attn_implementation="sdpa").train()
+    model = AutoModelForCausalLM.from_pretrained(m.pretrained, dtype=torch.float32,
+                                                 attn_implementation="sdpa").train()
     momentum = spec.deepspeed.get("optimizer", {}).get("params", {}).get("momentum", 0.0)
-    opt = torch.optim.SGD(model.parameters(), lr=t.optimizer.lr, momentum=momentum, weight_decay=t.optimizer.weight_decay)
+    opt = torch.optim.SGD(model.parameters(), lr=t.optimizer.lr, momentum=momentum,
+                          weight_decay=t.optimizer.weight_decay)
     train = Batches(source_for(t.data, m, t.seed), t.global_batch, t.global_batch, Sharding(1, 0))
     valid = Batches(source_for(t.data, m, t.seed, valid=True), t.global_batch, t.global_batch, Sharding(1, 0))
 
@@ -121,25 +127,30 @@ def _world(rank: int, world: int, tmp: str, model_dir: str, corpora: dict[str, s
     compare("chat-dp2", "losses", losses, reference_losses(spec, 3))
     del engine
     # Masked chat targets through the pipeline engine (pp=2): the global token mean too.
-    spec = text_spec(jobs, "chat-pp2", model, {"pp": 2}, {"kind": "text", "path": corpora["chat"], "format": "chat",
+    spec = text_spec(jobs, "chat-pp2", model, {"pp": 2},
+                     {"kind": "text", "path": corpora["chat"], "format": "chat",
                                                          "packing": False})
     engine, _, losses, _ = run_parallel(spec, steps=3)
     compare("chat-pp2", "losses", losses, reference_losses(spec, 3))
     del engine
     # Context parallelism (ring): attention across documents (packing: concat), and masked chat targets.
     for name, data in {"concat-cp2": {"kind": "text", "path": corpora["jsonl"], "packing": "concat"},
-                       "chat-cp2": {"kind": "text", "path": corpora["chat"], "format": "chat", "packing": False}}.items():
+                       "chat-cp2": {"kind": "text", "path": corpora["chat"], "format": "chat",
+                                    "packing": False}}.items():
         spec = text_spec(jobs, name, model, {"cp": 2}, data)
         engine, _, losses, _ = run_parallel(spec, steps=3)
         compare(name, "losses", losses, reference_losses(spec, 3))
         del engine
-    # The validation loss of a plain engine (dp=2) and of a pipeline engine (pp=2): one process's after 2 steps.
+    # The validation loss of a plain engine (dp=2) and of a pipeline engine (pp=2): one process's after 2
+    # steps.
     from dsforge.compiler.plan.plan import build_plan
     from dsforge.runtime.datasets.validation import Validation
 
     for name, par in {"valid-dp2": {}, "valid-pp2": {"pp": 2}}.items():
-        spec = text_spec(jobs, name, model, par, {"kind": "text", "path": corpora["jsonl"], "packing": "concat",
-                                                  "valid": {"fraction": 0.25, "every": 1, "batches": 2}}, steps=2)
+        spec = text_spec(jobs, name, model, par,
+                         {"kind": "text", "path": corpora["jsonl"], "packing": "concat",
+                                                  "valid": {"fraction": 0.25, "every": 1,
+                                                            "batches": 2}}, steps=2)
         engine, groups, losses, _ = run_parallel(spec, steps=2)
         compare(name, "losses", losses, reference_losses(spec, 2))
         got = Validation(build_plan(spec), groups).loss(engine, 2)
@@ -157,8 +168,8 @@ def _world(rank: int, world: int, tmp: str, model_dir: str, corpora: dict[str, s
     compare("resume", "losses", first + rest, straight, rtol=1e-6)
     del engine
     # One repeated sentence is learned: the loss falls far below its first value.
-    spec = text_spec(jobs, "repeated", model, {"tp": 2}, {"kind": "text", "path": corpora["repeated"]}, steps=25,
-                     optimizer={"name": "adamw", "lr": 1e-2}, grad_clip=1.0)
+    spec = text_spec(jobs, "repeated", model, {"tp": 2}, {"kind": "text", "path": corpora["repeated"]},
+                     steps=25, optimizer={"name": "adamw", "lr": 1e-2}, grad_clip=1.0)
     engine, _, losses, _ = run_parallel(spec, steps=25)
     print(f"REPEATED rank={rank}: loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
     assert losses[-1] < 0.1 * losses[0], f"the repeated sentence was not learned: {losses}"
@@ -172,7 +183,8 @@ def test_finetune_on_user_data_matches_one_process(tmp_path: Path) -> None:
 
     model = pretrained_with_tokenizer(tmp_path)
     records = corpus(40)
-    corpora = {"jsonl": str(write_jsonl(tmp_path / "data" / "train.jsonl", records)), "hf": str(tmp_path / "hf")}
+    corpora = {"jsonl": str(write_jsonl(tmp_path / "data" / "train.jsonl", records)),
+               "hf": str(tmp_path / "hf")}
     datasets.Dataset.from_list(records).save_to_disk(corpora["hf"])
     chats = [{"messages": [{"role": "user", "content": SENTENCES[i % 8]},
                            {"role": "assistant", "content": SENTENCES[(i + 1) % 8]}]} for i in range(16)]
@@ -217,4 +229,6 @@ def test_dsforge_run_writes_validation_loss_and_tensorboard_scalars(tmp_path: Pa
     assert [e.step for e in acc.Scalars("Valid/loss")] == [2, 4, 6]
     train = {e.step: e.value for e in acc.Scalars("Train/loss")}
     logged = {line["step"]: line["loss"] for line in lines if "loss" in line}
-    assert train.keys() == logged.keys() and all(abs(train[s] - logged[s]) < 1e-5 * abs(logged[s]) for s in train)
+    assert train.keys() == logged.keys() and all(
+        abs(train[s] - logged[s]) < 1e-5 * abs(logged[s]) for s in train
+    )

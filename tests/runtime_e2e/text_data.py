@@ -24,8 +24,8 @@ SENTENCES = [
     "knowledge is power and time is money",
 ]
 #: ChatML, as Qwen's tokenizers write it (each turn: <|im_start|>role\ncontent<|im_end|>\n).
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% "
+                 "endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def train_tokenizer(out: Path, vocab: int = 320) -> Path:
@@ -35,14 +35,15 @@ def train_tokenizer(out: Path, vocab: int = 320) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    trainer = trainers.BpeTrainer(vocab_size=vocab,
+                                  special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(SENTENCES * 4 + ["user assistant system hello thanks"], trainer)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-        "chat_template": CHAT_TEMPLATE}), encoding="utf-8")
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>", "chat_template": CHAT_TEMPLATE}), encoding="utf-8")
     return out
 
 

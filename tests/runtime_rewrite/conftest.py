@@ -80,8 +80,11 @@ def two_rank_rewrites(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str
     def check(name: str) -> None:
         traces = sorted(out.glob(f"{name}.rank*.txt"))
         if traces:
-            raise AssertionError(f"{name} failed on {len(traces)} rank(s):\n" + traces[0].read_text(encoding="utf-8"))
+            raise AssertionError(
+                f"{name} failed on {len(traces)} rank(s):\n" + traces[0].read_text(encoding="utf-8")
+            )
         if len(list(out.glob(f"{name}.rank*.ok"))) != 2:
-            raise AssertionError(f"{name} did not run on both ranks (the launch stopped first: {failure or 'no error'})")
+            raise AssertionError(f"{name} did not run on both ranks (the launch stopped first: "
+                                 f"{failure or 'no error'})")
 
     return check

@@ -1,4 +1,5 @@
-"""Tiny HF models of every family dsforge has a rewrite policy for, built from transformers configs (random weights).
+"""Tiny HF models of every family dsforge has a rewrite policy for, built from transformers configs (random
+weights).
 
 Each factory takes the job's resolved model (``model.factory: tests.runtime_rewrite.families:<arch>``)
 so the job's widths are the model's; ``FAMILY_JOBS`` gives the model keys of one tiny job per family
@@ -22,8 +23,9 @@ MOE = {"experts": 4, "top_k": 2, "ffn_hidden": 32}
 def _common(m: ResolvedModel, **extra: Any) -> dict[str, Any]:
     return {"hidden_size": m.hidden, "num_hidden_layers": m.layers, "num_attention_heads": m.heads,
             "num_key_value_heads": m.kv_heads, "intermediate_size": m.ffn_hidden, "vocab_size": m.vocab,
-            "max_position_embeddings": m.seq_len, "tie_word_embeddings": m.tied_embeddings, "use_cache": False,
-            "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "attention_dropout": 0.0, **extra}
+            "max_position_embeddings": m.seq_len, "tie_word_embeddings": m.tied_embeddings,
+            "use_cache": False, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+            "attention_dropout": 0.0, **extra}
 
 
 def _build(config: Any, attn: str = "sdpa") -> nn.Module:
@@ -45,32 +47,36 @@ def qwen3(m: ResolvedModel) -> nn.Module:
 
 
 def gemma2(m: ResolvedModel) -> nn.Module:
-    """Gemma2: scaled embedding, four norms per layer, attention and final-logit soft-capping (eager attention)."""
+    """Gemma2: scaled embedding, four norms per layer, attention and final-logit soft-capping (eager
+    attention)."""
     from transformers import Gemma2Config
-    return _build(Gemma2Config(**_common(m, head_dim=m.hidden // m.heads, query_pre_attn_scalar=m.hidden // m.heads,
-                                         sliding_window=8, final_logit_softcapping=3.0,
-                                         attn_logit_softcapping=5.0)), "eager")
+    return _build(Gemma2Config(**_common(m, head_dim=m.hidden // m.heads,
+                                         query_pre_attn_scalar=m.hidden // m.heads, sliding_window=8,
+                                         final_logit_softcapping=3.0, attn_logit_softcapping=5.0)), "eager")
 
 
 def gemma2_plain_attention(m: ResolvedModel) -> nn.Module:
-    """Gemma2 whose attention is plain causal at the job's length: no score soft-capping, a window covering seq_len."""
+    """Gemma2 whose attention is plain causal at the job's length: no score soft-capping, a window covering
+    seq_len."""
     from transformers import Gemma2Config
-    return _build(Gemma2Config(**_common(m, head_dim=m.hidden // m.heads, query_pre_attn_scalar=m.hidden // m.heads,
-                                         sliding_window=m.seq_len, final_logit_softcapping=3.0,
-                                         attn_logit_softcapping=None)), "eager")
+    return _build(Gemma2Config(**_common(m, head_dim=m.hidden // m.heads,
+                                         query_pre_attn_scalar=m.hidden // m.heads, sliding_window=m.seq_len,
+                                         final_logit_softcapping=3.0, attn_logit_softcapping=None)), "eager")
 
 
 def gemma2_wide_heads(m: ResolvedModel) -> nn.Module:
     """Gemma2 with heads wider than hidden / heads (as Gemma2-2B: 8 heads of 256 channels on hidden 2304)."""
     from transformers import Gemma2Config
-    return _build(Gemma2Config(**_common(m, head_dim=2 * m.hidden // m.heads, query_pre_attn_scalar=32)), "eager")
+    return _build(Gemma2Config(**_common(m, head_dim=2 * m.hidden // m.heads, query_pre_attn_scalar=32)),
+                  "eager")
 
 
 def gemma3(m: ResolvedModel) -> nn.Module:
     """Gemma3 (text): Gemma2's layout plus per-head q/k norms."""
     from transformers import Gemma3TextConfig
     return _build(Gemma3TextConfig(**_common(m, head_dim=m.hidden // m.heads,
-                                             query_pre_attn_scalar=m.hidden // m.heads, sliding_window=8)), "eager")
+                                             query_pre_attn_scalar=m.hidden // m.heads,
+                                             sliding_window=8)), "eager")
 
 
 def olmo2(m: ResolvedModel) -> nn.Module:
@@ -110,8 +116,10 @@ def qwen2_moe(m: ResolvedModel) -> nn.Module:
     from transformers import Qwen2MoeConfig
     moe = _moe(m)
     return _build(Qwen2MoeConfig(**_common(m), num_experts=moe.experts, num_experts_per_tok=moe.top_k,
-                                 moe_intermediate_size=moe.ffn_hidden, shared_expert_intermediate_size=moe.shared_ffn_hidden,
-                                 decoder_sparse_step=moe.every, norm_topk_prob=False, output_router_logits=False))
+                                 moe_intermediate_size=moe.ffn_hidden,
+                                 shared_expert_intermediate_size=moe.shared_ffn_hidden,
+                                 decoder_sparse_step=moe.every, norm_topk_prob=False,
+                                 output_router_logits=False))
 
 
 def qwen3_moe(m: ResolvedModel) -> nn.Module:
@@ -120,7 +128,8 @@ def qwen3_moe(m: ResolvedModel) -> nn.Module:
     moe = _moe(m)
     return _build(Qwen3MoeConfig(**_common(m, head_dim=m.hidden // m.heads), num_experts=moe.experts,
                                  num_experts_per_tok=moe.top_k, moe_intermediate_size=moe.ffn_hidden,
-                                 decoder_sparse_step=moe.every, norm_topk_prob=True, output_router_logits=False))
+                                 decoder_sparse_step=moe.every, norm_topk_prob=True,
+                                 output_router_logits=False))
 
 
 def mixtral(m: ResolvedModel) -> nn.Module:
@@ -133,14 +142,16 @@ def mixtral(m: ResolvedModel) -> nn.Module:
 
 
 def deepseek_v3(m: ResolvedModel) -> nn.Module:
-    """DeepSeek-V3: MLA attention (low-rank q and kv, a rotary key shared by the heads), sigmoid-routed experts."""
+    """DeepSeek-V3: MLA attention (low-rank q and kv, a rotary key shared by the heads), sigmoid-routed
+    experts."""
     from transformers import DeepseekV3Config
     moe = _moe(m)
     cfg = _common(m)
     return _build(DeepseekV3Config(**cfg, moe_intermediate_size=moe.ffn_hidden, n_routed_experts=moe.experts,
                                    num_experts_per_tok=moe.top_k, n_shared_experts=moe.shared_experts,
-                                   first_k_dense_replace=0, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
-                                   qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1))
+                                   first_k_dense_replace=0, q_lora_rank=32, kv_lora_rank=16,
+                                   qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=1,
+                                   topk_group=1))
 
 
 def _job(arch: str, **extra: Any) -> dict[str, Any]:

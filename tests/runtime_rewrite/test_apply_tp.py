@@ -82,7 +82,8 @@ def _compare(rank: int, spec: JobSpec, checks: dict[str, tuple[int, int]]) -> No
         cut = (1 - dim) if transposed else dim
         shard = _slice(want_w, rank, tp, cut, blocks) if dim >= 0 else want_w
         if tuple(got.shape) != tuple(shard.shape):
-            raise AssertionError(f"{name} {pname}: rank {rank} holds {tuple(got.shape)}, expected {tuple(shard.shape)}")
+            raise AssertionError(f"{name} {pname}: rank {rank} holds "
+                                 f"{tuple(got.shape)}, expected {tuple(shard.shape)}")
         if not torch.equal(got.detach(), shard.detach()):
             raise AssertionError(f"{name} {pname}: rank {rank} does not hold its slice of the dense weight")
         grad = _slice(want_g, rank, tp, cut, blocks) if dim >= 0 else want_g
@@ -90,7 +91,8 @@ def _compare(rank: int, spec: JobSpec, checks: dict[str, tuple[int, int]]) -> No
 
 
 def _compare_ep(rank: int, spec: JobSpec) -> None:
-    """Parity of an expert-parallel Mixtral: logits and loss, and each rank's experts are the dense ones it owns."""
+    """Parity of an expert-parallel Mixtral: logits and loss, and each rank's experts are the dense ones it
+    owns."""
     plan = build_plan(spec)
     groups = create_groups(plan)
     dense = build_model(spec.model, "cpu", 1, seed=7)
@@ -108,7 +110,8 @@ def _compare_ep(rank: int, spec: JobSpec) -> None:
         raise AssertionError(f"rank {rank} does not hold experts {moe.first_expert}..{moe.first_expert + 1}")
 
 
-def _worker(rank: int, world: int, specs: list[tuple[JobSpec, dict[str, tuple[int, int]]]], ep: JobSpec) -> None:
+def _worker(rank: int, world: int, specs: list[tuple[JobSpec, dict[str, tuple[int, int]]]],
+            ep: JobSpec) -> None:
     torch.use_deterministic_algorithms(True)
     for spec, checks in specs:
         _compare(rank, spec, checks)
@@ -125,16 +128,17 @@ def worker_args(tmp: Path) -> tuple[Any, ...]:
     gpt2 = job({"preset": "tiny-gpt2"}, {"tp": 2})
     mixtral = job({"preset": "tiny-mixtral"}, {"tp": 2})
     attn = "model.layers.1.self_attn"
-    llama_checks = {f"{attn}.q_proj.weight": (0, 1), f"{attn}.k_proj.weight": (0, 1), f"{attn}.o_proj.weight": (1, 1),
-                    "model.layers.0.mlp.down_proj.weight": (1, 1), "model.embed_tokens.weight": (0, 1),
-                    "lm_head.weight": (0, 1), "model.layers.0.input_layernorm.weight": (-1, 1)}
+    llama_checks = {f"{attn}.q_proj.weight": (0, 1), f"{attn}.k_proj.weight": (0, 1),
+                    f"{attn}.o_proj.weight": (1, 1), "model.layers.0.mlp.down_proj.weight": (1, 1),
+                    "model.embed_tokens.weight": (0, 1), "lm_head.weight": (0, 1),
+                    "model.layers.0.input_layernorm.weight": (-1, 1)}
     # dims are in the dense module's own layout; Conv1D (in, out) is handled by the comparison
     gpt2_checks = {"transformer.h.0.attn.c_attn.weight": (1, 3), "transformer.h.0.attn.c_attn.bias": (0, 3),
                    "transformer.h.1.attn.c_proj.weight": (0, 1), "transformer.h.1.mlp.c_fc.weight": (1, 1),
                    "transformer.wte.weight": (0, 1), "transformer.wpe.weight": (-1, 1),
                    "transformer.h.1.ln_2.weight": (-1, 1), "transformer.h.1.mlp.c_proj.bias": (-1, 1)}
-    mixtral_checks = {"model.layers.0.mlp.experts.gate_up_proj": (-1, 1), "model.layers.0.mlp.gate.weight": (-1, 1),
-                      f"{attn}.v_proj.weight": (0, 1)}
+    mixtral_checks = {"model.layers.0.mlp.experts.gate_up_proj": (-1, 1),
+                      "model.layers.0.mlp.gate.weight": (-1, 1), f"{attn}.v_proj.weight": (0, 1)}
     mixtral_ep = job({"preset": "tiny-mixtral"}, {"dp": 2, "ep": 2})
     llama_sp = job({"preset": "tiny-llama"}, {"tp": 2, "sequence_parallel": True})
     gpt2_sp = job({"preset": "tiny-gpt2"}, {"tp": 2, "sequence_parallel": True})

@@ -1,4 +1,5 @@
-"""`arch: custom` rules on a non-HF model, `arch: auto` detection, rule precedence, factory errors, policy text."""
+"""`arch: custom` rules on a non-HF model, `arch: auto` detection, rule precedence, factory errors, policy
+text."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def test_custom_model_with_missing_rules_names_what_is_left(job):
     spec, plan = job(TOY, {"tp": 2}, TOY_RULES[:4])
     with pytest.raises(RewriteError) as err:
         plan_rewrite(spec.model, plan)
-    assert err.value.leftover == ["blocks.0.norm", "blocks.0.fc2", "blocks.1.norm", "blocks.1.fc2", "final", "head"]
+    assert err.value.leftover == ["blocks.0.norm", "blocks.0.fc2", "blocks.1.norm", "blocks.1.fc2", "final",
+                                  "head"]
     assert "blocks.{0..1}.norm, blocks.{0..1}.fc2, final, head" in str(err.value)
 
 
@@ -68,12 +70,14 @@ def test_custom_needs_rules_and_right_module_kinds(job):
     with pytest.raises(RewriteError, match="has none"):
         plan_rewrite(spec.model, plan)
     spec, plan = job(TOY, {"tp": 2}, [{"match": r"blocks\.\d+\.norm", "as": "column"}] + TOY_RULES)
-    with pytest.raises(RewriteError, match=r"blocks\.0\.norm .*needs a Linear or HF Conv1D module, not LayerNorm"):
+    with pytest.raises(RewriteError, match=r"blocks\.0\.norm .*needs a Linear or "
+                                           r"HF Conv1D module, not LayerNorm"):
         plan_rewrite(spec.model, plan)
 
 
 def test_user_rules_take_precedence_and_unused_ones_warn(job):
-    rules = [{"match": r"model\.layers\.\d+\.mlp\.down_proj", "as": "replicate"}, {"match": "nothing", "as": "row"}]
+    rules = [{"match": r"model\.layers\.\d+\.mlp\.down_proj", "as": "replicate"},
+             {"match": "nothing", "as": "row"}]
     spec, plan = job({"preset": "tiny-llama"}, {"tp": 2}, rules)
     rp = plan_rewrite(spec.model, plan)
     down = rp.module("model.layers.2.mlp.down_proj")
@@ -95,7 +99,8 @@ def test_auto_on_a_factory_model_and_on_an_unknown_one(job):
     llama = {**TOY, "arch": "auto", "factory": "tests.runtime_rewrite.toy_models:build_llama", "hidden": 32,
              "vocab": 128}
     spec, plan = job(llama, {"tp": 2})  # the job leaves kv_heads = heads = 4; the factory's model has 2
-    with pytest.raises(RewriteError, match="16 features per block are not the 4 key/value heads x head_dim 8"):
+    with pytest.raises(RewriteError,
+                       match="16 features per block are not the 4 key/value heads x head_dim 8"):
         plan_rewrite(spec.model, plan)
     spec, plan = job({**llama, "kv_heads": 2}, {"tp": 2})
     assert plan_rewrite(spec.model, plan).arch == "llama"
@@ -144,7 +149,8 @@ def test_fused_heads_shard_arithmetic():
 def test_policy_tables_are_plain_data():
     qkv = POLICIES["gpt2"].rows[3]  # GPT-2's fused c_attn: Q, K and V side by side, split by query heads
     assert (qkv.variant, qkv.fused, qkv.heads) == ("column", 3, "q")
-    assert all(row.variant in {"column", "row", "vocab", "norm", "head_norm", "shard_norm", "replicate", "expert"}
+    assert all(row.variant in {"column", "row", "vocab", "norm", "head_norm", "shard_norm", "replicate",
+                               "expert"}
                for p in POLICIES.values() for row in p.rows)
 
 

@@ -1,4 +1,5 @@
-"""Derived policies (from HF's own tp/ep plans) against the hand-written ones, parameter by parameter, on meta.
+"""Derived policies (from HF's own tp/ep plans) against the hand-written ones, parameter by parameter, on
+meta.
 
 For every family that has both, the policy transformers' plans give must place each parameter as
 the hand-written policy does (variant, fused blocks, head kind) — or the family is one of
@@ -66,7 +67,8 @@ def test_plans_from_the_classes_match_the_generated_table(job):
     spec, _ = job(FAMILY_JOBS["qwen3_moe"])
     model = build_model(resolve_model(spec.model), "meta")
     from_classes, from_table = hf_plans_of(model), plans_for_type("qwen3_moe")
-    assert (from_classes.tp, from_classes.ep, from_classes.head_tp) == (from_table.tp, from_table.ep, from_table.head_tp)
+    assert (from_classes.tp, from_classes.ep,
+            from_classes.head_tp) == (from_table.tp, from_table.ep, from_table.head_tp)
 
 
 def _starcoder2(m):
@@ -106,12 +108,15 @@ def test_a_learnt_activation_between_two_splits_is_refused_naming_it(job, monkey
     from dsforge.compiler.model.hf_plans import SPLIT_NEIGHBOUR, PlanRefusal
 
     monkeypatch.setattr(fam, "apertus", _apertus, raising=False)
-    spec, _ = job({**FAMILY_JOBS["qwen3"], "arch": "auto", "factory": "tests.runtime_rewrite.families:apertus"})
+    spec, _ = job({**FAMILY_JOBS["qwen3"], "arch": "auto",
+                   "factory": "tests.runtime_rewrite.families:apertus"})
     model = build_model(resolve_model(spec.model), "meta")
     with pytest.raises(PlanRefusal) as exc:
         derived_arch(model)
     assert exc.value.rule == SPLIT_NEIGHBOUR
-    assert "model.layers.0.mlp.act_fn" in exc.value.message and "model.layers.0.mlp.up_proj" in exc.value.message
+    assert (
+        "model.layers.0.mlp.act_fn" in exc.value.message and "model.layers.0.mlp.up_proj" in exc.value.message
+    )
 
 
 def _sarvam_moe(m):
@@ -121,7 +126,8 @@ def _sarvam_moe(m):
     moe = m.moe
     return _build(SarvamMoEConfig(**_common(m, head_dim=m.hidden // m.heads), n_routed_experts=moe.experts,
                                   num_experts_per_tok=moe.top_k, moe_intermediate_size=moe.ffn_hidden,
-                                  n_shared_experts=moe.shared_experts, use_qk_norm=True, first_k_dense_replace=0))
+                                  n_shared_experts=moe.shared_experts, use_qk_norm=True,
+                                  first_k_dense_replace=0))
 
 
 def test_per_head_qk_norms_the_plan_leaves_plain_norms_get_their_gradient_summed(job, monkeypatch):
@@ -130,14 +136,16 @@ def test_per_head_qk_norms_the_plan_leaves_plain_norms_get_their_gradient_summed
     import tests.runtime_rewrite.families as fam
 
     monkeypatch.setattr(fam, "sarvam_moe", _sarvam_moe, raising=False)
-    keys = {**FAMILY_JOBS["deepseek_v3"], "arch": "auto", "factory": "tests.runtime_rewrite.families:sarvam_moe"}
+    keys = {**FAMILY_JOBS["deepseek_v3"], "arch": "auto",
+            "factory": "tests.runtime_rewrite.families:sarvam_moe"}
     spec, plan = job(keys, {"tp": 2})
     rp = plan_rewrite(spec.model, plan)
     assert rp.arch == "hf:sarvam_moe"
     for layer in (0, 1):
         for norm in ("q_norm", "k_norm"):
             assert rp.module(f"model.layers.{layer}.self_attn.{norm}").variant == "head_norm"
-    assert rp.module("model.layers.0.input_layernorm").variant == "norm"  # a norm outside attention stays plain
+    # a norm outside attention stays plain
+    assert rp.module("model.layers.0.input_layernorm").variant == "norm"
 
 
 def test_a_derived_policy_at_pp2_is_refused_with_the_reason(job, monkeypatch):
@@ -151,7 +159,11 @@ def test_a_derived_policy_at_pp2_is_refused_with_the_reason(job, monkeypatch):
     with pytest.raises(RewriteError) as exc:
         plan_rewrite(spec.model, plan)
     text = "; ".join(exc.value.problems)
-    assert "pp > 1" in text and "base_model_pp_plan (embed_tokens, layers, norm)" in text and "hf:starcoder2" in text
+    assert (
+        "pp > 1" in text
+        and "base_model_pp_plan (embed_tokens, layers, norm)" in text
+        and "hf:starcoder2" in text
+    )
 
 
 def test_a_derived_policy_refuses_tp_above_the_kv_heads_naming_each_projection(job, monkeypatch):

@@ -25,11 +25,14 @@ def test_every_model_preset_counts_exactly_what_params_py_says(job):
         model = build_model(spec.model, "meta")
         rp = plan_rewrite(model, plan)
         meta = sum(p.numel() for p in model.parameters())
-        assert (name, rp.total_params, meta) == (name, total_params(spec.model), meta == rp.total_params and meta)
+        assert (name, rp.total_params, meta) == (name, total_params(spec.model),
+                                                 meta == rp.total_params and meta)
 
 
 def test_padded_vocabulary_is_built_and_counted(job):
     spec, plan = job({"preset": "gpt2-small", "vocab_multiple_of": 128}, {"tp": 2})
     out = describe(spec, plan)
-    assert out["ok"] and out["params"]["total"] == out["params"]["formula_total"] == total_params(spec.model, 2)
+    assert out["ok"] and out["params"]["total"] == out["params"]["formula_total"] == total_params(
+        spec.model, 2
+    )
     assert out["modules"][0]["params"]["weight"] == {"shape": [50432, 768], "shard": [25216, 768], "dim": 0}

@@ -1,4 +1,5 @@
-"""Every model family's rewrite against its single-process dense model: tp=2, ep=2 (MoE) and cp=2, on 2 gloo ranks.
+"""Every model family's rewrite against its single-process dense model: tp=2, ep=2 (MoE) and cp=2, on 2 gloo
+ranks.
 
 One launch runs every family (starting processes costs seconds on 2 cores). For each, both ranks
 build the same dense HF model (tests/runtime_rewrite/families.py, random weights), keep a copy as
@@ -76,7 +77,8 @@ def expected_shard(full: torch.Tensor, entry: ModulePlan, name: str, rank: int, 
 
 
 def lean(model: nn.Module, plan: Any) -> frozenset[str]:
-    """The runtime's lean kernels for this job (training.kernels auto: each where it is exact) on ``model``."""
+    """The runtime's lean kernels for this job (training.kernels auto: each where it is exact) on
+    ``model``."""
     from dsforge.runtime.engine import install_job_kernels
 
     install_job_kernels(model, plan)
@@ -85,7 +87,8 @@ def lean(model: nn.Module, plan: Any) -> frozenset[str]:
 
 def lean_loss(model: nn.Module, ids: torch.Tensor, targets: torch.Tensor, count: torch.Tensor | int,
               position_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """The loss as the runtime forms it (engine.CausalLMLoss): the fused head + cross entropy where it runs."""
+    """The loss as the runtime forms it (engine.CausalLMLoss): the fused head + cross entropy where it
+    runs."""
     if "fused_loss" in model._dsforge_kernels:
         from dsforge.runtime.kernels.loss import fused_token_loss_sum
 
@@ -109,21 +112,26 @@ def _sgd(params: list[nn.Parameter]) -> None:
                 p.grad = None
 
 
-def _check_tp_grads(tag: str, model: nn.Module, dense: nn.Module, rp: RewritePlan, rank: int, tp: int) -> None:
+def _check_tp_grads(tag: str, model: nn.Module, dense: nn.Module, rp: RewritePlan, rank: int,
+                    tp: int) -> None:
     """Every parameter of the rewritten model holds its slice of the dense weight and gradient."""
     entries = {m.name: m for m in rp.modules}
     ref = dict(dense.named_parameters())
     got = dict(model.named_parameters())
     if set(got) != set(ref):
-        raise AssertionError(f"{tag}: parameters differ from the dense model's: {sorted(set(got) ^ set(ref))}")
+        raise AssertionError(f"{tag}: parameters differ from the dense model's: "
+                             f"{sorted(set(got) ^ set(ref))}")
     for pname, p in got.items():
         module = pname.rpartition(".")[0]
         owner = next((m for m in (module, *_parents(module)) if m in entries), None)
         entry = entries[owner] if owner is not None else None
         rel = pname[len(owner) + 1:] if owner else pname
-        split = entry is not None and entry.variant != "replicate" and any(s.name == rel for s in entry.params)
+        split = (
+            entry is not None and entry.variant != "replicate" and any(s.name == rel for s in entry.params)
+        )
 
-        def cut(t: torch.Tensor, entry: ModulePlan | None = entry, rel: str = rel, split: bool = split) -> torch.Tensor:
+        def cut(t: torch.Tensor, entry: ModulePlan | None = entry, rel: str = rel,
+                split: bool = split) -> torch.Tensor:
             return expected_shard(t, entry, rel, rank, tp) if split and entry is not None else t
 
         want = cut(ref[pname].detach())
@@ -140,7 +148,8 @@ def _parents(name: str) -> list[str]:
 
 
 def tp_parity(rank: int, spec: JobSpec, corrupt: bool = False, tag: str = "") -> None:
-    """TP=2 rewrite of one family: loss and every gradient for STEPS SGD steps (``corrupt``: norms' sum dropped)."""
+    """TP=2 rewrite of one family: loss and every gradient for STEPS SGD steps (``corrupt``: norms' sum
+    dropped)."""
     plan = build_plan(spec)
     groups = create_groups(plan)
     tp = groups.size("tp")
@@ -148,11 +157,14 @@ def tp_parity(rank: int, spec: JobSpec, corrupt: bool = False, tag: str = "") ->
     model = copy.deepcopy(dense)
     rp = plan_rewrite(model, plan)
     if corrupt:  # the per-head q/k norms kept whole, but their partial gradients never summed
-        rp = dataclasses.replace(rp, modules=[dataclasses.replace(m, variant="replicate") if m.variant == "head_norm"
+        rp = dataclasses.replace(rp,
+                                 modules=[dataclasses.replace(m,
+                                                              variant="replicate") if m.variant == "head_norm"
                                               else m for m in rp.modules])
     apply_rewrite(model, rp, groups, gather_logits=False)  # vocabulary-split logits, as the runtime's engine
     kernels = lean(model, plan)  # the runtime's lean kernels against the plain HF reference
-    tag = tag or f"{spec.model.arch}/{spec.model.factory.rpartition(':')[2] if spec.model.factory else ''} tp2"
+    tag = tag or (f"{spec.model.arch}/{spec.model.factory.rpartition(':')[2] if spec.model.factory else ''} "
+                  f"tp2")
     tag += f" [{','.join(sorted(kernels)) or 'no lean kernels'}]"
     for step in range(STEPS):
         ids = _tokens(spec.model.vocab, 3 + step)
@@ -180,17 +192,20 @@ def ep_parity(rank: int, spec: JobSpec) -> None:
     rp = plan_rewrite(model, plan)
     apply_rewrite(model, rp, groups)
     kernels = lean(model, plan)
-    tag = f"{spec.model.arch} ep2 top-{spec.model.moe.top_k if spec.model.moe else 0} [{','.join(sorted(kernels))}]"
+    tag = (f"{spec.model.arch} ep2 top-{spec.model.moe.top_k if spec.model.moe else 0} "
+           f"[{','.join(sorted(kernels))}]")
     blocks = _moe_blocks(rp)
     dp = groups.size("dp-cp")
     held = sum(p.numel() for n, p in model.named_parameters() if ".deepspeed_experts." not in n)
-    experts_held = torch.tensor(sum(p.numel() for n, p in model.named_parameters() if ".deepspeed_experts." in n))
+    experts_held = torch.tensor(sum(p.numel() for n,
+                                    p in model.named_parameters() if ".deepspeed_experts." in n))
     dist.all_reduce(experts_held, group=groups.ep)
     count = held + int(experts_held)
     explained = describe(spec, plan)["params"]["total"]
     if not count == explained == total_params(plan.model) == sum(p.numel() for p in dense.parameters()):
-        raise AssertionError(f"{tag}: the ep=2 ranks hold {count} parameters, explain says {explained}, the formula "
-                             f"{total_params(plan.model)}, the dense model has {sum(p.numel() for p in dense.parameters())}")
+        raise AssertionError(f"{tag}: the ep=2 ranks hold {count} parameters, explain says {explained}, the "
+                             f"formula {total_params(plan.model)}, the dense model has "
+                             f"{sum(p.numel() for p in dense.parameters())}")
     for step in range(STEPS):
         batches = [_tokens(spec.model.vocab, 10 * step + r) for r in range(dp)]
         ref = dense(input_ids=torch.cat(batches), labels=torch.cat(batches))
@@ -206,14 +221,16 @@ def ep_parity(rank: int, spec: JobSpec) -> None:
         for name, p in model.named_parameters():
             if ".deepspeed_experts." in name:
                 continue  # an expert's owner saw every token routed to it: its gradient is whole
-            dist.all_reduce(p.grad, group=groups.dp_cp)  # the engine's data-parallel sum of replicated gradients
+            dist.all_reduce(p.grad, group=groups.dp_cp)  # the engine's data-parallel sum of replicated
+                                                         # gradients
             if ".deepspeed_moe." not in name:
                 report(f"{tag} step {step} grad {name}", p.grad, ref_params[name].grad, RTOL)
         for block in blocks:
             moe = model.get_submodule(block)
             routed = getattr(moe, "routed", moe)
             dense_block = dense.get_submodule(block)
-            report(f"{tag} step {step} grad {block}.gate", routed.gate_weight.grad, dense_block.gate.weight.grad, RTOL)
+            report(f"{tag} step {step} grad {block}.gate", routed.gate_weight.grad,
+                   dense_block.gate.weight.grad, RTOL)
             for i, expert in enumerate(moe.local_experts):
                 e = moe.first_expert + i
                 report(f"{tag} step {step} grad {block}.experts[{e}].gate_up", expert.gate_up.weight.grad,
@@ -225,7 +242,8 @@ def ep_parity(rank: int, spec: JobSpec) -> None:
 
 
 def cp_parity(rank: int, spec: JobSpec) -> None:
-    """cp=2 ring attention: each rank holds its load-balanced half of every sequence, with global positions."""
+    """cp=2 ring attention: each rank holds its load-balanced half of every sequence, with global
+    positions."""
     plan = build_plan(spec)
     groups: ParallelGroups = create_groups(plan)
     cp, me = groups.size("cp"), groups.index("cp")
@@ -239,7 +257,8 @@ def cp_parity(rank: int, spec: JobSpec) -> None:
         targets = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)
         count = (targets != -100).sum()
         logits = dense(input_ids=ids).logits
-        ref = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum") / count
+        ref = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                              reduction="sum") / count
         ref.backward()
         local = shard_sequence(ids, me, cp, dim=1, load_balanced=True)
         local_t = shard_sequence(targets, me, cp, dim=1, load_balanced=True)
@@ -280,15 +299,16 @@ def _worker(rank: int, world: int, jobs: dict[str, Any]) -> None:
             raise
         print(f"PARITY rank={rank} corrupt policy fails as it must: {str(exc).splitlines()[0]}", flush=True)
     else:
-        raise AssertionError("the corrupted Qwen3 policy (q/k norm gradients not summed) passed the parity test")
+        raise AssertionError("the corrupted Qwen3 policy (q/k norm "
+                             "gradients not summed) passed the parity test")
     gemma_scale_matters(rank, jobs["gemma2"])
     for spec in jobs["ep"]:
         ep_parity(rank, spec)
     cp_parity(rank, jobs["cp"])
 
 
-TP_FAMILIES = ("qwen3", "gemma2", "gemma3", "olmo2", "phi3", "gpt_neox", "mistral", "qwen2", "qwen2_moe", "qwen3_moe",
-               "mixtral", "deepseek_v3")
+TP_FAMILIES = ("qwen3", "gemma2", "gemma3", "olmo2", "phi3", "gpt_neox", "mistral", "qwen2", "qwen2_moe",
+               "qwen3_moe", "mixtral", "deepseek_v3")
 EP_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral")
 #: Heads wider than hidden / heads (Gemma2-2B: 8 x 256 on hidden 2304): split by the model's head_dim.
 GEMMA2_WIDE = {**FAMILY_JOBS["gemma2"], "factory": "tests.runtime_rewrite.families:gemma2_wide_heads"}

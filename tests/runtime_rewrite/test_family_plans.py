@@ -1,4 +1,5 @@
-"""The families' rewrite plans on the meta device: detection, exact counts, and every refusal names its module.
+"""The families' rewrite plans on the meta device: detection, exact counts, and every refusal names its
+module.
 
 No processes: the plans are shape arithmetic over a model built on ``meta`` (what `dsforge compile`
 records in plan.json). The parity of the plans against the dense models is test_family_parity.py.
@@ -61,9 +62,11 @@ def test_unequal_fused_blocks_split_by_their_real_sizes(job):
 
 
 def test_a_norm_placed_as_the_wrong_kind_is_refused_naming_it(job):
-    olmo_as_qwen3 = {**FAMILY_JOBS["olmo2"], "arch": "qwen3"}  # OLMo2's whole-projection norm as a per-head one
+    # OLMo2's whole-projection norm as a per-head one
+    olmo_as_qwen3 = {**FAMILY_JOBS["olmo2"], "arch": "qwen3"}
     spec, plan = job(olmo_as_qwen3, {"tp": 2})
-    with pytest.raises(RewriteError, match=r"self_attn\.q_norm .*`head_norm` is a norm over one head's 16 channels"):
+    with pytest.raises(RewriteError, match=r"self_attn\.q_norm .*`head_norm` is "
+                                           r"a norm over one head's 16 channels"):
         plan_rewrite(spec.model, plan)
 
 
@@ -72,7 +75,8 @@ def test_moe_top_k_and_shared_experts_are_checked_against_the_model(job):
     spec, plan = job(top8, {"tp": 2})
     built = build_model(plan.model, "meta")  # a top-8 model
     _, plan2 = job({**top8, "moe": {**top8["moe"], "top_k": 2}}, {"tp": 2})
-    with pytest.raises(RewriteError, match=r"routes each token to top-8 experts but the job says moe.top_k=2"):
+    with pytest.raises(RewriteError,
+                       match=r"routes each token to top-8 experts but the job says moe.top_k=2"):
         plan_rewrite(built, plan2)
     spec, plan = job(FAMILY_JOBS["qwen2_moe"], {"dp": 2, "ep": 2})
     built = build_model(plan.model, "meta")
@@ -97,7 +101,8 @@ def test_layouts_the_runtime_cannot_run_exactly_are_refused_at_plan_time(job):
 
 
 def test_context_parallel_attention_refuses_what_it_would_drop():
-    """Ring/Ulysses attention is plain causal attention: soft-capping or a shorter sliding window is refused."""
+    """Ring/Ulysses attention is plain causal attention: soft-capping or a shorter sliding window is
+    refused."""
     import torch
     from torch import nn
 
@@ -109,7 +114,8 @@ def test_context_parallel_attention_refuses_what_it_would_drop():
     q = torch.zeros(1, 2, 8, 4)  # 8 local tokens of 16
     with pytest.raises(hf_attention.ContextParallelError, match="soft-caps its attention scores"):
         hf_attention._attention(module, q, q, q, None, softcap=50.0)
-    with pytest.raises(hf_attention.ContextParallelError, match="sliding window of 8 tokens, shorter than the "
+    with pytest.raises(hf_attention.ContextParallelError,
+                       match="sliding window of 8 tokens, shorter than the "
                                                                 "sequence of 16"):
         hf_attention._attention(module, q, q, q, None, sliding_window=8)
     out, _ = hf_attention._attention(module, q, q, q, None, sliding_window=16, softcap=None)

@@ -1,6 +1,7 @@
 """params.py against the real HF module tree for head widths other than hidden / heads and for q/k/v biases:
-a tiny Qwen3 (head_dim != hidden / heads, per-head q/k norms), Qwen2 under arch llama (q/k/v biases), Qwen3-0.6B's
-full shape on the meta device, and a pretrained Qwen2 directory whose config.json sets head_dim."""
+a tiny Qwen3 (head_dim != hidden / heads, per-head q/k norms), Qwen2 under arch llama (q/k/v biases),
+Qwen3-0.6B's full shape on the meta device, and a pretrained Qwen2 directory whose config.json sets
+head_dim."""
 
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ def _meta_count(config: Any) -> int:
 def test_tiny_qwen3_with_a_wide_head_counts_exactly() -> None:
     from transformers import Qwen3Config
 
-    cfg = Qwen3Config(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                      intermediate_size=80, vocab_size=120, max_position_embeddings=64, tie_word_embeddings=False)
-    spec = ModelSpec(arch="qwen3", layers=2, hidden=48, heads=4, kv_heads=2, head_dim=32, ffn_hidden=80, vocab=120,
-                     seq_len=64)
+    cfg = Qwen3Config(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=32, intermediate_size=80, vocab_size=120, max_position_embeddings=64,
+                      tie_word_embeddings=False)
+    spec = ModelSpec(arch="qwen3", layers=2, hidden=48, heads=4, kv_heads=2, head_dim=32, ffn_hidden=80,
+                     vocab=120, seq_len=64)
     assert _meta_count(cfg) == total_params(resolve_model(spec))
 
 
@@ -49,22 +51,26 @@ def test_qwen3_0_6b_shape_counts_exactly() -> None:
     cfg = Qwen3Config(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                       head_dim=128, intermediate_size=3072, vocab_size=151936, max_position_embeddings=40960,
                       tie_word_embeddings=True)
-    spec = ModelSpec(arch="qwen3", layers=28, hidden=1024, heads=16, kv_heads=8, head_dim=128, ffn_hidden=3072,
-                     vocab=151936, seq_len=4096, tied_embeddings=True)
-    assert _meta_count(cfg) == total_params(resolve_model(spec)) == 596_049_920  # Qwen3-0.6B's published count
+    spec = ModelSpec(arch="qwen3", layers=28, hidden=1024, heads=16, kv_heads=8, head_dim=128,
+                     ffn_hidden=3072, vocab=151936, seq_len=4096, tied_embeddings=True)
+    # Qwen3-0.6B's published count
+    assert _meta_count(cfg) == total_params(resolve_model(spec)) == 596_049_920
 
 
 def test_qwen2_under_arch_llama_counts_its_qkv_biases() -> None:
     from transformers import Qwen2Config
 
-    cfg = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
-                      intermediate_size=96, vocab_size=100, max_position_embeddings=64, tie_word_embeddings=False)
-    spec = ModelSpec(arch="llama", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=24, ffn_hidden=96, vocab=100,
-                     seq_len=64, qkv_bias=True)
-    built = build_hf(spec, "meta")  # dsforge's own dense build of the same keys: Qwen2 (biases on q, k, v only)
+    cfg = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=24, intermediate_size=96, vocab_size=100, max_position_embeddings=64,
+                      tie_word_embeddings=False)
+    spec = ModelSpec(arch="llama", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=24, ffn_hidden=96,
+                     vocab=100, seq_len=64, qkv_bias=True)
+    built = build_hf(spec, "meta")  # dsforge's own dense build of the same keys: Qwen2 (biases on q, k, v
+                                    # only)
     assert type(built).__name__ == "Qwen2ForCausalLM"
     assert _meta_count(cfg) == sum(p.numel() for p in built.parameters()) == total_params(resolve_model(spec))
-    assert total_params(resolve_model(ModelSpec(**{**spec.model_dump(), "qkv_bias": False}))) < _meta_count(cfg)
+    assert total_params(resolve_model(ModelSpec(**{**spec.model_dump(),
+                                                   "qkv_bias": False}))) < _meta_count(cfg)
 
 
 @settings(max_examples=15, deadline=None)
@@ -74,9 +80,9 @@ def test_qwen2_under_arch_llama_counts_its_qkv_biases() -> None:
 def test_dense_builds_count_what_params_py_says(kv: int, per_kv: int, head_dim: int, width: int, ffn: int,
                                                 tied: bool, bias: bool, arch: str) -> None:
     # hidden a multiple of heads (DSF121; transformers' Llama and Mixtral configs require it), head_dim free
-    keys: dict[str, Any] = {"arch": arch, "layers": 2, "hidden": kv * per_kv * width, "heads": kv * per_kv, "kv_heads": kv,
-                            "head_dim": head_dim, "ffn_hidden": ffn, "vocab": 50, "seq_len": 16,
-                            "tied_embeddings": tied, "qkv_bias": bias and arch == "llama"}
+    keys: dict[str, Any] = {"arch": arch, "layers": 2, "hidden": kv * per_kv * width, "heads": kv * per_kv,
+                            "kv_heads": kv, "head_dim": head_dim, "ffn_hidden": ffn, "vocab": 50,
+                            "seq_len": 16, "tied_embeddings": tied, "qkv_bias": bias and arch == "llama"}
     if arch == "mixtral":
         keys["moe"] = {"experts": 3, "top_k": 2}
     model = resolve_model(ModelSpec(**keys))
@@ -86,8 +92,9 @@ def test_dense_builds_count_what_params_py_says(kv: int, per_kv: int, head_dim: 
 def test_pretrained_qwen2_with_its_own_head_dim_plans_the_real_count(tmp_path: Path) -> None:
     from transformers import Qwen2Config
 
-    cfg = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                      intermediate_size=96, vocab_size=100, max_position_embeddings=64, tie_word_embeddings=False)
+    cfg = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=32, intermediate_size=96, vocab_size=100, max_position_embeddings=64,
+                      tie_word_embeddings=False)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "config.json").write_text(json.dumps(cfg.to_dict()), encoding="utf-8")

@@ -1,10 +1,11 @@
-"""Pipeline stages from the plan: boundaries (pure), and a TP2 x PP2 DeepSpeed pipeline against the dense model.
+"""Pipeline stages from the plan: boundaries (pure), and a TP2 x PP2 DeepSpeed pipeline against the dense
+model.
 
 The 4-process test builds the dense HF model on every rank (same seed), rewrites each rank's stage,
 runs it in DeepSpeed's PipelineEngine, and compares the loss before and after one SGD step with the
-dense model's (GPT-2 with sequence parallelism on top). The step covers the backward through both stages, the TP collectives and, for the
-tied GPT-2 head, DeepSpeed's all-reduce of the tied embedding gradient between first and last stage.
-Each rank's parameter count must equal the plan's exact per-rank count for its stage.
+dense model's (GPT-2 with sequence parallelism on top). The step covers the backward through both stages, the
+TP collectives and, for the tied GPT-2 head, DeepSpeed's all-reduce of the tied embedding gradient between
+first and last stage. Each rank's parameter count must equal the plan's exact per-rank count for its stage.
 
 Tolerance 1e-5 relative (see test_apply_tp.py): fp32 re-association only; a missing gradient
 all-reduce or a wrong stage boundary changes the loss at O(lr * grad) = O(1e-2) or more.
@@ -39,13 +40,15 @@ def test_boundaries_follow_the_plan_partition(job):
     assert boundaries(plan, 6, lead=2, tail=2) == [0, 3, 6, 10]
     _, plan = job({"preset": "tiny-llama"})
     assert boundaries(plan, 4, lead=1, tail=1) == [0, 6]
-    _, plan = job({"preset": "tiny-llama"}, {"pp": 2, "pipeline": {"virtual_stages": 2, "schedule": "interleaved"}})
+    _, plan = job({"preset": "tiny-llama"},
+                  {"pp": 2, "pipeline": {"virtual_stages": 2, "schedule": "interleaved"}})
     with pytest.raises(RewriteError, match="no interleaved schedule"):
         boundaries(plan, 4, lead=1, tail=1)
 
 
 class _SGD(torch.optim.SGD):
-    """SGD that first sums the partial gradients of sequence-parallel parameters (Megatron's finalize step)."""
+    """SGD that first sums the partial gradients of sequence-parallel parameters (Megatron's finalize
+    step)."""
 
     def __init__(self, module: torch.nn.Module, tp_group: object) -> None:
         super().__init__(module.parameters(), lr=LR)
@@ -79,7 +82,8 @@ def _pipeline_parity(rank: int, spec: JobSpec) -> None:
             p -= LR * p.grad
         ref_after = dense(input_ids=ids, labels=ids).loss
     if abs(ref_after.item() - ref.item()) < 1e-2:
-        raise AssertionError("the SGD step hardly moves the loss; the after-step comparison would prove nothing")
+        raise AssertionError("the SGD step hardly moves the loss; the "
+                             "after-step comparison would prove nothing")
 
     rp = plan_rewrite(model, plan)
     pipe = build_pipeline(model, rp, plan, groups)
@@ -94,7 +98,8 @@ def _pipeline_parity(rank: int, spec: JobSpec) -> None:
     name = spec.model.preset
     report(f"{name} pipeline loss", engine.eval_batch(iter([(ids, ids)])).reshape(()), ref.detach(), RTOL)
     engine.train_batch(iter([(ids, ids)]))
-    report(f"{name} pipeline loss after a step", engine.eval_batch(iter([(ids, ids)])).reshape(()), ref_after, RTOL)
+    report(f"{name} pipeline loss after a step", engine.eval_batch(iter([(ids, ids)])).reshape(()), ref_after,
+           RTOL)
 
 
 def _worker(rank: int, world: int, specs: list[JobSpec]) -> None:

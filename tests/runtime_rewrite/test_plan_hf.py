@@ -1,4 +1,5 @@
-"""The rewrite plan of the HF gpt2 / llama / mixtral families: coverage, shard shapes, counts, stages, errors."""
+"""The rewrite plan of the HF gpt2 / llama / mixtral families: coverage, shard shapes, counts, stages,
+errors."""
 
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def test_gpt2_per_rank_count_from_first_principles(job):
     h, f, v, s, tp = 64, 256, 256, 64, 2
     layer = ((h * 3 * h + 3 * h) // tp + h * h // tp + h + (h * f + f) // tp + f * h // tp + h + 4 * h)
     assert rp.stage_params() == [v * h // tp + s * h + 2 * layer + 2 * h]
-    assert rp.attr_scales == [(f"transformer.h.{i}.attn", a) for i in range(2) for a in ("split_size", "num_heads")]
+    assert rp.attr_scales == [(f"transformer.h.{i}.attn",
+                               a) for i in range(2) for a in ("split_size", "num_heads")]
 
 
 def test_llama_gqa_shards_and_per_rank_count(job):
@@ -137,8 +139,8 @@ def test_modules_no_rule_places_are_named(job):
         layer.mlp.scale = nn.Linear(4, 4, device="meta")
     with pytest.raises(RewriteError) as err:
         plan_rewrite(model, plan)
-    assert err.value.leftover == ["model.layers.0.mlp.scale", "model.layers.1.mlp.scale", "model.layers.2.mlp.scale",
-                                  "model.layers.3.mlp.scale", "model.extra"]
+    assert err.value.leftover == ["model.layers.0.mlp.scale", "model.layers.1.mlp.scale",
+                                  "model.layers.2.mlp.scale", "model.layers.3.mlp.scale", "model.extra"]
     assert "model.layers.{0..3}.mlp.scale, model.extra" in str(err.value)
 
 

@@ -23,9 +23,11 @@ def _styles(model_type: str) -> set[str]:
 
 
 def sample_types() -> list[str]:
-    """Greedy cover of the exact types' styles, quickest first on ties; one dense and one MoE type at least."""
+    """Greedy cover of the exact types' styles, quickest first on ties; one dense and one MoE type at
+    least."""
     rows = json.loads(RESULTS.read_text(encoding="utf-8"))["rows"]
-    exact = sorted((r for r in rows if r["result"] == "exact"), key=lambda r: (r.get("seconds", 0), r["type"]))
+    exact = sorted((r for r in rows if r["result"] == "exact"),
+                   key=lambda r: (r.get("seconds", 0), r["type"]))
     styles = {r["type"]: _styles(r["type"]) for r in exact}
     wanted = set().union(*styles.values())
     chosen: list[str] = []

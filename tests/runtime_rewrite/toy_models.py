@@ -54,8 +54,8 @@ def build_llama() -> nn.Module:
     """Factory without arguments returning an HF Llama (for `arch: auto` on a factory model)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    return LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2))
+    return LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
 
 
 def not_a_module() -> object:

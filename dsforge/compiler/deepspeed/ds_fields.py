@@ -25,7 +25,8 @@ class Invalid(ValueError):
 
 @dataclass(frozen=True)
 class Field:
-    """One pydantic field: its kind (bool, int, float, str, path, enum, model, opaque), bounds and spellings."""
+    """One pydantic field: its kind (bool, int, float, str, path, enum, model, opaque), bounds and
+    spellings."""
 
     kind: str
     default: Any = None
@@ -165,7 +166,9 @@ def validate_in(models: Mapping[str, dict[str, Field]], name: str, data: Mapping
         if isinstance(value, str) and value == "auto":
             continue
         field_name = by_alias.get(key, key)
-        if field_name not in fields or (field_name == key and fields[key].alias and fields[key].alias in data):
+        if field_name not in fields or (
+            field_name == key and fields[key].alias and fields[key].alias in data
+        ):
             # pydantic prefers the alias: the field's own name beside it is an extra key
             problems.append(Problem((*path, key), f"`{where((*path, key))}` is not a key DeepSpeed's "
                                     f"{where(path)} takes", "fix the spelling or remove it", "extra"))
@@ -185,9 +188,15 @@ def validate_in(models: Mapping[str, dict[str, Field]], name: str, data: Mapping
         if field.replaced_by and field_name in given:
             new = field.replaced_by
             if new in given:
-                problems.append(Problem((*path, field_name), f"`{where((*path, field_name))}` is the deprecated "
-                                        f"spelling of `{new}`, and DeepSpeed refuses both together",
-                                        f"remove {field_name} (dsforge writes {new})", "cross"))
+                problems.append(
+                    Problem(
+                        (*path, field_name),
+                        f"`{where((*path, field_name))}` is the deprecated "
+                        f"spelling of `{new}`, and DeepSpeed refuses both together",
+                        f"remove {field_name} (dsforge writes {new})",
+                        "cross",
+                    )
+                )
             elif out[field_name] is not None:
                 out[new] = {"device": "cpu"} if models[name][new].kind == "model" and out[field_name] else (
                     None if models[name][new].kind == "model" else out[field_name])
@@ -201,10 +210,12 @@ def fix_for(field: Field) -> str:
     if field.kind == "enum":
         return "use one of " + ", ".join(str(c) for c in field.choices)
     if field.kind in ("int", "float"):
-        bounds = [f"{w} {b:g}" for b, w in ((field.ge, ">="), (field.gt, ">"), (field.le, "<="), (field.lt, "<"))
-                  if b is not None]
-        return f"give a {'whole ' if field.kind == 'int' else ''}number" + (f" ({', '.join(bounds)})" if bounds
-                                                                             else "")
+        bounds = [f"{w} {b:g}" for b,
+                  w in ((field.ge, ">="), (field.gt, ">"), (field.le, "<="),
+                        (field.lt, "<")) if b is not None]
+        return f"give a {'whole ' if field.kind == 'int' else ''}number" + (
+            f" ({', '.join(bounds)})" if bounds else ""
+        )
     if field.kind == "model":
         return "give a mapping of its keys, or remove it"
     return "give true or false" if field.kind == "bool" else "give a string"

@@ -20,7 +20,7 @@ stage3_max_reuse_distance stage3_model_persistence_threshold stage3_module_granu
 stage3_param_persistence_threshold stage3_prefetch_bucket_size stage3_use_all_reduce_for_fetch_params sub_group_size
 use_all_reduce_for_fetch_params use_multi_rank_bucket_allreduce zenflow zero_hpz_partition_size
 zero_quantized_gradients zero_quantized_nontrainable_weights zero_quantized_weights
-""".split())
+""".split())  # noqa: E501
 
 #: Top-level keys DeepSpeed reads (deepspeed/runtime/config.py and the feature configs it delegates to).
 #: Unknown top-level keys are ignored silently by DeepSpeed, which is why dsforge warns about them.
@@ -33,7 +33,7 @@ activation_checkpointing tensor_parallel expert_parallel sequence_parallel_size 
 checkpoint hybrid_engine data_efficiency flops_profiler autotuning comms_logger tensorboard wandb csv_monitor comet
 wall_clock_breakdown memory_breakdown vocabulary_size dataloader_drop_last disable_allgather disable_python_gc
 log_level use_data_before_expert_parallelism aio timers weight_quantization zenflow
-""".split())
+""".split())  # noqa: E501
 
 #: Top-level keys removed from DeepSpeed: `_reject_removed_config_keys` raises at parse.
 REMOVED_TOP_LEVEL_KEYS = frozenset("""
@@ -48,22 +48,24 @@ COMM_DTYPES = frozenset({"fp16", "bf16", "fp32"})
 
 #: bf16 / fp16 sub-keys (deepspeed/runtime/precision_config.py DeepSpeedBF16Config, DeepSpeedFP16Config; both
 #: pydantic models with extra="forbid", so a misspelt key fails at parse).
-BF16_KEYS = frozenset({"enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
-                       "bf16_optimizer_states"})
-FP16_KEYS = frozenset({"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
-                       "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"})
+BF16_KEYS = frozenset({"enabled", "immediate_grad_update", "check_grad_overflow",
+                       "bf16_master_weights_and_grads", "bf16_optimizer_states"})
+FP16_KEYS = frozenset({"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
+                       "hysteresis", "consecutive_hysteresis", "min_loss_scale",
+                       "fp16_master_weights_and_grads"})
 
 #: tensor_parallel sub-keys (deepspeed/runtime/tensor_parallel/config.py TPTrainingConfig, extra="forbid";
 #: `tp` is the alias of `tensor_parallel`, `kernel_inject` of `replace_with_kernel_inject`).
 TENSOR_PARALLEL_KEYS = frozenset({"dtype", "autotp_size", "tp_overlap_comm", "vocab_parallel_lm_head",
-                                  "vocab_parallel_ce_backend", "tensor_parallel", "tp", "injection_policy_tuple",
-                                  "partition_config", "preset_model", "keep_module_on_host",
-                                  "replace_with_kernel_inject", "kernel_inject"})
+                                  "vocab_parallel_ce_backend", "tensor_parallel", "tp",
+                                  "injection_policy_tuple", "partition_config", "preset_model",
+                                  "keep_module_on_host", "replace_with_kernel_inject", "kernel_inject"})
 
-#: pipeline sub-keys DeepSpeed reads (runtime/config.py get_pipeline_config defaults; runtime/pipe/engine.py and
-#: module.py read `use_reentrant`). The block is a plain dict, so DeepSpeed ignores misspelt keys silently.
-PIPELINE_KEYS = frozenset({"stages", "partition", "seed_layers", "activation_checkpoint_interval", "pipe_partitioned",
-                           "grad_partitioned", "use_reentrant"})
+#: pipeline sub-keys DeepSpeed reads (runtime/config.py get_pipeline_config defaults; runtime/pipe/engine.py
+#: and module.py read `use_reentrant`). The block is a plain dict, so DeepSpeed ignores misspelt keys
+#: silently.
+PIPELINE_KEYS = frozenset({"stages", "partition", "seed_layers", "activation_checkpoint_interval",
+                           "pipe_partitioned", "grad_partitioned", "use_reentrant"})
 
 #: Legacy spelling of the bf16 section that DeepSpeed still reads (runtime/precision_config.py BFLOAT16_OLD).
 LEGACY_TOP_LEVEL_KEYS = frozenset({"bfloat16"})

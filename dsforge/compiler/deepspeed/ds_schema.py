@@ -11,11 +11,11 @@ and 1, an int field takes "5" and 5.0 but not "5e8" or 1.5, a float field takes 
 DeepSpeed reads with plain dict lookups fail only where the lookup or an operator on the value fails
 (``optimizer: null`` has no ``.keys()``, ``wall_clock_breakdown: "yes" | False`` is a TypeError).
 
-The other sections are described in `dsforge.compiler.deepspeed.ds_sections` (the monitors, comms_logger, timers,
-leaf_module, checkpoint, torch_autocast, flops_profiler, aio), whose problems `parse` adds. Not modelled:
-`UNMODELLED`, the sections `ds_sections.REFUSED` refuses as `deepspeed:` overrides (rule DSF528), with why.
-tests/compiler/deepspeed/test_ds_schema.py and test_ds_sections.py compare `MODELS` with the installed
-DeepSpeed's pydantic models and the coercions with pydantic's own, and test_ds_differential.py there
+The other sections are described in `dsforge.compiler.deepspeed.ds_sections` (the monitors, comms_logger,
+timers, leaf_module, checkpoint, torch_autocast, flops_profiler, aio), whose problems `parse` adds. Not
+modelled: `UNMODELLED`, the sections `ds_sections.REFUSED` refuses as `deepspeed:` overrides (rule DSF528),
+with why. tests/compiler/deepspeed/test_ds_schema.py and test_ds_sections.py compare `MODELS` with the
+installed DeepSpeed's pydantic models and the coercions with pydantic's own, and test_ds_differential.py there
 compares `parse` with `DeepSpeedConfig` on generated jobs.
 """
 
@@ -31,9 +31,10 @@ from dsforge.compiler.deepspeed.ds_fields import Field, Path, Problem, validate_
 from dsforge.compiler.deepspeed.ds_fields import is_number as _number
 from dsforge.compiler.deepspeed.ds_fields import where as _where
 
-#: Sections not described value by value: each is refused as a `deepspeed:` override (ds_sections.REFUSED, DSF528).
-UNMODELLED = ("zenflow", "zero_optimization.zenflow", "tensor_parallel", "expert_parallel", "compile", "autotuning",
-              "data_efficiency", "weight_quantization", "checkpoint.writer")
+#: Sections not described value by value: each is refused as a `deepspeed:` override (ds_sections.REFUSED,
+#: DSF528).
+UNMODELLED = ("zenflow", "zero_optimization.zenflow", "tensor_parallel", "expert_parallel", "compile",
+              "autotuning", "data_efficiency", "weight_quantization", "checkpoint.writer")
 
 
 def _f(kind: str, default: Any = None, **kw: Any) -> Field:
@@ -64,7 +65,8 @@ MODELS: dict[str, dict[str, Field]] = {
         "model_persistence_threshold": _f("int", _I64 - 1, ge=0, alias="stage3_model_persistence_threshold"),
         "max_live_parameters": _f("int", 1_000_000_000, ge=0, alias="stage3_max_live_parameters"),
         "max_reuse_distance": _f("int", 1_000_000_000, ge=0, alias="stage3_max_reuse_distance"),
-        "gather_16bit_weights_on_model_save": _f("bool", False, alias="stage3_gather_16bit_weights_on_model_save"),
+        "gather_16bit_weights_on_model_save": _f("bool", False,
+                                                 alias="stage3_gather_16bit_weights_on_model_save"),
         "module_granularity_threshold": _f("int", 0, alias="stage3_module_granularity_threshold"),
         "use_all_reduce_for_fetch_params": _f("bool", False, alias="stage3_use_all_reduce_for_fetch_params"),
         "allgather_sequential": _f("bool", False, alias="stage3_allgather_sequential"),
@@ -75,8 +77,8 @@ MODELS: dict[str, dict[str, Field]] = {
             ("parameter_alignment", False), ("zero_quantized_weights", False),
             ("zero_quantized_nontrainable_weights", False), ("zero_quantized_gradients", False),
             ("memory_efficient_linear", True), ("pipeline_loading_checkpoint", False),
-            ("override_module_apply", True), ("log_trace_cache_warnings", False), ("enable_sanity_checks", False),
-            ("save_muon_momentum_buffer_in_memory", False))},
+            ("override_module_apply", True), ("log_trace_cache_warnings", False),
+            ("enable_sanity_checks", False), ("save_muon_momentum_buffer_in_memory", False))},
         "zero_hpz_partition_size": _f("int", 1, ge=0),
         "leaf_module": _f("opaque", optional=True),  # null is {} (its before-validator); see ds_sections
     },
@@ -87,16 +89,16 @@ MODELS: dict[str, dict[str, Field]] = {
     },
     "offload_optimizer": {
         "device": _f("enum", "none", choices=("none", "cpu", "nvme")), "nvme_path": _f("path", optional=True),
-        "buffer_count": _f("int", 4, ge=0), "pin_memory": _f("bool", True), "pipeline_read": _f("bool", False),
-        "pipeline_write": _f("bool", False), "fast_init": _f("bool", False),
-        "ratio": _f("float", 1.0, ge=0.0, le=1.0), "super_offload": _f("bool", False),
-        "cpuadam_cores_perc": _f("float", 0.8, ge=0.0, le=1.0),
+        "buffer_count": _f("int", 4, ge=0), "pin_memory": _f("bool", True),
+        "pipeline_read": _f("bool", False), "pipeline_write": _f("bool", False),
+        "fast_init": _f("bool", False), "ratio": _f("float", 1.0, ge=0.0, le=1.0),
+        "super_offload": _f("bool", False), "cpuadam_cores_perc": _f("float", 0.8, ge=0.0, le=1.0),
     },
     "fp16": {
         "enabled": _f("bool", False), "auto_cast": _f("bool", False), "loss_scale": _f("float", 0.0),
-        "initial_scale_power": _f("int", 16), "loss_scale_window": _f("int", 1000), "hysteresis": _f("int", 2),
-        "consecutive_hysteresis": _f("bool", False), "min_loss_scale": _f("int", 1),
-        "fp16_master_weights_and_grads": _f("bool", False),
+        "initial_scale_power": _f("int", 16), "loss_scale_window": _f("int", 1000),
+        "hysteresis": _f("int", 2), "consecutive_hysteresis": _f("bool", False),
+        "min_loss_scale": _f("int", 1), "fp16_master_weights_and_grads": _f("bool", False),
     },
     "bf16": {
         "enabled": _f("bool", False), "immediate_grad_update": _f("bool", False),
@@ -104,9 +106,10 @@ MODELS: dict[str, dict[str, Field]] = {
         "bf16_optimizer_states": _f("bool", False),
     },
     "hybrid_engine": {
-        "enabled": _f("bool", False), "max_out_tokens": _f("int", 512, gt=0), "inference_tp_size": _f("int", 1),
-        "release_inference_cache": _f("bool", False), "pin_parameters": _f("bool", True),
-        "tp_gather_partition_size": _f("int", 8), "enable_cuda_graph": _f("bool", False),
+        "enabled": _f("bool", False), "max_out_tokens": _f("int", 512, gt=0),
+        "inference_tp_size": _f("int", 1), "release_inference_cache": _f("bool", False),
+        "pin_parameters": _f("bool", True), "tp_gather_partition_size": _f("int", 8),
+        "enable_cuda_graph": _f("bool", False),
     },
 }
 MODELS.update(ds_sections.SECTION_MODELS)
@@ -121,7 +124,8 @@ def _zero(cfg: Mapping[str, Any], problems: list[Problem]) -> dict[str, Any]:
     block = cfg.get("zero_optimization", {})
     path: Path = ("zero_optimization",)
     if isinstance(block, bool):  # the deprecated form: stage 1 with the top-level allgather_size, or 0
-        block = {"stage": 1, "allgather_bucket_size": cfg.get("allgather_size", 5e8)} if block else {"stage": 0}
+        block = {"stage": 1,
+                 "allgather_bucket_size": cfg.get("allgather_size", 5e8)} if block else {"stage": 0}
     if not isinstance(block, dict):
         problems.append(Problem(path, f"`zero_optimization`={block!r}: DeepSpeed takes a mapping (or the "
                                 "deprecated true/false)", "set parallel.zero and remove it", "shape"))
@@ -130,12 +134,14 @@ def _zero(cfg: Mapping[str, Any], problems: list[Problem]) -> dict[str, Any]:
     problems += found
     stage, offload = zero.get("stage"), zero.get("offload_optimizer")
     if zero.get("compute_grad_norm") is False and stage not in (1, 2):
-        problems.append(Problem((*path, "compute_grad_norm"), f"compute_grad_norm=false needs ZeRO stage 1 or 2, "
-                                f"not {stage}", "remove compute_grad_norm", "cross"))
+        problems.append(Problem((*path, "compute_grad_norm"),
+                                f"compute_grad_norm=false needs ZeRO stage 1 or 2, " f"not {stage}",
+                                "remove compute_grad_norm", "cross"))
     ratio = offload.get("ratio", 1.0) if isinstance(offload, dict) else 1.0
     if isinstance(ratio, float) and ratio < 1.0 and stage != 3:
         problems.append(Problem((*path, "offload_optimizer", "ratio"), f"offload_optimizer.ratio={ratio:g} "
-                                f"(partial offload) needs ZeRO-3, not stage {stage}", "remove ratio", "cross"))
+                                f"(partial offload) needs ZeRO-3, not stage {stage}", "remove ratio",
+                                "cross"))
     return zero
 
 
@@ -158,8 +164,9 @@ def _fp16(block: dict[str, Any], problems: list[Problem]) -> dict[str, Any]:
     if fp16["enabled"] is True and fp16["loss_scale"] == 0:
         for key in ("loss_scale_window", "min_loss_scale"):
             if isinstance(fp16[key], int) and fp16[key] <= 0:
-                problems.append(Problem((*path, key), f"`fp16.{key}`={fp16[key]} must be > 0 with dynamic loss "
-                                        "scaling (loss_scale 0)", f"give {key} a whole number > 0", "cross"))
+                problems.append(Problem((*path, key), f"`fp16.{key}`={fp16[key]} must be > 0 with dynamic "
+                                        f"loss scaling (loss_scale 0)", f"give {key} a whole number > 0",
+                                        "cross"))
     return fp16
 
 
@@ -221,7 +228,8 @@ def _keys_of(cfg: Mapping[str, Any], key: str, problems: list[Problem]) -> dict[
 
 
 def parse(cfg: Mapping[str, Any], world_size: int) -> list[Problem]:
-    """Every problem `DeepSpeedConfig(cfg, mpu)` raises on, with ``world_size`` the mpu's data-parallel size."""
+    """Every problem `DeepSpeedConfig(cfg, mpu)` raises on, with ``world_size`` the mpu's data-parallel
+    size."""
     problems: list[Problem] = []
     op = _scalars(cfg, problems)
     zero = _zero(cfg, problems)
@@ -237,16 +245,19 @@ def parse(cfg: Mapping[str, Any], world_size: int) -> list[Problem]:
 
 
 def _scalars(cfg: Mapping[str, Any], problems: list[Problem]) -> Any:
-    """The batch sizes as numbers, the communication dtypes, and the all-reduce op (returned: `_cross` reads it)."""
+    """The batch sizes as numbers, the communication dtypes, and the all-reduce op (returned: `_cross` reads
+    it)."""
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         value = cfg.get(key)
         if value is not None and not (_number(value) or isinstance(value, bool)):
-            problems.append(Problem((key,), f"`{key}`={value!r} is not a number", "remove it (dsforge sets it)"))
+            problems.append(Problem((key,), f"`{key}`={value!r} is not a number",
+                                    "remove it (dsforge sets it)"))
     for key in ("communication_data_type", "seq_parallel_communication_data_type"):
         _dtype(cfg, key, problems)
     op = cfg.get("gradient_allreduce_op", "mean")
     if (op.lower() if isinstance(op, str) else op) not in ("mean", "sum"):
-        problems.append(Problem(("gradient_allreduce_op",), f"`gradient_allreduce_op`={op!r} is not mean or sum",
+        problems.append(Problem(("gradient_allreduce_op",), f"`gradient_allreduce_op`={op!r} "
+                                                            f"is not mean or sum",
                                 "use mean (the default) or sum"))
     return op
 
@@ -255,8 +266,9 @@ def _activation_checkpointing(cfg: Mapping[str, Any], problems: list[Problem]) -
     """`activation_checkpointing` must be a mapping where it is given."""
     act = cfg.get("activation_checkpointing")
     if "activation_checkpointing" in cfg and not isinstance(act, dict):
-        problems.append(Problem(("activation_checkpointing",), f"`activation_checkpointing`={act!r}: DeepSpeed "
-                                "reads it as a mapping", "remove it (training.recompute sets it)", "shape"))
+        problems.append(Problem(("activation_checkpointing",),
+                                f"`activation_checkpointing`={act!r}: DeepSpeed " "reads it as a mapping",
+                                "remove it (training.recompute sets it)", "shape"))
 
 
 def _precision(cfg: Mapping[str, Any], problems: list[Problem]) -> tuple[dict[str, Any], dict[str, Any], str]:
@@ -273,17 +285,20 @@ def _precision(cfg: Mapping[str, Any], problems: list[Problem]) -> tuple[dict[st
 
 
 def _optimizer(cfg: Mapping[str, Any], problems: list[Problem]) -> None:
-    """The optimizer and scheduler blocks' keys, and the optimizer's params as a mapping with a numeric clip."""
+    """The optimizer and scheduler blocks' keys, and the optimizer's params as a mapping with a numeric
+    clip."""
     optimizer = _keys_of(cfg, "optimizer", problems)
     _keys_of(cfg, "scheduler", problems)
     params = optimizer.get("params") if optimizer is not None and optimizer.get("type") is not None else None
     if params is not None:
         if not isinstance(params, dict):
-            problems.append(Problem(("optimizer", "params"), f"`optimizer.params`={params!r} is not a mapping",
+            problems.append(Problem(("optimizer", "params"),
+                                    f"`optimizer.params`={params!r} is not a mapping",
                                     "give a mapping of the optimizer's parameters", "shape"))
         elif "max_grad_norm" in params and not _number(params["max_grad_norm"]):
-            problems.append(Problem(("optimizer", "params", "max_grad_norm"), "`optimizer.params.max_grad_norm` is "
-                                    "not a number", "remove it and set training.grad_clip"))
+            problems.append(Problem(("optimizer", "params", "max_grad_norm"),
+                                    "`optimizer.params.max_grad_norm` is " "not a number",
+                                    "remove it and set training.grad_clip"))
 
 
 def _monitors(cfg: Mapping[str, Any], problems: list[Problem]) -> None:
@@ -297,7 +312,8 @@ def _monitors(cfg: Mapping[str, Any], problems: list[Problem]) -> None:
 
 
 def _sections(cfg: Mapping[str, Any], problems: list[Problem]) -> None:
-    """The hybrid engine, pipeline, compile and data_types sections as mappings, and the fp32-module patterns."""
+    """The hybrid engine, pipeline, compile and data_types sections as mappings, and the fp32-module
+    patterns."""
     he = _mapping_or_missing(cfg, "hybrid_engine", problems, "give a mapping, or remove it")
     problems += validate_model("hybrid_engine", he, ("hybrid_engine",))[1]
     _mapping_or_missing(cfg, "pipeline", problems, "remove it (parallel.pp and parallel.pipeline set it)")
@@ -305,8 +321,10 @@ def _sections(cfg: Mapping[str, Any], problems: list[Problem]) -> None:
     data_types = _mapping_or_missing(cfg, "data_types", problems, "give a mapping, or remove it")
     keep = data_types.get("keep_in_fp32_modules", "auto")
     if keep != "auto" and not (isinstance(keep, list) and all(isinstance(n, str) for n in keep)):
-        problems.append(Problem(("data_types", "keep_in_fp32_modules"), "`data_types.keep_in_fp32_modules` must be "
-                                "\"auto\" or a list of name patterns", "give a list of strings, or \"auto\""))
+        problems.append(Problem(("data_types", "keep_in_fp32_modules"),
+                                "`data_types.keep_in_fp32_modules` must be "
+                                    "\"auto\" or a list of name "
+                                    "patterns", "give a list of strings, or \"auto\""))
 
 
 def _cross(op: Any, stage: Any, fp16: dict[str, Any], bf16: dict[str, Any], bf16_key: str,
@@ -314,7 +332,8 @@ def _cross(op: Any, stage: Any, fp16: dict[str, Any], bf16: dict[str, Any], bf16
     """What the settings refuse together: a sum all-reduce under ZeRO-3, 16-bit master weights without ZeRO,
     bf16 optimizer states without bf16 master weights."""
     if isinstance(op, str) and op.lower() == "sum" and stage == 3:
-        problems.append(Problem(("gradient_allreduce_op",), "gradient_allreduce_op=sum is refused with ZeRO-3",
+        problems.append(Problem(("gradient_allreduce_op",),
+                                "gradient_allreduce_op=sum is refused with ZeRO-3",
                                 "remove it, or use ZeRO 0-2", "cross"))
     for block, key in ((fp16, "fp16_master_weights_and_grads"), (bf16, "bf16_master_weights_and_grads"),
                        (bf16, "bf16_optimizer_states")):
@@ -324,8 +343,8 @@ def _cross(op: Any, stage: Any, fp16: dict[str, Any], bf16: dict[str, Any], bf16
                                     f"set parallel.zero: 1 (or 2, 3), or remove {key}", "cross"))
     if bf16.get("bf16_optimizer_states") is True and bf16.get("bf16_master_weights_and_grads") is not True:
         problems.append(Problem((bf16_key, "bf16_optimizer_states"), "bf16_optimizer_states needs "
-                                "bf16_master_weights_and_grads: true", "add bf16_master_weights_and_grads: true",
-                                "cross"))
+                                "bf16_master_weights_and_grads: true",
+                                "add bf16_master_weights_and_grads: true", "cross"))
 
 
 def _batch(cfg: Mapping[str, Any], world_size: int) -> list[Problem]:
@@ -345,14 +364,20 @@ def _batch(cfg: Mapping[str, Any], world_size: int) -> list[Problem]:
     elif mb is not None and tb is None and gas is None:
         tb, gas = mb * world_size, 1
     elif tb is None and mb is None:
-        return [Problem(("train_batch_size",), "neither train_batch_size nor train_micro_batch_size_per_gpu is "
-                        "given", "remove the null batch overrides", "cross")]
+        return [Problem(("train_batch_size",), "neither train_batch_size nor train_micro_batch_size_per_gpu "
+                        "is given", "remove the null batch overrides", "cross")]
     path: Path = ("train_batch_size",)
     if tb is None or mb is None or gas is None or not (tb > 0 and mb > 0 and gas > 0) or \
             tb != mb * gas * world_size:
-        return [Problem(path, f"train_batch_size={tb!r} is not micro_batch {mb!r} x gradient_accumulation_steps "
-                        f"{gas!r} x data-parallel size {world_size}", "remove the batch overrides (dsforge sets "
-                        "them from training.global_batch and micro_batch)", "cross")]
+        return [
+            Problem(
+                path,
+                f"train_batch_size={tb!r} is not micro_batch {mb!r} x gradient_accumulation_steps "
+                f"{gas!r} x data-parallel size {world_size}",
+                "remove the batch overrides (dsforge sets them from training.global_batch and micro_batch)",
+                "cross",
+            )
+        ]
     return []
 
 
@@ -408,5 +433,6 @@ def merge_overrides(emitted: dict[str, Any], overrides: Mapping[str, Any]) -> di
 def _deep(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in top.items():
-        out[key] = _deep(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = _deep(out[key], value) if isinstance(value,
+                                                        dict) and isinstance(out.get(key), dict) else value
     return out

@@ -1,15 +1,15 @@
 """The rest of DeepSpeed 0.19.8's config sections, value by value: the monitors, comms_logger, timers,
-ZeRO-3's leaf_module (pydantic models, joined into `ds_schema.MODELS`), and checkpoint, torch_autocast, flops_profiler
-and aio (read with plain dict lookups in runtime/config.py, runtime/model_checkpointing/config.py,
-profiling/config.py and runtime/swap_tensor/aio_config.py).
+ZeRO-3's leaf_module (pydantic models, joined into `ds_schema.MODELS`), and checkpoint, torch_autocast,
+flops_profiler and aio (read with plain dict lookups in runtime/config.py,
+runtime/model_checkpointing/config.py, profiling/config.py and runtime/swap_tensor/aio_config.py).
 
-`check(cfg)` returns the `ds_schema.Problem`s DeepSpeedConfig raises on in these sections (ds_schema.parse adds
-them to its own); `loose(cfg)` returns what DeepSpeed accepts but reads loosely (a flag it only tests for truth,
-a number it compares later): validate warns about those instead of refusing what DeepSpeed takes.
+`check(cfg)` returns the `ds_schema.Problem`s DeepSpeedConfig raises on in these sections (ds_schema.parse
+adds them to its own); `loose(cfg)` returns what DeepSpeed accepts but reads loosely (a flag it only tests for
+truth, a number it compares later): validate warns about those instead of refusing what DeepSpeed takes.
 
 `REFUSED` names the sections dsforge does not describe value by value, each with the reason it refuses them as
-`deepspeed:` overrides (rule DSF528): they configure machinery dsforge.runtime replaces or never calls, or they
-change the training the job describes.
+`deepspeed:` overrides (rule DSF528): they configure machinery dsforge.runtime replaces or never calls, or
+they change the training the job describes.
 """
 
 from __future__ import annotations
@@ -19,11 +19,14 @@ from typing import Any
 
 from dsforge.compiler.deepspeed.ds_fields import Field, Path, Problem, validate_in
 
-#: Sections refused as overrides, and why (dsforge.runtime's own machinery, or another training than the job's).
+#: Sections refused as overrides, and why (dsforge.runtime's own machinery, or another training than the
+#: job's).
 REFUSED: dict[str, str] = {
-    "zenflow": "DeepSpeed reads ZenFlow only under zero_optimization (and ignores it here), where it is refused",
-    "zero_optimization.zenflow": "ZenFlow updates only the most important gradient columns each step and the rest "
-                                 "asynchronously on the CPU, a different update rule than training.optimizer's",
+    "zenflow": "DeepSpeed reads ZenFlow only under zero_optimization "
+               "(and ignores it here), where it is refused",
+    "zero_optimization.zenflow": "ZenFlow updates only the most important gradient columns each step and the "
+                                 "rest asynchronously on the CPU, a different "
+                                 "update rule than training.optimizer's",
     "tensor_parallel": "dsforge.runtime shards tensor-parallel layers itself from parallel.tp; this section "
                        "configures DeepSpeed's AutoTP, a second sharding whose keys apply only to it",
     "expert_parallel": "dsforge.runtime builds DeepSpeed's MoE layers itself from parallel.ep; this section "
@@ -34,26 +37,28 @@ REFUSED: dict[str, str] = {
     "data_efficiency": "curriculum data sampling and random-LTD need DeepSpeed's own data loader and layer "
                        "hooks, which dsforge.runtime does not use (training.data decides what is read)",
     "checkpoint.writer": "its checkpoint writers read CROSS_SIZE and CROSS_RANK, which only DeepSpeed's own "
-                         "launcher sets, not torch's (measured without them: KeyError 'CROSS_SIZE' at initialize)",
-    "weight_quantization": "it quantizes the model's weights (ZeRO-Inference), numerics training.precision does "
-                           "not describe",
+                         "launcher sets, not torch's (measured without "
+                         "them: KeyError 'CROSS_SIZE' at initialize)",
+    "weight_quantization": "it quantizes the model's weights (ZeRO-Inference), numerics training.precision "
+                           "does not describe",
 }
 
 
-#: Every section of DeepSpeed 0.19.8's config (a key it reads as a mapping), ZeRO's sub-sections as dotted names:
-#: described by ds_schema (MODELS and parse), by this module, or refused (REFUSED).
+#: Every section of DeepSpeed 0.19.8's config (a key it reads as a mapping), ZeRO's sub-sections as dotted
+#: names: described by ds_schema (MODELS and parse), by this module, or refused (REFUSED).
 SECTION_NAMES = frozenset({
-    "zero_optimization", "zero_optimization.offload_param", "zero_optimization.offload_optimizer", "fp16", "bf16",
-    "bfloat16", "hybrid_engine", "optimizer", "scheduler", "pipeline", "activation_checkpointing", "data_types",
-    "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "timers", "zero_optimization.leaf_module",
-    "checkpoint", "torch_autocast", "flops_profiler", "aio", *REFUSED})
+    "zero_optimization", "zero_optimization.offload_param", "zero_optimization.offload_optimizer", "fp16",
+    "bf16", "bfloat16", "hybrid_engine", "optimizer", "scheduler", "pipeline", "activation_checkpointing",
+    "data_types", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "timers",
+    "zero_optimization.leaf_module", "checkpoint", "torch_autocast", "flops_profiler", "aio", *REFUSED})
 
 
 def _f(kind: str, default: Any = None, **kw: Any) -> Field:
     return Field(kind, default, **kw)
 
 
-_MONITOR_FILE = {"enabled": _f("bool", False), "output_path": _f("str", ""), "job_name": _f("str", "DeepSpeedJobName")}
+_MONITOR_FILE = {"enabled": _f("bool", False), "output_path": _f("str", ""),
+                 "job_name": _f("str", "DeepSpeedJobName")}
 _OPT_STR = _f("str", optional=True)
 
 #: pydantic models of the sections described here (deepspeed 0.19.8; every model has extra="forbid").
@@ -61,7 +66,8 @@ SECTION_MODELS: dict[str, dict[str, Field]] = {
     # monitor/config.py: each read with param_dict.get(key, {}) into DeepSpeedMonitorConfig
     "tensorboard": dict(_MONITOR_FILE),
     "csv_monitor": dict(_MONITOR_FILE),
-    "wandb": {"enabled": _f("bool", False), "group": _OPT_STR, "team": _OPT_STR, "project": _f("str", "deepspeed")},
+    "wandb": {"enabled": _f("bool", False), "group": _OPT_STR, "team": _OPT_STR,
+              "project": _f("str", "deepspeed")},
     "comet": {"enabled": _f("bool", False), "samples_log_interval": _f("int", 100),
               **{k: _OPT_STR for k in ("project", "workspace", "api_key", "experiment_name", "experiment_key",
                                        "mode")},
@@ -79,15 +85,18 @@ MONITORS = ("tensorboard", "wandb", "csv_monitor", "comet")
 
 #: Keys of the sections DeepSpeed reads with dict lookups (it ignores any other key silently: DSF507 warns).
 LOOSE_KEYS: dict[tuple[str, ...], frozenset[str]] = {
-    ("checkpoint",): frozenset({"tag_validation", "load_universal", "use_node_local_storage", "parallel_write",
+    ("checkpoint",
+     ): frozenset({"tag_validation", "load_universal", "use_node_local_storage", "parallel_write",
                                 "checkpoint_serialization", "writer"}),
     ("checkpoint", "parallel_write"): frozenset({"pipeline_stage"}),
     ("checkpoint", "writer"): frozenset({"type", "io_buffer_size", "io_buffer_double", "show_statistics",
                                          "data_parallel", "decoupled", "io_multiplier"}),
     ("torch_autocast",): frozenset({"enabled", "dtype", "lower_precision_safe_modules"}),
-    ("flops_profiler",): frozenset({"enabled", "recompute_fwd_factor", "profile_step", "module_depth", "top_modules",
+    ("flops_profiler",
+     ): frozenset({"enabled", "recompute_fwd_factor", "profile_step", "module_depth", "top_modules",
                                     "detailed", "output_file"}),
-    ("aio",): frozenset({"block_size", "queue_depth", "intra_op_parallelism", "single_submit", "overlap_events",
+    ("aio",
+     ): frozenset({"block_size", "queue_depth", "intra_op_parallelism", "single_submit", "overlap_events",
                          "use_gds"}),
     ("timers",): frozenset({"throughput"}),
     ("data_types",): frozenset({"grad_accum_dtype", "param_dtype", "buffer_dtype", "keep_in_fp32_modules"}),
@@ -117,8 +126,8 @@ def _problem(path: Path, message: str, fix: str, kind: str = "value") -> Problem
 
 def _shape(path: Path, value: Any, how: str = "a mapping") -> Problem:
     where = ".".join(str(p) for p in path)
-    return _problem(path, f"`{where}`={value!r}: DeepSpeed reads it as {how}", "give a mapping of its keys, or "
-                    "remove it", "shape")
+    return _problem(path, f"`{where}`={value!r}: DeepSpeed reads it as {how}",
+                    "give a mapping of its keys, or " "remove it", "shape")
 
 
 def _model(name: str, block: Any, path: Path, problems: list[Problem]) -> None:
@@ -182,14 +191,21 @@ def _checkpoint(cfg: Mapping[str, Any], problems: list[Problem]) -> None:
     if not isinstance(block, Mapping):
         problems.append(_shape(("checkpoint",), block))
         return
-    _upper(block.get("tag_validation", "WARN"), ("checkpoint", "tag_validation"), TAG_VALIDATION, problems, False)
+    _upper(block.get("tag_validation", "WARN"), ("checkpoint", "tag_validation"), TAG_VALIDATION, problems,
+           False)
     write = block.get("parallel_write", {})
     if not isinstance(write, Mapping):
         problems.append(_shape(("checkpoint", "parallel_write"), write))
     elif write.get("pipeline_stage", False) not in (True, False):  # ``in [True, False]``: 1 and 0.0 pass
-        problems.append(_problem(("checkpoint", "parallel_write", "pipeline_stage"), "`checkpoint.parallel_write."
-                                 f"pipeline_stage`={write['pipeline_stage']!r}: DeepSpeed takes true or false",
-                                 "give true or false"))
+        problems.append(
+            _problem(
+                ("checkpoint", "parallel_write", "pipeline_stage"),
+                "`checkpoint.parallel_write."
+                f"pipeline_stage`={write['pipeline_stage']!r}: "
+                f"DeepSpeed takes true or false",
+                "give true or false",
+            )
+        )
     writer = block.get("writer")
     if writer is None:
         return
@@ -197,8 +213,8 @@ def _checkpoint(cfg: Mapping[str, Any], problems: list[Problem]) -> None:
         problems.append(_shape(("checkpoint", "writer"), writer))
         return
     _upper(writer.get("type", "FAST"), ("checkpoint", "writer", "type"), WRITER_TYPES, problems, True)
-    _upper(writer.get("data_parallel"), ("checkpoint", "writer", "data_parallel"), DATA_PARALLEL_UNITS, problems,
-           True)
+    _upper(writer.get("data_parallel"), ("checkpoint", "writer", "data_parallel"), DATA_PARALLEL_UNITS,
+           problems, True)
 
 
 def _torch_autocast(cfg: Mapping[str, Any], problems: list[Problem]) -> None:
@@ -212,15 +228,15 @@ def _torch_autocast(cfg: Mapping[str, Any], problems: list[Problem]) -> None:
     if "dtype" in block:
         dtype = block["dtype"]
         if not (isinstance(dtype, str) and dtype in AUTOCAST_DTYPES):
-            problems.append(_problem((*path, "dtype"), f"`torch_autocast.dtype`={dtype!r} is not a dtype DeepSpeed "
-                                     "knows (case matters)", "use bf16, fp16 or fp32"))
+            problems.append(_problem((*path, "dtype"), f"`torch_autocast.dtype`={dtype!r} is not a dtype "
+                                     f"DeepSpeed knows (case matters)", "use bf16, fp16 or fp32"))
     if "lower_precision_safe_modules" in block:
         names = block["lower_precision_safe_modules"]
         items = list(names) if isinstance(names, (list, str, Mapping)) else None
         if items is None or not all(isinstance(n, str) for n in items):
             problems.append(_problem((*path, "lower_precision_safe_modules"), "`torch_autocast."
-                                     f"lower_precision_safe_modules`={names!r}: DeepSpeed takes a list of module "
-                                     "class names", "give a list of strings such as torch.nn.Linear"))
+                                     f"lower_precision_safe_modules`={names!r}: DeepSpeed takes a list of "
+                                     f"module class names", "give a list of strings such as torch.nn.Linear"))
 
 
 def _aio(cfg: Mapping[str, Any], problems: list[Problem]) -> None:
@@ -279,7 +295,7 @@ def loose(cfg: Mapping[str, Any]) -> list[Problem]:
         value = node[path[-1]]
         if not _LOOSE_OK[kind](value):
             where = ".".join(str(p) for p in path)
-            out.append(_problem(path, f"`{where}`={value!r}: DeepSpeed takes it without checking and uses it as "
-                                f"{_LOOSE_WANT[kind]}", f"give {_LOOSE_WANT[kind]}"))
+            out.append(_problem(path, f"`{where}`={value!r}: DeepSpeed takes it without checking and uses it "
+                                f"as {_LOOSE_WANT[kind]}", f"give {_LOOSE_WANT[kind]}"))
     return out
 

@@ -60,8 +60,9 @@ def zero_section(plan: AnyPlan) -> dict[str, Any]:
 
 
 def emitted_zero_block(plan: AnyPlan) -> dict[str, Any]:
-    """The `zero_optimization` block ds_config.json carries: `zero_section` with the job's overrides merged (an
-    override replaces every spelling of its setting: `prefetch_bucket_size` the `stage3_` one dsforge writes)."""
+    """The `zero_optimization` block ds_config.json carries: `zero_section` with the job's overrides merged
+    (an override replaces every spelling of its setting: `prefetch_bucket_size` the `stage3_` one dsforge
+    writes)."""
     return merge_zero(zero_section(plan), overrides(plan, "zero_optimization"))
 
 
@@ -85,7 +86,8 @@ def checkpointing_section(plan: AnyPlan) -> dict[str, Any]:
 def emitted_checkpointing_block(plan: AnyPlan) -> dict[str, Any]:
     """The `activation_checkpointing` block ds_config.json carries (overrides merged); {} when it has none."""
     ds = plan.spec.deepspeed if isinstance(plan.spec.deepspeed, dict) else {}
-    merged = deep_merge(checkpointing_section(plan), {k: v for k, v in ds.items() if k == "activation_checkpointing"})
+    merged = deep_merge(checkpointing_section(plan),
+                        {k: v for k, v in ds.items() if k == "activation_checkpointing"})
     block = merged.get("activation_checkpointing", {})
     return block if isinstance(block, dict) else {}
 
@@ -112,8 +114,8 @@ def precision_section(plan: AnyPlan) -> dict[str, Any]:
     if prec == "fp16":
         # loss_scale 0 = dynamic (runtime/precision_config.py); start at 2^16, halve on overflow after
         # `hysteresis` overflows, grow again after loss_scale_window clean steps.
-        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-                         "hysteresis": 2, "min_loss_scale": 1}}
+        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
+                         "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}}
     return {}
 
 

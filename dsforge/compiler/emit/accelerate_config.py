@@ -30,7 +30,8 @@ def accelerate_config(plan: ResolvedPlan, ds_config_file: str = DS_CONFIG_FILE) 
         "deepspeed_config": {
             "deepspeed_config_file": ds_config_file,
             "deepspeed_multinode_launcher": "standard",
-            # ZeRO-3 builds the model partitioned from the start (deepspeed.zero.Init) instead of whole per rank.
+            # ZeRO-3 builds the model partitioned from the start (deepspeed.zero.Init) instead of whole per
+            # rank.
             "zero3_init_flag": plan.zero == 3,
         },
         "downcast_bf16": "no",
@@ -41,7 +42,8 @@ def accelerate_config(plan: ResolvedPlan, ds_config_file: str = DS_CONFIG_FILE) 
         "main_process_port": launch.master_port,
         "rdzv_backend": "static",
         "same_network": True,
-        # use_cpu would make accelerate skip DeepSpeed; DS_ACCELERATOR=cpu (launch.sh) selects the CPU instead.
+        # use_cpu would make accelerate skip DeepSpeed; DS_ACCELERATOR=cpu (launch.sh) selects the CPU
+        # instead.
         "use_cpu": False,
     }
     if plan.nodes > 1:

@@ -1,21 +1,22 @@
 """ds_config.json from a plan: batch split, ZeRO, precision, optimizer, schedule, pipeline, recompute.
 
 Every value follows from the plan (the ZeRO and activation-checkpointing blocks come from
-`dsforge/compiler/deepspeed/ds_settings.py`, which the estimates read too); the job file's `deepspeed:` section is
-merged last, each override replacing every spelling of its setting (`ds_schema.merge_overrides`; rules
-DSF508 and DSF520-DSF521 have already refused overrides that contradict the plan). DeepSpeed's batch identity
-``train_batch_size == micro * gas * world_size`` (deepspeed/runtime/config.py
-``DeepSpeedConfig._batch_assertion``) is checked against the world size DeepSpeed *sees*: the runtime
-passes an mpu built from the plan (a PipelineModule brings its own topology), whose
-``get_data_parallel_world_size()`` is the plan's dp, so the identity is global = micro x gas x dp.
-Without that mpu, AutoTP would count tensor-parallel ranks as data-parallel ones (research doc R2).
+`dsforge/compiler/deepspeed/ds_settings.py`, which the estimates read too); the job file's `deepspeed:`
+section is merged last, each override replacing every spelling of its setting (`ds_schema.merge_overrides`;
+rules DSF508 and DSF520-DSF521 have already refused overrides that contradict the plan). DeepSpeed's batch
+identity ``train_batch_size == micro * gas * world_size`` (deepspeed/runtime/config.py
+``DeepSpeedConfig._batch_assertion``) is checked against the world size DeepSpeed *sees*: the runtime passes
+an mpu built from the plan (a PipelineModule brings its own topology), whose
+``get_data_parallel_world_size()`` is the plan's dp, so the identity is global = micro x gas x dp. Without
+that mpu, AutoTP would count tensor-parallel ranks as data-parallel ones (research doc R2).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-# on_cpu stays importable from here: launchers, plan_doc, the runtime and the plugins read it from this module.
+# on_cpu stays importable from here: launchers, plan_doc, the runtime and the plugins read it from this
+# module.
 from dsforge.compiler.deepspeed.ds_schema import merge_overrides
 from dsforge.compiler.deepspeed.ds_settings import (
     checkpointing_section,

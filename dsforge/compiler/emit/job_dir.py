@@ -45,7 +45,8 @@ def render_job(plan: ResolvedPlan, summary: dict[str, Any] | None = None,
     plan = with_interpreter(plan, python)
     launch = plan.spec.launch
     if launch.launcher == "deepspeed" and plan.nodes > 1 and len(launch.hosts) != plan.nodes:
-        raise EmitError(f"the hostfile needs {plan.nodes} host names in launch.hosts, got {len(launch.hosts)}")
+        raise EmitError(f"the hostfile needs {plan.nodes} host names "
+                        f"in launch.hosts, got {len(launch.hosts)}")
     extra = launch_files(plan)
     names = [*CORE_FILES, *(f.name for f in extra)]
     doc = plan_document(plan, names, summary, rewrite)
@@ -58,8 +59,10 @@ def render_job(plan: ResolvedPlan, summary: dict[str, Any] | None = None,
     if launch.launcher == "kubernetes":
         ctx["configmap"] = _configmap(files)
     for f in extra:  # a plugin's launch target brings its files rendered (content), built-ins a template
-        files[f.name] = JobFile(f.content if f.content is not None else render(f.template, **ctx), f.executable)
+        files[f.name] = JobFile(f.content if f.content is not None else render(f.template, **ctx),
+                                f.executable)
     files["README.md"] = JobFile(render(
         "README.md.j2", **ctx, launcher=launch.launcher, degrees=doc["degrees"], zero=doc["zero"],
-        stage_layers=doc["stage_layers"], ds=doc["deepspeed"], launch_files=[(f.name, f.purpose) for f in extra]))
+        stage_layers=doc["stage_layers"], ds=doc["deepspeed"],
+        launch_files=[(f.name, f.purpose) for f in extra]))
     return {name: files[name] for name in sorted(files)}

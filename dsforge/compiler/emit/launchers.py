@@ -43,7 +43,8 @@ LAUNCHERS: dict[str, tuple[LaunchFile, ...]] = {
     "torchrun": (LaunchFile("launch.sh", "launch/torchrun.sh.j2", True, _SCRIPT),),
     "deepspeed": (
         LaunchFile("launch.sh", "launch/deepspeed.sh.j2", True, _SCRIPT),
-        LaunchFile("hostfile", "launch/hostfile.j2", False, "DeepSpeed's hostfile: one line per node, its slots"),
+        LaunchFile("hostfile", "launch/hostfile.j2", False, "DeepSpeed's hostfile: one "
+                                                            "line per node, its slots"),
     ),
     "slurm": (LaunchFile("slurm.sbatch", "launch/slurm.sbatch.j2", True, "the SLURM batch script (sbatch)"),),
     "kubernetes": (LaunchFile("pytorchjob.yaml", "launch/pytorchjob.yaml.j2", False,
@@ -51,7 +52,8 @@ LAUNCHERS: dict[str, tuple[LaunchFile, ...]] = {
     # `accelerate launch` with the job's DeepSpeed config; launch.sh takes any Accelerate/HF script
     # as its first argument (README "Accelerate"), train.py otherwise.
     "accelerate": (
-        LaunchFile("launch.sh", "launch/accelerate.sh.j2", True, _SCRIPT + " (`./launch.sh my_script.py` runs yours)"),
+        LaunchFile("launch.sh", "launch/accelerate.sh.j2", True,
+                   _SCRIPT + " (`./launch.sh my_script.py` runs yours)"),
         LaunchFile("accelerate_config.yaml", "launch/accelerate_config.yaml.j2", False,
                    "`accelerate launch --config_file` for DeepSpeed with ds_config.json"),
     ),
@@ -74,7 +76,8 @@ def launch_files(plan: ResolvedPlan) -> tuple[LaunchFile, ...]:
 
 
 def rank_env(plan: ResolvedPlan) -> list[tuple[str, str]]:
-    """Environment of every rank, sorted: the CPU settings dsforge needs, then the job's `launch.env` over them."""
+    """Environment of every rank, sorted: the CPU settings dsforge needs, then the job's `launch.env` over
+    them."""
     env: dict[str, str] = {}
     if on_cpu(plan):
         # DeepSpeed picks its accelerator from DS_ACCELERATOR (accelerator/real_accelerator.py); one
@@ -125,7 +128,8 @@ def plugin_launch_files(plan: ResolvedPlan, context: dict[str, Any]) -> tuple[La
     try:
         target, entry = launch_target(name)
     except KeyError:
-        raise EmitError(f"no installed plugin offers the launcher {name!r} (`dsforge plugins` lists them)") from None
+        raise EmitError(f"no installed plugin offers the launcher {name!r} "
+                        f"(`dsforge plugins` lists them)") from None
     try:
         produced = list(target.render(plan, {**context, "version": __version__}))
     except Exception as exc:  # third-party code: any failure becomes a report naming the plugin
@@ -133,12 +137,14 @@ def plugin_launch_files(plan: ResolvedPlan, context: dict[str, Any]) -> tuple[La
     out: list[LaunchFile] = []
     for f in produced:
         if not isinstance(f, LaunchedFile) or not isinstance(f.content, str):
-            raise EmitError(f"launcher {name!r} of {entry.label} returned {type(f).__name__}, not LaunchedFile")
+            raise EmitError(f"launcher {name!r} of {entry.label} returned "
+                            f"{type(f).__name__}, not LaunchedFile")
         try:
             check_file_name(name, f.name, (*CORE_FILES, *(o.name for o in out)))
         except extensions.PluginLoadError as exc:
             raise EmitError(f"{exc} ({entry.label})") from None
-        out.append(LaunchFile(f.name, "", f.executable, f.purpose or f"written by launcher {name!r}", f.content))
+        out.append(LaunchFile(f.name, "", f.executable, f.purpose or f"written by launcher {name!r}",
+                              f.content))
     if not out:
         raise EmitError(f"launcher {name!r} of {entry.label} wrote no files")
     return tuple(out)

@@ -32,7 +32,8 @@ def optimizer_section(opt: OptimizerSpec, torch_adam: bool = False) -> dict[str,
 
 
 def scheduler_section(sched: SchedulerSpec, lr: float, steps: int) -> dict[str, Any] | None:
-    """The ``scheduler`` block for linear warm-up then cosine/linear decay or a constant rate; None for no schedule.
+    """The ``scheduler`` block for linear warm-up then cosine/linear decay or a constant rate; None for no
+    schedule.
 
     DeepSpeed's warm-up schedulers refuse ``warmup_num_steps <= 0`` and stretch shorter warm-ups to
     2 steps (``max(2, warmup_num_steps)``), so a job without warm-up is expressed without one:
@@ -51,8 +52,9 @@ def scheduler_section(sched: SchedulerSpec, lr: float, steps: int) -> dict[str, 
         return {"type": scheduler_type(sched.name, warm), "params": params}
     if sched.name == "cosine":
         # WarmupCosineLR works in ratios of the optimizer's lr: the decay ends at cos_min_ratio * lr.
-        params = {"total_num_steps": steps, "warmup_num_steps": max(1, warm), "warmup_min_ratio": 0.0 if warm else 1.0,
-                  "cos_min_ratio": sched.min_lr / lr, "warmup_type": "linear"}
+        params = {"total_num_steps": steps, "warmup_num_steps": max(1, warm),
+                  "warmup_min_ratio": 0.0 if warm else 1.0, "cos_min_ratio": sched.min_lr / lr,
+                  "warmup_type": "linear"}
         return {"type": scheduler_type(sched.name, warm), "params": params}
     # WarmupDecayLR uses one floor for both ends (WarmupLR.get_lr: min_lr + delta * gamma): warm-up starts
     # at warmup_min_lr and the linear decay ends there, so no ratio trick gives a flat start; without a

@@ -82,8 +82,8 @@ def placement_document(p: Placement) -> dict[str, Any]:
     for kind in p.groups:
         first = p.first_group(kind)
         # the last group holds the last rank, with the first group's offsets
-        shapes[kind] = {"count": p.world_size // len(first), "size": len(first), "first": first[:SHOWN_MEMBERS],
-                        "last_base": p.world_size - 1 - first[-1]}
+        shapes[kind] = {"count": p.world_size // len(first), "size": len(first),
+                        "first": first[:SHOWN_MEMBERS], "last_base": p.world_size - 1 - first[-1]}
     return {"order": list(p.order), "groups_summary": shapes,
             "note": f"{p.world_size} ranks: groups are summarised above {LISTED_RANKS} ranks"}
 
@@ -105,7 +105,8 @@ def plan_document(plan: ResolvedPlan, files: list[str], summary: dict[str, Any] 
         "nodes": plan.nodes,
         "gpus_per_node": plan.gpus_per_node,
         "zero": plan.zero,
-        "batch": {"global_batch": t.global_batch, "micro_batch": t.micro_batch, "grad_accum": plan.grad_accum},
+        "batch": {"global_batch": t.global_batch, "micro_batch": t.micro_batch,
+                  "grad_accum": plan.grad_accum},
         "seed": t.seed,
         "stage_layers": list(plan.stage_layers),
         "virtual_stages": plan.virtual_stages,

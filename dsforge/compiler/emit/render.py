@@ -38,7 +38,8 @@ def yamlquote(value: Any) -> str:
 
 
 def directive(value: Any) -> str:
-    """A value for an ``#SBATCH`` line, which sbatch splits itself and no shell quotes; anything else is refused."""
+    """A value for an ``#SBATCH`` line, which sbatch splits itself and no shell quotes; anything else is
+    refused."""
     text = str(value)
     if not SBATCH_VALUE.match(text):  # DSF604 reports it with its location first
         raise EmitError(f"{text!r} cannot be written into an #SBATCH directive")

@@ -40,13 +40,15 @@ def _previous_files(target: Path) -> set[str] | None:
         doc = json.loads((target / "plan.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict) or doc.get("generator") != GENERATOR or not isinstance(doc.get("files"), list):
+    if not isinstance(doc,
+                      dict) or doc.get("generator") != GENERATOR or not isinstance(doc.get("files"), list):
         return None
     return {str(name) for name in doc["files"]}
 
 
 def refuse_working_directory(target: Path) -> None:
-    """Raise TargetError when ``target`` is the working directory or one of its parents (it would be replaced)."""
+    """Raise TargetError when ``target`` is the working directory or one of its parents (it would be
+    replaced)."""
     target = Path(os.path.abspath(target))
     cwd = Path(os.path.abspath(os.getcwd()))
     if cwd == target or target in cwd.parents:
@@ -60,8 +62,8 @@ def _refuse_place(target: Path) -> None:
     refuse_working_directory(target)
     parent = target.parent
     if not parent.exists():
-        raise TargetError(f"cannot write {target}: its parent directory {parent} does not exist; create it first "
-                          f"(mkdir -p {parent}) or choose another -o")
+        raise TargetError(f"cannot write {target}: its parent directory {parent} does not exist; create it "
+                          f"first (mkdir -p {parent}) or choose another -o")
     if not parent.is_dir():
         raise TargetError(f"cannot write {target}: {parent} is a file, not a directory")
 
@@ -154,7 +156,8 @@ def recover(target: Path) -> list[str]:
                 target.rmdir()
             os.replace(path, target)
             missing = False
-            done.append(f"restored {target} from {path.name}, left by a compile that was killed while replacing it")
+            done.append(f"restored {target} from {path.name}, left by "
+                        f"a compile that was killed while replacing it")
         else:
             shutil.rmtree(path, ignore_errors=True)
             done.append(f"removed {path.name}, left by a compile that was killed")

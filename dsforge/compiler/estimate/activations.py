@@ -21,9 +21,9 @@ kernels an implementation really uses, described by a `Kernels` profile:
 * `EAGER`, explicit PyTorch ops on the CPU (matmul-softmax attention, `F.dropout` multiplying by a
   noise tensor of the activation dtype, `masked_fill` keeping the boolean causal mask, exact GELU).
 
-Measured with `torch.autograd.graph.saved_tensors_hooks` (tests/compiler/estimate/test_memory_measured.py), the count
-matches the saved tensors of the `EAGER` test GPT and of dsforge's HF models exactly in fp32. LayerNorm
-saves fp32 mean and rstd per token; RoPE saves only cos/sin shared by all layers (not counted).
+Measured with `torch.autograd.graph.saved_tensors_hooks` (tests/compiler/estimate/test_memory_measured.py),
+the count matches the saved tensors of the `EAGER` test GPT and of dsforge's HF models exactly in fp32.
+LayerNorm saves fp32 mean and rstd per token; RoPE saves only cos/sin shared by all layers (not counted).
 """
 
 from __future__ import annotations
@@ -50,11 +50,12 @@ class Kernels:
     gelu_tensors: int  # f-wide tensors a GELU MLP saves (2: fused or exact GELU; 5: HF gelu_new)
     swiglu_tensors: int  # f-wide tensors a SwiGLU MLP saves (3: Megatron's fused SwiGLU; 4: plain ops)
     fp32_logits: bool  # the loss upcasts 16-bit logits to an fp32 copy
-    # Under sequence parallelism an MoE block's router reads (and saves) the whole gathered sequence: dsforge's
-    # runtime gathers it at the block boundary and runs the replicated router on it (Megatron routes the shard).
+    # Under sequence parallelism an MoE block's router reads (and saves) the whole gathered sequence:
+    # dsforge's runtime gathers it at the block boundary and runs the replicated router on it (Megatron routes
+    # the shard).
     moe_input_gathered: bool = False
-    # dsforge's fused, chunked LM head + loss (dsforge/runtime/kernels/fused_ce.py): the fp32 row maximum and sum
-    # of exponentials and the int64 target per token kept, one chunk of logits alive at a time
+    # dsforge's fused, chunked LM head + loss (dsforge/runtime/kernels/fused_ce.py): the fp32 row maximum and
+    # sum of exponentials and the int64 target per token kept, one chunk of logits alive at a time
     chunked_loss: bool = False
     # f-wide tensors a routed SwiGLU expert saves, when they differ from the dense MLP's (0: swiglu_tensors)
     expert_swiglu_tensors: int = 0
@@ -63,7 +64,8 @@ class Kernels:
 MEGATRON = Kernels(fused_attention=False, dropout=True, byte_masks=True, causal_mask_saved=False,
                    hf_rmsnorm=False, gelu_tensors=2, swiglu_tensors=3, fp32_logits=True)
 HF_SDPA = Kernels(fused_attention=True, dropout=False, byte_masks=True, causal_mask_saved=False,
-                  hf_rmsnorm=True, gelu_tensors=5, swiglu_tensors=4, fp32_logits=True, moe_input_gathered=True)
+                  hf_rmsnorm=True, gelu_tensors=5, swiglu_tensors=4, fp32_logits=True,
+                  moe_input_gathered=True)
 #: Megatron-Core with Transformer Engine (the `megatron-te` stack): TE's DotProductAttention runs a flash
 #: kernel (Q, K, V, output and the fp32 log-sum-exp saved, attention dropout inside the kernel), hidden
 #: dropout 0.1 with 1-byte masks (Megatron's default), TE LayerNormLinear saves input and ln_out, fused
@@ -86,7 +88,8 @@ class ActivationShape:
     sequence_parallel: bool
     element_bytes: int  # 2 for bf16/fp16 activations, 4 for fp32
     kernels: Kernels = HF_SDPA
-    partition_checkpoints: bool = False  # full recompute keeps 1/tp of each layer input (partition_activations)
+    partition_checkpoints: bool = False  # full recompute keeps 1/tp of each layer input
+                                         # (partition_activations)
     experts_split: bool = False  # expert matrices split over tp (Megatron-Core), else whole on every TP rank
 
     @property
@@ -131,7 +134,8 @@ def attention_terms(model: ResolvedModel, a: ActivationShape) -> dict[str, float
     if k.fused_attention:
         # Also what dsforge's ring attention keeps under cp > 1 (dsforge/runtime/attention/ring.py): q, k, v
         # and the output of the local tokens and this fp32 log-sum-exp; its backward recomputes each
-        # block's scores, so no s x s/cp term (measured at S=1024, cp 2: tests/compiler/estimate/test_memory_measured.py).
+        # block's scores, so no s x s/cp term (measured at S=1024, cp 2:
+        # tests/compiler/estimate/test_memory_measured.py).
         terms["softmax_lse"] = n * heads * FP32
     else:
         scores = n * heads * a.seq_len  # each local query row against all s keys
@@ -147,7 +151,8 @@ def attention_terms(model: ResolvedModel, a: ActivationShape) -> dict[str, float
 
 def _mlp_inner(model: ResolvedModel, a: ActivationShape, ffn: int, tp: int | None = None,
                routed: bool = False) -> float:
-    """Bytes per token an MLP saves inside its tp-split region (the f-wide tensors; ``routed``: an expert's)."""
+    """Bytes per token an MLP saves inside its tp-split region (the f-wide tensors; ``routed``: an
+    expert's)."""
     per = a.kernels.swiglu_tensors if model.activation == "swiglu" else a.kernels.gelu_tensors
     if routed and model.activation == "swiglu" and a.kernels.expert_swiglu_tensors:
         per = a.kernels.expert_swiglu_tensors
@@ -170,7 +175,8 @@ def mlp_terms(model: ResolvedModel, a: ActivationShape, moe: bool) -> dict[str, 
     """Bytes one layer's MLP block (dense or MoE) saves for backward (one micro-batch)."""
     h, e, n = model.hidden, a.element_bytes, a.tokens
     gathered = moe and model.moe is not None and a.kernels.moe_input_gathered
-    terms = {"norm": n * norm_bytes(model, a) / a.sp_div, "mlp_input": n * h * e / (1 if gathered else a.sp_div)}
+    terms = {"norm": n * norm_bytes(model, a) / a.sp_div,
+             "mlp_input": n * h * e / (1 if gathered else a.sp_div)}
     if moe and model.moe is not None:
         m = model.moe
         routed = n * m.top_k * m.capacity_factor  # token copies processed by the experts on this rank
@@ -242,10 +248,10 @@ def logits_bytes(model: ResolvedModel, a: ActivationShape, vocab: int) -> tuple[
     cross-entropy)."""
     cells = a.tokens * vocab / a.tp
     if a.kernels.chunked_loss:
-        # fused_ce.py: the head's input (head_bytes) and per token the fp32 row maximum and sum of exponentials
-        # and the int64 target;
-        # alive at once: one chunk's logits in the compute dtype and their fp32 copy (in fp32 the same
-        # tensor), which the loss then works on in place (its exponentials, or in backward its gradient)
+        # fused_ce.py: the head's input (head_bytes) and per token the fp32 row maximum and sum of
+        # exponentials and the int64 target; alive at once: one chunk's logits in the compute dtype and their
+        # fp32 copy (in fp32 the same tensor), which the loss then works on in place (its exponentials, or in
+        # backward its gradient)
         chunk = min(a.tokens, loss_chunk_tokens(max(1, int(vocab // a.tp)))) * vocab / a.tp
         copy = FP32 if a.element_bytes != FP32 else 0
         return a.tokens * (2 * FP32 + 8), chunk * (a.element_bytes + copy)

@@ -33,7 +33,8 @@ SMALL_FILES = 64 * 1024
 
 @dataclass(frozen=True)
 class CheckpointSize:
-    """One checkpoint's bytes: the largest rank's, each pipeline stage's first rank's, and all ranks together."""
+    """One checkpoint's bytes: the largest rank's, each pipeline stage's first rank's, and all ranks
+    together."""
 
     per_rank_max: float
     per_stage: tuple[float, ...]  # bytes of a rank of each stage that writes every kind of file (dp rank 0)
@@ -42,20 +43,23 @@ class CheckpointSize:
     dsforge: float  # of the total: dsforge's layout-free copies and job files
 
     def as_dict(self, saves: int, keep: int | str) -> dict[str, object]:
-        """plan.json's `summary.checkpoint`, with the room the job's saves and retention need at their peak."""
+        """plan.json's `summary.checkpoint`, with the room the job's saves and retention need at their
+        peak."""
         peak = peak_checkpoints(saves, keep)
-        return {"bytes_per_rank_max": round(self.per_rank_max), "bytes_per_stage": [round(b) for b in self.per_stage],
-                "bytes_total": round(self.total), "bytes_deepspeed": round(self.deepspeed),
-                "bytes_dsforge": round(self.dsforge), "saves": saves, "keep": keep, "peak_checkpoints": peak,
+        return {"bytes_per_rank_max": round(self.per_rank_max),
+                "bytes_per_stage": [round(b) for b in self.per_stage], "bytes_total": round(self.total),
+                "bytes_deepspeed": round(self.deepspeed), "bytes_dsforge": round(self.dsforge),
+                "saves": saves, "keep": keep, "peak_checkpoints": peak,
                 "bytes_needed": round(self.total * peak),
-                "notes": [("one checkpoint as DeepSpeed and dsforge write it: DeepSpeed's model and ZeRO optimizer "
-                           "files, plus dsforge's layout-free weights and state (export, resume under another "
-                           "layout); while a save runs, training.checkpoint.keep complete ones and the new one "
-                           "coexist")]}
+                "notes": [("one checkpoint as DeepSpeed and dsforge write it: DeepSpeed's model and ZeRO "
+                           "optimizer files, plus dsforge's layout-free weights and state (export, resume "
+                           "under another layout); while a save runs, training.checkpoint.keep complete ones "
+                           "and the new one coexist")]}
 
 
 def saves_of(steps: int, every: int) -> int:
-    """How many checkpoints a run of ``steps`` steps saves: every ``every`` steps and always after the last."""
+    """How many checkpoints a run of ``steps`` steps saves: every ``every`` steps and always after the
+    last."""
     if every <= 0:
         return 1
     return steps // every + (0 if steps % every == 0 else 1)
@@ -90,8 +94,11 @@ def checkpoint_size(plan: Priced) -> CheckpointSize:
         optim_file = (FP32 + k) * pn if z.stage >= 1 else 0.0
         own = (b + FP32 + k) * p
         per_stage.append(model_file + optim_file + own + (SMALL_FILES if s == 0 else 0.0))
-        unique_model = 0.0 if z.stage == 3 else b * unique + (k * unique + (FP32 * unique if b != FP32 else 0.0)
-                                                              if z.stage == 0 else 0.0)
+        unique_model = (
+            0.0
+            if z.stage == 3
+            else b * unique + (k * unique + (FP32 * unique if b != FP32 else 0.0) if z.stage == 0 else 0.0)
+        )
         ds_total += d.tp * unique_model + d.tp * replicas * optim_file
         own_total += d.tp * (b + FP32 + k) * unique
     return CheckpointSize(max(per_stage), tuple(per_stage), ds_total + own_total, ds_total, own_total)

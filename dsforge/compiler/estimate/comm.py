@@ -167,14 +167,15 @@ def context_parallel(plan: Priced) -> list[Collective]:
     if plan.spec.parallel.context_parallel.kind == "ring":
         return [Collective("cp", "p2p", "K/V chunk around the ring", "forward", "layer", 2 * kv, d.cp, link,
                            "attention", d.cp - 1),
-                Collective("cp", "p2p", "K/V and dK/dV chunks around the ring", "backward", "layer", 4 * kv, d.cp,
-                           link, "attention", d.cp - 1)]
+                Collective("cp", "p2p", "K/V and dK/dV chunks around the ring", "backward", "layer", 4 * kv,
+                           d.cp, link, "attention", d.cp - 1)]
     qkv = act + 2 * kv
-    return [Collective("cp", "all-to-all", "Q/K/V sequence-to-head", "forward", "layer", qkv, d.cp, link, "none"),
-            Collective("cp", "all-to-all", "attention output head-to-sequence", "forward", "layer", act, d.cp, link,
+    return [Collective("cp", "all-to-all", "Q/K/V sequence-to-head", "forward", "layer", qkv, d.cp, link,
                        "none"),
-            Collective("cp", "all-to-all", "gradients of output and Q/K/V", "backward", "layer", act + qkv, d.cp,
-                       link, "none")]
+            Collective("cp", "all-to-all", "attention output head-to-sequence", "forward", "layer", act, d.cp,
+                       link, "none"),
+            Collective("cp", "all-to-all", "gradients of output and Q/K/V", "backward", "layer", act + qkv,
+                       d.cp, link, "none")]
 
 
 def expert_parallel(plan: Priced) -> list[Collective]:
@@ -189,10 +190,10 @@ def expert_parallel(plan: Priced) -> list[Collective]:
     tokens = _activation_bytes(plan) / (d.tp if plan.spec.parallel.sequence_parallel else 1)
     payload = tokens * m.moe.top_k * m.moe.capacity_factor
     link = link_of(plan, "ep")
-    return [Collective("ep", "all-to-all", "token dispatch and combine", "forward", "moe-layer", payload, d.ep,
-                       link, "none", 2),
-            Collective("ep", "all-to-all", "gradient dispatch and combine", "backward", "moe-layer", payload, d.ep,
-                       link, "none", 2)]
+    return [Collective("ep", "all-to-all", "token dispatch and combine", "forward", "moe-layer", payload,
+                       d.ep, link, "none", 2),
+            Collective("ep", "all-to-all", "gradient dispatch and combine", "backward", "moe-layer", payload,
+                       d.ep, link, "none", 2)]
 
 
 def pipeline_parallel(plan: Priced) -> list[Collective]:
@@ -209,12 +210,12 @@ def pipeline_parallel(plan: Priced) -> list[Collective]:
     act = _activation_bytes(plan) / (d.tp if plan.spec.parallel.sequence_parallel else 1)
     ops = [Collective("pp", "p2p", "activations to the next stage", "forward", "boundary", act, 2, link,
                       "dependency"),
-           Collective("pp", "p2p", "activation gradients to the previous stage", "backward", "boundary", act, 2,
-                      link, "dependency")]
+           Collective("pp", "p2p", "activation gradients to the previous stage", "backward", "boundary", act,
+                      2, link, "dependency")]
     if m.tied_embeddings:
         emb = padded_vocab(m, d.tp) * m.hidden / d.tp * DTYPE_BYTES[plan.spec.training.precision]
-        ops.append(Collective("pp", "all-reduce", "tied embedding gradient (first and last stage)", "step", "step",
-                              emb, 2, link, "none"))
+        ops.append(Collective("pp", "all-reduce", "tied embedding gradient (first and last stage)", "step",
+                              "step", emb, 2, link, "none"))
     return ops
 
 
@@ -230,7 +231,8 @@ def _op(group: str, op: str, purpose: str, phase: str, scope: str, payload: floa
     return Collective(group, op, purpose, phase, scope, payload / calls, n, link, overlap, calls)
 
 
-def _dp_ops(group: str, n: int, params: float, plan: Priced, gathered: tuple[float, int] = (0.0, 0)) -> list[Collective]:
+def _dp_ops(group: str, n: int, params: float, plan: Priced,
+            gathered: tuple[float, int] = (0.0, 0)) -> list[Collective]:
     """The ZeRO collectives over one data-parallel group for ``params`` rank-local parameters.
 
     ``gathered`` is ZeRO-3's (parameters fetched each pass, tensors fetched): the tensors at or below the
@@ -265,16 +267,16 @@ def _dp_ops(group: str, n: int, params: float, plan: Priced, gathered: tuple[flo
     if fetched > 0 and tensors > 0:
         ops = [_op(group, "all-gather", f"{what}parameters for forward, per module", "forward", "micro-batch",
                    fetched * z.weight_bytes, n, link, hide, tensors),
-               _op(group, "all-gather", f"{what}parameters for backward, per module", "backward", "micro-batch",
-                   fetched * z.weight_bytes, n, link, hide, tensors), *ops]
+               _op(group, "all-gather", f"{what}parameters for backward, per module", "backward",
+                   "micro-batch", fetched * z.weight_bytes, n, link, hide, tensors), *ops]
     return ops
 
 
 def grad_bytes(plan: Priced) -> int:
     """Bytes per gradient element on the wire: the 16-bit compute dtype under DeepSpeed (its default
-    communication_data_type), 4 where the stack reduces an fp32 main-grad buffer (Megatron-Core with bf16, not fp16:
-    megatron/training/arguments.py turns accumulate_allreduce_grads_in_fp32 on unless --grad-reduce-in-bf16;
-    param_and_grad_buffer.py reduces the buffer in its grad_dtype)."""
+    communication_data_type), 4 where the stack reduces an fp32 main-grad buffer (Megatron-Core with bf16, not
+    fp16: megatron/training/arguments.py turns accumulate_allreduce_grads_in_fp32 on unless
+    --grad-reduce-in-bf16; param_and_grad_buffer.py reduces the buffer in its grad_dtype)."""
     weight = zero_settings(plan).weight_bytes
     t = plan.spec.training
     return 4 if fp32_main_grads(plan.spec.stack, t.grad_reduce, weight, t.precision) else weight
@@ -330,6 +332,7 @@ def model_parallel(plan: Priced) -> list[Collective]:
     memo = plan_memo(plan)
     ops = memo.get("model_parallel")
     if ops is None:
-        ops = memo["model_parallel"] = tuple(tensor_parallel(plan) + context_parallel(plan) + expert_parallel(plan)
-                                             + pipeline_parallel(plan))
+        ops = memo["model_parallel"] = tuple(
+            tensor_parallel(plan) + context_parallel(plan) + expert_parallel(plan) + pipeline_parallel(plan)
+        )
     return list(ops)

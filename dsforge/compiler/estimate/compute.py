@@ -104,14 +104,16 @@ def _gemm(m: float, k: float, n: float, e: int, r: Rates) -> float:
     """Roofline time of one (m x k) @ (k x n) GEMM in the compute dtype."""
     if m <= 0 or k <= 0 or n <= 0:
         return 0.0
-    return max(2.0 * m * k * n / (r.peak_flops * r.gemm_efficiency), e * (m * k + k * n + m * n) / r.memory_Bps)
+    return max(2.0 * m * k * n / (r.peak_flops * r.gemm_efficiency),
+               e * (m * k + k * n + m * n) / r.memory_Bps)
 
 
 def _linear(m: float, k: float, n: float, e: int, r: Rates) -> float:
     """A linear layer's GEMM: at the FP8 peak under FP8 (its 1-byte operands), else as `_gemm`."""
     if r.linear_peak_flops is None or m <= 0 or k <= 0 or n <= 0:
         return _gemm(m, k, n, e, r)
-    return max(2.0 * m * k * n / (r.linear_peak_flops * r.gemm_efficiency), (m * k + k * n + e * m * n) / r.memory_Bps)
+    return max(2.0 * m * k * n / (r.linear_peak_flops * r.gemm_efficiency),
+               (m * k + k * n + e * m * n) / r.memory_Bps)
 
 
 def _layer(model: ResolvedModel, moe: bool, tokens: float, tp: int, ep: int, sp_div: int, e: int,
@@ -162,7 +164,8 @@ def chunk_time(plan: Priced, first_layer: int, layers: int, first: bool, last: b
 
 @bounded(maxsize=4096)
 def _chunk_time(model: ResolvedModel, tp: int, ep: int, sp_div: int, e: int, tokens: float, stack: str,
-                recompute: str, r: Rates, phase: int, layers: int, last: bool, fused_loss: bool = False) -> ChunkTime:
+                recompute: str, r: Rates, phase: int, layers: int, last: bool,
+                fused_loss: bool = False) -> ChunkTime:
     """`chunk_time` from what it reads: the layers from period ``phase`` (`flops.moe_phase`) are summed one by
     one, the order the per-chunk sum always had, so the seconds are the same floats (``fused_loss``: dsforge's
     fused loss recomputes the head's logits in backward, dsforge/runtime/kernels/fused_ce.py)."""

@@ -51,7 +51,8 @@ def layer_forward_flops(model: ResolvedModel, moe: bool = False) -> LayerFlops:
     """Forward FLOPs per token of one layer (Narayanan et al. 2021 eq. 3 terms, extended to GQA and MoE).
 
     Attention: Q and O are h x (heads·head_dim), K and V are h x (kv_heads·head_dim); scores and the
-    weighted sum each cost 2·s·heads·head_dim per token. MoE: top_k experts per token and an h x experts router.
+    weighted sum each cost 2·s·heads·head_dim per token. MoE: top_k experts per token and an h x experts
+    router.
     """
     h, s = model.hidden, model.seq_len
     q_dim, kv_dim = model.heads * model.head_dim, model.kv_heads * model.head_dim
@@ -96,7 +97,8 @@ def model_flops_per_step(plan: Priced) -> float:
 
 
 def _recompute_flops(f: LayerFlops, recompute: str) -> float:
-    """Extra forward FLOPs per token that recomputation adds in the backward pass (Korthikanti et al. 2022)."""
+    """Extra forward FLOPs per token that recomputation adds in the backward pass (Korthikanti et al.
+    2022)."""
     if recompute == "full":
         return f.total
     if recompute == "selective":
@@ -144,8 +146,8 @@ def chunk_flops(plan: Priced, first_layer: int, layers: int, first: bool, last: 
     tokens = t.micro_batch * model.seq_len / plan.degrees.cp
     split = profile_of(plan.spec.stack).experts_split_over_tp
     per_rank = tokens / plan.degrees.tp
-    fwd, core, extra = _chunk_per_token(model, plan.degrees.tp, split, t.recompute, moe_phase(model, first_layer),
-                                        layers, last)
+    fwd, core, extra = _chunk_per_token(model, plan.degrees.tp, split, t.recompute,
+                                        moe_phase(model, first_layer), layers, last)
     return ChunkFlops(forward=fwd * per_rank, backward=(2.0 * fwd + extra) * per_rank,
                       attention_forward=core * per_rank)
 
@@ -189,7 +191,8 @@ def hardware_flops_per_step(plan: Priced) -> float:
 
 @bounded(maxsize=256)
 def _hardware_per_token(model: ResolvedModel, tp: int, split: bool, recompute: str) -> float:
-    """Hardware FLOPs per trained token of `hardware_flops_per_step`, summed layer by layer as it always was."""
+    """Hardware FLOPs per trained token of `hardware_flops_per_step`, summed layer by layer as it always
+    was."""
     term = {}  # one layer's FLOPs per kind: the same float for every such layer
     for moe in (False, True):
         hw = _hardware_layer(model, moe)
@@ -213,12 +216,14 @@ def dense_peak_flops(accelerator: AcceleratorSpec, precision: str) -> float:
 
 
 def fp8_peak_flops(accelerator: AcceleratorSpec) -> float:
-    """Dense FP8 peak FLOP/s (0 where the accelerator states none): the rate of Transformer Engine's FP8 GEMMs."""
+    """Dense FP8 peak FLOP/s (0 where the accelerator states none): the rate of Transformer Engine's FP8
+    GEMMs."""
     return float(getattr(accelerator, "fp8_tflops", None) or 0.0) * 1e12
 
 
 def utilization(flops_per_step: float, step_s: float, gpus: int, peak_flops: float) -> float:
-    """FLOPs utilisation: FLOPs per step / (step time x GPUs x peak) (MFU with model FLOPs, HFU with hardware)."""
+    """FLOPs utilisation: FLOPs per step / (step time x GPUs x peak) (MFU with model FLOPs, HFU with
+    hardware)."""
     if step_s <= 0 or gpus <= 0 or peak_flops <= 0:
         return 0.0
     return flops_per_step / (step_s * gpus * peak_flops)

@@ -93,8 +93,8 @@ class MemoryEstimate:
 
 
 def activation_shape(plan: Priced) -> act.ActivationShape:
-    """The activation-sizing inputs of a plan: micro-batch, sequence, tp/cp/sp, precision, kernels (once per plan:
-    every stage asks, and the emitted checkpointing block it reads merges the job's overrides)."""
+    """The activation-sizing inputs of a plan: micro-batch, sequence, tp/cp/sp, precision, kernels (once per
+    plan: every stage asks, and the emitted checkpointing block it reads merges the job's overrides)."""
     memo = plan_memo(plan)
     shape = memo.get("activation_shape")
     if shape is None:
@@ -166,7 +166,8 @@ def _context(plan: Priced) -> _Context:
     ctx: _Context | None = memo.get("memory_context")
     if ctx is None:
         if plan.placement is None:  # estimate_memory refuses such plans first; the search's bound gives 0
-            raise ValueError("the memory estimate needs a rank placement (degrees filling the world, an order)")
+            raise ValueError("the memory estimate needs a rank placement "
+                             "(degrees filling the world, an order)")
         model, shape = plan.model, activation_shape(plan)
         ctx = memo["memory_context"] = _Context(
             chunk_table(plan), kind_table(plan), shape, plan.placement.first_group("pp"), on_cpu(plan),
@@ -246,23 +247,28 @@ def _stage_states(stack: str, share: RankParams, z: ZeroSettings, n_dense: int, 
     if prof.optimizer == "deepspeed":  # DeepSpeed's engine: dsforge's runtime and Megatron-DeepSpeed
         states = model_states(share, z, n_dense, n_expert, m)
     else:
-        states = megatron_states(share, z, n_dense, n_expert, fp32_grads, prof.distributed_optimizer, fp8_recipe)
+        states = megatron_states(share, z, n_dense, n_expert, fp32_grads, prof.distributed_optimizer,
+                                 fp8_recipe)
     update = _with_reserve(cpu, {**_ZEROS, **states.update})
     return _States(states, update, _with_reserve(cpu, {**_ZEROS, **states.step}), sum(update.values()))
 
 
-def stage_memory(plan: Priced, stage: int, z: ZeroSettings, m: int, per: _PerLayer | None = None) -> StageMemory:
+def stage_memory(plan: Priced, stage: int, z: ZeroSettings, m: int,
+                 per: _PerLayer | None = None) -> StageMemory:
     """Device and host bytes of one rank of pipeline ``stage`` (ValueError without a rank placement)."""
     ctx = _context(plan)
-    return _stage_memory(plan, stage, m, ctx, _template(plan, stage, z, m, per or _PerLayer.of(plan, ctx.shape), ctx))
+    return _stage_memory(plan, stage, m, ctx,
+                         _template(plan, stage, z, m, per or _PerLayer.of(plan, ctx.shape), ctx))
 
 
 def _stage_memory(plan: Priced, stage: int, m: int, ctx: _Context, tpl: _Template) -> StageMemory:
     st = tpl.st
     activ, logits = _activations(plan, stage, ctx, m, tpl)
-    backward = _with_reserve(ctx.cpu, {**_ZEROS, **st.states.backward, "activations": activ, "logits": logits})
+    backward = _with_reserve(ctx.cpu,
+                             {**_ZEROS, **st.states.backward, "activations": activ, "logits": logits})
     moments = {"backward": backward, "update": dict(st.update), "step": dict(st.step)}
-    phase = "update" if st.update_total > sum(backward.values()) else "backward"  # the larger; a tie: backward
+    # the larger; a tie: backward
+    phase = "update" if st.update_total > sum(backward.values()) else "backward"
     return StageMemory(stage, ctx.ranks[stage], dict(moments[phase]), dict(st.states.host), phase, moments)
 
 
@@ -275,7 +281,8 @@ def estimate_memory(plan: Priced) -> MemoryEstimate:
     """Estimate every pipeline stage's memory for a plan whose layout is valid (else ValueError)."""
     # a PricedPlan (DSF301's fixes, the bounds' plans) may still lack these; a ResolvedPlan never does
     if not plan.layout_ok or plan.placement is None or not plan.stage_layers:
-        raise ValueError("estimate_memory needs a valid layout (degrees filling the world, a stage partition)")
+        raise ValueError("estimate_memory needs a valid layout (degrees "
+                         "filling the world, a stage partition)")
     memo = plan_memo(plan)  # the plan is immutable: rules and the search ask again
     cached: MemoryEstimate | None = memo.get("memory_estimate")
     if cached is not None:
@@ -301,12 +308,14 @@ def estimate_memory(plan: Priced) -> MemoryEstimate:
         else:
             same = alike[key]
             stages.append(replace(same, stage=s, rank=ranks[s], components=dict(same.components),
-                                  host=dict(same.host), moments={k: dict(v) for k, v in same.moments.items()}))
+                                  host=dict(same.host),
+                                  moments={k: dict(v) for k, v in same.moments.items()}))
     stack = plan.spec.stack
     notes = (f"reserve: {'CPU 0.45 GB' if on_cpu(plan) else 'GPU 2 GB + 5 % fragmentation'}",
              lean_note(plan) if stack == "dsforge" else
-             f"stack {stack}: TE flash attention, fused norms/SwiGLU/GELU, fused vocab-parallel cross-entropy, "
-             "no pipeline output buffers, experts split over TP, distributed optimizer (zero: 1)"
+             f"stack {stack}: TE flash attention, fused norms/SwiGLU/GELU, fused vocab-parallel "
+             f"cross-entropy, no pipeline output buffers, experts "
+             f"split over TP, distributed optimizer (zero: 1)"
              if stack == "megatron-te" else
              f"stack {stack}: Megatron's fused softmax/bias-GELU, unfused attention scores, DeepSpeed's "
              "PipelineEngine output buffers and ZeRO as configured")
@@ -318,7 +327,8 @@ def estimate_memory(plan: Priced) -> MemoryEstimate:
 def _stage_class(plan: Priced, stage: int, m: int) -> tuple[object, ...]:
     """Everything of a stage `stage_memory` reads besides its index: first or last (embedding, head, logits,
     output buffers), its layers by kind and per chunk, and the micro-batches it holds in flight. Stages alike
-    in these have the same bytes (a deep pipeline's middle stages), so `estimate_memory` computes them once."""
+    in these have the same bytes (a deep pipeline's middle stages), so `estimate_memory` computes them
+    once."""
     d, ctx = plan.degrees, _context(plan)
     chunks = ctx.chunks[stage]
     flight = act.in_flight(ctx.schedule, d.pp, stage, m, len(chunks))

@@ -54,7 +54,8 @@ def _relayout(spec: JobSpec, plan: Priced, **degrees: int) -> tuple[str, JobSpec
 
 
 def candidates(spec: JobSpec, plan: Priced) -> Iterator[tuple[str, JobSpec]]:
-    """Every single change that could lower the peak (`ranked_fixes` prices each and checks what it breaks)."""
+    """Every single change that could lower the peak (`ranked_fixes` prices each and checks what it
+    breaks)."""
     d, t, par = plan.degrees, spec.training, spec.parallel
     for stage in range(plan.zero + 1, 4):
         yield f"parallel.zero: {stage}", _with(spec, "parallel", zero=stage)
@@ -68,7 +69,8 @@ def candidates(spec: JobSpec, plan: Priced) -> Iterator[tuple[str, JobSpec]]:
         if changed:
             yield changed
     if t.micro_batch > 1:
-        yield f"training.micro_batch: {t.micro_batch // 2}", _with(spec, "training", micro_batch=t.micro_batch // 2)
+        yield f"training.micro_batch: {t.micro_batch // 2}", _with(spec, "training",
+                                                                   micro_batch=t.micro_batch // 2)
     if plan.zero >= 1 and t.optimizer.offload == "none":
         opt = t.optimizer.model_copy(update={"offload": "cpu"})
         yield "training.optimizer.offload: cpu", _with(spec, "training", optimizer=opt)

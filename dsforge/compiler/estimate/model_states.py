@@ -4,8 +4,8 @@ The split into 16-bit weights + 16-bit gradients + fp32 master weights + fp32 op
 Rajbhandari et al. 2020 (ZeRO), sec. 3.1 (2 + 2 + 12 bytes per parameter for mixed-precision Adam),
 partitioned over the data-parallel ranks by stage (sec. 3.1/5: stage 1 divides the 12 bytes, stage 2
 also the gradients, stage 3 also the weights). Which buffers DeepSpeed 0.19.8 really keeps, and when,
-was read from its source and measured on real engines (tests/compiler/estimate/test_memory_measured.py). Two moments
-can set a rank's peak, so both are estimated:
+was read from its source and measured on real engines (tests/compiler/estimate/test_memory_measured.py). Two
+moments can set a rank's peak, so both are estimated:
 
 * ``backward``: while the step's last micro-batch runs backward (activations live);
 * ``update``: after autograd, while gradients are reduced and the optimizer steps (activations freed).
@@ -157,7 +157,9 @@ def _zero12(p: float, pn: float, b: int, k: int, z: ZeroSettings, m: int,
     optimizer = (FP32 + k) * pn
     if z.offload_optimizer:
         return _zero12_offload(p, pn, b, optimizer, z, m)
-    grads_step = FP32 * pn if first_group is None else FP32 * first_group + (FP32 if z.fp32_grad_accum else b) * pn
+    grads_step = (
+        FP32 * pn if first_group is None else FP32 * first_group + (FP32 if z.fp32_grad_accum else b) * pn
+    )
     step = _states(b * p, grads_step, optimizer)
     update = _larger(_states(b * p, grads_reduce, optimizer), step)
     return ModelStates(_states(b * p, grads_bwd, optimizer, buffers_bwd), update, step=step)
@@ -216,5 +218,6 @@ def megatron_states(share: RankParams, z: ZeroSettings, n_dense: int, n_expert: 
     else:
         optimizer = per * p
     weights, grads, gathered = fsdp_parts(z.stage if distributed else 0, b, gb, p, pn, share.largest_module)
-    same = _states(weights, grads, optimizer, gathered + fp8_cache_bytes(fp8_recipe, p if z.stage < 3 else pn))
+    same = _states(weights, grads, optimizer,
+                   gathered + fp8_cache_bytes(fp8_recipe, p if z.stage < 3 else pn))
     return ModelStates(same, dict(same), step=dict(same))

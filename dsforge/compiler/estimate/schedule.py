@@ -47,7 +47,8 @@ class ScheduleError(ValueError):
 
 @dataclass(frozen=True)
 class Slot:
-    """One pass on one pipeline rank: kind "F" or "B", micro-batch, the rank's chunk index, start and end (s)."""
+    """One pass on one pipeline rank: kind "F" or "B", micro-batch, the rank's chunk index, start and end
+    (s)."""
 
     kind: str
     micro_batch: int
@@ -103,7 +104,8 @@ Op = tuple[str, int, int]  # (kind, micro-batch, chunk)
 
 
 def _interleaved_order(m: int, p: int, v: int, reverse: bool) -> list[tuple[int, int]]:
-    """(micro-batch, chunk) order of a rank's forwards (or backwards, chunks reversed): groups of p micro-batches."""
+    """(micro-batch, chunk) order of a rank's forwards (or backwards, chunks reversed): groups of p
+    micro-batches."""
     order = []
     for group in range(0, m, p):
         batch = range(group, min(group + p, m))
@@ -145,7 +147,8 @@ def _dependency(op: Op, stage: int, p: int, v: int) -> tuple[Op, int] | None:
     return ("B", i, (k + 1) // p), (k + 1) % p
 
 
-def _check_inputs(forward_s: list[list[float]], backward_s: list[list[float]], micro_batches: int) -> tuple[int, int]:
+def _check_inputs(forward_s: list[list[float]], backward_s: list[list[float]],
+                  micro_batches: int) -> tuple[int, int]:
     p = len(forward_s)
     v = len(forward_s[0]) if p else 0
     if p == 0 or v == 0 or micro_batches < 1 or len(backward_s) != p or any(
@@ -173,8 +176,8 @@ def simulate(schedule: str, forward_s: list[list[float]], backward_s: list[list[
     return _periodic(schedule, forward_s, backward_s, micro_batches, transfer_s, max_passes)
 
 
-def event_simulation(schedule: str, forward_s: list[list[float]], backward_s: list[list[float]], micro_batches: int,
-                     transfer_s: float = 0.0) -> Timeline:
+def event_simulation(schedule: str, forward_s: list[list[float]], backward_s: list[list[float]],
+                     micro_batches: int, transfer_s: float = 0.0) -> Timeline:
     """Step through every pass of every rank (the reference the shortcuts of ``simulate`` must equal).
 
     A rank runs its program until a pass waits for another rank's output; a rank that made progress
@@ -305,10 +308,11 @@ def _gpipe(forward_s: list[list[float]], backward_s: list[list[float]], m: int, 
             bwd[k] = _flow(bwd[k + 1], hop, before, backward_s[s][c], last)
     ends = tuple(_at(bwd[s], last) for s in range(p))  # type: ignore[arg-type]
     shown = max(1, min(m, max_passes // 4 // (2 * p * v)))
-    sample = event_simulation("gpipe", forward_s, backward_s, shown, transfer_s) if 2 * p * v * shown <= max_passes \
+    sample = event_simulation("gpipe", forward_s, backward_s, shown,
+                              transfer_s) if 2 * p * v * shown <= max_passes \
         else None
-    return Timeline(sample.stages if sample else [[] for _ in range(p)], ends, _busy(forward_s, backward_s, m),
-                    shown)
+    return Timeline(sample.stages if sample else [[] for _ in range(p)], ends,
+                    _busy(forward_s, backward_s, m), shown)
 
 
 # --- 1F1B and interleaved: a verified period --------------------------------------------------------------
@@ -324,7 +328,8 @@ def _ends_by_pass(timeline: Timeline) -> dict[tuple[int, str, int], list[float]]
 
 
 def _lag(p: int, v: int) -> int:
-    """A bound on the micro-batch distance between two consecutive passes of one rank: how far back a pass looks.
+    """A bound on the micro-batch distance between two consecutive passes of one rank: how far back a pass
+    looks.
 
     Both orders run whole groups (p micro-batches through each of the v chunks); a backward follows the
     forward ``warmup`` places ahead of it in that order, at most warmup / v + 2 groups later in micro-batches.
@@ -335,10 +340,12 @@ def _lag(p: int, v: int) -> int:
 
 def _period(series: dict[tuple[int, str, int], list[float]], start: int, stop: int, window: int, group: int,
             longest: int, tolerance: float) -> tuple[int, int, float] | None:
-    """The first (period, offset, shift) with every pass of micro-batches [a, a + window) repeating Δ later at +P.
+    """The first (period, offset, shift) with every pass of micro-batches [a, a + window) repeating Δ later at
+    +P.
 
-    Offsets run from ``start``; the repeated window must end before ``stop``. Periods are whole groups, at most
-    ``longest`` micro-batches (a critical cycle of the steady state spans at most the p micro-batches in flight).
+    Offsets run from ``start``; the repeated window must end before ``stop``. Periods are whole groups, at
+    most ``longest`` micro-batches (a critical cycle of the steady state spans at most the p micro-batches in
+    flight).
     """
     rows = list(series.values())
     for period in range(group, min(longest, stop - start - window) + 1, group):
@@ -361,7 +368,8 @@ def _periodic(schedule: str, forward_s: list[list[float]], backward_s: list[list
     group = p if v > 1 else 1
     budget_m = max_passes // (2 * p * v)
     lag = _lag(p, v)
-    warm = -(-(_warmup(p, v, 0, 10**9) + 1) // v) + group  # micro-batches before every rank is in steady state
+    warm = -(-(_warmup(p, v, 0, 10**9) + 1) // v) + group  # micro-batches before every rank is in steady
+                                                           # state
     margin = warm + 2 * lag + group  # how far back from the end of a step the drain reaches
     longest = 2 * p * group
     scale = max(max(map(max, forward_s)), max(map(max, backward_s)), transfer_s)
@@ -371,7 +379,8 @@ def _periodic(schedule: str, forward_s: list[list[float]], backward_s: list[list
         if probe > budget_m:
             return _paced(schedule, forward_s, backward_s, m, transfer_s, max_passes)
         sample = event_simulation(schedule, forward_s, backward_s, probe, transfer_s)
-        found = _period(_ends_by_pass(sample), warm, probe - margin, lag, group, longest, 1e-9 * scale * probe)
+        found = _period(_ends_by_pass(sample), warm, probe - margin, lag, group, longest,
+                        1e-9 * scale * probe)
         if found is not None:
             period, a, shift = found
             short = probe - (probe - m) % period
@@ -384,8 +393,8 @@ def _periodic(schedule: str, forward_s: list[list[float]], backward_s: list[list
         size *= 2
 
 
-def _paced(schedule: str, forward_s: list[list[float]], backward_s: list[list[float]], m: int, transfer_s: float,
-           max_passes: int) -> Timeline:
+def _paced(schedule: str, forward_s: list[list[float]], backward_s: list[list[float]], m: int,
+           transfer_s: float, max_passes: int) -> Timeline:
     """An estimate for pipelines too deep to simulate to their steady state: the slowest rank sets the pace.
 
     Each further micro-batch costs the slowest rank's passes, or its share of the round trip through every
@@ -409,7 +418,8 @@ def _paced(schedule: str, forward_s: list[list[float]], backward_s: list[list[fl
         return Timeline([[] for _ in range(p)], ends, busy, 0, exact=False)
     sample = event_simulation(schedule, forward_s, backward_s, shown, transfer_s)
     # where the sample reaches beyond its warm-up and first round trip, rank 0's forwards show the pace of the
-    # chunks themselves (measured over whole groups, since interleaving runs a group through each chunk in turn)
+    # chunks themselves (measured over whole groups, since interleaving runs a group through each chunk in
+    # turn)
     firsts = [slot.end for slot in sample.stages[0] if slot.kind == "F" and slot.chunk == 0]
     begin = -(-(-(-(_warmup(p, v, 0, 10**9) + 1) // v) + group) // group) * group
     end = (len(firsts) - 1) // group * group

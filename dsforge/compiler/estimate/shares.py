@@ -41,7 +41,8 @@ class RankParams:
 def _tensor_sizes(model: ResolvedModel, moe: bool, tp: int, ep: int,
                   expert_tp: int = 1) -> tuple[list[float], list[float], int]:
     """Rank-local element counts of every parameter tensor of one layer: (dense tensors, the tensors of one
-    expert, the number of experts on the rank); the experts are counted, not listed (a layer may hold millions).
+    expert, the number of experts on the rank); the experts are counted, not listed (a layer may hold
+    millions).
 
     GPT-2-style layers (biases) fuse Q, K and V into one matrix, as HF GPT-2 and Megatron do;
     Llama-style layers keep q, k, v and o apart. Tensor boundaries matter for ZeRO-3's persistence
@@ -83,7 +84,8 @@ def _mlp_sizes(model: ResolvedModel, ffn: int, tp: int) -> list[float]:
 
 
 @bounded(maxsize=1024)
-def kind_share(model: ResolvedModel, moe: bool, tp: int, ep: int, threshold: float, expert_tp: int = 1) -> RankParams:
+def kind_share(model: ResolvedModel, moe: bool, tp: int, ep: int, threshold: float,
+               expert_tp: int = 1) -> RankParams:
     """Rank-local parameters of a dense or an MoE layer (every layer of one kind is the same); ``expert_tp``
     splits each expert's matrices (Megatron-Core's expert tensor parallelism; 1 in dsforge's runtime)."""
     dense, one_expert, experts = _tensor_sizes(model, moe, tp, ep, expert_tp)
@@ -112,7 +114,8 @@ def kind_table(plan: Priced) -> tuple[tuple[int, int], ...]:
     kinds = memo.get("kinds")
     if kinds is None:
         moe = plan.model.moe
-        kinds = memo["kinds"] = _kind_table(tuple(plan.stage_layers), plan.degrees.pp, moe.every if moe else 0)
+        kinds = memo["kinds"] = _kind_table(tuple(plan.stage_layers), plan.degrees.pp,
+                                            moe.every if moe else 0)
     return kinds
 
 
@@ -172,7 +175,8 @@ def _chunk_table(layers: tuple[int, ...], pp: int) -> tuple[tuple[tuple[int, int
     return tuple(tuple((starts[c], layers[c]) for c in range(stage, len(layers), pp)) for stage in range(pp))
 
 
-def stage_share(plan: Priced, stage: int, threshold: float, kinds: dict[bool, int] | None = None) -> RankParams:
+def stage_share(plan: Priced, stage: int, threshold: float,
+                kinds: dict[bool, int] | None = None) -> RankParams:
     """All parameters one rank of ``stage`` holds: its layers, plus embedding/head where they live.
 
     ``kinds`` may pass `layer_kinds(plan, stage)` when the caller already has it.

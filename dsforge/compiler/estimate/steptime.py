@@ -72,8 +72,10 @@ def achievable_fraction(plan: Priced) -> tuple[float, str]:
     return r.fraction, r.source
 
 
-def _exposed_per_link(timed: list[tuple[Collective, float]], compute_s: float, attention_s: float) -> dict[str, float]:
-    """Exposed seconds by group of collectives that run in one pass, summed per link before the cover is taken.
+def _exposed_per_link(timed: list[tuple[Collective, float]], compute_s: float,
+                      attention_s: float) -> dict[str, float]:
+    """Exposed seconds by group of collectives that run in one pass, summed per link before the cover is
+    taken.
 
     Collectives on one link share its bandwidth, so what overlaps compute is hidden only while their sum fits
     the pass's compute (those tagged "attention" only the attention core's); a synchronous one ("none") is
@@ -116,11 +118,15 @@ def _phase_ops(plan: Priced, stage: int) -> tuple[tuple[Collective, ...], tuple[
     memo = plan_memo(plan)
     found: tuple[tuple[Collective, ...], tuple[Collective, ...]] | None = memo.get(key)
     if found is None:
-        ops = comm.model_parallel(plan) + [o for o in comm.data_parallel(plan, stage) if o.scope == "micro-batch"]
-        recompute_ops = [o for o in ops if o.phase == "forward" and (o.scope != "micro-batch" or refetched(o))]
+        ops = comm.model_parallel(plan) + [
+            o for o in comm.data_parallel(plan, stage) if o.scope == "micro-batch"
+        ]
+        recompute_ops = [
+            o for o in ops if o.phase == "forward" and (o.scope != "micro-batch" or refetched(o))
+        ]
         if plan.spec.training.recompute == "full":  # the recomputed forward repeats its collectives
-            ops = ops + [Collective(o.group, o.op, o.purpose, "backward", o.scope, o.payload_bytes, o.group_size,
-                                    o.link, o.overlap, o.repeat) for o in recompute_ops]
+            ops = ops + [Collective(o.group, o.op, o.purpose, "backward", o.scope, o.payload_bytes,
+                                    o.group_size, o.link, o.overlap, o.repeat) for o in recompute_ops]
         found = memo[key] = tuple(tuple(o for o in ops if o.phase == phase and o.overlap != "dependency")
                                   for phase in ("forward", "backward"))
     return found
@@ -187,8 +193,9 @@ def optimizer_seconds(plan: Priced, stage: int) -> float:
 
 
 def stage_tail(plan: Priced, stage: int, last_backward_s: float, slowdown: float = 1.0) -> dict[str, float]:
-    """Exposed seconds after rank ``stage``'s last pass: DP reductions and gathers, tied embeddings, optimizer,
-    and the engine's per-step host work (``slowdown``: CPU ranks time-sharing cores, `compute.Rates`)."""
+    """Exposed seconds after rank ``stage``'s last pass: DP reductions and gathers, tied embeddings,
+    optimizer, and the engine's per-step host work (``slowdown``: CPU ranks time-sharing cores,
+    `compute.Rates`)."""
     ops = [o for o in comm.data_parallel(plan, stage) if o.scope == "step"]
     if stage in (0, plan.degrees.pp - 1):
         ops += [o for o in comm.pipeline_parallel(plan) if o.scope == "step"]
@@ -246,7 +253,8 @@ class StepTime:
 
 
 def _check(plan: Priced) -> int:
-    """The plan's micro-batches per step; EstimateError unless it resolves to a placeable layout with whole ones."""
+    """The plan's micro-batches per step; EstimateError unless it resolves to a placeable layout with whole
+    ones."""
     if not plan.layout_ok or plan.placement is None or plan.grad_accum is None or not plan.stage_layers:
         raise EstimateError("the layout does not resolve (run `dsforge validate` for the reasons)")
     return plan.grad_accum
@@ -287,4 +295,5 @@ def estimate_step(plan: Priced) -> StepTime:
     engine = m * sum(x.engine_s for x in fwd[r] + bwd[r]) + tails[r]["engine"]
     return StepTime(timeline, fwd, bwd, r, ends[r], compute, idle - pp_wait, comm_s, tails[r]["optimizer"],
                     flops.model_flops_per_step(plan), flops.hardware_flops_per_step(plan),
-                    spec.training.global_batch * plan.model.seq_len, plan.world_size, peak, frac, source, engine)
+                    spec.training.global_batch * plan.model.seq_len, plan.world_size, peak, frac, source,
+                    engine)

@@ -34,7 +34,8 @@ def active_params(plan: ResolvedPlan) -> int:
 def _units(plan: ResolvedPlan, stage: int, op: Collective, m: int) -> float:
     """Scope units of ``op`` per step on one rank of ``stage`` (layers x micro-batches and so on)."""
     model, last = plan.model, len(plan.stage_layers) - 1
-    chunks = [(j * plan.degrees.pp + stage, first, n) for j, (first, n) in enumerate(stage_chunks(plan, stage))]
+    chunks = [(j * plan.degrees.pp + stage, first, n) for j,
+              (first, n) in enumerate(stage_chunks(plan, stage))]
     full = plan.spec.training.recompute == "full" and op.phase == "forward" and (
         op.scope in _REPEATED_BY_RECOMPUTE or refetched(op))
     if op.scope == "layer":
@@ -43,7 +44,8 @@ def _units(plan: ResolvedPlan, stage: int, op: Collective, m: int) -> float:
         per_mb = float(sum(moe_layers_in(model, f, n) for _, f, n in chunks))
     elif op.scope in ("first", "last"):
         per_mb = float(any(k == (0 if op.scope == "first" else last) for k, _, _ in chunks))
-    elif op.scope == "boundary":  # sends: forward out of every chunk but the last, backward out of all but the first
+    elif op.scope == "boundary":  # sends: forward out of every chunk but the last, backward out of all but
+                                  # the first
         skip = last if op.phase == "forward" else 0
         per_mb = float(sum(k != skip for k, _, _ in chunks))
     elif op.scope == "micro-batch":
@@ -71,8 +73,9 @@ def _memory(mem: MemoryEstimate) -> dict[str, Any]:
     peak = mem.peak
     return {"capacity_bytes": mem.capacity_bytes, "peak_stage": peak.stage, "peak_rank": peak.rank,
             "peak_bytes": peak.device_bytes, "utilization": mem.utilization,
-            "stages": [{"stage": s.stage, "rank": s.rank, "device_bytes": s.device_bytes, "host_bytes": s.host_bytes,
-                        "components": dict(s.components), "host": dict(s.host)} for s in mem.stages],
+            "stages": [{"stage": s.stage, "rank": s.rank, "device_bytes": s.device_bytes,
+                        "host_bytes": s.host_bytes, "components": dict(s.components),
+                        "host": dict(s.host)} for s in mem.stages],
             "assumptions": list(mem.assumptions)}
 
 
@@ -81,21 +84,22 @@ def _time(plan: ResolvedPlan, step: StepTime, tokens: float | None) -> dict[str,
     return {"step_s": step.step_s, "compute_s": step.compute_s, "bubble_s": step.bubble_s,
             "exposed_comm_s": dict(step.comm_s), "optimizer_s": step.optimizer_s,
             "engine_s": step.engine_s,
-            "critical_stage": step.critical_stage, "tokens_per_step": step.tokens, "tokens_per_s": step.tokens_per_s,
-            "model_tflops_per_gpu": step.tflops_per_gpu,
+            "critical_stage": step.critical_stage, "tokens_per_step": step.tokens,
+            "tokens_per_s": step.tokens_per_s, "model_tflops_per_gpu": step.tflops_per_gpu,
             "hardware_tflops_per_gpu": step.hardware_flops / step.step_s / step.gpus / 1e12,
             "mfu": step.mfu, "hfu": step.hfu, "peak_tflops": step.peak_flops / 1e12,
-            "achievable_fraction": step.achievable_fraction, "achievable_fraction_source": step.fraction_source,
-            "train_tokens": train_tokens, "train_steps": train_tokens / step.tokens,
-            "train_time_s": step.time_to_train(train_tokens)}
+            "achievable_fraction": step.achievable_fraction,
+            "achievable_fraction_source": step.fraction_source, "train_tokens": train_tokens,
+            "train_steps": train_tokens / step.tokens, "train_time_s": step.time_to_train(train_tokens)}
 
 
 def _pipeline(plan: ResolvedPlan, step: StepTime) -> dict[str, Any]:
     p, m, v = plan.degrees.pp, plan.grad_accum, plan.virtual_stages
     return {"schedule": plan.spec.parallel.pipeline.schedule, "stages": p, "virtual_stages": v,
             "micro_batches": m, "stage_layers": list(plan.stage_layers),
-            "bubble_fraction": step.timeline.bubble_fraction, "bubble_fraction_closed_form": bubble_fraction(p, m, v),
-            "makespan_s": step.timeline.makespan, "timeline_exact": step.timeline.exact,
+            "bubble_fraction": step.timeline.bubble_fraction,
+            "bubble_fraction_closed_form": bubble_fraction(p, m, v), "makespan_s": step.timeline.makespan,
+            "timeline_exact": step.timeline.exact,
             "timeline_shown_micro_batches": step.timeline.shown_micro_batches,
             "stage_busy_s": [step.timeline.busy(s) for s in range(p)]}
 
@@ -105,7 +109,8 @@ def _params(plan: ResolvedPlan) -> dict[str, Any]:
     shares = [stage_share(plan, s, 0.0) for s in range(d.pp)]
     return {"total": total_params(model, d.tp), "active_per_token": active_params(plan),
             "per_layer": layer_params(model, is_moe_layer(model, 0)).total,
-            "per_gpu_by_stage": [{"stage": s, "dense": x.dense, "expert": x.expert} for s, x in enumerate(shares)]}
+            "per_gpu_by_stage": [{"stage": s, "dense": x.dense, "expert": x.expert} for s,
+                                 x in enumerate(shares)]}
 
 
 def checkpoint_summary(plan: ResolvedPlan) -> dict[str, Any]:
@@ -117,7 +122,8 @@ def checkpoint_summary(plan: ResolvedPlan) -> dict[str, Any]:
 
 def summarize(plan: ResolvedPlan, tokens: float | None = None, step: StepTime | None = None,
               memory: MemoryEstimate | None = None) -> dict[str, Any]:
-    """The JSON-ready estimate of a valid plan; ``tokens`` sets the training horizon (default: steps x batch)."""
+    """The JSON-ready estimate of a valid plan; ``tokens`` sets the training horizon (default: steps x
+    batch)."""
     step = step or estimate_step(plan)
     memory = memory or estimate_memory(plan)
     d, spec, m = plan.degrees, plan.spec, plan.grad_accum
@@ -137,5 +143,6 @@ def summarize(plan: ResolvedPlan, tokens: float | None = None, step: StepTime | 
         "communication": {"stage": step.critical_stage, "collectives": rows, "exposed_s": dict(step.comm_s)},
         "pipeline": _pipeline(plan, step),
         "time": _time(plan, step, tokens),
-        "checkpoint": checkpoint_summary(plan),  # disk bytes of one checkpoint and of the retention (issue 26)
+        "checkpoint": checkpoint_summary(plan),  # disk bytes of one checkpoint and of the retention (issue
+                                                 # 26)
     }

@@ -51,7 +51,8 @@ def _get(block: dict[str, Any], *names: str, default: Any) -> Any:
 
 def _size(block: dict[str, Any], *names: str, default: float) -> float:
     """A size override as a float; the default for one that is no finite number >= 0 (a string, NaN, 1e308):
-    the rules report such a value (DSF516, DeepSpeed's own config check), the estimate must not raise on it."""
+    the rules report such a value (DSF516, DeepSpeed's own config check), the estimate must not raise on
+    it."""
     value = _get(block, *names, default=default)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return default

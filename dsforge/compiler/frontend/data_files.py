@@ -21,8 +21,9 @@ TEXT_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
 #: Files `datasets.Dataset.save_to_disk` writes next to its Arrow shards (DatasetDict: dataset_dict.json).
 HF_MARKERS = ("state.json", "dataset_info.json", "dataset_dict.json")
 
-#: Megatron-Core's MMIDIDX index (megatron/core/datasets/indexed_dataset.py, `_INDEX_HEADER` and `_IndexWriter`):
-#: 9 magic bytes, version u64 (1), dtype code u8, sequence count u64, document count u64, then the arrays.
+#: Megatron-Core's MMIDIDX index (megatron/core/datasets/indexed_dataset.py, `_INDEX_HEADER` and
+#: `_IndexWriter`): 9 magic bytes, version u64 (1), dtype code u8, sequence count u64, document count u64,
+#: then the arrays.
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
 MEGATRON_VERSION = 1
 #: Megatron's DType codes (megatron/core/datasets/indexed_dataset.py, class DType) of integer token types.
@@ -52,7 +53,8 @@ def is_hf_dataset(directory: Path) -> bool:
 
 
 def text_files(path: str) -> TextFiles:
-    """The files of ``path`` (a file, a directory of them, a glob, or an HF datasets directory), sorted by name."""
+    """The files of ``path`` (a file, a directory of them, a glob, or an HF datasets directory), sorted by
+    name."""
     target = Path(path).expanduser()
     if is_hf_dataset(target):
         return TextFiles((), target)
@@ -67,8 +69,8 @@ def text_files(path: str) -> TextFiles:
         where = f"glob {path}"
     else:
         raise DataFileError("DSF620", f"training.data.path {path} does not exist",
-                            "create the file or correct training.data.path (a relative path is taken from the job "
-                            "file's directory)")
+                            "create the file or correct training.data.path (a relative path is taken from "
+                            "the job file's directory)")
     odd = [p for p in found if p.suffix not in TEXT_SUFFIXES]
     if odd:
         raise DataFileError("DSF620", f"{odd[0]} is not a {', '.join(TEXT_SUFFIXES)} file",
@@ -78,8 +80,8 @@ def text_files(path: str) -> TextFiles:
                             "point training.data.path at the data files (or a glob such as data/*.jsonl)")
     empty = next((p for p in found if p.stat().st_size == 0), None)
     if empty is not None:
-        raise DataFileError("DSF620", f"{empty} is empty", "remove the empty file or point training.data.path "
-                                                            "at files that hold records")
+        raise DataFileError("DSF620", f"{empty} is empty", "remove the empty file or point "
+                                                            "training.data.path at files that hold records")
     return TextFiles(tuple(found))
 
 
@@ -128,13 +130,15 @@ def record_fields(files: TextFiles) -> list[str] | None:
         return list(pq.read_schema(first).names)
     record = first_record(first)
     if not isinstance(record, dict):
-        raise DataFileError("DSF621", f"{first}: the first record is a {type(record).__name__}, not an object",
+        raise DataFileError("DSF621",
+                            f"{first}: the first record is a {type(record).__name__}, not an object",
                             "write records as JSON objects with the text in a field")
     return list(record)
 
 
 def hf_columns(directory: Path) -> list[str]:
-    """Column names of an HF datasets directory, from its dataset_info.json (a DatasetDict: its train split)."""
+    """Column names of an HF datasets directory, from its dataset_info.json (a DatasetDict: its train
+    split)."""
     if (directory / "dataset_dict.json").is_file():
         splits = json.loads((directory / "dataset_dict.json").read_text(encoding="utf-8")).get("splits", [])
         split = "train" if "train" in splits else (splits[0] if splits else "")
@@ -143,7 +147,8 @@ def hf_columns(directory: Path) -> list[str]:
         info = json.loads((directory / "dataset_info.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise DataFileError("DSF621", f"{directory}: cannot read dataset_info.json ({exc})",
-                            "point training.data.path at a directory written by Dataset.save_to_disk") from exc
+                            "point training.data.path at a directory written by "
+                            "Dataset.save_to_disk") from exc
     features = info.get("features")
     return list(features) if isinstance(features, dict) else []
 
@@ -163,7 +168,8 @@ def tokenizer_location(tokenizer: str, pretrained: str | None) -> Path:
     if tokenizer == "auto":
         if not pretrained:
             raise DataFileError("DSF622", "training.data.tokenizer is auto but model.pretrained is not set",
-                                "set training.data.tokenizer to a tokenizer directory (or its tokenizer.json)")
+                                "set training.data.tokenizer to a tokenizer "
+                                "directory (or its tokenizer.json)")
         base = Path(pretrained).expanduser()
     else:
         base = Path(tokenizer).expanduser()
@@ -183,16 +189,19 @@ def read_tokenizer(tokenizer: str, pretrained: str | None) -> TokenizerFiles:
         data = json.loads(file.read_text(encoding="utf-8"))
         vocab = data.get("model", {}).get("vocab", {})
         ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
-        ids += [t["id"] for t in data.get("added_tokens", []) if isinstance(t, dict) and isinstance(t.get("id"), int)]
+        ids += [t["id"] for t in data.get("added_tokens",
+                                          []) if isinstance(t, dict) and isinstance(t.get("id"), int)]
         size = max((i for i in ids if isinstance(i, int)), default=-1) + 1
     except (OSError, ValueError, AttributeError, TypeError) as exc:
         raise DataFileError("DSF622", f"{file} is not a tokenizer.json ({exc})",
-                            "point training.data.tokenizer at a directory saved by tokenizer.save_pretrained") from exc
+                            "point training.data.tokenizer at a directory saved by "
+                            "tokenizer.save_pretrained") from exc
     return TokenizerFiles(file, file.parent, size, chat_template(file.parent))
 
 
 def chat_template(directory: Path) -> str | None:
-    """The chat template saved beside the tokenizer (chat_template.jinja or tokenizer_config.json's), or None."""
+    """The chat template saved beside the tokenizer (chat_template.jinja or tokenizer_config.json's), or
+    None."""
     jinja = directory / "chat_template.jinja"
     if jinja.is_file():
         return jinja.read_text(encoding="utf-8")
@@ -202,8 +211,9 @@ def chat_template(directory: Path) -> str | None:
         return None
     template = config.get("chat_template") if isinstance(config, dict) else None
     if isinstance(template, list):  # several named templates: the default one
-        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
-                        None)
+        template = next(
+            (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None
+        )
     return template if isinstance(template, str) and template else None
 
 
@@ -218,11 +228,13 @@ class IdxHeader:
 
 
 def read_idx_header(prefix: str) -> IdxHeader:
-    """The header of ``prefix``.idx, checked against the .bin's size; DataFileError (DSF625/DSF620) when unusable."""
+    """The header of ``prefix``.idx, checked against the .bin's size; DataFileError (DSF625/DSF620) when
+    unusable."""
     idx, binf = Path(prefix + ".idx").expanduser(), Path(prefix + ".bin").expanduser()
     for f in (idx, binf):
         if not f.is_file():
-            raise DataFileError("DSF620", f"{f} does not exist (training.data.path is the prefix of .bin/.idx)",
+            raise DataFileError("DSF620", f"{f} does not exist (training.data.path "
+                                          f"is the prefix of .bin/.idx)",
                                 "write the path without .bin/.idx, e.g. data/corpus_text_document")
     fixed = len(MEGATRON_MAGIC) + 8 + 1 + 8 + 8
     with idx.open("rb") as fh:
@@ -232,27 +244,32 @@ def read_idx_header(prefix: str) -> IdxHeader:
         raise DataFileError("DSF625", f"{idx} is not a Megatron MMIDIDX index (its magic bytes differ)", fix)
     version, code, sequences, documents = struct.unpack("<QBQQ", head[len(MEGATRON_MAGIC):])
     if version != MEGATRON_VERSION:
-        raise DataFileError("DSF625", f"{idx} is index version {version}; dsforge reads version {MEGATRON_VERSION}",
+        raise DataFileError("DSF625", f"{idx} is index version {version}; "
+                                      f"dsforge reads version {MEGATRON_VERSION}",
                             fix)
     if code not in MEGATRON_DTYPES:
-        raise DataFileError("DSF625", f"{idx} stores tokens as dtype code {code}, not an integer type dsforge reads "
+        raise DataFileError("DSF625", f"{idx} stores tokens as dtype code {code}, not an integer type "
+                                      f"dsforge reads "
                                       f"({', '.join(f'{c}={n}' for c, n in MEGATRON_DTYPES.items())})", fix)
     need = fixed + sequences * (4 + 8) + documents * 8
     if idx.stat().st_size < need:
-        raise DataFileError("DSF625", f"{idx} is {idx.stat().st_size} bytes, shorter than the {need} its header "
-                                      f"announces ({sequences} sequences, {documents} document indices)", fix)
+        raise DataFileError("DSF625", f"{idx} is {idx.stat().st_size} bytes, shorter than the {need} its "
+                                      f"header announces ({sequences} sequences, "
+                                      f"{documents} document indices)", fix)
     if sequences == 0:
         raise DataFileError("DSF620", f"{idx} holds no sequence", "preprocess a non-empty corpus")
     return IdxHeader(MEGATRON_DTYPES[code], sequences, documents, fixed)
 
 
-# --- the tokenization cache's key, and what explain says about a corpus -----------------------------------------
+# --- the tokenization cache's key, and what explain says about a corpus
+# -----------------------------------------
 #: Version of the cache layout (dsforge.runtime.datasets.tokenize_cache); part of every key.
 CACHE_FORMAT = 1
 CACHE_DIR = ".dsforge-cache"
 #: Bytes of text explain reads to find a corpus's cache (its key hashes the files' content): ~1 s of hashing.
 EXPLAIN_HASH_LIMIT = 1 << 30
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                    "special_tokens_map.json")
 
 
 def tokenizer_digest(tok: TokenizerFiles) -> str:
@@ -353,19 +370,22 @@ def corpora(data: Any, pretrained: str | None) -> list[Corpus]:
                                                 f"{EXPLAIN_HASH_LIMIT:,} to find the tokenization cache)"))
             continue
         tok = read_tokenizer(data.tokenizer, pretrained)
-        key = cache_key(files, tokenizer_digest(tok), text_field(files, data.field_, data.format), data.format)
+        key = cache_key(files, tokenizer_digest(tok), text_field(files, data.field_, data.format),
+                        data.format)
         meta = cache_root(path, files) / CACHE_DIR / key / "meta.json"
         if meta.is_file():
             info = json.loads(meta.read_text(encoding="utf-8"))
-            out.append(Corpus(path, int(info["tokens"]), int(info["documents"]), f"tokenized, cached in {meta.parent}"))
+            out.append(Corpus(path, int(info["tokens"]), int(info["documents"]),
+                              f"tokenized, cached in {meta.parent}"))
         else:
-            out.append(Corpus(path, None, None, f"not tokenized yet ({size:,} bytes); `dsforge run` tokenizes it once "
-                                                "and explain then counts its tokens"))
+            out.append(Corpus(path, None, None, f"not tokenized yet ({size:,} bytes); `dsforge run` "
+                                                f"tokenizes it once and explain then counts its tokens"))
     return out
 
 
 def data_summary(spec: Any) -> dict[str, Any] | None:
-    """Tokens of the corpus and the epochs `training.steps` makes over it (None for synthetic and token files)."""
+    """Tokens of the corpus and the epochs `training.steps` makes over it (None for synthetic and token
+    files)."""
     t, m = spec.training, spec.model
     data = t.data
     if data.kind not in ("text", "megatron"):
@@ -382,7 +402,9 @@ def data_summary(spec: Any) -> dict[str, Any] | None:
     for c, w in zip(found, weights):
         row: dict[str, Any] = {"path": c.name, "tokens": c.tokens, "documents": c.documents, "note": c.note}
         if c.tokens is not None and c.documents is not None:
-            per_epoch = int(((c.tokens - 1) // m.seq_len if data.packing is not False else c.documents) * share)
+            per_epoch = int(
+                ((c.tokens - 1) // m.seq_len if data.packing is not False else c.documents) * share
+            )
             row["samples_per_epoch"] = per_epoch
             row["epochs"] = samples_needed * (w / total_w) / per_epoch if per_epoch else None
         rows.append(row)

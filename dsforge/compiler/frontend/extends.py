@@ -61,7 +61,8 @@ def load_document(path: str | Path, stdin: BinaryIO | None = None) -> tuple[dict
 
 
 def _target(folder: Path, name: str, loc: Location, trail: list[str]) -> Path:
-    """The absolute path ``name`` names; a name no file system can hold (a NUL byte, over the length limits) is DSF010."""
+    """The absolute path ``name`` names; a name no file system can hold (a NUL byte, over the length limits)
+    is DSF010."""
     shown = name if len(name) <= 80 else name[:77] + "..."
     problem = None
     if "\x00" in name:
@@ -78,7 +79,8 @@ def _target(folder: Path, name: str, loc: Location, trail: list[str]) -> Path:
 
 
 def _exists(target: Path) -> bool:
-    """True when something is at ``target`` (read_text then refuses what is not a regular file, naming its kind)."""
+    """True when something is at ``target`` (read_text then refuses what is not a regular file, naming its
+    kind)."""
     try:
         return target.exists()
     except (OSError, ValueError):  # a name component over the file system's limit
@@ -102,8 +104,9 @@ def _with_bases(data: dict[str, Any], smap: SourceMap, folder: Path, here: list[
     names = [parents] if isinstance(parents, str) else parents
     loc = smap.locate(("extends",), value=True)
     if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
-        raise InputError([Diagnostic("DSF010", Severity.ERROR, "`extends` must be a file name or a list of file names",
-                                     loc, "write `extends: base.yaml`", ("extends",))])
+        raise InputError([Diagnostic("DSF010", Severity.ERROR,
+                                     "`extends` must be a file name or a list of file names", loc,
+                                     "write `extends: base.yaml`", ("extends",))])
     merged: dict[str, Any] = {}
     msmap = SourceMap(display)
     for name in names:
@@ -111,22 +114,28 @@ def _with_bases(data: dict[str, Any], smap: SourceMap, folder: Path, here: list[
         shown = " -> ".join([*trail, display_path(target)])
         if target in here:
             raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` forms a cycle: {shown}", loc,
-                                         "remove one link of the chain", ("extends",), {"extends_cycle": True})])
+                                         "remove one link of the chain", ("extends",),
+                                         {"extends_cycle": True})])
         if len(trail) >= MAX_CHAIN:
-            raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` chain is deeper than {MAX_CHAIN}: {shown}", loc,
+            raise InputError([Diagnostic("DSF010", Severity.ERROR,
+                                         f"`extends` chain is deeper than {MAX_CHAIN}: {shown}", loc,
                                          "flatten the chain", ("extends",))])
         if not _exists(target):
-            raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` names a file that does not exist: {shown}", loc,
-                                         f"create {name} or fix the path (it is relative to {relative_to})",
+            raise InputError([Diagnostic("DSF010", Severity.ERROR,
+                                         f"`extends` names a file that does not exist: {shown}", loc,
+                                             f"create {name} or fix the path (it "
+                                             f"is relative to {relative_to})",
                                          ("extends",))])
         if not target.is_file():  # a directory, a FIFO, a device: said here, at the `extends` line
-            raise InputError([Diagnostic("DSF010", Severity.ERROR, f"`extends` names something that is not a regular "
-                                         f"file: {shown}", loc, f"name a YAML base file (relative to {relative_to})",
+            raise InputError([Diagnostic("DSF010", Severity.ERROR,
+                                         f"`extends` names something that is not a regular " f"file: {shown}",
+                                         loc, f"name a YAML base file (relative to {relative_to})",
                                          ("extends",))])
         try:
             base, bsmap = _load(target, here)
         except InputError as exc:
-            if len(trail) == 1:  # the job file itself (or standard input): its own `extends:` line is where the chain starts
+            if len(trail) == 1:  # the job file itself (or standard input): its own `extends:` line is where
+                                 # the chain starts
                 from dsforge.compiler.extends_cycle import at_job_file
 
                 raise at_job_file(exc, loc) from None

@@ -1,5 +1,5 @@
-"""The inline `# dsforge: ignore[...]` comments of a job file's text, found as it loads (dsforge.compiler.rules.selection
-applies them to the findings)."""
+"""The inline `# dsforge: ignore[...]` comments of a job file's text, found as it loads
+(dsforge.compiler.rules.selection applies them to the findings)."""
 
 from __future__ import annotations
 
@@ -52,5 +52,6 @@ def scan_comments(text: str, file: str) -> list[InlineIgnore]:
             continue
         ids = tuple(p.strip().upper() for p in (match.group(1) or "").split(",") if p.strip())
         alone = not line[:start].strip()
-        out.append(InlineIgnore(ids, number + 1 if alone else number, Location(file, number, match.start() + 1)))
+        out.append(InlineIgnore(ids, number + 1 if alone else number,
+                                Location(file, number, match.start() + 1)))
     return out

@@ -1,4 +1,5 @@
-"""Paths written in a job file are relative to that file's directory, as `extends:` is; resolved once, at load.
+"""Paths written in a job file are relative to that file's directory, as `extends:` is; resolved once, at
+load.
 
 Resolving here, not in each rank, means plan.json records absolute paths: a compiled job directory
 runs the same from any working directory, and `dsforge validate` can check that the files exist
@@ -23,8 +24,9 @@ Key = tuple[str, ...]
 
 #: Every job-file key that names a file or directory on disk. `model.factory` is a module path
 #: (`package.module:callable`, imported from sys.path), not a file, so it is not among them.
-PATH_KEYS: tuple[Key, ...] = (("training", "data", "path"), ("training", "checkpoint", "dir"), ("model", "pretrained"),
-                              ("training", "data", "tokenizer"), ("training", "data", "valid", "path"))
+PATH_KEYS: tuple[Key, ...] = (("training", "data", "path"), ("training", "checkpoint", "dir"),
+                              ("model", "pretrained"), ("training", "data", "tokenizer"),
+                              ("training", "data", "valid", "path"))
 
 
 def is_absolute(value: str) -> bool:
@@ -55,7 +57,8 @@ def resolve_job_paths(spec: JobSpec, raw: dict[str, Any], source: SourceMap) -> 
         value = written_value(raw, key)
         if key == ("training", "data", "tokenizer") and value == "auto":
             continue  # not a path: model.pretrained's own tokenizer
-        if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):  # megatron blends
+        # megatron blends
+        if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
             base = base_directory(source.locate(key, value=True).file)
             spec = _replaced(spec, key, [v if is_absolute(v) else os.path.normpath(base / v) for v in value])
             continue

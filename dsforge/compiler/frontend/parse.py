@@ -57,7 +57,8 @@ def _expand_presets(raw: dict[str, Any], smap: SourceMap) -> tuple[dict[str, Any
 
 
 def _fill_defaults(spec: JobSpec) -> JobSpec:
-    """Write the model values that follow from others (``resolve_model``) into the spec, so plan.json states them."""
+    """Write the model values that follow from others (``resolve_model``) into the spec, so plan.json states
+    them."""
     m: ModelSpec = spec.model
     r = resolve_model(m)
     update: dict[str, Any] = {"kv_heads": r.kv_heads, "ffn_hidden": r.ffn_hidden, "activation": r.activation,
@@ -73,7 +74,8 @@ def parse_job(raw: dict[str, Any], smap: SourceMap) -> tuple[JobSpec | None, lis
     data, diags = _expand_presets(raw, smap)
     if diags:
         return None, diags
-    data, diags = expand_pretrained(data, raw, smap)  # after presets: a preset value may contradict config.json
+    data, diags = expand_pretrained(data, raw, smap)  # after presets: a preset value may contradict
+                                                      # config.json
     if diags:
         return None, diags
     try:

@@ -1,4 +1,5 @@
-"""`hardware.preset: ./calibrated.yaml`: a hardware preset read from a file instead of dsforge's named presets.
+"""`hardware.preset: ./calibrated.yaml`: a hardware preset read from a file instead of dsforge's named
+presets.
 
 A preset value that looks like a path (it contains `/` or ends in `.yaml`/`.yml`) names a hardware file:
 the `hardware:` fragment `dsforge calibrate` writes, or any file of that shape. The path is taken relative to
@@ -48,11 +49,21 @@ def load_preset_file(name: str, smap: SourceMap) -> tuple[dict[str, Any] | None,
                                   f"({getattr(exc, 'strerror', None) or exc})", loc,
                                   "name a hardware file by a plain path, or a preset from `dsforge presets`")]
     if not exists:
-        return None, name, [_diag(f"hardware.preset names a file that does not exist: {display_path(target)}", loc,
-                                  f"run `dsforge calibrate -o {shown}` or fix the path (it is relative to "
-                                  f"{display_path(folder) if loc.file and not loc.file.startswith('<') else 'the working directory'})")]
+        return (
+            None,
+            name,
+            [
+                _diag(
+                    f"hardware.preset names a file that does not exist: {display_path(target)}",
+                    loc,
+                    f"run `dsforge calibrate -o {shown}` or fix the path (it is relative to "
+                    f"{display_path(folder) if loc.file and not loc.file.startswith('<') else 'the working directory'})",  # noqa: E501
+                )
+            ],
+        )
     if not regular:
-        return None, name, [_diag(f"hardware.preset names something that is not a regular file: {display_path(target)}", loc,
+        return None, name, [_diag(f"hardware.preset names something that is not a regular file: "
+                                  f"{display_path(target)}", loc,
                                   "name a YAML hardware file such as the one `dsforge calibrate` writes")]
     display = display_path(target)
     data, fsmap = load_yaml(read_text(target, display), display)
@@ -60,20 +71,21 @@ def load_preset_file(name: str, smap: SourceMap) -> tuple[dict[str, Any] | None,
     others = [k for k in data if k != "hardware"]
     if others:
         key = others[0]
-        return None, name, [_diag(f"the hardware preset file {display} may hold only a `hardware:` section, not "
-                                  f"{', '.join(map(repr, others))}", fsmap.locate((key,)),
-                                  "move the other keys into the job file (or use `extends:` for a whole base job)",
+        return None, name, [_diag(f"the hardware preset file {display} may hold only a `hardware:` section, "
+                                  f"not {', '.join(map(repr, others))}", fsmap.locate((key,)),
+                                  "move the other keys into the job file "
+                                  "(or use `extends:` for a whole base job)",
                                   (key,))]
     body = data.get("hardware")
     if not isinstance(body, dict):
         where = fsmap.locate(("hardware",), value=True) if "hardware" in data else top
         return None, name, [_diag(f"the hardware preset file {display} has no `hardware:` mapping", where,
-                                  "write `hardware:` with the machine's keys under it (what `dsforge calibrate` "
-                                  "writes)", ("hardware",))]
+                                  "write `hardware:` with the machine's keys under it (what `dsforge "
+                                  "calibrate` writes)", ("hardware",))]
     if "preset" in body:
-        return None, name, [_diag(f"the hardware preset file {display} names a preset of its own; preset files "
-                                  "do not chain", fsmap.locate(_PATH), "write its keys out, or combine files with "
-                                  "the job's `extends:`", _PATH)]
+        return None, name, [_diag(f"the hardware preset file {display} names a preset of its own; preset "
+                                  f"files do not chain", fsmap.locate(_PATH),
+                                  "write its keys out, or combine files with " "the job's `extends:`", _PATH)]
     for path, where in fsmap.keys.items():
         smap.keys.setdefault(path, where)
     for path, where in fsmap.values.items():

@@ -43,7 +43,8 @@ def _builtin(kind: str) -> dict[str, Preset]:
             continue
         data = yaml.load(entry.read_text(encoding="utf-8"), Loader=_Loader) or {}
         for name, body in data.items():
-            out[name] = Preset(kind, name, body.get("description", ""), body["spec"], f"dsforge/{kind}/{entry.name}")
+            out[name] = Preset(kind, name, body.get("description", ""), body["spec"],
+                               f"dsforge/{kind}/{entry.name}")
     return out
 
 
@@ -57,7 +58,8 @@ def register(preset: Preset) -> None:
 
 def presets(kind: str) -> dict[str, Preset]:
     """All presets of one kind ("hardware" or "models"), built-in first, then those of installed plugins."""
-    extensions.ensure_loaded("presets")  # entry points are read on the first lookup, not at import (start-up time)
+    extensions.ensure_loaded("presets")  # entry points are read on the first lookup, not at import (start-up
+                                         # time)
     return {**_builtin(kind), **_extra[kind]}
 
 
@@ -66,12 +68,14 @@ def _load_plugin_presets(entry: extensions.PluginEntry, load: Callable[[], Any])
     items = extensions.items_of(load(), Preset)
     for p in items:
         if p.kind not in KINDS:
-            raise extensions.PluginLoadError(f"preset {p.name!r} has kind {p.kind!r}; use one of {', '.join(KINDS)}")
+            raise extensions.PluginLoadError(f"preset {p.name!r} has kind {p.kind!r}; "
+                                             f"use one of {', '.join(KINDS)}")
         if not isinstance(p.spec, dict):
             raise extensions.PluginLoadError(f"preset {p.name!r}: spec must be a mapping of job-file keys")
         # _builtin, not presets(): this runs inside the first presets() lookup.
         if p.name in _builtin(p.kind):
-            raise extensions.PluginLoadError(f"{p.kind} preset {p.name!r} would replace dsforge's built-in preset")
+            raise extensions.PluginLoadError(f"{p.kind} preset {p.name!r} would "
+                                             f"replace dsforge's built-in preset")
     for p in items:
         register(dataclasses.replace(p, origin=extensions.origin_label(entry)))
     return [f"{p.kind} preset {p.name}" for p in items]

@@ -42,7 +42,8 @@ SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_BIN = "pytorch_model.bin"
 TORCH_INDEX = "pytorch_model.bin.index.json"
-MAX_CONFIG_BYTES = 4 << 20  # config.json files are a few kB; an index of 10^5 shards is ~10 MB (read at runtime)
+MAX_CONFIG_BYTES = 4 << 20  # config.json files are a few kB; an index of 10^5 shards is ~10 MB (read at
+                            # runtime)
 KEY = ("model", "pretrained")
 
 #: model_type -> the dsforge arch whose rewrite policy places its modules.
@@ -86,7 +87,8 @@ def read_config(directory: Path) -> dict[str, Any]:
         with open(path, "rb") as fh:
             data = fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise PretrainedError("DSF011", f"model.pretrained: cannot read {path} ({exc.strerror or exc})", fix) from None
+        raise PretrainedError("DSF011", f"model.pretrained: cannot read {path} ({exc.strerror or exc})",
+                              fix) from None
     if len(data) > MAX_CONFIG_BYTES:
         raise PretrainedError("DSF011", f"{path} is over {MAX_CONFIG_BYTES >> 20} MiB: not an HF config", fix)
     try:
@@ -111,19 +113,22 @@ def weight_files(directory: Path) -> list[Path]:
                 weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
                 names = sorted(set(weight_map.values()))
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise PretrainedError("DSF014", f"{index} is not an HF weight index ({type(exc).__name__}: {exc})",
+                raise PretrainedError("DSF014", f"{index} is not an HF weight index "
+                                                f"({type(exc).__name__}: {exc})",
                                       "rewrite the checkpoint with `save_pretrained`") from None
             missing = [n for n in names if not (directory / str(n)).is_file()]
             if missing:
-                raise PretrainedError("DSF014", f"{index} names {len(missing)} shard(s) that are not in {directory}: "
-                                      f"{', '.join(map(str, missing[:4]))}", "copy the missing shards next to the index")
+                raise PretrainedError("DSF014", f"{index} names {len(missing)} shard(s) that are not in "
+                                      f"{directory}: {', '.join(map(str, missing[:4]))}",
+                                      "copy the missing shards next to the index")
             return [directory / str(n) for n in names]
     for single in (SAFETENSORS, TORCH_BIN):
         if (directory / single).is_file():
             return [directory / single]
     raise PretrainedError("DSF014", f"model.pretrained {directory} holds no weights ({SAFETENSORS}, "
                           f"{SAFETENSORS_INDEX}, {TORCH_BIN} or {TORCH_INDEX})",
-                          "save the model there with `save_pretrained`, or point model.pretrained at its directory")
+                          "save the model there with `save_pretrained`, "
+                          "or point model.pretrained at its directory")
 
 
 def _int(cfg: dict[str, Any], key: str, path: Path) -> int:
@@ -145,10 +150,11 @@ def model_keys(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
         try:  # a family only its own HF tp plan places (dsforge.compiler.frontend.pretrained_derived)
             return derived_keys(cfg, path)
         except DerivedRefusal as why:
-            raise PretrainedError("DSF012", f"{path}: model_type {mtype!r} is not a family dsforge can rewrite "
-                                  f"(hand-written: {', '.join(sorted(FAMILIES))}; by its HF plan: {why})",
-                                  "use a checkpoint of a supported family, or model.factory with `rewrite:` rules "
-                                  "for another") from None
+            raise PretrainedError("DSF012", f"{path}: model_type {mtype!r} is not a family dsforge can "
+                                  f"rewrite (hand-written: {', '.join(sorted(FAMILIES))}; "
+                                  f"by its HF plan: {why})",
+                                  "use a checkpoint of a supported family, or model.factory with `rewrite:` "
+                                  "rules for another") from None
     arch = FAMILIES[str(mtype)]
     if arch in MOE_FAMILIES:
         router = router_problem(cfg)
@@ -156,7 +162,8 @@ def model_keys(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
             raise PretrainedError("DSF015", f"{path}: {router[0]}", router[1])
     unsupported = _unsupported(cfg, str(mtype))
     if unsupported:
-        raise PretrainedError("DSF012", f"{path}: {unsupported}; dsforge's model keys cannot describe it exactly",
+        raise PretrainedError("DSF012", f"{path}: {unsupported}; dsforge's "
+                                        f"model keys cannot describe it exactly",
                               "use a checkpoint without that feature")
     if arch == "gpt2":
         act = cfg.get("activation_function", "gelu_new")
@@ -174,22 +181,25 @@ def model_keys(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
                 "position": "learned"}
     act = cfg.get("hidden_act", "silu")
     if act not in _SWIGLU_ACTS:
-        raise PretrainedError("DSF012", f"{path}: hidden_act {act!r}: dsforge's {arch} models use a SwiGLU MLP "
-                              "(silu)", "use a checkpoint with a SiLU-gated MLP")
+        raise PretrainedError("DSF012", f"{path}: hidden_act {act!r}: dsforge's {arch} models use a SwiGLU "
+                              f"MLP (silu)", "use a checkpoint with a SiLU-gated MLP")
     heads, hidden = _int(cfg, "num_attention_heads", path), _int(cfg, "hidden_size", path)
     # transformers takes head_dim = hidden_size / num_attention_heads when config.json leaves it out (or null)
     head_dim = _int(cfg, "head_dim", path) if cfg.get("head_dim") is not None else hidden // heads
     keys: dict[str, Any] = {
         "arch": arch, "layers": _int(cfg, "num_hidden_layers", path), "hidden": hidden, "heads": heads,
-        "kv_heads": _int(cfg, "num_key_value_heads", path) if cfg.get("num_key_value_heads") is not None else heads,
+        "kv_heads": _int(cfg, "num_key_value_heads",
+                         path) if cfg.get("num_key_value_heads") is not None else heads,
         # Qwen2 biases q, k and v always, Qwen2-MoE unless its qkv_bias says not; the others never
         "head_dim": head_dim, "qkv_bias": mtype in _QKV_BIASED and bool(cfg.get("qkv_bias", True)),
         "vocab": _int(cfg, "vocab_size", path), "seq_len": _int(cfg, "max_position_embeddings", path),
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)), "activation": "swiglu", "position": "rope"}
+        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)), "activation": "swiglu",
+        "position": "rope"}
     keys["ffn_hidden"] = _int(cfg, "intermediate_size", path)
     if arch == "mixtral":
-        keys["moe"] = {"experts": _int(cfg, "num_local_experts", path), "top_k": _int(cfg, "num_experts_per_tok", path),
-                       "ffn_hidden": keys["ffn_hidden"], "every": 1}
+        keys["moe"] = {"experts": _int(cfg, "num_local_experts", path),
+                       "top_k": _int(cfg, "num_experts_per_tok", path), "ffn_hidden": keys["ffn_hidden"],
+                       "every": 1}
     elif arch in MOE_FAMILIES:
         keys["moe"] = _qwen_moe(cfg, path, arch)
     return keys
@@ -204,9 +214,10 @@ def _qwen_moe(cfg: dict[str, Any], path: Path, arch: str) -> dict[str, Any]:
     """
     step, dense_layers = cfg.get("decoder_sparse_step", 1), cfg.get("mlp_only_layers") or []
     if step != 1 or dense_layers:
-        raise PretrainedError("DSF012", f"{path}: decoder_sparse_step {step!r}, mlp_only_layers {dense_layers!r}: "
-                              "dense MLP layers between the sparse ones are not loaded", "use a checkpoint whose "
-                              "every layer is a sparse MoE block (decoder_sparse_step 1, mlp_only_layers [])")
+        raise PretrainedError("DSF012", f"{path}: decoder_sparse_step {step!r}, mlp_only_layers "
+                              f"{dense_layers!r}: dense MLP layers between the sparse ones are not loaded",
+                              "use a checkpoint whose " "every layer is a sparse MoE block "
+                                                        "(decoder_sparse_step 1, mlp_only_layers [])")
     # Qwen3-MoE's transformers config writes num_local_experts, the hub's config.json files num_experts
     experts = _int(cfg, "num_experts" if cfg.get("num_experts") is not None else "num_local_experts", path)
     moe: dict[str, Any] = {"experts": experts, "top_k": _int(cfg, "num_experts_per_tok", path),
@@ -217,7 +228,8 @@ def _qwen_moe(cfg: dict[str, Any], path: Path, arch: str) -> dict[str, Any]:
 
 
 def router_problem(cfg: dict[str, Any]) -> tuple[str, str] | None:
-    """(what, fix) for a MoE router setting (Mixtral, Qwen-MoE) under which HF would train otherwise than dsforge.
+    """(what, fix) for a MoE router setting (Mixtral, Qwen-MoE) under which HF would train otherwise than
+    dsforge.
 
     dsforge's MoE layers (HF's own block at ep 1, DeepSpeed's gate under ep > 1: dsforge.runtime.moe)
     route without noise and train on the language-model loss alone; HF multiplies the router's input by
@@ -226,23 +238,26 @@ def router_problem(cfg: dict[str, Any]) -> tuple[str, str] | None:
     """
     jitter = cfg.get("router_jitter_noise", 0.0)
     if not isinstance(jitter, (int, float)) or isinstance(jitter, bool) or jitter != 0:
-        return ((f"router_jitter_noise is {jitter!r}: HF multiplies each router input by random noise in training, "
-                 "which dsforge's MoE layers do not (their routing is exact and repeatable)"),
+        return ((f"router_jitter_noise is {jitter!r}: HF multiplies each router input by random noise in "
+                 f"training, which dsforge's MoE layers do not (their routing is exact and repeatable)"),
                 "set router_jitter_noise to 0.0 in a copy of config.json (Mixtral's own checkpoints use 0.0)")
     coef = cfg.get("router_aux_loss_coef", 0.0)
     if cfg.get("output_router_logits") and coef != 0:
-        return ((f"output_router_logits is true with router_aux_loss_coef {coef!r}: HF adds that multiple of the "
-                 "load-balancing loss to the training loss, dsforge trains on the language-model loss alone"),
-                "set output_router_logits to false in a copy of config.json (as Mixtral's own checkpoints do)")
+        return ((f"output_router_logits is true with router_aux_loss_coef {coef!r}: HF adds that multiple of "
+                 f"the load-balancing loss to the training loss, "
+                 f"dsforge trains on the language-model loss alone"),
+                ("set output_router_logits to false in a copy of "
+                 "config.json (as Mixtral's own checkpoints do)"))
     return None
 
 
 def sliding_window(cfg: dict[str, Any]) -> int | None:
-    """The sliding window (tokens a query sees, itself included) config.json's attention applies, None if none.
+    """The sliding window (tokens a query sees, itself included) config.json's attention applies, None if
+    none.
 
     Mistral and Mixtral window every layer when ``sliding_window`` is set; the Qwen families only with
-    ``use_sliding_window`` (or a ``layer_types`` entry ``sliding_attention``), whatever ``sliding_window`` says.
-    A value that is not a positive integer is returned as 0, which no sequence fits.
+    ``use_sliding_window`` (or a ``layer_types`` entry ``sliding_attention``), whatever ``sliding_window``
+    says. A value that is not a positive integer is returned as 0, which no sequence fits.
     """
     mtype = cfg.get("model_type")
     window = cfg.get("sliding_window")
@@ -293,11 +308,11 @@ def _contradictions(stated: dict[str, Any], found: dict[str, Any], cfg_name: str
             continue
         if key in _AT_MOST and isinstance(have, int) and not isinstance(have, bool):
             if found.get("position") == "learned" and have != want:
-                out.append(((key,), (f"{section}.{key} {have} contradicts {cfg_name}: the checkpoint's learned "
-                                     f"position table has {want} rows (n_positions)")))
+                out.append(((key,), (f"{section}.{key} {have} contradicts {cfg_name}: the checkpoint's "
+                                     f"learned position table has {want} rows (n_positions)")))
             elif have > want:
-                out.append(((key,), (f"{section}.{key} {have} contradicts {cfg_name}: max_position_embeddings "
-                                     f"is {want}")))
+                out.append(((key,), (f"{section}.{key} {have} contradicts {cfg_name}: "
+                                     f"max_position_embeddings is {want}")))
             continue
         if have != want:
             out.append(((key,), f"{section}.{key} {have!r} contradicts {cfg_name}, which says {want!r}"))
@@ -306,7 +321,8 @@ def _contradictions(stated: dict[str, Any], found: dict[str, Any], cfg_name: str
     return out
 
 
-def expand_pretrained(data: dict[str, Any], raw: dict[str, Any], smap: SourceMap) -> tuple[dict[str, Any], list[Diagnostic]]:
+def expand_pretrained(data: dict[str, Any], raw: dict[str, Any],
+                      smap: SourceMap) -> tuple[dict[str, Any], list[Diagnostic]]:
     """The merged job data with `model:` filled from config.json, or the diagnostics that prevent it.
 
     ``raw`` is what the job file (and its bases) wrote, to point a contradiction at the stated key
@@ -331,7 +347,8 @@ def expand_pretrained(data: dict[str, Any], raw: dict[str, Any], smap: SourceMap
         loc = smap.locate(full, value=True) if stated_here else smap.locate(("model", "preset"), value=True)
         origin = "" if stated_here else f" (from model preset {model.get('preset')!r})"
         diags.append(Diagnostic("DSF013", Severity.ERROR, sentence + origin, loc,
-                                f"remove model.{'.'.join(path)} (config.json supplies it) or correct it", full))
+                                f"remove model.{'.'.join(path)} (config.json supplies it) or correct it",
+                                full))
     if diags:
         return data, diags
     filled = dict(found)
@@ -346,11 +363,13 @@ def expand_pretrained(data: dict[str, Any], raw: dict[str, Any], smap: SourceMap
         stated = _written(written, ("seq_len",))
         loc = smap.locate(("model", "seq_len"), value=True) if stated else where
         said = "" if stated else " (config.json's max_position_embeddings: the job states no seq_len)"
-        return data, [Diagnostic("DSF012", Severity.ERROR, f"{directory / CONFIG}: sliding_window {window} is "
-                                 f"shorter than model.seq_len {seq_len}{said}: each token would attend to only the last {window}, "
-                                 "which the job's model keys (estimates, context parallelism) cannot state", loc,
-                                 f"set model.seq_len to at most {window}: the window then covers the whole sequence "
-                                 "and attention is exactly full causal attention", ("model", "seq_len"))]
+        return data, [Diagnostic("DSF012", Severity.ERROR, f"{directory / CONFIG}: sliding_window {window} "
+                                 f"is shorter than model.seq_len {seq_len}{said}: each token would attend to "
+                                 f"only the last {window}, which the job's model keys (estimates, context "
+                                 f"parallelism) cannot state", loc,
+                                 f"set model.seq_len to at most {window}: the window then covers the whole "
+                                 f"sequence and attention is exactly full causal attention",
+                                 ("model", "seq_len"))]
     return {**data, "model": filled}, []
 
 

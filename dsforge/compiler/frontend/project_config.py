@@ -100,7 +100,8 @@ def _settings_in(path: Path, mtime_ns: int, size: int) -> ProjectConfig | None:
 
 
 def find_config(start: Path) -> ProjectConfig:
-    """The settings that apply to a job file in directory ``start`` (nearest file upwards), or the defaults."""
+    """The settings that apply to a job file in directory ``start`` (nearest file upwards), or the
+    defaults."""
     folder = start.resolve()
     for candidate in (folder, *folder.parents):
         for name in ("dsforge.toml", "pyproject.toml"):

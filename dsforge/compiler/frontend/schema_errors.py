@@ -21,7 +21,8 @@ ABSENT_FEATURES = {
     frozenset({"etp", "expert_tp", "expert_tensor_parallel", "expert_tensor_parallel_size"}): (
         ("dsforge has no expert tensor parallelism (Megatron's --expert-tensor-parallel-size, MoE parallel "
          "folding): the expert layers use the dense tp groups and every tp rank holds its experts whole"),
-        "remove it; shard experts with parallel.ep, and keep tp before cp, ep and dp in parallel.order (DSF126)"),
+        ("remove it; shard experts with parallel.ep, and keep "
+         "tp before cp, ep and dp in parallel.order (DSF126)")),
 }
 
 
@@ -69,12 +70,13 @@ def _one(issue: Issue, smap: SourceMap) -> Diagnostic:
         if absent:
             return Diagnostic("DSF020", Severity.ERROR, f"unknown key `{key}` in {section}: {absent[0]}",
                               smap.locate(path), absent[1], path)
-        return Diagnostic("DSF020", Severity.ERROR, f"unknown key `{key}` in {section}{suggest(key, options)}",
-                          smap.locate(path), f"remove it, or use one of: {', '.join(options)}", path)
+        return Diagnostic("DSF020", Severity.ERROR,
+                          f"unknown key `{key}` in {section}{suggest(key, options)}", smap.locate(path),
+                          f"remove it, or use one of: {', '.join(options)}", path)
     if issue.kind == "choice":
         listed = ", ".join(issue.options)
-        return Diagnostic("DSF023", Severity.ERROR, f"`{where}` is {shown}: must be one of {listed}{issue.expected}"
-                          f"{suggest(str(issue.value), issue.options)}", loc,
+        return Diagnostic("DSF023", Severity.ERROR, f"`{where}` is {shown}: must be one of "
+                          f"{listed}{issue.expected}{suggest(str(issue.value), issue.options)}", loc,
                           f"use one of: {listed}{issue.expected}", path)
     if issue.kind == "too_few":
         return Diagnostic("DSF022", Severity.ERROR,
@@ -87,7 +89,8 @@ def _one(issue: Issue, smap: SourceMap) -> Diagnostic:
             else f"be {issue.expected}"
         return Diagnostic("DSF022", Severity.ERROR, f"`{where}` is {shown}: must {msg}", loc,
                           f"change `{where}`: it must {msg}", path)
-    return Diagnostic("DSF021", Severity.ERROR, f"`{where}` has the wrong type ({shown}): must be {issue.expected}",
+    return Diagnostic("DSF021", Severity.ERROR, f"`{where}` has the wrong type "
+                                                f"({shown}): must be {issue.expected}",
                       loc, f"give `{where}` {issue.expected}", path)
 
 

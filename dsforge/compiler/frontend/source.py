@@ -50,7 +50,8 @@ class SourceMap:
     file: str
     keys: dict[Path_, Location] = field(default_factory=dict)
     values: dict[Path_, Location] = field(default_factory=dict)
-    #: `# dsforge: ignore[...]` comments of this file and of the files it extends (dsforge/compiler/rules/selection.py).
+    #: `# dsforge: ignore[...]` comments of this file and of the files it extends
+    #: (dsforge/compiler/rules/selection.py).
     ignores: list[InlineIgnore] = field(default_factory=list)
 
     def locate(self, path: Path_, value: bool = False) -> Location:
@@ -79,7 +80,8 @@ def is_stdin(path: str | Path) -> bool:
 
 
 def read_text(path: Path, display: str) -> str:
-    """Read a job file as UTF-8 text, rejecting missing, huge, binary and empty files and anything not a regular file.
+    """Read a job file as UTF-8 text, rejecting missing, huge, binary and empty files and anything not a
+    regular file.
 
     The file is opened without blocking (a FIFO with no writer would otherwise hang the open), its
     kind and size come from fstat before a byte is read, and at most MAX_FILE_BYTES + 1 bytes are ever
@@ -99,10 +101,12 @@ def read_text(path: Path, display: str) -> str:
             raise _fail("DSF001", f"{display} is a directory, not a job file", Location(display),
                         "name the YAML job file inside it")
         if not stat.S_ISREG(info.st_mode):
-            raise _fail("DSF001", f"{display} is not a regular file (it is {_kind(info.st_mode)})", Location(display),
-                        "give the path of a job file; to read a pipe, pass `-` and redirect it to standard input")
+            raise _fail("DSF001", f"{display} is not a regular file (it is {_kind(info.st_mode)})",
+                        Location(display), "give the path of a job file; to read a pipe, "
+                        "pass `-` and redirect it to standard input")
         if info.st_size > MAX_FILE_BYTES:
-            raise _fail("DSF007", f"file is {info.st_size} bytes, over the {MAX_FILE_BYTES}-byte limit for a job file",
+            raise _fail("DSF007", f"file is {info.st_size} bytes, over the "
+                                  f"{MAX_FILE_BYTES}-byte limit for a job file",
                         Location(display), "a job file describes one job; split data out of it")
         raw = _read_at_most(fd, MAX_FILE_BYTES + 1)
     except OSError as exc:
@@ -160,7 +164,8 @@ def read_stream(stream: BinaryIO | None, display: str = STDIN_NAME) -> str:
         raise _fail("DSF001", f"cannot read standard input: {exc.strerror or exc}", Location(display),
                     "pipe the job file in, or name the file") from None
     if size > MAX_FILE_BYTES:
-        raise _fail("DSF007", f"standard input holds more than the {MAX_FILE_BYTES}-byte limit for a job file",
+        raise _fail("DSF007",
+                    f"standard input holds more than the {MAX_FILE_BYTES}-byte limit for a job file",
                     Location(display), "a job file describes one job; split data out of it")
     return decode_text(b"".join(chunks), display)
 
@@ -176,7 +181,8 @@ def decode_text(raw: bytes, display: str) -> str:
                     Location(display, line, col), "save the file as UTF-8") from None
     if not text.strip() or all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()):
         raise _fail("DSF008", "the file is empty: a job file must be a mapping with at least `version: 1`",
-                    Location(display, 1, 1), "start from an example in examples/, `dsforge init` or `dsforge schema`")
+                    Location(display, 1, 1), "start from an example in examples/, "
+                                             "`dsforge init` or `dsforge schema`")
     for no, row in enumerate(text.splitlines(), 1):
         indent = row[: len(row) - len(row.lstrip(" \t"))]
         if "\t" in indent:
@@ -199,12 +205,13 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 def _too_big(display: str, node: yaml.Node) -> InputError:
     return _fail("DSF007", f"the document expands to more than {MAX_NODES} values (aliases repeated inside "
-                 "aliases?)", _loc(display, node.start_mark), "write the values out instead of nesting aliases")
+                 "aliases?)", _loc(display, node.start_mark),
+                 "write the values out instead of nesting aliases")
 
 
 def _too_deep(display: str, node: yaml.Node) -> InputError:
-    return _fail("DSF007", f"the document nests deeper than {MAX_DEPTH} levels", _loc(display, node.start_mark),
-                 "flatten the structure; a job file needs a few levels")
+    return _fail("DSF007", f"the document nests deeper than {MAX_DEPTH} levels",
+                 _loc(display, node.start_mark), "flatten the structure; a job file needs a few levels")
 
 
 def check_bounds(root: yaml.Node, display: str) -> None:
@@ -269,12 +276,14 @@ class _Builder:
         return self._scalar(node)
 
     def _scalar(self, node: yaml.Node) -> Any:
-        """The scalar's value; a tag its text does not fit (`!!int abc`) or a number too long to read is an error."""
+        """The scalar's value; a tag its text does not fit (`!!int abc`) or a number too long to read is an
+        error."""
         text = str(node.value)
         if node.tag == _CORE + "int" and len(text) > MAX_NUMBER_DIGITS:
             # past 4,300 digits int() raises (CVE-2020-10735); past ~309 a number no longer fits a float
-            raise _fail("DSF007", f"a number of {len(text)} characters is over the {MAX_NUMBER_DIGITS}-character limit "
-                        "for a number in a job file", _loc(self.display, node.start_mark),
+            raise _fail("DSF007", f"a number of {len(text)} characters is over the "
+                        f"{MAX_NUMBER_DIGITS}-character limit for a number in a job file",
+                        _loc(self.display, node.start_mark),
                         "write the number with fewer digits (a size in a job file needs at most 20)")
         try:
             return _scalars.construct_object(node)
@@ -307,13 +316,15 @@ class _Builder:
             kloc = _loc(self.display, key_node.start_mark)
             if key in out:
                 first = self.smap.keys[path + (key,)]
-                raise _fail("DSF005", f"key `{key}` appears twice in the same mapping (first at line {first.line}); "
-                            "YAML would silently keep the last one", kloc, "delete one of the two")
+                raise _fail("DSF005", f"key `{key}` appears twice in the same mapping (first at line "
+                            f"{first.line}); YAML would silently keep the last one", kloc,
+                            "delete one of the two")
             self.smap.keys[path + (key,)] = kloc
             out[key] = self.build(value_node, path + (key,), depth + 1)
         return {**self._merged(merges, path, depth, set(out)), **out}
 
-    def _merged(self, sources: list[yaml.Node], path: Path_, depth: int, explicit: set[str]) -> dict[str, Any]:
+    def _merged(self, sources: list[yaml.Node], path: Path_, depth: int,
+                explicit: set[str]) -> dict[str, Any]:
         """The `<<` merge keys' mappings (YAML 1.1: explicit keys win, then earlier sources over later)."""
         merged: dict[str, Any] = {}
         for src in sources:
@@ -324,7 +335,8 @@ class _Builder:
                             _loc(self.display, src.start_mark), "point `<<` at a mapping anchor")
             new = {k for k in data if k not in explicit and k not in merged}
             for theirs, mine in ((sub.smap.keys, self.smap.keys), (sub.smap.values, self.smap.values)):
-                mine.update({p: loc for p, loc in theirs.items() if len(p) > len(path) and p[len(path)] in new})
+                mine.update({p: loc for p,
+                             loc in theirs.items() if len(p) > len(path) and p[len(path)] in new})
             merged.update({k: data[k] for k in new})
         return merged
 
@@ -336,7 +348,8 @@ def load_yaml(text: str, display: str) -> tuple[dict[str, Any], SourceMap]:
     except yaml.MarkedYAMLError as exc:
         from dsforge.compiler.yaml_flow import unclosed_flow
 
-        flow = unclosed_flow(exc, display)  # an open `[` / `{`: named where it opened and where the parser gave up
+        flow = unclosed_flow(exc, display)  # an open `[` / `{`: named where it opened and where the parser
+                                            # gave up
         if flow is not None:
             raise _fail("DSF004", flow[0], flow[1], flow[2]) from None
         mark = exc.problem_mark or exc.context_mark
@@ -353,7 +366,8 @@ def load_yaml(text: str, display: str) -> tuple[dict[str, Any], SourceMap]:
         raise _fail("DSF004", f"YAML syntax error: {exc}", Location(display, 1, 1),
                     "check the file's YAML syntax") from None
     if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _CORE + "null" and not node.value):
-        raise _fail("DSF008", "the document is empty", Location(display, 1, 1), "add `version: 1` and a model")
+        raise _fail("DSF008", "the document is empty", Location(display, 1, 1),
+                    "add `version: 1` and a model")
     if "&" in text:  # only an anchor makes aliases (and so exponential expansion) possible
         check_bounds(node, display)
     builder = _Builder(display)
@@ -362,7 +376,8 @@ def load_yaml(text: str, display: str) -> tuple[dict[str, Any], SourceMap]:
         kind = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
             type(data), "null")
         raise _fail("DSF009", f"the top level is {kind}; a job file must be a mapping of sections",
-                    _loc(display, node.start_mark), "start the file with `version: 1` and sections such as `model:`")
+                    _loc(display, node.start_mark), "start the file with `version: 1` "
+                                                    "and sections such as `model:`")
     if "dsforge:" in text:  # suppression comments are rare: scan only files that may hold one
         builder.smap.ignores = scan_comments(text, display)
     return data, builder.smap

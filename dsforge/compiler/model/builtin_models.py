@@ -1,5 +1,5 @@
-"""Which model specs dsforge builds itself (no `model.factory`, no `model.pretrained`): torch-free, so validate
-refuses what dsforge.runtime.models would refuse at compile or at start-up, with the same words.
+"""Which model specs dsforge builds itself (no `model.factory`, no `model.pretrained`): torch-free, so
+validate refuses what dsforge.runtime.models would refuse at compile or at start-up, with the same words.
 
 dsforge builds three HF families from the job's model keys: GPT-2, Llama (Qwen2 when q, k and v carry
 biases) and Mixtral. Each HF config can express some shapes only; ``builtin_family`` names the family an
@@ -25,8 +25,9 @@ def builtin_family(model: ResolvedModel) -> str:
     if model.arch == "custom":
         raise NotBuiltIn("arch: custom needs model.factory (\"package.module:callable\") to build the model")
     if model.arch != "auto":  # the other families' rewrite policies exist; dsforge builds none of them itself
-        raise NotBuiltIn(f"arch: {model.arch} is built from model.factory (\"package.module:callable\") or an "
-                         "HF directory (model.pretrained); dsforge builds only gpt2, llama and mixtral itself")
+        raise NotBuiltIn(f"arch: {model.arch} is built from model.factory (\"package.module:callable\") or "
+                         f"an HF directory (model.pretrained); dsforge "
+                         "builds only gpt2, llama and mixtral itself")
     if model.moe is not None:
         return "mixtral"
     return "gpt2" if model.activation == "gelu" and model.position == "learned" else "llama"

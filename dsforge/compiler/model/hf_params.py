@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: Families whose MLP has two matrices (up, down) rather than three (gate, up, down).
-_TWO_MATRIX_MLP = frozenset({"gpt2", "gpt_neox", "gpt_bigcode", "starcoder2", "phi", "gptj", "codegen", "falcon",
-                             "bloom", "opt", "biogpt", "xglm", "gpt_neo", "persimmon", "stablelm_epoch", "nemotron",
-                             "jais2", "apertus", "apertus1p5_text", "arcee", "nanochat"})
+_TWO_MATRIX_MLP = frozenset({"gpt2", "gpt_neox", "gpt_bigcode", "starcoder2", "phi", "gptj", "codegen",
+                             "falcon", "bloom", "opt", "biogpt", "xglm", "gpt_neo", "persimmon",
+                             "stablelm_epoch", "nemotron", "jais2", "apertus", "apertus1p5_text", "arcee",
+                             "nanochat"})
 #: Families that bias every linear layer of attention and MLP (GPT-2 style), whatever attention_bias says.
-_LINEAR_BIAS = frozenset({"gpt2", "gpt_neox", "gpt_bigcode", "starcoder2", "phi", "falcon", "bloom", "opt", "biogpt",
-                          "xglm", "gpt_neo", "persimmon", "stablelm"})
+_LINEAR_BIAS = frozenset({"gpt2", "gpt_neox", "gpt_bigcode", "starcoder2", "phi", "falcon", "bloom", "opt",
+                          "biogpt", "xglm", "gpt_neo", "persimmon", "stablelm"})
 #: Families with LayerNorm (weight and bias) rather than RMSNorm (weight only).
 _LAYERNORM_BIAS = _LINEAR_BIAS | {"gptj", "codegen", "nemotron", "phimoe", "jais2"}
 #: Families with no norm parameters (OLMo's LayerNorm without weight or bias).
@@ -37,8 +38,8 @@ _FULL_QK_NORMS = frozenset({"olmo2", "olmo3", "olmoe", "flex_olmo", "minimax_m2"
 #: Families with four norms per layer (pre and post attention, pre and post MLP).
 _FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "hyperclovax", "kolibri1"})
 #: Families with per-head q and k norms (head_dim wide).
-_HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "exaone4", "hunyuan_v1_dense", "hy_v3",
-                            "mellum", "exaone_moe", "axk1", "hunyuan_v1_moe", "kolibri1", "flint"})
+_HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "exaone4", "hunyuan_v1_dense",
+                            "hy_v3", "mellum", "exaone_moe", "axk1", "hunyuan_v1_moe", "kolibri1", "flint"})
 #: Families whose use_qk_norm is an L2 norm without weights (Llama 4).
 _WEIGHTLESS_QK_NORM = frozenset({"llama4", "llama4_text"})
 #: Families with one learnt attention sink per head and layer.
@@ -51,15 +52,16 @@ _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 
 #: Types whose count equals HF's num_parameters() on the zoo's tiny configs (benchmarks/hf_param_counts.py;
 #: tests/compiler/model/test_hf_params.py checks the set both ways).
-EXACT_TYPES = frozenset({"arcee", "aria_text", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm", "deepseek_v2",
-                         "deepseek_v3", "diffllama", "ernie4_5", "exaone", "exaone4", "exaone_moe", "flex_olmo",
-                         "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite",
-                         "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe", "granitemoe_swa",
-                         "granitemoeshared", "helium", "hunyuan_v1_dense", "hy_v3", "hyperclovax", "internlm3",
-                         "iquestcoder", "jais2", "kolibri1", "llama", "llama4", "llama4_text", "mellum", "minicpm3",
-                         "minimax_m2", "ministral", "ministral3", "mistral", "mixtral", "nanochat", "nemotron",
-                         "olmo", "olmo2", "olmo3", "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3",
-                         "qwen3_moe", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2",
+EXACT_TYPES = frozenset({"arcee", "aria_text", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm",
+                         "deepseek_v2", "deepseek_v3", "diffllama", "ernie4_5", "exaone", "exaone4",
+                         "exaone_moe", "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4",
+                         "glm4_moe", "glm4_moe_lite", "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa",
+                         "granitemoe", "granitemoe_swa", "granitemoeshared", "helium", "hunyuan_v1_dense",
+                         "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2", "kolibri1", "llama",
+                         "llama4", "llama4_text", "mellum", "minicpm3", "minimax_m2", "ministral",
+                         "ministral3", "mistral", "mixtral", "nanochat", "nemotron", "olmo", "olmo2", "olmo3",
+                         "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                         "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2",
                          "vaultgemma", "youtu"})
 
 
@@ -102,7 +104,11 @@ def _attention(cfg: dict[str, Any], mtype: str, hidden: int) -> int:
     if rank:  # MLA (DeepSeek-V2/V3): q through a rank-q_lora_rank bottleneck, k/v through one of kv_lora_rank
         rope, nope = _int(cfg, "qk_rope_head_dim"), _int(cfg, "qk_nope_head_dim")
         v_dim, q_rank = _int(cfg, "v_head_dim"), _int(cfg, "q_lora_rank")
-        q = (hidden * q_rank + q_rank + q_rank * heads * (rope + nope)) if q_rank else hidden * heads * (rope + nope)
+        q = (
+            (hidden * q_rank + q_rank + q_rank * heads * (rope + nope))
+            if q_rank
+            else hidden * heads * (rope + nope)
+        )
         kv_part = hidden * (rank + rope) + rank + rank * heads * (nope + v_dim)
         return q + kv_part + heads * v_dim * hidden + (hidden if bias else 0)
     head_dim = _int(cfg, "head_dim") or hidden // heads
@@ -118,7 +124,11 @@ def _attention(cfg: dict[str, Any], mtype: str, hidden: int) -> int:
         weights += 4 * head_dim
     if mtype in _FULL_QK_NORMS:
         weights += q_dim + kv_dim
-    elif mtype in _HEAD_QK_NORMS or (cfg.get("use_qk_norm") and mtype not in _WEIGHTLESS_QK_NORM) or cfg.get("qk_layernorm"):
+    elif (
+        mtype in _HEAD_QK_NORMS
+        or (cfg.get("use_qk_norm") and mtype not in _WEIGHTLESS_QK_NORM)
+        or cfg.get("qk_layernorm")
+    ):
         weights += 2 * head_dim
     return weights
 
@@ -131,7 +141,8 @@ def _mlp(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
 
 
 def _dense_layer(cfg: dict[str, Any], index: int, layers: int) -> bool:
-    """Whether layer ``index`` of a MoE model is a dense MLP (first_k_dense_replace, mlp_only_layers, sparse step)."""
+    """Whether layer ``index`` of a MoE model is a dense MLP (first_k_dense_replace, mlp_only_layers, sparse
+    step)."""
     if index < _int(cfg, "first_k_dense_replace"):
         return True
     only = cfg.get("mlp_only_layers") or []
@@ -172,7 +183,8 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
             if mtype == "gpt_oss":  # biased experts (gate_up, down) and router
                 block += experts * (2 * moe_ffn + hidden) + experts
             if mtype == "ernie4_5_moe":
-                block += experts  # moe_statics.e_score_correction_bias (a buffer in deepseek_v3, a parameter here)
+                block += experts  # moe_statics.e_score_correction_bias (a buffer in deepseek_v3, a parameter
+                                  # here)
         else:
             block = _mlp(cfg, mtype, hidden, ffn)
         total_layers += attention + norms + block
@@ -180,5 +192,6 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     head = norm + (0 if tied else vocab * hidden) + (vocab if mtype in _HEAD_BIAS else 0)
     layer_types = cfg.get("layer_types")
     if isinstance(layer_types, list) and any(t not in _SOFTMAX_LAYERS for t in layer_types):
-        unpriced.append(f"layer_types {sorted(set(layer_types))}: linear-attention / other layers priced as attention")
+        unpriced.append(f"layer_types {sorted(set(layer_types))}: "
+                        f"linear-attention / other layers priced as attention")
     return HfCount(mtype, embedding, total_layers, head, unpriced)

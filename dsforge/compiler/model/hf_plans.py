@@ -44,28 +44,32 @@ STYLES: dict[str, tuple[Variant, int, str] | str] = {
     "rowwise": ("row", 1, "weight split along its input features; the partial outputs are summed"),
     "packed_colwise": ("column", 2, "packed [gate | up]: each block split on its own"),
     "embedding_rowwise": ("vocab", 1, "embedding split over the vocabulary; the partial lookups are summed"),
-    "replicated_with_grad_allreduce": ("head_norm", 1, ("replicated; each rank sees its own heads, so its gradient "
-                                                        "is summed over TP")),
-    "sequence_parallel": ("norm", 1, "replicated norm; under sequence parallelism its gradient is summed over TP"),
+    "replicated_with_grad_allreduce": ("head_norm", 1, ("replicated; each rank sees its own heads, so its "
+                                                        "gradient is summed over TP")),
+    "sequence_parallel": ("norm", 1, ("replicated norm; under sequence parallelism "
+                                      "its gradient is summed over TP")),
     "replicate": ("replicate", 1, "kept whole on every rank"),
     # HF computes these on every rank (input or output gathered): the same mathematics as a replicated module.
-    "colwise_gather_output": ("replicate", 1, "split then gathered by HF: kept whole (exact; memory not divided)"),
+    "colwise_gather_output": ("replicate", 1, ("split then gathered by HF: kept "
+                                               "whole (exact; memory not divided)")),
     "colwise_rep": ("replicate", 1, "split then gathered by HF: kept whole (exact; memory not divided)"),
-    "rowwise_split_input": ("replicate", 1, "input split then summed by HF: kept whole (exact; memory not divided)"),
+    "rowwise_split_input": ("replicate", 1, ("input split then summed by HF: kept "
+                                             "whole (exact; memory not divided)")),
     "rowwise_rep": ("replicate", 1, "input split then summed by HF: kept whole (exact; memory not divided)"),
     "embedding_colwise": ("replicate", 1, "hidden-split embedding gathered by HF: kept whole (exact)"),
     # MoE: dsforge splits experts over the expert-parallel group (whole experts), the same routed sum.
     "moe_tp_experts": ("expert", 1, "experts split over the expert-parallel group"),
     "ep_dispatch_experts": ("expert", 1, "experts split over the expert-parallel group"),
     "grouped_gemm": ("expert", 1, "stacked expert weights: whole experts per EP rank"),
-    "moe_identity_expert": ("an identity expert (zero-compute expert) has no dsforge expert variant: the expert "
-                            "layer's all-to-all would drop or double the tokens routed to it"),
+    "moe_identity_expert": ("an identity expert (zero-compute expert) has no dsforge expert variant: the "
+                            "expert layer's all-to-all would drop or double the tokens routed to it"),
 }
 #: Styles that hand their placement to the module's children or owner (no row of their own).
 _STRUCTURAL = {
     "all_reduce": "its children's rowwise rows already sum the partial outputs",
     "local_params": "the owning attention is kept whole, since dsforge splits modules, not bare parameters",
-    "mla_kv_a_proj": "MLA: the attention is kept whole (the rotary key shared by every head has no per-rank split)",
+    "mla_kv_a_proj": "MLA: the attention is kept whole (the rotary "
+                     "key shared by every head has no per-rank split)",
 }
 
 #: Last name component of a projection -> its head kind (column: the split falls on whole heads).
@@ -82,17 +86,36 @@ _ATTENTION = re.compile(r"(?:^|\.)(?:self_attn|attn|attention|self_attention)(?:
 #: Families whose hand-written policy stays: model_type -> (arch, the modules it places otherwise than the HF
 #: plan, each as a plan path). The HF plan is exact there too (replicated), but divides less memory.
 KEEP_HANDWRITTEN: dict[str, tuple[str, tuple[str, ...], str]] = {
-    "phi3": ("phi3", ("model.layers.*.mlp.down_proj.weight", "model.layers.*.mlp.gate_up_proj.weight",
-                      "model.layers.*.self_attn.o_proj.weight", "model.layers.*.self_attn.qkv_proj.weight"),
-             ("HF gathers qkv_proj and gate_up_proj (colwise_gather_output) and replicates o_proj and down_proj "
-              "(rowwise_split_input); dsforge splits the fused blocks of unequal size by their own heads")),
-    "olmo2": ("olmo2", tuple(f"model.layers.*.self_attn.{m}.weight" for m in ("k_norm", "k_proj", "o_proj", "q_norm",
-                                                                              "q_proj", "v_proj")),
-              ("HF gathers q/k/v (its q_norm/k_norm normalise the whole projection); dsforge splits them by heads "
-               "and all-reduces the norms' mean square (shard_norm)")),
-    "qwen2_moe": ("qwen2_moe", tuple(f"model.layers.*.mlp.shared_expert.{m}.weight" for m in ("down_proj",
-                                                                                             "gate_proj", "up_proj")),
-                  "HF's plan omits the shared expert (replicated); dsforge splits it as a dense MLP"),
+    "phi3": (
+        "phi3",
+        (
+            "model.layers.*.mlp.down_proj.weight",
+            "model.layers.*.mlp.gate_up_proj.weight",
+            "model.layers.*.self_attn.o_proj.weight",
+            "model.layers.*.self_attn.qkv_proj.weight",
+        ),
+        (
+            "HF gathers qkv_proj and gate_up_proj (colwise_gather_output) and replicates o_proj and "
+            "down_proj (rowwise_split_input); dsforge splits "
+            "the fused blocks of unequal size by their own heads"
+        ),
+    ),
+    "olmo2": (
+        "olmo2",
+        tuple(
+            f"model.layers.*.self_attn.{m}.weight"
+            for m in ("k_norm", "k_proj", "o_proj", "q_norm", "q_proj", "v_proj")
+        ),
+        (
+            "HF gathers q/k/v (its q_norm/k_norm normalise the whole projection); dsforge splits them by "
+            "heads and all-reduces the norms' mean square (shard_norm)"
+        ),
+    ),
+    "qwen2_moe": (
+        "qwen2_moe",
+        tuple(f"model.layers.*.mlp.shared_expert.{m}.weight" for m in ("down_proj", "gate_proj", "up_proj")),
+        "HF's plan omits the shared expert (replicated); dsforge splits it as a dense MLP",
+    ),
 }
 
 
@@ -124,7 +147,8 @@ class PlanRefusal(Exception):
 
 @dataclass(frozen=True)
 class DerivedPolicy:
-    """A policy derived from HF plans, with the plan entries it folded into others and the unchecked columns."""
+    """A policy derived from HF plans, with the plan entries it folded into others and the unchecked
+    columns."""
 
     policy: Policy
     folded: tuple[str, ...] = ()
@@ -137,7 +161,8 @@ def known_types() -> list[str]:
 
 
 def plans_for_type(model_type: str) -> HfPlans | None:
-    """The plans of ``model_type`` from the table generated from transformers (None: not a causal LM there)."""
+    """The plans of ``model_type`` from the table generated from transformers (None: not a causal LM
+    there)."""
     row = PLANS.get(model_type)
     if row is None:
         return None
@@ -151,9 +176,9 @@ def plans_from_classes(model_type: str, config_cls: Any, lm_cls: Any | None) -> 
     """The plans read from a configuration class and a model class (the runtime's path; no torch here)."""
     def get(obj: Any, name: str) -> dict[str, Any]:
         return dict(getattr(obj, name, None) or {}) if obj is not None else {}
-    return HfPlans(model_type, tp=get(config_cls, "base_model_tp_plan"), pp=get(config_cls, "base_model_pp_plan"),
-                   ep=get(config_cls, "base_model_ep_plan"), head_tp=get(lm_cls, "_tp_plan"),
-                   head_pp=get(lm_cls, "_pp_plan"),
+    return HfPlans(model_type, tp=get(config_cls, "base_model_tp_plan"),
+                   pp=get(config_cls, "base_model_pp_plan"), ep=get(config_cls, "base_model_ep_plan"),
+                   head_tp=get(lm_cls, "_tp_plan"), head_pp=get(lm_cls, "_pp_plan"),
                    tied=tuple(sorted(getattr(lm_cls, "_tied_weights_keys", None) or ())),
                    causal_lm=getattr(lm_cls, "__name__", ""))
 
@@ -184,10 +209,12 @@ def _under(path: str, parents: Sequence[str]) -> bool:
 
 
 def derive_policy(plans: HfPlans, arch: str | None = None) -> DerivedPolicy:
-    """The rewrite policy HF's plans state, in dsforge's variants; PlanRefusal when a style has no exact one."""
+    """The rewrite policy HF's plans state, in dsforge's variants; PlanRefusal when a style has no exact
+    one."""
     if not plans.tp and not plans.ep:
-        raise PlanRefusal(NO_PLAN, f"model_type {plans.model_type!r} has no tensor- or expert-parallel plan in "
-                          f"transformers {TRANSFORMERS_VERSION}, and dsforge has no hand-written policy for it",
+        raise PlanRefusal(NO_PLAN, f"model_type {plans.model_type!r} has no tensor- or expert-parallel plan "
+                          f"in transformers {TRANSFORMERS_VERSION}, and "
+                          f"dsforge has no hand-written policy for it",
                           "run it at tp=1 and ep=1, or give `rewrite:` rules with model.arch: custom")
     merged: dict[str, str] = {}
     for source in (plans.ep, plans.tp):  # tp second: a module both plans name takes its tp style's row order
@@ -195,25 +222,38 @@ def derive_policy(plans: HfPlans, arch: str | None = None) -> DerivedPolicy:
     # Owners kept whole: attention holding MLA's shared rotary key or bare per-head parameters (sinks).
     whole = sorted({p.rsplit(".", 1)[0] if s == "mla_kv_a_proj" else p for p, s in merged.items()
                     if s in ("mla_kv_a_proj", "local_params")})
-    experts = sorted(p for p, s in merged.items() if STYLES.get(s, ("",))[0] == "expert"
-                     and not any(q != p and p.startswith(q + ".") and STYLES.get(merged[q], ("",))[0] == "expert"
-                                 for q in merged))
+    experts = sorted(
+        p
+        for p, s in merged.items()
+        if STYLES.get(s, ("",))[0] == "expert"
+        and not any(
+            q != p and p.startswith(q + ".") and STYLES.get(merged[q], ("",))[0] == "expert" for q in merged
+        )
+    )
     rows: list[PolicyRow] = []
     folded: list[str] = []
     unchecked: list[str] = []
     for p in whole:
-        rows.append(PolicyRow(path_regex(p), "replicate", why=f"HF plan: {_STRUCTURAL['mla_kv_a_proj']}"
-                              if any(merged.get(q) == "mla_kv_a_proj" for q in merged if q.startswith(p + "."))
-                              else f"HF plan: {_STRUCTURAL['local_params']}"))
+        rows.append(
+            PolicyRow(
+                path_regex(p),
+                "replicate",
+                why=f"HF plan: {_STRUCTURAL['mla_kv_a_proj']}"
+                if any(merged.get(q) == "mla_kv_a_proj" for q in merged if q.startswith(p + "."))
+                else f"HF plan: {_STRUCTURAL['local_params']}",
+            )
+        )
     # Longest paths first within the same owner, so an expert module claims its subtree before its rows.
     for path in sorted(merged, key=lambda q: (q.count("."), q)):
         style = merged[path]
         refused = STYLES.get(style)
         if isinstance(refused, str):  # refused wherever it sits: an owner kept whole or split still runs it
-            raise PlanRefusal(STYLE_REFUSED, f"model_type {plans.model_type!r}: {path} has the HF parallel style "
-                              f"{style!r}: {refused}", "run it at tp=1 and ep=1, or replace that module")
+            raise PlanRefusal(STYLE_REFUSED, f"model_type {plans.model_type!r}: {path} has the HF parallel "
+                              f"style {style!r}: {refused}",
+                              "run it at tp=1 and ep=1, or replace that module")
         if _under(path, whole):
-            folded.append(f"{path}: {style} (inside {next(w for w in whole if _under(path, [w]))}, kept whole)")
+            folded.append(f"{path}: {style} (inside "
+                          f"{next(w for w in whole if _under(path, [w]))}, kept whole)")
             continue
         if any(path != e and path.startswith(e + ".") for e in experts):
             folded.append(f"{path}: {style} (inside the expert module)")
@@ -223,8 +263,9 @@ def derive_policy(plans: HfPlans, arch: str | None = None) -> DerivedPolicy:
             continue
         mapped = STYLES.get(style)
         if mapped is None:
-            raise PlanRefusal(STYLE_REFUSED, f"model_type {plans.model_type!r}: {path} has the HF parallel style "
-                              f"{style!r}, which dsforge does not know", "use model.arch: custom with `rewrite:` rules")
+            raise PlanRefusal(STYLE_REFUSED, f"model_type {plans.model_type!r}: {path} has the HF parallel "
+                              f"style {style!r}, which dsforge does not know",
+                              "use model.arch: custom with `rewrite:` rules")
         assert not isinstance(mapped, str)  # refused above
         variant, fused, why = mapped
         heads = _head_kind(path, variant)
@@ -257,7 +298,8 @@ def _defaults(plans: HfPlans, merged: Mapping[str, str]) -> list[PolicyRow]:
         rows.append(PolicyRow(path_regex(embed), "vocab",
                               why="token embedding (HF: replicated): vocab-parallel, the same lookup summed"))
     rows.append(PolicyRow(_P + r"(?:\w*norm\w*|ln(?:_\w+)?)", "norm",
-                          why="norm (HF: replicated): replicated; summed over TP only under sequence parallelism"))
+                          why="norm (HF: replicated): replicated; summed "
+                              "over TP only under sequence parallelism"))
     for head, style in plans.head_tp.items():
         if style in ("colwise_gather_output", "colwise", "colwise_rep"):
             rows.append(PolicyRow(re.escape(head), "vocab",
@@ -271,8 +313,9 @@ def complete_rows(policy: Policy, leftover: Sequence[str]) -> Policy:
     """The policy with a ``replicate`` row for each parameter owner no row placed (HF replicates them too)."""
     extra = tuple(PolicyRow(re.escape(name), "replicate", why="not in the HF plan: replicated, as HF does")
                   for name in leftover)
-    return Policy(arch=policy.arch, rows=policy.rows + extra, layers=policy.layers, signature=policy.signature,
-                  attr_scales=policy.attr_scales, absent=policy.absent, sequence_parallel=policy.sequence_parallel)
+    return Policy(arch=policy.arch, rows=policy.rows + extra, layers=policy.layers,
+                  signature=policy.signature, attr_scales=policy.attr_scales, absent=policy.absent,
+                  sequence_parallel=policy.sequence_parallel)
 
 
 def placements(plans: HfPlans) -> list[tuple[str, str, str]]:

@@ -29,7 +29,8 @@ KERNELS = ("fused_loss", "swiglu", "gelu", "norm")
 #: 4 Mi cells, 16 MiB in fp32; a chunk holds at least one token.
 LOSS_CHUNK_CELLS = 1 << 22
 
-_RMS_LLAMA = frozenset({"llama", "mixtral", "qwen3", "olmo2", "phi3", "qwen2_moe", "qwen3_moe", "deepseek_v3"})
+_RMS_LLAMA = frozenset({"llama", "mixtral", "qwen3", "olmo2", "phi3", "qwen2_moe", "qwen3_moe",
+                        "deepseek_v3"})
 _LAYERNORM = frozenset({"gpt2", "gpt_neox"})
 _SWIGLU = frozenset({"llama", "mixtral", "qwen3", "olmo2", "phi3", "qwen2_moe", "qwen3_moe", "deepseek_v3"})
 _GEMMA = frozenset({"gemma2", "gemma3"})

@@ -15,7 +15,8 @@ from dsforge.compiler.model.resolved import ResolvedModel, resolve_model
 
 def has_bias(model: ResolvedModel) -> bool:
     """GPT-2-style models carry biases on every linear layer and norm; Llama-style ones carry none."""
-    return model.arch in {"gpt2", "gpt_neox"} or (model.arch in {"custom", "auto"} and model.activation == "gelu")
+    return model.arch in {"gpt2",
+                          "gpt_neox"} or (model.arch in {"custom", "auto"} and model.activation == "gelu")
 
 
 #: Families with extra per-layer weights beside Llama's: per-head q/k norms (Qwen3, Gemma3), q/k norms over
@@ -25,7 +26,8 @@ _FOUR_NORMS = frozenset({"gemma2", "gemma3"})
 
 
 def shared_gate(model: ResolvedModel) -> bool:
-    """Qwen2-MoE scales its shared expert by a sigmoid gate (hidden -> 1); DeepSeek's shared experts have none."""
+    """Qwen2-MoE scales its shared expert by a sigmoid gate (hidden -> 1); DeepSeek's shared experts have
+    none."""
     return model.arch == "qwen2_moe"
 
 
@@ -34,7 +36,9 @@ def shared_expert_params(model: ResolvedModel) -> int:
     moe = model.moe
     if moe is None or not moe.shared_experts:
         return 0
-    return moe.shared_experts * mlp_params(model, moe.shared_ffn_hidden) + (model.hidden if shared_gate(model) else 0)
+    return moe.shared_experts * mlp_params(model, moe.shared_ffn_hidden) + (
+        model.hidden if shared_gate(model) else 0
+    )
 
 
 def padded_vocab(model: ResolvedModel, tp: int) -> int:
@@ -103,7 +107,9 @@ def layer_params(model: ResolvedModel, moe: bool = False) -> LayerParams:
     attention = 2 * h * q_dim + 2 * h * kv_dim + ((q_dim + 2 * kv_dim + h) if bias else 0)
     attention += (q_dim + 2 * kv_dim) if model.qkv_bias and not bias else 0
     norms = (4 if model.arch in _FOUR_NORMS else 2) * (2 * h if bias else h)
-    norms += 2 * head_dim if model.arch in _HEAD_QK_NORMS else (q_dim + kv_dim) if model.arch == "olmo2" else 0
+    norms += (
+        2 * head_dim if model.arch in _HEAD_QK_NORMS else (q_dim + kv_dim) if model.arch == "olmo2" else 0
+    )
     if moe and model.moe is not None:
         return LayerParams(attention, model.moe.experts * mlp_params(model, model.moe.ffn_hidden)
                            + shared_expert_params(model), norms, h * model.moe.experts)

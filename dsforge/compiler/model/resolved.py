@@ -1,4 +1,5 @@
-"""The model with every default filled: what the estimates, rules and runtime read instead of the job's ModelSpec.
+"""The model with every default filled: what the estimates, rules and runtime read instead of the job's
+ModelSpec.
 
 The job file may leave ``kv_heads``, ``ffn_hidden``, ``activation``, ``position`` and
 ``moe.ffn_hidden`` unset, so ModelSpec types them Optional; they follow from other keys. They are
@@ -14,14 +15,15 @@ from typing import Literal
 
 from dsforge.compiler.spec.schema import ModelSpec, MoESpec
 
-Arch = Literal["gpt2", "llama", "mixtral", "qwen3", "gemma2", "gemma3", "olmo2", "phi3", "gpt_neox", "qwen2_moe",
-               "qwen3_moe", "deepseek_v3", "custom", "auto"]
+Arch = Literal["gpt2", "llama", "mixtral", "qwen3", "gemma2", "gemma3", "olmo2", "phi3", "gpt_neox",
+               "qwen2_moe", "qwen3_moe", "deepseek_v3", "custom", "auto"]
 Activation = Literal["gelu", "swiglu"]
 Position = Literal["learned", "rope"]
 
-#: Architectures with a gated (SwiGLU) MLP and rotary positions; every other arch defaults to GELU and learned.
-_GATED_ARCHS = frozenset({"llama", "mixtral", "qwen3", "gemma2", "gemma3", "olmo2", "phi3", "qwen2_moe", "qwen3_moe",
-                          "deepseek_v3"})
+#: Architectures with a gated (SwiGLU) MLP and rotary positions; every other arch defaults to GELU and
+#: learned.
+_GATED_ARCHS = frozenset({"llama", "mixtral", "qwen3", "gemma2", "gemma3", "olmo2", "phi3", "qwen2_moe",
+                          "qwen3_moe", "deepseek_v3"})
 #: GPT-NeoX: a GELU MLP with rotary positions.
 _ROPE_ARCHS = _GATED_ARCHS | {"gpt_neox"}
 #: Archs whose q, k and v projections carry biases by default (GPT-2 and GPT-NeoX bias their fused QKV).
@@ -72,7 +74,8 @@ class ResolvedModel:
 def _resolve_moe(moe: MoESpec, ffn_hidden: int) -> ResolvedMoE:
     expert_ffn = moe.ffn_hidden if moe.ffn_hidden is not None else ffn_hidden
     return ResolvedMoE(moe.experts, moe.top_k, expert_ffn, moe.every, moe.capacity_factor, moe.drop_tokens,
-                       moe.shared_experts, moe.shared_ffn_hidden if moe.shared_ffn_hidden is not None else expert_ffn)
+                       moe.shared_experts,
+                       moe.shared_ffn_hidden if moe.shared_ffn_hidden is not None else expert_ffn)
 
 
 def resolve_model(model: ModelSpec | ResolvedModel) -> ResolvedModel:
@@ -84,7 +87,9 @@ def resolve_model(model: ModelSpec | ResolvedModel) -> ResolvedModel:
         return model
     gated = model.arch in _GATED_ARCHS
     ffn = model.ffn_hidden if model.ffn_hidden is not None else 4 * model.hidden
-    activation: Activation = model.activation if model.activation is not None else ("swiglu" if gated else "gelu")
+    activation: Activation = (
+        model.activation if model.activation is not None else ("swiglu" if gated else "gelu")
+    )
     position: Position = model.position if model.position is not None else (
         "rope" if model.arch in _ROPE_ARCHS else "learned")
     return ResolvedModel(
@@ -94,5 +99,6 @@ def resolve_model(model: ModelSpec | ResolvedModel) -> ResolvedModel:
         ffn_hidden=ffn, vocab=model.vocab, seq_len=model.seq_len, tied_embeddings=model.tied_embeddings,
         qkv_bias=model.qkv_bias if model.qkv_bias is not None else model.arch in _QKV_BIAS_ARCHS,
         activation=activation, position=position,
-        vocab_multiple_of=model.vocab_multiple_of, moe=_resolve_moe(model.moe, ffn) if model.moe is not None else None,
-        factory=model.factory, preset=model.preset, pretrained=model.pretrained)
+        vocab_multiple_of=model.vocab_multiple_of,
+        moe=_resolve_moe(model.moe, ffn) if model.moe is not None else None, factory=model.factory,
+        preset=model.preset, pretrained=model.pretrained)

@@ -131,7 +131,8 @@ LLAMA = Policy(
         PolicyRow(_P + r"layers\.\d+\.mlp\.down_proj", "row"),
     ) + _LLAMA_TAIL,
     layers=_P + r"layers\.(\d+)",
-    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.q_proj", _P + r"layers\.\d+\.mlp\.gate_proj"),
+    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.q_proj",
+               _P + r"layers\.\d+\.mlp\.gate_proj"),
     sequence_parallel=True,
 )
 
@@ -160,7 +161,8 @@ _DENSE_MLP = (
 )
 _ROUTED = (
     PolicyRow(_P + r"layers\.\d+\.mlp\.gate", "replicate", why="router: every rank scores every token"),
-    PolicyRow(_P + r"layers\.\d+\.mlp\.experts", "expert", why="experts split over the expert-parallel group"),
+    PolicyRow(_P + r"layers\.\d+\.mlp\.experts", "expert",
+              why="experts split over the expert-parallel group"),
 )
 _SHARED = (
     PolicyRow(_P + r"layers\.\d+\.mlp\.shared_experts?\.(?:gate|up)_proj", "column",
@@ -177,7 +179,8 @@ QWEN3 = Policy(
     arch="qwen3",
     rows=_LLAMA_ATTENTION + _QK_HEAD_NORMS + _DENSE_MLP + _LLAMA_TAIL,
     layers=_P + r"layers\.(\d+)",
-    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.q_norm", _P + r"layers\.\d+\.mlp\.gate_proj"),
+    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.q_norm",
+               _P + r"layers\.\d+\.mlp\.gate_proj"),
     absent=(_P + r"layers\.\d+\.(?:pre|post)_feedforward_layernorm",),
 )
 
@@ -219,12 +222,14 @@ PHI3 = Policy(
         PolicyRow(_P + r"layers\.\d+\.self_attn\.qkv_proj", "column", blocks=("q", "kv", "kv"),
                   why="fused QKV of unequal blocks under GQA: q, k and v each split by their own heads"),
         PolicyRow(_P + r"layers\.\d+\.self_attn\.o_proj", "row", heads="q"),
-        PolicyRow(_P + r"layers\.\d+\.mlp\.gate_up_proj", "column", fused=2, why="fused gate and up projections"),
+        PolicyRow(_P + r"layers\.\d+\.mlp\.gate_up_proj", "column", fused=2,
+                  why="fused gate and up projections"),
         PolicyRow(_P + r"layers\.\d+\.mlp\.down_proj", "row"),
         PolicyRow(_P + r"layers\.\d+\.(?:input|post_attention)_layernorm", "norm"),
     ) + _LLAMA_TAIL,
     layers=_P + r"layers\.(\d+)",
-    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.qkv_proj", _P + r"layers\.\d+\.mlp\.gate_up_proj"),
+    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.qkv_proj",
+               _P + r"layers\.\d+\.mlp\.gate_up_proj"),
     # Phi3Attention slices its fused output at config.num_attention_heads x head_dim.
     attr_scales=(AttrScale(_P + r"layers\.\d+\.self_attn", "num_key_value_heads"),
                  AttrScale(_P + r"layers\.\d+\.self_attn", "config.num_attention_heads"),
@@ -252,14 +257,16 @@ QWEN2_MOE = Policy(
     arch="qwen2_moe",
     rows=_LLAMA_ATTENTION + _ROUTED + _SHARED + _DENSE_MLP + _LLAMA_TAIL,
     layers=_P + r"layers\.(\d+)",
-    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.mlp\.experts", _P + r"layers\.\d+\.mlp\.shared_expert_gate"),
+    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.mlp\.experts",
+               _P + r"layers\.\d+\.mlp\.shared_expert_gate"),
 )
 
 QWEN3_MOE = Policy(
     arch="qwen3_moe",
     rows=_LLAMA_ATTENTION + _QK_HEAD_NORMS + _ROUTED + _DENSE_MLP + _LLAMA_TAIL,
     layers=_P + r"layers\.(\d+)",
-    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.q_norm", _P + r"layers\.\d+\.mlp\.experts"),
+    signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.q_norm",
+               _P + r"layers\.\d+\.mlp\.experts"),
     absent=(_P + r"layers\.\d+\.mlp\.shared_experts?",),
 )
 
@@ -277,13 +284,15 @@ DEEPSEEK_V3 = Policy(
     signature=(_P + r"embed_tokens", _P + r"layers\.\d+\.self_attn\.kv_a_proj_with_mqa"),
 )
 
-POLICIES: dict[str, Policy] = {p.arch: p for p in (GPT2, LLAMA, MIXTRAL, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3, GPT_NEOX,
+POLICIES: dict[str,
+               Policy] = {p.arch: p for p in (GPT2, LLAMA, MIXTRAL, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
+                                              GPT_NEOX,
                                                   QWEN2_MOE, QWEN3_MOE, DEEPSEEK_V3)}
 
 #: The order `arch: auto` tries the families in: the most specific signature first, plugin families last
 #: (installing a plugin never changes how a model a built-in family recognises is rewritten).
-DETECT_ORDER: list[str] = ["deepseek_v3", "qwen2_moe", "qwen3_moe", "mixtral", "gemma3", "gemma2", "olmo2", "qwen3",
-                           "phi3", "gpt_neox", "llama", "gpt2"]
+DETECT_ORDER: list[str] = ["deepseek_v3", "qwen2_moe", "qwen3_moe", "mixtral", "gemma3", "gemma2", "olmo2",
+                           "qwen3", "phi3", "gpt_neox", "llama", "gpt2"]
 
 #: The built-in families and the HF model types they were tested on (README "Supported model families").
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -339,7 +348,9 @@ def rows_for(arch: str, rules: Sequence[RewriteRule]) -> list[tuple[str, PolicyR
 def format_description(desc: dict[str, Any]) -> list[str]:
     """Lines for `dsforge explain` from ``dsforge.runtime.rewrite.describe`` output (or plan.json's copy)."""
     if not desc.get("ok"):
-        return [f"rewrite plan ({desc.get('arch')}): cannot place the model"] + [f"  {e}" for e in desc["errors"]]
+        return [f"rewrite plan ({desc.get('arch')}): cannot place the model"] + [
+            f"  {e}" for e in desc["errors"]
+        ]
     head = (f"rewrite plan ({desc['arch']}, tp={desc['tp']}, ep={desc['ep']}"
             f"{', sequence-parallel' if desc['sequence_parallel'] else ''}):")
     lines = [head]

@@ -58,7 +58,8 @@ def parse_order(order: str, sizes: dict[str, int]) -> list[str]:
         raise OrderError(f"axis {repeated[0]!r} appears twice in order {order!r}")
     missing = [a for a in AXES if a not in tokens and sizes.get(a, 1) != 1]
     if missing:
-        raise OrderError(f"order {order!r} omits {missing[0]}={sizes[missing[0]]}; every axis of size > 1 must be placed")
+        raise OrderError(f"order {order!r} omits {missing[0]}={sizes[missing[0]]}; "
+                         f"every axis of size > 1 must be placed")
     return tokens + [a for a in AXES if a not in tokens]
 
 
@@ -129,7 +130,8 @@ def member_offsets(axes: list[str], sizes: dict[str, int], members: set[str]) ->
 _RESIDUE_WORK = 200_000
 
 
-def node_view(axes: list[str], sizes: dict[str, int], members: set[str], per: int) -> tuple[int, dict[int, int]]:
+def node_view(axes: list[str], sizes: dict[str, int], members: set[str],
+              per: int) -> tuple[int, dict[int, int]]:
     """(span, {base rank mod ``per``: the smallest base rank with it}) of the groups along ``members``.
 
     Whether a group leaves its node depends only on its base's position inside a node (nodes hold ``per``
@@ -171,7 +173,8 @@ def max_gap(axes: list[str], sizes: dict[str, int], members: set[str]) -> int:
     dims = [sizes[a] for a in axes]
     strides = [prod(dims[:i]) for i in range(len(dims))]
     gap, extent = 0, 0
-    for i in sorted((i for i, a in enumerate(axes) if a in members and dims[i] > 1), key=lambda i: strides[i]):
+    for i in sorted((i for i, a in enumerate(axes) if a in members and dims[i] > 1),
+                    key=lambda i: strides[i]):
         gap = max(gap, strides[i] - extent)
         extent += (dims[i] - 1) * strides[i]
     return gap
@@ -344,7 +347,8 @@ class Placement:
         return self._crossing[kind]
 
     def crossing_group(self, kind: str, head: int | None = None) -> list[int] | None:
-        """The first group of this kind with members on two or more nodes (its first ``head`` ranks), or None."""
+        """The first group of this kind with members on two or more nodes (its first ``head`` ranks), or
+        None."""
         table = self._table(kind)
         view = table.view(kind) if table is not None else None
         if table is not None and view is not None:
@@ -377,14 +381,16 @@ def place(tp: int, pp: int, dp: int, cp: int, ep: int, gpus_per_node: int,
     """Place tp*pp*dp*cp ranks by ``order`` and build the dense and expert groups (Megatron's rules)."""
     world = tp * pp * dp * cp
     dense = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}
-    parse_order(order, dense)  # Megatron's checks in its order: the dense grid, ep's divisibility, the expert grid
+    parse_order(order, dense)  # Megatron's checks in its order: the dense grid, ep's divisibility, the expert
+                               # grid
     if (dp * cp) % ep:
         raise OrderError(f"ep={ep} does not divide dp*cp={dp * cp}", "DSF114")
     axes = parse_order(order, {**dense, "ep": ep})
     expert = {"tp": tp, "cp": 1, "ep": ep, "dp": dp * cp // ep, "pp": pp}
     if expert["dp"] > 1 and "dp" not in axes[:len(order_tokens(order))]:
         raise OrderError(f"order {order!r} omits dp, but the expert layers' data-parallel size dp*cp/ep = "
-                         f"{dp}*{cp}/{ep} = {expert['dp']} > 1 must be placed (Megatron's expert RankGenerator)")
+                         f"{dp}*{cp}/{ep} = {expert['dp']} > 1 must be "
+                         f"placed (Megatron's expert RankGenerator)")
     note = check_expert_grid(order, axes, dense, expert)
     if note and ep > 1:
         raise OrderError(note, "DSF126")
@@ -396,6 +402,8 @@ def place(tp: int, pp: int, dp: int, cp: int, ep: int, gpus_per_node: int,
     builders = {kind: partial(rank_groups, axes, sizes, kinds) for kind, (sizes, kinds) in members.items()}
     shapes = {kind: partial(group_shape, axes, sizes, kinds) for kind, (sizes, kinds) in members.items()}
     firsts = {kind: partial(member_offsets, axes, sizes, kinds) for kind, (sizes, kinds) in members.items()}
-    views = {kind: partial(node_view, axes, sizes, kinds, gpus_per_node) for kind, (sizes, kinds) in members.items()}
+    views = {kind: partial(node_view, axes, sizes, kinds, gpus_per_node) for kind,
+             (sizes, kinds) in members.items()}
     gaps = {kind: partial(max_gap, axes, sizes, kinds) for kind, (sizes, kinds) in members.items()}
-    return Placement(world, gpus_per_node, tuple(axes), GroupTable(builders, shapes, firsts, views, gaps), note)
+    return Placement(world, gpus_per_node, tuple(axes), GroupTable(builders, shapes, firsts, views, gaps),
+                     note)

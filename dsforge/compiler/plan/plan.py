@@ -132,20 +132,25 @@ def end_stage_partition(layers: int, pp: int, vp: int, first: int | None, last: 
 
 @dataclass(frozen=True)
 class Plan:
-    """A job with everything derived: degrees, world size, batch split, stage partition, placement; ``search``:
-    the layout search that chose its `auto` fields (dsforge/compiler/search/resolve.py record), for plan.json."""
+    """A job with everything derived: degrees, world size, batch split, stage partition, placement;
+    ``search``: the layout search that chose its `auto` fields (dsforge/compiler/search/resolve.py record),
+    for plan.json."""
 
     spec: JobSpec
     search: dict[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
     #: what plans of one job may share instead of computing it again (the search's candidates): the resolved
-    #: model of ``spec.model``, and the placement (with its order error) of the plan's degrees, node size and order
-    shared_model: ResolvedModel | None = field(default=None, compare=False, hash=False, repr=False, kw_only=True)
-    shared_placement: tuple[Placement | None, str | None] | None = field(default=None, compare=False, hash=False,
+    #: model of ``spec.model``, and the placement (with its order error) of the plan's degrees, node size and
+    #: order
+    shared_model: ResolvedModel | None = field(default=None, compare=False, hash=False, repr=False,
+                                               kw_only=True)
+    shared_placement: tuple[Placement | None,
+                            str | None] | None = field(default=None, compare=False, hash=False,
                                                                          repr=False, kw_only=True)
 
     @cached_property
     def model(self) -> ResolvedModel:
-        """The job's model with every default filled (kv_heads, ffn_hidden, activation, position, moe.ffn_hidden)."""
+        """The job's model with every default filled (kv_heads, ffn_hidden, activation, position,
+        moe.ffn_hidden)."""
         return self.shared_model if self.shared_model is not None else resolve_model(self.spec.model)
 
     @property
@@ -203,7 +208,8 @@ class Plan:
 
     @cached_property
     def stage_layers(self) -> list[int]:
-        """Transformer layers per model chunk, in pipeline order (pp x virtual_stages chunks); [] if unsplittable."""
+        """Transformer layers per model chunk, in pipeline order (pp x virtual_stages chunks); [] if
+        unsplittable."""
         if self.degrees is None:
             return []
         pipe = self.spec.parallel.pipeline
@@ -212,15 +218,17 @@ class Plan:
         if isinstance(part, list):
             return list(part) if len(part) == chunks and sum(part) == m.layers else []
         if getattr(pipe, "account_for_embedding", False) or getattr(pipe, "account_for_loss", False):
-            # Megatron-Core's embedding/loss-counting split (plan/megatron_split.py; DSF306 refuses what fails)
-            return accounted_partition(m.layers, self.degrees.pp, self.virtual_stages, pipe.account_for_embedding,
-                                       pipe.account_for_loss)
+            # Megatron-Core's embedding/loss-counting split (plan/megatron_split.py; DSF306 refuses what
+            # fails)
+            return accounted_partition(m.layers, self.degrees.pp, self.virtual_stages,
+                                       pipe.account_for_embedding, pipe.account_for_loss)
         if pipe.first_stage_layers is not None or pipe.last_stage_layers is not None:
-            return end_stage_partition(m.layers, self.degrees.pp, self.virtual_stages, pipe.first_stage_layers,
-                                       pipe.last_stage_layers)
+            return end_stage_partition(m.layers, self.degrees.pp, self.virtual_stages,
+                                       pipe.first_stage_layers, pipe.last_stage_layers)
         if m.layers < chunks:
             return []
-        # Megatron-Core splits layers evenly over the chunks (DSF109 refuses what does not divide); DeepSpeed's
+        # Megatron-Core splits layers evenly over the chunks (DSF109 refuses what does not divide);
+        # DeepSpeed's
         # type:transformer weighs each transformer layer 1 and the rest 0 (plan/megatron_split.py's neighbour)
         if part in ("uniform", "type:transformer") or chunks == 1 or self.spec.stack == "megatron-te":
             return uniform_partition(m.layers, chunks)
@@ -251,7 +259,8 @@ class Plan:
 
     @cached_property
     def _resolved(self) -> ResolvedPlan | None:
-        """The ResolvedPlan, built once (the estimates' memos live on it), or None while a value is unresolved."""
+        """The ResolvedPlan, built once (the estimates' memos live on it), or None while a value is
+        unresolved."""
         d, m, p = self.degrees, self.grad_accum, self.placement
         if d is None or m is None or p is None or not self.stage_layers:
             return None
@@ -260,7 +269,8 @@ class Plan:
 
     @cached_property
     def _priced(self) -> Priced | None:
-        if self._resolved is not None:  # one object for the bounds, the estimates and the rules to share memos
+        if self._resolved is not None:  # one object for the bounds, the estimates and the rules to share
+                                        # memos
             return self._resolved
         d = self.degrees
         return None if d is None else PricedPlan(self.spec, self.model, d, self.stage_layers, self.placement,
@@ -268,24 +278,26 @@ class Plan:
 
     def priced(self) -> Priced:
         """What the estimates read of this plan, built once (its memos live on it): the ResolvedPlan when the
-        layout resolves, else a PricedPlan; UnresolvedPlan while a degree is `auto` (the search's candidates and
-        the plans the memory rules price have every degree)."""
+        layout resolves, else a PricedPlan; UnresolvedPlan while a degree is `auto` (the search's candidates
+        and the plans the memory rules price have every degree)."""
         priced = self._priced
         if priced is None:
-            raise UnresolvedPlan("the plan is incomplete (degrees unresolved); run `dsforge validate` for the reasons")
+            raise UnresolvedPlan("the plan is incomplete (degrees unresolved); "
+                                 "run `dsforge validate` for the reasons")
         return priced
 
     def resolve(self) -> ResolvedPlan:
-        """This plan with every derived value present (built once); UnresolvedPlan (naming what is missing) when
-        its layout does not resolve, which the rules report first (DSF1xx), so a checked job never meets it."""
+        """This plan with every derived value present (built once); UnresolvedPlan (naming what is missing)
+        when its layout does not resolve, which the rules report first (DSF1xx), so a checked job never meets
+        it."""
         resolved = self._resolved
         if resolved is None:
             missing = [name for name, absent in (("degrees", self.degrees is None),
                                                  ("grad_accum", self.grad_accum is None),
                                                  ("stage_layers", not self.stage_layers),
                                                  ("placement", self.placement is None)) if absent]
-            raise UnresolvedPlan(f"the plan is incomplete ({', '.join(missing)} unresolved); run `dsforge validate` "
-                                 "for the reasons")
+            raise UnresolvedPlan(f"the plan is incomplete ({', '.join(missing)} unresolved); run `dsforge "
+                                 f"validate` for the reasons")
         return resolved
 
 
@@ -296,8 +308,8 @@ class UnresolvedPlan(ValueError):
 @dataclass(frozen=True)
 class ResolvedPlan:
     """A plan whose layout resolved: degrees that fill the world, a batch that splits, a stage partition and a
-    rank placement, none of them optional (`Plan.resolve()`). Equal when their specs are; ``search``: the layout
-    search's record ({} when none ran)."""
+    rank placement, none of them optional (`Plan.resolve()`). Equal when their specs are; ``search``: the
+    layout search's record ({} when none ran)."""
 
     spec: JobSpec
     model: ResolvedModel = field(compare=False, repr=False)
@@ -340,11 +352,12 @@ class ResolvedPlan:
 
 @dataclass(frozen=True)
 class PricedPlan:
-    """What the estimates read of a plan whose degrees resolved (`Plan.priced`), before the rules have judged it:
-    DSF301's fixes and the search's bounds price such plans. ``stage_layers``: [] when the layers do not split;
-    ``placement``: None when the degrees do not fill the world or cannot be ordered (every link then counts as
-    intra-node, and the memory estimate refuses it); ``grad_accum``: None when global_batch does not split (the
-    memory estimate then prices `memory.micro_batches`, the step estimate refuses it). Equal when their specs are."""
+    """What the estimates read of a plan whose degrees resolved (`Plan.priced`), before the rules have judged
+    it: DSF301's fixes and the search's bounds price such plans. ``stage_layers``: [] when the layers do not
+    split; ``placement``: None when the degrees do not fill the world or cannot be ordered (every link then
+    counts as intra-node, and the memory estimate refuses it); ``grad_accum``: None when global_batch does not
+    split (the memory estimate then prices `memory.micro_batches`, the step estimate refuses it). Equal when
+    their specs are."""
 
     spec: JobSpec
     model: ResolvedModel = field(compare=False, repr=False)
@@ -380,10 +393,12 @@ class PricedPlan:
         return self.spec.parallel.pipeline.virtual_stages
 
 
-#: What the estimates price: a plan with its degrees (DSF301's fixes and the search's bounds), or a resolved one.
+#: What the estimates price: a plan with its degrees (DSF301's fixes and the search's bounds), or a resolved
+#: one.
 Priced = PricedPlan | ResolvedPlan
 
-#: Any kind of plan: what reads the job's settings alone (ds_settings, the ZeRO settings, the FLOPs and rates).
+#: Any kind of plan: what reads the job's settings alone (ds_settings, the ZeRO settings, the FLOPs and
+#: rates).
 AnyPlan = Plan | PricedPlan | ResolvedPlan
 
 

@@ -1,4 +1,5 @@
-"""Whether a checkpoint written under one layout can resume under another, decided from the two compiles alone.
+"""Whether a checkpoint written under one layout can resume under another, decided from the two compiles
+alone.
 
 Both sides are a compiled job's ``plan.json`` and ``ds_config.json`` documents (the old ones are
 kept inside every checkpoint dsforge saves). A resume under another layout is exact when only the
@@ -22,14 +23,15 @@ LAYOUT_JOB_KEYS: tuple[tuple[str, ...], ...] = (
     ("parallel",), ("hardware",), ("training", "micro_batch"), ("training", "recompute"),
     ("training", "steps"), ("training", "checkpoint"), ("launch",), ("search",), ("name",),
 )
-#: plan.json keys that describe how the ranks hold the model: when all agree, DeepSpeed's own checkpoint loads.
+#: plan.json keys that describe how the ranks hold the model: when all agree, DeepSpeed's own checkpoint
+#: loads.
 LAYOUT_PLAN_KEYS = ("degrees", "zero", "world_size", "stage_layers", "placement", "virtual_stages")
 #: DeepSpeed config keys that must agree for the optimizer state to mean the same thing under both layouts.
 OPTIMIZER_DS_KEYS = ("optimizer", "scheduler", "gradient_clipping", "train_batch_size", "fp16", "bf16",
                      "zero_allow_untested_optimizer")
 #: DeepSpeed config keys that only log or monitor (a `deepspeed:` override of one of them is no difference).
-LOGGING_DS_KEYS = ("steps_per_print", "wall_clock_breakdown", "dump_state", "tensorboard", "wandb", "csv_monitor",
-                   "comet", "flops_profiler")
+LOGGING_DS_KEYS = ("steps_per_print", "wall_clock_breakdown", "dump_state", "tensorboard", "wandb",
+                   "csv_monitor", "comet", "flops_profiler")
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,8 @@ class Refusal:
 
 
 def same_layout(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    """True when two plan.json documents place the model on the ranks identically (DeepSpeed's checkpoint loads)."""
+    """True when two plan.json documents place the model on the ranks identically (DeepSpeed's checkpoint
+    loads)."""
     return all(old.get(k) == new.get(k) for k in LAYOUT_PLAN_KEYS)
 
 
@@ -122,28 +125,30 @@ def resume_refusals(old_plan: dict[str, Any], new_plan: dict[str, Any], old_ds: 
     diff = differences(training_meaning(old_job), training_meaning(new_job))
     if diff:
         shown = "; ".join(diff[:3]) + ("; ..." if len(diff) > 3 else "")
-        out.append(Refusal("DSF164", f"the checkpoint (trained under {was}) can resume under another layout only "
-                           f"when the model, optimizer, schedule, precision, global batch, seed and data stay; "
-                           f"this job changes {shown}",
+        out.append(Refusal("DSF164", f"the checkpoint (trained under {was}) can resume under another layout "
+                           f"only when the model, optimizer, schedule, precision, global batch, seed and "
+                           f"data stay; this job changes {shown}",
                            "put those keys back as the checkpoint's run had them (only parallel:, hardware:, "
-                           "training.micro_batch, training.recompute, training.steps, training.checkpoint and "
-                           "launch: may change), or start over with `dsforge run --fresh`"))
+                           "training.micro_batch, training.recompute, training.steps, training.checkpoint "
+                           "and launch: may change), or start over with `dsforge run --fresh`"))
     old_vocab, new_vocab = padded_vocab_of(old_plan), padded_vocab_of(new_plan)
     if old_vocab != new_vocab:
-        out.append(Refusal("DSF165", f"the embedding has {old_vocab} rows under the checkpoint's layout ({was}) and "
-                           f"{new_vocab} under this one: model.vocab_multiple_of pads the vocabulary to a multiple "
-                           f"of itself x tp, so the dense tensors differ in shape",
-                           "choose a tp whose padding gives the same vocabulary (or keep the checkpoint's tp)"))
+        out.append(Refusal("DSF165", f"the embedding has {old_vocab} rows under the checkpoint's layout "
+                           f"({was}) and {new_vocab} under this one: model.vocab_multiple_of pads the "
+                           f"vocabulary to a multiple of itself x tp, so the dense tensors differ in shape",
+                           "choose a tp whose padding gives the same "
+                           "vocabulary (or keep the checkpoint's tp)"))
     precision = ((new_job.get("training") or {}).get("precision"))
     if precision == "fp16":
-        out.append(Refusal("DSF166", "an fp16 run keeps a dynamic loss scale and unmapped fp32 copies that dsforge "
-                           "does not carry to another layout", "resume under the checkpoint's layout "
+        out.append(Refusal("DSF166", "an fp16 run keeps a dynamic loss scale and unmapped fp32 copies that "
+                           "dsforge does not carry to another layout", "resume under the checkpoint's layout "
                            f"({was}), or train in bf16 or fp32"))
     if old_ds is not None and new_ds is not None:
         changed = differences(_optimizer_meaning(old_ds), _optimizer_meaning(new_ds))
         if changed and not diff:  # a job-key difference above already explains a changed DeepSpeed section
-            out.append(Refusal("DSF167", "the new layout makes DeepSpeed build another optimizer or schedule than "
-                               f"the checkpoint's ({'; '.join(changed[:3])}), so its state would not mean the "
-                               "same", "keep the hardware kind (CPU or GPU) and the `deepspeed:` optimizer "
-                               "settings of the checkpoint's run, or start over with `dsforge run --fresh`"))
+            out.append(Refusal("DSF167", "the new layout makes DeepSpeed build another optimizer or schedule "
+                               f"than the checkpoint's ({'; '.join(changed[:3])}), so its state would not "
+                               f"mean the same", "keep the hardware kind (CPU or GPU) and the `deepspeed:` "
+                               "optimizer settings of the checkpoint's run, "
+                               "or start over with `dsforge run --fresh`"))
     return out

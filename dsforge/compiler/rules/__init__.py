@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import importlib
 
-_BUILTIN = ("input", "layout", "model_shape", "batch", "topology", "deepspeed_compat", "ds_overrides", "memory",
-            "ds_job_values", "launch", "emit", "rewrite", "plugins", "internal", "paths", "pretrained",
-            "runtime_support", "host_memory", "resume", "pipeline_split", "data_files", "lean_kernels", "machine",
-            "stack_support", "hf_plans", "hf_params")
+_BUILTIN = ("input", "layout", "model_shape", "batch", "topology", "deepspeed_compat", "ds_overrides",
+            "memory", "ds_job_values", "launch", "emit", "rewrite", "plugins", "internal", "paths",
+            "pretrained", "runtime_support", "host_memory", "resume", "pipeline_split", "data_files",
+            "lean_kernels", "machine", "stack_support", "hf_plans", "hf_params")
 _loaded = False
 
 

@@ -27,14 +27,17 @@ def batch_identity(ctx: Context) -> Iterator[Finding]:
     below = t.global_batch // per_step * per_step
     batches = [str(b) for b in (below, next_multiple(t.global_batch, per_step)) if b > 0]
     micro = [b for b in divisors(t.global_batch) if (t.global_batch // b) % d.dp == 0][:8]
-    fix = f"use global_batch {' or '.join(batches)}" + (f", or micro_batch in {choices(micro)}" if micro else "")
-    yield Finding(f"global_batch={t.global_batch} is not a multiple of micro_batch*dp = {t.micro_batch}*{d.dp} "
-                  f"= {per_step}: gradient accumulation steps would be {t.global_batch}/{per_step}, not a whole "
-                  "number", fix, ("training", "global_batch"))
+    fix = f"use global_batch {' or '.join(batches)}" + (
+        f", or micro_batch in {choices(micro)}" if micro else ""
+    )
+    yield Finding(f"global_batch={t.global_batch} is not a multiple of micro_batch*dp = "
+                  f"{t.micro_batch}*{d.dp} = {per_step}: gradient accumulation steps would be "
+                  f"{t.global_batch}/{per_step}, not a whole number", fix, ("training", "global_batch"))
 
 
 @rule("DSF202", "micro-batches per step >= pp", severity=Severity.WARNING,
-      source="Narayanan et al. 2021 sec. 2.2 (1F1B warm-up); deepspeed/runtime/pipe/schedule.py TrainSchedule")
+      source="Narayanan et al. 2021 sec. 2.2 (1F1B warm-up); "
+             "deepspeed/runtime/pipe/schedule.py TrainSchedule")
 def enough_micro_batches(ctx: Context) -> Iterator[Finding]:
     """With fewer micro-batches than stages the pipeline never fills: at any moment some stage has no
     work and at least half of the step is bubble, (p-1)/(m+p-1). DeepSpeed's TrainSchedule still runs
@@ -70,10 +73,12 @@ def interleaved_constraints(ctx: Context) -> Iterator[Finding]:
         yield Finding("the interleaved schedule needs pp > 1", "set pp > 1, or schedule: 1f1b",
                       ("parallel", "pipeline", "schedule"))
     if pipe.virtual_stages < 2:
-        yield Finding("the interleaved schedule needs virtual_stages >= 2", "set virtual_stages: 2 or more", path)
+        yield Finding("the interleaved schedule needs virtual_stages >= 2", "set virtual_stages: 2 or more",
+                      path)
     m = ctx.plan.grad_accum
     if m is not None and d.pp > 1 and m % d.pp:
-        yield Finding(f"the interleaved schedule needs micro-batches per step ({m}) to be a multiple of pp={d.pp}",
+        yield Finding(f"the interleaved schedule needs micro-batches "
+                      f"per step ({m}) to be a multiple of pp={d.pp}",
                       f"use global_batch = {next_multiple(m, d.pp)} x micro_batch x dp",
                       ("training", "global_batch"))
 
@@ -86,7 +91,11 @@ def bubble_small(ctx: Context) -> Iterator[Finding]:
     d, m = ctx.plan.degrees, ctx.plan.grad_accum
     if d is None or m is None or not ctx.plan.layout_ok or d.pp == 1 or m < d.pp:
         return
-    v = ctx.spec.parallel.pipeline.virtual_stages if ctx.spec.parallel.pipeline.schedule == "interleaved" else 1
+    v = (
+        ctx.spec.parallel.pipeline.virtual_stages
+        if ctx.spec.parallel.pipeline.schedule == "interleaved"
+        else 1
+    )
     frac = bubble_fraction(d.pp, m, v)
     if frac > BUBBLE_WARN:
         target = -(-(d.pp - 1) * (1 - BUBBLE_WARN) // (BUBBLE_WARN * v))
@@ -105,17 +114,21 @@ def token_data_path(ctx: Context) -> Iterator[Finding]:
                       ("training", "data"))
     elif data.kind == "tokens" and not isinstance(data.path, str):
         yield Finding("training.data.kind is tokens but path is a list; a token file is one file",
-                      "give one path (lists of paths are for kind: megatron blends)", ("training", "data", "path"))
+                      "give one path (lists of paths are for kind: megatron blends)",
+                      ("training", "data", "path"))
 
 
-@rule("DSF206", "warm-up and checkpoint intervals fit in the run", severity=Severity.WARNING, source="dsforge")
+@rule("DSF206", "warm-up and checkpoint intervals fit in the run", severity=Severity.WARNING,
+      source="dsforge")
 def schedule_lengths(ctx: Context) -> Iterator[Finding]:
     """A warm-up longer than the run never reaches the peak learning rate, and a checkpoint interval
     longer than the run saves only at the end."""
     t = ctx.spec.training
     if t.scheduler.warmup_steps > t.steps:
-        yield Finding(f"warmup_steps={t.scheduler.warmup_steps} exceeds steps={t.steps}: the peak lr is never reached",
+        yield Finding(f"warmup_steps={t.scheduler.warmup_steps} exceeds "
+                      f"steps={t.steps}: the peak lr is never reached",
                       f"use warmup_steps < {t.steps}", ("training", "scheduler", "warmup_steps"))
     if t.checkpoint.every > t.steps:
-        yield Finding(f"checkpoint.every={t.checkpoint.every} exceeds steps={t.steps}: only the final save happens",
+        yield Finding(f"checkpoint.every={t.checkpoint.every} exceeds "
+                      f"steps={t.steps}: only the final save happens",
                       f"use every <= {t.steps}", ("training", "checkpoint", "every"))

@@ -1,4 +1,5 @@
-"""DSF040-041 and DSF620-627, DSF629: the user's data (`training.data` of kind text or megatron) can be read as the job says.
+"""DSF040-041 and DSF620-627, DSF629: the user's data (`training.data` of kind text or megatron) can be read
+as the job says.
 
 Each check reads as little as it can (the first record of the first file, an .idx header, tokenizer.json
 as JSON) and imports neither torch nor numpy nor the optional readers (pyarrow, datasets): a CI job
@@ -57,18 +58,21 @@ def data_shape(ctx: Context) -> Iterator[Finding]:
     data = ctx.spec.training.data
     paths = _paths(data.path)
     if data.kind == "text" and len(paths) > 1:
-        yield Finding(f"training.data.path lists {len(paths)} paths; kind text reads one (a file, a directory or a "
-                      "glob)", "put the files in one directory, or write a glob such as data/*.jsonl", PATH)
+        yield Finding(f"training.data.path lists {len(paths)} paths; kind text reads one (a file, a "
+                      f"directory or a glob)", "put the files in one directory, or "
+                                               "write a glob such as data/*.jsonl", PATH)
     if data.weights and (data.kind != "megatron" or len(data.weights) != len(paths)):
         yield Finding(f"training.data.weights has {len(data.weights)} weights for {len(paths)} "
                       f"{'megatron prefixes' if data.kind == 'megatron' else 'paths of kind ' + data.kind}",
                       "give one weight per megatron prefix in training.data.path (or drop weights)",
                       (*DATA, "weights"))
     if data.format == "chat" and data.kind != "text":
-        yield Finding(f"training.data.format chat reads message records from text files, not kind {data.kind}",
+        yield Finding(f"training.data.format chat reads message "
+                      f"records from text files, not kind {data.kind}",
                       "set kind: text and point path at the .jsonl/.json/.parquet records", (*DATA, "format"))
     if data.kind in USER_KINDS and not paths:
-        yield Finding(f"training.data.kind is {data.kind} but no path is given", "add `path:` to the data", DATA)
+        yield Finding(f"training.data.kind is {data.kind} but no path is given", "add `path:` to the data",
+                      DATA)
     v = data.valid
     if v is not None:
         if data.kind not in USER_KINDS:
@@ -82,9 +86,9 @@ def data_shape(ctx: Context) -> Iterator[Finding]:
 
 @rule("DSF620", "the data files exist and are not empty", source="dsforge")
 def data_files_exist(ctx: Context) -> Iterator[Finding]:
-    """A text path must name .jsonl/.json/.parquet/.txt files (or an HF datasets directory) that hold something,
-    a megatron prefix its .bin and .idx. A missing absolute path may be a mount of the machines that run the
-    job, so it is a warning there (as DSF610's); `dsforge run` refuses it."""
+    """A text path must name .jsonl/.json/.parquet/.txt files (or an HF datasets directory) that hold
+    something, a megatron prefix its .bin and .idx. A missing absolute path may be a mount of the machines
+    that run the job, so it is a warning there (as DSF610's); `dsforge run` refuses it."""
     data = ctx.spec.training.data
     if data.kind not in USER_KINDS:
         return
@@ -107,8 +111,8 @@ def data_files_exist(ctx: Context) -> Iterator[Finding]:
             absent = "does not exist" in exc.message
             remote = absent and isinstance(written, str) and is_absolute(written)
             yield Finding(exc.message + (" on this machine" if remote else ""),
-                          exc.fix + ("; if it exists only on the machines that run the job, this warning can be "
-                                     "ignored" if remote else ""), key,
+                          exc.fix + ("; if it exists only on the machines that run the job, this warning can "
+                                     "be ignored" if remote else ""), key,
                           severity=Severity.WARNING if remote else None)
 
 
@@ -120,7 +124,9 @@ def data_field_present(ctx: Context) -> Iterator[Finding]:
     if data.kind != "text" or not isinstance(data.path, str):
         return
     files = _files(ctx, data.path)
-    if files is None or (needed_package(files) and importlib.util.find_spec(needed_package(files) or "") is None):
+    if files is None or (
+        needed_package(files) and importlib.util.find_spec(needed_package(files) or "") is None
+    ):
         return  # DSF620 / DSF626
     key = (*DATA, "field") if ctx.written((*DATA, "field")) else PATH
     try:
@@ -131,13 +137,16 @@ def data_field_present(ctx: Context) -> Iterator[Finding]:
     if fields is None:  # .txt: each line is a document
         if data.format == "chat":
             yield Finding(f"{files.files[0]} is plain text; format chat reads message records",
-                          "write the conversations as .jsonl records with a messages field", (*DATA, "format"))
+                          "write the conversations as .jsonl records with a messages field",
+                          (*DATA, "format"))
         return
     field = _field(ctx)
     if field not in fields:
         where = files.hf or files.files[0]
-        yield Finding(f"the first record of {where} has no field {field!r} (it has {', '.join(map(repr, fields))})",
-                      f"set training.data.field to the field that holds the {'messages' if data.format == 'chat' else 'text'}",
+        yield Finding(f"the first record of {where} has no field {field!r} (it has "
+                      f"{', '.join(map(repr, fields))})",
+                      f"set training.data.field to the field that holds the "
+                      f"{'messages' if data.format == 'chat' else 'text'}",
                       key)
 
 
@@ -166,7 +175,8 @@ def tokenizer_vocab_fits(ctx: Context) -> Iterator[Finding]:
     vocab = ctx.plan.model.vocab
     if tok.vocab > vocab:
         yield Finding(f"the tokenizer {tok.file} has {tok.vocab:,} tokens, more than model.vocab {vocab:,}",
-                      f"use the model's own tokenizer, or a model with vocab >= {tok.vocab}", (*DATA, "tokenizer"))
+                      f"use the model's own tokenizer, or a model with vocab >= {tok.vocab}",
+                      (*DATA, "tokenizer"))
 
 
 @rule("DSF624", "chat records have a chat template", source="dsforge")
@@ -182,13 +192,14 @@ def chat_template_present(ctx: Context) -> Iterator[Finding]:
         return
     if tok.chat_template is None:
         yield Finding(f"training.data.format is chat but {tok.directory} has no chat template",
-                      "save the tokenizer with its chat_template (tokenizer_config.json or chat_template.jinja), or "
-                      "use format: text", (*DATA, "format"))
+                      "save the tokenizer with its chat_template (tokenizer_config.json or "
+                      "chat_template.jinja), or use format: text", (*DATA, "format"))
 
 
 @rule("DSF625", "the Megatron index can be read", source="dsforge")
 def megatron_index_readable(ctx: Context) -> Iterator[Finding]:
-    """dsforge reads MMIDIDX version 1 indexes with integer token types (Megatron-Core's indexed_dataset.py)."""
+    """dsforge reads MMIDIDX version 1 indexes with integer token types (Megatron-Core's
+    indexed_dataset.py)."""
     data = ctx.spec.training.data
     if data.kind != "megatron":
         return
@@ -227,7 +238,8 @@ def document_boundaries_exact(ctx: Context) -> Iterator[Finding]:
         return
     why = (f"pipeline stages (pp={d.pp}) take no per-document positions" if d.pp > 1
            else f"context-parallel attention (cp={d.cp}) takes no per-document positions" if d.cp > 1
-           else "a model.factory module's attention may not follow per-document positions" if ctx.spec.model.factory
+           else "a model.factory module's attention may not follow per-document "
+                "positions" if ctx.spec.model.factory
            else None)
     if why:
         yield Finding(f"training.data.packing: true keeps attention within documents, but {why}",
@@ -243,7 +255,8 @@ def validation_within_run(ctx: Context) -> Iterator[Finding]:
     t = ctx.spec.training
     v = t.data.valid
     if v is not None and v.every > t.steps:
-        yield Finding(f"training.data.valid.every={v.every} exceeds steps={t.steps}: no validation loss is computed",
+        yield Finding(f"training.data.valid.every={v.every} exceeds "
+                      f"steps={t.steps}: no validation loss is computed",
                       f"use valid.every <= {t.steps}", (*DATA, "valid", "every"))
 
 
@@ -254,6 +267,8 @@ def monitor_installed(ctx: Context) -> Iterator[Finding]:
     mon = ctx.spec.training.monitor
     for key, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
         if getattr(mon, key) and importlib.util.find_spec(package) is None:
-            yield Finding(f"training.monitor.{key} is on but {package} is not installed here",
-                          f"pip install {package}" + (" (or 'dsforge[monitor]')" if package == "tensorboard" else ""),
-                          ("training", "monitor", key))
+            yield Finding(
+                f"training.monitor.{key} is on but {package} is not installed here",
+                f"pip install {package}" + (" (or 'dsforge[monitor]')" if package == "tensorboard" else ""),
+                ("training", "monitor", key),
+            )

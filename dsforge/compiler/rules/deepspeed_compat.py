@@ -52,13 +52,15 @@ def moe_with_zero3(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF503", "the accelerator supports the chosen precision",
-      source=DS + "runtime/engine.py DeepSpeedEngine._do_sanity_check; accelerator is_bf16/fp16_supported", reads=())
+      source=DS + "runtime/engine.py DeepSpeedEngine._do_sanity_check; accelerator is_bf16/fp16_supported",
+      reads=())
 def precision_supported(ctx: Context) -> Iterator[Finding]:
     """bf16 needs Ampere or newer (a V100 has none); DeepSpeed checks the accelerator only at start-up.
     An fp32 job needs the accelerator's fp32 peak (`fp32_tflops`): without it no step time can be
     estimated, and 0 says the accelerator has none."""
     prec, acc = ctx.spec.training.precision, ctx.spec.hardware.accelerator
-    peak = {"bf16": acc.bf16_tflops, "fp16": acc.fp16_tflops if acc.fp16_tflops is not None else acc.bf16_tflops}
+    peak = {"bf16": acc.bf16_tflops,
+            "fp16": acc.fp16_tflops if acc.fp16_tflops is not None else acc.bf16_tflops}
     if prec in peak and not peak[prec]:
         other = "fp16" if prec == "bf16" and peak["fp16"] else "bf16" if peak["bf16"] else "fp32"
         yield Finding(f"precision={prec} but {acc.name} has no {prec} support",
@@ -66,7 +68,8 @@ def precision_supported(ctx: Context) -> Iterator[Finding]:
     if prec == "fp32" and not acc.fp32_tflops:
         given = "is 0" if acc.fp32_tflops == 0 else "is not given"
         other = " (or precision: bf16)" if acc.bf16_tflops else ""
-        yield Finding(f"precision=fp32 but the fp32 peak of {acc.name} {given}: no step time can be estimated",
+        yield Finding(f"precision=fp32 but the fp32 peak of {acc.name} "
+                      f"{given}: no step time can be estimated",
                       f"set hardware.accelerator.fp32_tflops to its data sheet's dense FP32 figure{other}",
                       ("training", "precision"))
 
@@ -80,10 +83,11 @@ def offload_needs_zero(ctx: Context) -> Iterator[Finding]:
     off, zero = ctx.spec.training.optimizer.offload, ctx.plan.zero
     path = ("training", "optimizer", "offload")
     if off != "none" and zero == 0:
-        yield Finding(f"optimizer offload to {off} needs ZeRO, but zero=0", "set zero: 1, 2 or 3, or offload: none",
-                      path)
+        yield Finding(f"optimizer offload to {off} needs ZeRO, but zero=0",
+                      "set zero: 1, 2 or 3, or offload: none", path)
     elif off == "nvme" and zero != 3:
-        yield Finding(f"optimizer offload to nvme needs zero=3, not {zero}", "use zero: 3, or offload: cpu", path)
+        yield Finding(f"optimizer offload to nvme needs zero=3, not {zero}", "use zero: 3, or offload: cpu",
+                      path)
 
 
 @rule("DSF505", "ZeRO supports the optimizer", source=DS + "runtime/zero/utils.py ZERO_SUPPORTED_OPTIMIZERS; "
@@ -92,13 +96,15 @@ def zero_optimizer(ctx: Context) -> Iterator[Finding]:
     """ZeRO accepts Adam, AdamW, Adagrad and Lion; others (LAMB, SGD) need `zero_allow_untested_optimizer`
     or the engine asserts at initialize."""
     name = ctx.spec.training.optimizer.name
-    if ctx.plan.zero >= 1 and name in {"lamb", "sgd"} and not ctx.spec.deepspeed.get("zero_allow_untested_optimizer"):
+    if ctx.plan.zero >= 1 and name in {"lamb",
+                                       "sgd"} and not ctx.spec.deepspeed.get("zero_allow_untested_optimizer"):
         yield Finding(f"optimizer {name} is not one ZeRO supports (Adam, AdamW, Adagrad, Lion)",
                       "use adamw, or set deepspeed.zero_allow_untested_optimizer: true",
                       ("training", "optimizer", "name"))
 
 
-@rule("DSF506", "DeepSpeed's pipeline engines run 1F1B (PipelineEngine) and DualPipeV, not GPipe or interleaved",
+@rule("DSF506", "DeepSpeed's pipeline engines run 1F1B (PipelineEngine) "
+                "and DualPipeV, not GPipe or interleaved",
       severity=Severity.WARNING,
       source=DS + "runtime/pipe/schedule.py TrainSchedule, DualPipeVSchedule; runtime/pipe/dualpipev.py",
       reads=())
@@ -112,8 +118,8 @@ def pipeline_schedule(ctx: Context) -> Iterator[Finding]:
     d, sched = ctx.plan.degrees, ctx.spec.parallel.pipeline.schedule
     runs_gpipe = sched == "gpipe" and getattr(ctx.spec, "stack", "dsforge") == "dsforge"
     if d is not None and d.pp > 1 and sched not in ("1f1b", "auto") and not runs_gpipe:
-        yield Finding(f"schedule={sched}: DeepSpeed runs its pipelines with 1F1B (or DualPipeV, which dsforge does "
-                      "not build), so the job will run 1F1B",
+        yield Finding(f"schedule={sched}: DeepSpeed runs its pipelines with 1F1B (or DualPipeV, which "
+                      f"dsforge does not build), so the job will run 1F1B",
                       "set schedule: 1f1b (explain shows what the other schedule would gain)",
                       ("parallel", "pipeline", "schedule"))
 
@@ -147,22 +153,23 @@ def _subsection(ds: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
 
 
 @rule("DSF507", "deepspeed overrides use keys DeepSpeed knows",
-      source=DS + "runtime/config.py _reject_removed_config_keys, get_pipeline_config; runtime/zero/config.py, "
-      "runtime/precision_config.py, runtime/tensor_parallel/config.py (pydantic, extra=forbid)")
+      source=DS + "runtime/config.py _reject_removed_config_keys, get_pipeline_config; "
+      "runtime/zero/config.py, runtime/precision_config.py, "
+      "runtime/tensor_parallel/config.py (pydantic, extra=forbid)")
 def override_keys(ctx: Context) -> Iterator[Finding]:
     """Removed keys and unknown keys of the zero_optimization (and its offload and leaf_module blocks), bf16,
-    fp16, tensor_parallel, comms_logger, timers.throughput and monitor (tensorboard, wandb, csv_monitor, comet)
-    sections fail DeepSpeed's parse, and so does a field given under its own name beside its alias
+    fp16, tensor_parallel, comms_logger, timers.throughput and monitor (tensorboard, wandb, csv_monitor,
+    comet) sections fail DeepSpeed's parse, and so does a field given under its own name beside its alias
     (`max_live_parameters` with `stage3_max_live_parameters`): pydantic reads the alias and the name is an
-    extra key; unknown top-level keys, and those of pipeline, checkpoint, torch_autocast, flops_profiler and aio
-    (read with dict lookups), are silently ignored by DeepSpeed, so a typo there would quietly not apply (a
-    warning)."""
+    extra key; unknown top-level keys, and those of pipeline, checkpoint, torch_autocast, flops_profiler and
+    aio (read with dict lookups), are silently ignored by DeepSpeed, so a typo there would quietly not apply
+    (a warning)."""
     ds = ctx.spec.deepspeed
     for key in ds:
         path: tuple[str, ...] = ("deepspeed", key)
         if key in REMOVED_TOP_LEVEL_KEYS:
-            yield Finding(f"deepspeed.{key} was removed from DeepSpeed and is rejected at parse", "remove it", path,
-                          at_key=True)
+            yield Finding(f"deepspeed.{key} was removed from DeepSpeed and is rejected at parse", "remove it",
+                          path, at_key=True)
         elif key not in TOP_LEVEL_KEYS | LEGACY_TOP_LEVEL_KEYS:
             yield Finding(f"deepspeed.{key} is not a DeepSpeed key and would be ignored"
                           f"{suggest(key, sorted(TOP_LEVEL_KEYS))}", "fix the spelling or remove it", path,
@@ -172,7 +179,8 @@ def override_keys(ctx: Context) -> Iterator[Finding]:
         for key in _subsection(ds, section):
             path = ("deepspeed", *section, key)
             if section == ("zero_optimization",) and key in REMOVED_ZERO_KEYS:
-                yield Finding(f"zero_optimization.{key} was removed from DeepSpeed", "remove it", path, at_key=True)
+                yield Finding(f"zero_optimization.{key} was removed from DeepSpeed", "remove it", path,
+                              at_key=True)
             elif key not in known:
                 effect = "DeepSpeed rejects it at parse" if rejected else "DeepSpeed would ignore it silently"
                 yield Finding(f"{where}.{key} is not a {where} key: {effect}{suggest(key, sorted(known))}",
@@ -180,9 +188,9 @@ def override_keys(ctx: Context) -> Iterator[Finding]:
                               at_key=True)
             elif (alias := _alias(section, key)) and alias in _subsection(ds, section):
                 # pydantic fills the field from its alias; the field's own name beside it is then an extra key
-                yield Finding(f"{where}.{key} and {where}.{alias} are two spellings of one setting, and DeepSpeed "
-                              f"rejects {key} at parse when {alias} is given", "keep only one of them", path,
-                              at_key=True)
+                yield Finding(f"{where}.{key} and {where}.{alias} are two spellings of one setting, and "
+                              f"DeepSpeed rejects {key} at parse when {alias} is given",
+                              "keep only one of them", path, at_key=True)
 
 
 #: The pydantic model of each checked section whose fields may have an alias.
@@ -237,7 +245,8 @@ def override_agrees(ctx: Context) -> Iterator[Finding]:
         enabled = _section(ctx, section).get("enabled")
         # DeepSpeed reads "false" as false (pydantic): compare what it will run, not Python truthiness
         if enabled is not None and _as(MODELS[prec]["enabled"], enabled) != (t.precision == prec):
-            yield Finding(f"deepspeed.{section}.enabled={enabled!r} contradicts training.precision={t.precision}",
+            yield Finding(f"deepspeed.{section}.enabled={enabled!r} contradicts "
+                          f"training.precision={t.precision}",
                           "remove it and set training.precision", ("deepspeed", section, "enabled"))
     yield from _degree_overrides(ctx)
 
@@ -251,12 +260,14 @@ def _as(field: Field, value: Any) -> Any:
 
 
 def _degree_overrides(ctx: Context) -> Iterator[Finding]:
-    """Degree keys of the ds_config that must equal the plan's degrees (0 or 1 means "off" for AutoTP/AutoEP)."""
+    """Degree keys of the ds_config that must equal the plan's degrees (0 or 1 means "off" for
+    AutoTP/AutoEP)."""
     d, ds = ctx.plan.degrees, ctx.spec.deepspeed
     if d is None:
         return
-    keyed = {("tensor_parallel", "autotp_size"): ("tp", d.tp), ("expert_parallel", "autoep_size"): ("ep", d.ep),
-             ("sequence_parallel_size",): ("cp", d.cp), ("data_parallel_size",): ("dp", d.dp)}
+    keyed = {("tensor_parallel", "autotp_size"): ("tp", d.tp),
+             ("expert_parallel", "autoep_size"): ("ep", d.ep), ("sequence_parallel_size",): ("cp", d.cp),
+             ("data_parallel_size",): ("dp", d.dp)}
     for path, (name, want) in keyed.items():
         value = _subsection(ds, path[:-1]).get(path[-1])
         off = len(path) == 2 and value in (0, 1) and want == 1
@@ -274,10 +285,13 @@ def override_values(ctx: Context) -> Iterator[Finding]:
     ds = ctx.spec.deepspeed
     if _as(MODELS["bf16"]["enabled"], _section(ctx, "bf16").get("enabled", False)) is True and \
             _as(MODELS["fp16"]["enabled"], _section(ctx, "fp16").get("enabled", False)) is True:
-        yield Finding("deepspeed enables both bf16 and fp16", "enable one (training.precision)", ("deepspeed", "fp16"))
+        yield Finding("deepspeed enables both bf16 and fp16", "enable one (training.precision)",
+                      ("deepspeed", "fp16"))
     for key in ("communication_data_type", "seq_parallel_communication_data_type"):
-        if key in ds and ds[key] is not None and (not isinstance(ds[key], str) or ds[key].lower() not in COMM_DTYPES):
-            yield Finding(f"deepspeed.{key}={ds[key]!r} is not one of fp16, bf16, fp32 (DeepSpeed lower-cases it)",
+        if key in ds and ds[key] is not None and (not isinstance(ds[key],
+                                                                 str) or ds[key].lower() not in COMM_DTYPES):
+            yield Finding(f"deepspeed.{key}={ds[key]!r} is not one of "
+                          f"fp16, bf16, fp32 (DeepSpeed lower-cases it)",
                           "use fp16, bf16 or fp32", ("deepspeed", key))
     op = ds.get("gradient_allreduce_op", "mean")
     if (op.lower() if isinstance(op, str) else op) not in ("mean", "sum"):

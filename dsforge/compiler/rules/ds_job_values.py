@@ -1,11 +1,11 @@
-"""DSF527-DSF533: `deepspeed:` overrides of what the job states elsewhere, of sections dsforge does not model, and
-of values DeepSpeed reads loosely.
+"""DSF527-DSF533: `deepspeed:` overrides of what the job states elsewhere, of sections dsforge does not model,
+and of values DeepSpeed reads loosely.
 
-The override policy (DSF527): a `deepspeed:` override may restate a value the job decides, never change it. The
-job's keys are the one source the memory and time estimates, `explain`, plan.json, the search and the runtime
-all read; an override that won would have to be taught to each of them, and any one missed would describe
-another job than the one that runs. So an override that differs is refused, naming both places, as DSF508 does
-for the batch keys, the ZeRO stage and precision.
+The override policy (DSF527): a `deepspeed:` override may restate a value the job decides, never change it.
+The job's keys are the one source the memory and time estimates, `explain`, plan.json, the search and the
+runtime all read; an override that won would have to be taught to each of them, and any one missed would
+describe another job than the one that runs. So an override that differs is refused, naming both places, as
+DSF508 does for the batch keys, the ZeRO stage and precision.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def optimizer_params(spec: JobSpec) -> Stated:
 
 
 def scheduler_params(spec: JobSpec) -> Stated | None:
-    """The `scheduler.params` dsforge writes from the job (None: it writes no scheduler), as scheduler_section."""
+    """The `scheduler.params` dsforge writes from the job (None: it writes no scheduler), as
+    scheduler_section."""
     t = spec.training
     sched, lr, steps = t.scheduler, t.optimizer.lr, t.steps
     warm = sched.warmup_steps
@@ -90,7 +91,8 @@ def _real(value: Any) -> bool:
 
 
 def same(given: Any, want: Any) -> bool:
-    """True when an override states exactly the value dsforge writes (8.0 is not the step count 8, true not 1)."""
+    """True when an override states exactly the value dsforge writes (8.0 is not the step count 8, true not
+    1)."""
     if isinstance(want, bool):
         return given is want
     if isinstance(want, int):
@@ -98,7 +100,8 @@ def same(given: Any, want: Any) -> bool:
     if isinstance(want, float):
         return _real(given) and given == want
     if isinstance(want, list):
-        return isinstance(given, list) and len(given) == len(want) and all(same(g, w) for g, w in zip(given, want))
+        return isinstance(given,
+                          list) and len(given) == len(want) and all(same(g, w) for g, w in zip(given, want))
     return type(given) is type(want) and given == want
 
 
@@ -107,7 +110,8 @@ def _dsf521(section: str, key: str, value: Any) -> bool:
     if section == "optimizer" and key in ("lr", "eps", "weight_decay"):
         return not (_real(value) and value >= 0)
     if section == "optimizer" and key == "betas":
-        return not (isinstance(value, list) and len(value) == 2 and all(_real(b) and 0 <= b < 1 for b in value))
+        return not (isinstance(value,
+                               list) and len(value) == 2 and all(_real(b) and 0 <= b < 1 for b in value))
     if section == "scheduler" and key == "warmup_num_steps":
         return not (type(value) is int and value > 0)
     return False
@@ -120,8 +124,8 @@ def _params(ctx: Context, section: str) -> dict[str, Any]:
 
 
 @rule("DSF527", "deepspeed overrides do not change what the job states elsewhere",
-      source="dsforge (the job's keys are authoritative: estimates, explain, plan.json, the search and the runtime "
-      "read them); " + DS + "runtime/engine.py _configure_basic_optimizer, _scheduler_from_config "
+      source="dsforge (the job's keys are authoritative: estimates, explain, plan.json, the search and the "
+      "runtime read them); " + DS + "runtime/engine.py _configure_basic_optimizer, _scheduler_from_config "
       "(scheduler(optimizer, **params)), runtime/lr_schedules.py")
 def job_stated_overrides(ctx: Context) -> Iterator[Finding]:
     """The override policy: a `deepspeed:` value may restate what the job decides, never change it; one that
@@ -133,16 +137,16 @@ def job_stated_overrides(ctx: Context) -> Iterator[Finding]:
     arguments the job does not state, such as SGD's momentum or torch_adam, are the override's own, and
     `max_grad_norm` is refused as the ValueError DeepSpeed raises for it at initialize);
     the scheduler's steps, warm-up steps, warm-up type, minimum ratio and learning rates (training.scheduler,
-    training.steps), where any other scheduler parameter is refused too (DeepSpeed's schedulers take no others:
-    `last_batch_iteration` would shift the whole schedule, an unknown name is a TypeError at initialize), as is
-    any scheduler parameter of a job without a schedule (constant, no warm-up); precision, as
-    `torch_autocast.enabled` (autocast in another dtype than training.precision) and `data_types.param_dtype`,
-    `grad_accum_dtype`, `buffer_dtype`, which must name training.precision's dtype (DeepSpeed asserts
-    param_dtype against fp16/bf16 at initialize; a dtype name it does not know fails there); and the pipeline's
-    `stages`, `partition` and `activation_checkpoint_interval` (parallel.pp, parallel.pipeline.partition,
-    training.recompute; dsforge.runtime reads the interval from ds_config.json). The same policy refuses another
-    optimizer or scheduler type (DSF520), batch keys, ZeRO stage and fp16/bf16 (DSF508), optimizer offload
-    (DSF523) and gradient_clipping (DSF525)."""
+    training.steps), where any other scheduler parameter is refused too (DeepSpeed's schedulers take no
+    others: `last_batch_iteration` would shift the whole schedule, an unknown name is a TypeError at
+    initialize), as is any scheduler parameter of a job without a schedule (constant, no warm-up); precision,
+    as `torch_autocast.enabled` (autocast in another dtype than training.precision) and
+    `data_types.param_dtype`, `grad_accum_dtype`, `buffer_dtype`, which must name training.precision's dtype
+    (DeepSpeed asserts param_dtype against fp16/bf16 at initialize; a dtype name it does not know fails
+    there); and the pipeline's `stages`, `partition` and `activation_checkpoint_interval` (parallel.pp,
+    parallel.pipeline.partition, training.recompute; dsforge.runtime reads the interval from ds_config.json).
+    The same policy refuses another optimizer or scheduler type (DSF520), batch keys, ZeRO stage and fp16/bf16
+    (DSF508), optimizer offload (DSF523) and gradient_clipping (DSF525)."""
     yield from _param_overrides(ctx)
     yield from _pipeline_overrides(ctx)
     yield from _data_types(ctx)
@@ -166,19 +170,24 @@ def _param_overrides(ctx: Context) -> Iterator[Finding]:
                               f"(training.scheduler is constant without warm-up)",
                               "remove it, or give training.scheduler a warm-up or decay", path)
             elif key == "max_grad_norm" and section == "optimizer":
-                yield Finding("deepspeed.optimizer.params.max_grad_norm: DeepSpeed refuses it at initialize (a "
-                              "ValueError: clipping is gradient_clipping)", "remove it and set training.grad_clip",
-                              path)
+                yield Finding("deepspeed.optimizer.params.max_grad_norm: DeepSpeed refuses it at initialize "
+                              "(a ValueError: clipping is gradient_clipping)",
+                              "remove it and set training.grad_clip", path)
             elif key not in values:
                 if section == "optimizer":
-                    continue  # an argument the job does not state (SGD's momentum, amsgrad, torch_adam): its own
-                yield Finding(f"deepspeed.scheduler.params.{key} is not a parameter dsforge writes from the job "
-                              "(it writes " + ", ".join(sorted(values)) + "): DeepSpeed's schedulers take no others "
-                              "but last_batch_iteration, which would shift the schedule", "remove it", path)
+                    continue  # an argument the job does not state (SGD's momentum, amsgrad, torch_adam): its
+                              # own
+                yield Finding(
+                    f"deepspeed.scheduler.params.{key} is not a parameter dsforge writes from the job "
+                    "(it writes " + ", ".join(sorted(values)) + "): DeepSpeed's schedulers take no others "
+                    "but last_batch_iteration, which would shift the schedule",
+                    "remove it",
+                    path,
+                )
             elif not same(value, values[key][0]):
                 want, place = values[key]
-                yield Finding(f"deepspeed.{section}.params.{key}={value!r} contradicts {place} (dsforge writes "
-                              f"{want!r})", f"remove it and set {place.split(' ')[0]}", path)
+                yield Finding(f"deepspeed.{section}.params.{key}={value!r} contradicts {place} (dsforge "
+                              f"writes {want!r})", f"remove it and set {place.split(' ')[0]}", path)
 
 
 def _pipeline_overrides(ctx: Context) -> Iterator[Finding]:
@@ -206,8 +215,9 @@ def _data_types(ctx: Context) -> Iterator[Finding]:
         got = DTYPE_OF.get(value) if isinstance(value, str) else None
         if got != want:
             named = f"names {got}" if got else "is not a dtype DeepSpeed knows (it fails at initialize)"
-            yield Finding(f"deepspeed.data_types.{key}={value!r} {named}, but training.precision={prec} trains in "
-                          f"{want}", "remove it and set training.precision", ("deepspeed", "data_types", key))
+            yield Finding(f"deepspeed.data_types.{key}={value!r} {named}, but training.precision={prec} "
+                          f"trains in {want}", "remove it and set training.precision",
+                          ("deepspeed", "data_types", key))
 
 
 @rule("DSF528", "deepspeed sections dsforge does not model are refused as overrides",
@@ -221,16 +231,16 @@ def refused_sections(ctx: Context) -> Iterator[Finding]:
     activation_checkpointing, checkpoint, torch_autocast, flops_profiler, aio, comms_logger, timers and the
     monitors (tensorboard, wandb, csv_monitor, comet). These it refuses outright: `zero_optimization.zenflow`
     (ZenFlow's selective, asynchronous updates are another update rule than training.optimizer; a top-level
-    `zenflow`, which DeepSpeed ignores, likewise), `tensor_parallel` and `expert_parallel` (AutoTP and AutoEP, a
-    second sharding of what dsforge.runtime already shards from parallel.tp and parallel.ep), `compile`
+    `zenflow`, which DeepSpeed ignores, likewise), `tensor_parallel` and `expert_parallel` (AutoTP and AutoEP,
+    a second sharding of what dsforge.runtime already shards from parallel.tp and parallel.ep), `compile`
     (dsforge.runtime never calls engine.compile()), `autotuning` (DeepSpeed's autotuner re-chooses what the
     plan fixes; `dsforge search` ranks layouts), `data_efficiency` (needs DeepSpeed's own data loader and
     layer hooks), `checkpoint.writer` (DeepSpeed's fast and decoupled checkpoint writers read CROSS_SIZE and
     CROSS_RANK, which only DeepSpeed's own launcher sets: torch's launchers do not, so it is a KeyError at
     initialize under torchrun, SLURM and the rest) and `weight_quantization` (ZeRO-Inference weight
-    quantization, numerics training.precision does not describe). A null `zenflow` or `writer` inside its section is
-    DeepSpeed's default and passes. Passing them through unchecked would let a value DeepSpeed refuses, or one that
-    changes the training, reach every rank.
+    quantization, numerics training.precision does not describe). A null `zenflow` or `writer` inside its
+    section is DeepSpeed's default and passes. Passing them through unchecked would let a value DeepSpeed
+    refuses, or one that changes the training, reach every rank.
     """
     ds = ctx.spec.deepspeed
     for name, why in REFUSED.items():
@@ -247,7 +257,8 @@ def refused_sections(ctx: Context) -> Iterator[Finding]:
 @rule("DSF529", "deepspeed values DeepSpeed reads without checking have the type it uses",
       severity=Severity.WARNING,
       source=DS + "runtime/config.py (torch_autocast, checkpoint), runtime/model_checkpointing/config.py, "
-      "profiling/config.py DeepSpeedFlopsProfilerConfig, runtime/swap_tensor/aio_config.py (get_scalar_param)")
+      "profiling/config.py DeepSpeedFlopsProfilerConfig, "
+      "runtime/swap_tensor/aio_config.py (get_scalar_param)")
 def loosely_read(ctx: Context) -> Iterator[Finding]:
     """DeepSpeed reads checkpoint, torch_autocast, flops_profiler and aio with plain dict lookups and accepts
     any value at parse (`flops_profiler.detailed: "maybe"`, `aio.block_size: "x"`); it uses them later, as a
@@ -260,8 +271,8 @@ def loosely_read(ctx: Context) -> Iterator[Finding]:
 
 
 def _computing(ctx: Context) -> set[str]:
-    """The loosely read sections DeepSpeed computes with in this job: the flops profiler when it is enabled, the
-    async-IO settings when ZeRO offloads to NVMe."""
+    """The loosely read sections DeepSpeed computes with in this job: the flops profiler when it is enabled,
+    the async-IO settings when ZeRO offloads to NVMe."""
     ds, out = ctx.spec.deepspeed, set()
     flops = ds.get("flops_profiler")
     if isinstance(flops, dict) and flops.get("enabled"):
@@ -275,24 +286,27 @@ def _computing(ctx: Context) -> set[str]:
 
 @rule("DSF531", "deepspeed values DeepSpeed computes with have the type it computes with",
       source=DS + "profiling/flops_profiler/profiler.py (profile_step, module_depth, top_modules, "
-      "recompute_fwd_factor, output_file), runtime/swap_tensor (aio block_size, queue_depth, intra_op_parallelism)")
+      "recompute_fwd_factor, output_file), runtime/swap_tensor "
+      "(aio block_size, queue_depth, intra_op_parallelism)")
 def loosely_read_computed(ctx: Context) -> Iterator[Finding]:
     """The values DSF529 warns about are errors where DeepSpeed computes with them: with the flops profiler
     enabled, text for `profile_step`, `module_depth`, `top_modules` or `recompute_fwd_factor` and a non-text
-    `output_file` fail in the training step (measured: TypeError at the profiled step), and with ZeRO offloading
-    to NVMe the aio sizes feed the swapper's buffers. Flags (`detailed`, `single_submit`, ...) are only tested
-    for truth and stay warnings."""
+    `output_file` fail in the training step (measured: TypeError at the profiled step), and with ZeRO
+    offloading to NVMe the aio sizes feed the swapper's buffers. Flags (`detailed`, `single_submit`, ...) are
+    only tested for truth and stay warnings."""
     active = _computing(ctx)
     for p in loose(ctx.spec.deepspeed):
         if p.path[0] in active and LOOSE_VALUES[p.path] != "bool":
-            message = p.message.replace("takes it without checking and uses it as", "computes with it here: it needs")
+            message = p.message.replace("takes it without checking and uses it as",
+                                        "computes with it here: it needs")
             yield Finding(message, p.fix, ("deepspeed", *p.path))
 
 
-@rule("DSF530", "aio.use_gds needs a CUDA accelerator", source=DS + "runtime/swap_tensor/aio_config.py get_aio_config")
+@rule("DSF530", "aio.use_gds needs a CUDA accelerator",
+      source=DS + "runtime/swap_tensor/aio_config.py get_aio_config")
 def aio_gds(ctx: Context) -> Iterator[Finding]:
-    """GPUDirect Storage exists only for CUDA devices: DeepSpeed asserts it while it parses the config, on every
-    rank, when `aio.use_gds` is true on another accelerator (the CPU ranks of `cpu-local`)."""
+    """GPUDirect Storage exists only for CUDA devices: DeepSpeed asserts it while it parses the config, on
+    every rank, when `aio.use_gds` is true on another accelerator (the CPU ranks of `cpu-local`)."""
     aio = ctx.spec.deepspeed.get("aio")
     if isinstance(aio, dict) and aio.get("use_gds") and on_cpu(ctx.plan):
         yield Finding("deepspeed.aio.use_gds needs a CUDA accelerator, and the job runs on CPU ranks",
@@ -304,7 +318,8 @@ MONITOR_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "comet": "co
 
 
 @rule("DSF532", "an enabled DeepSpeed monitor needs its package on every rank", severity=Severity.WARNING,
-      source=DS + "monitor/utils.py check_tb_availability, check_wandb_availability, check_comet_availability")
+      source=DS + "monitor/utils.py check_tb_availability, "
+                  "check_wandb_availability, check_comet_availability")
 def monitor_packages(ctx: Context) -> Iterator[Finding]:
     """DeepSpeed's tensorboard, wandb and comet monitors import their package at initialize and fail on every
     rank without it (measured: ModuleNotFoundError for tensorboard). None of them is a dependency of
@@ -313,9 +328,10 @@ def monitor_packages(ctx: Context) -> Iterator[Finding]:
     for key, package in MONITOR_PACKAGES.items():
         block = ctx.spec.deepspeed.get(key)
         if isinstance(block, dict) and _enabled(MODELS[key]["enabled"], block.get("enabled", False)):
-            yield Finding(f"deepspeed.{key}.enabled needs the {package} package installed where the ranks run "
-                          "(DeepSpeed imports it at initialize)", f"install {package.split(' ')[0]} with dsforge, "
-                          f"or remove {key}", ("deepspeed", key, "enabled"))
+            yield Finding(f"deepspeed.{key}.enabled needs the {package} package installed where the ranks "
+                          f"run (DeepSpeed imports it at initialize)",
+                          f"install {package.split(' ')[0]} with dsforge, " f"or remove {key}",
+                          ("deepspeed", key, "enabled"))
 
 
 def _enabled(field: Field, value: Any) -> bool:
@@ -327,18 +343,19 @@ def _enabled(field: Field, value: Any) -> bool:
 
 
 @rule("DSF533", "DeepSpeed's Adam kernels take no AMSGrad",
-      source=DS + "ops/adam/fused_adam.py FusedAdam.__init__, ops/adam/cpu_adam.py DeepSpeedCPUAdam.add_param_group; "
-      "runtime/engine.py get_optimizer_configuration (torch_adam)")
+      source=DS + "ops/adam/fused_adam.py FusedAdam.__init__, ops/adam/cpu_adam.py "
+      "DeepSpeedCPUAdam.add_param_group; runtime/engine.py get_optimizer_configuration (torch_adam)")
 def adam_amsgrad(ctx: Context) -> Iterator[Finding]:
-    """`optimizer.params.amsgrad: true` is passed to the Adam DeepSpeed builds: FusedAdam and DeepSpeedCPUAdam (ZeRO
-    optimizer offload) raise "does not support the AMSGrad variant" at initialize on every rank; only torch's
-    AdamW (`torch_adam`, which dsforge writes on CPU ranks without offload) has it."""
+    """`optimizer.params.amsgrad: true` is passed to the Adam DeepSpeed builds: FusedAdam and DeepSpeedCPUAdam
+    (ZeRO optimizer offload) raise "does not support the AMSGrad variant" at initialize on every rank; only
+    torch's AdamW (`torch_adam`, which dsforge writes on CPU ranks without offload) has it."""
     t = ctx.spec.training
     params = _params(ctx, "optimizer")
     if t.optimizer.name not in ("adam", "adamw") or not params.get("amsgrad"):
         return
     torch_adam = params.get("torch_adam", on_cpu(ctx.plan) and t.optimizer.offload == "none")
     if not torch_adam:
-        yield Finding("deepspeed.optimizer.params.amsgrad: DeepSpeed's FusedAdam and DeepSpeedCPUAdam refuse AMSGrad "
-                      "at initialize", "remove amsgrad, or add optimizer.params.torch_adam: true (torch's AdamW)",
+        yield Finding("deepspeed.optimizer.params.amsgrad: DeepSpeed's FusedAdam and DeepSpeedCPUAdam refuse "
+                      "AMSGrad at initialize", "remove amsgrad, or add "
+                                       "optimizer.params.torch_adam: true (torch's AdamW)",
                       ("deepspeed", "optimizer", "params", "amsgrad"))

@@ -1,5 +1,5 @@
-"""DSF510-DSF526: `deepspeed:` overrides checked against DeepSpeed 0.19.8: its config parse (DSF517-DSF519, from
-`dsforge.compiler.deepspeed.ds_schema`), and what it accepts at parse but refuses once every rank runs.
+"""DSF510-DSF526: `deepspeed:` overrides checked against DeepSpeed 0.19.8: its config parse (DSF517-DSF519,
+from `dsforge.compiler.deepspeed.ds_schema`), and what it accepts at parse but refuses once every rank runs.
 
 Each check reads the raw override values, which may hold anything a person typed, so every value is
 type-checked before any arithmetic (a string where a number belongs is DeepSpeed's parse error, not
@@ -63,20 +63,22 @@ def master_weights_need_zero(ctx: Context) -> Iterator[Finding]:
         if _enabled(ctx, section, key) and ctx.plan.zero == 0:
             yield Finding(f"deepspeed.{section}.{key} needs ZeRO stage 1-3, but parallel.zero=0",
                           f"set parallel.zero: 1 (or 2, 3), or remove {key}", ("deepspeed", section, key))
-    if _enabled(ctx, "bf16", "bf16_optimizer_states") and not _enabled(ctx, "bf16", "bf16_master_weights_and_grads"):
+    if _enabled(ctx, "bf16",
+                "bf16_optimizer_states") and not _enabled(ctx, "bf16", "bf16_master_weights_and_grads"):
         yield Finding("deepspeed.bf16.bf16_optimizer_states needs bf16_master_weights_and_grads: true",
                       "add bf16_master_weights_and_grads: true, or remove bf16_optimizer_states",
                       ("deepspeed", "bf16", "bf16_optimizer_states"))
 
 
-@rule("DSF511", "LAMB needs dynamic loss scaling", source=DS + "runtime/engine.py DeepSpeedEngine._do_sanity_check")
+@rule("DSF511", "LAMB needs dynamic loss scaling",
+      source=DS + "runtime/engine.py DeepSpeedEngine._do_sanity_check")
 def lamb_dynamic_loss_scale(ctx: Context) -> Iterator[Finding]:
     """DeepSpeed's LAMB asserts dynamic loss scaling at initialize; a fixed `fp16.loss_scale` (any value
     other than 0) turns dynamic scaling off."""
     scale = _get(ctx, "fp16", "loss_scale")
     if ctx.spec.training.optimizer.name == "lamb" and isinstance(scale, (int, float)) and scale != 0:
-        yield Finding(f"optimizer lamb with deepspeed.fp16.loss_scale={scale}: DeepSpeed's LAMB needs dynamic "
-                      "loss scaling", "set fp16.loss_scale: 0 (dynamic), or use adamw",
+        yield Finding(f"optimizer lamb with deepspeed.fp16.loss_scale={scale}: DeepSpeed's LAMB needs "
+                      f"dynamic loss scaling", "set fp16.loss_scale: 0 (dynamic), or use adamw",
                       ("deepspeed", "fp16", "loss_scale"))
 
 
@@ -133,8 +135,8 @@ def autoep_experts(ctx: Context) -> Iterator[Finding]:
                       "remove expert_parallel, or describe the MoE layers", ("deepspeed", "expert_parallel",
                                                                             "enabled"))
     elif size is not None and size > 0 and moe.experts % size:
-        yield Finding(f"autoep_size={size} does not divide moe.experts={moe.experts}: each rank must own whole "
-                      "experts", f"use autoep_size in {choices(divisors(moe.experts))}", path)
+        yield Finding(f"autoep_size={size} does not divide moe.experts={moe.experts}: each rank must own "
+                      f"whole experts", f"use autoep_size in {choices(divisors(moe.experts))}", path)
 
 
 @rule("DSF515", "compile passes compose with the ZeRO stage", severity=Severity.WARNING,
@@ -148,11 +150,12 @@ def compile_passes(ctx: Context) -> Iterator[Finding]:
         return
     path = ("deepspeed", "compile", "passes")
     if "autosp" in passes and ctx.plan.zero >= 2:
-        yield Finding(f"compile pass autosp with zero={ctx.plan.zero}: DeepSpeed silently falls back to plain "
-                      "torch.compile", "use zero: 0 or 1 with autosp, or drop the pass", path)
+        yield Finding(f"compile pass autosp with zero={ctx.plan.zero}: DeepSpeed silently falls back to "
+                      f"plain torch.compile", "use zero: 0 or 1 with autosp, or drop the pass", path)
     if "autotp" in passes and ({"autosp", "z1", "z3"} & set(passes)):
-        yield Finding("compile pass autotp cannot be combined with autosp or the ZeRO passes (NotImplementedError "
-                      "at the first compile)", "run autotp on its own", path, Severity.ERROR)
+        yield Finding("compile pass autotp cannot be combined with autosp or the ZeRO passes "
+                      "(NotImplementedError at the first compile)", "run autotp on its own", path,
+                      Severity.ERROR)
 
 
 def _non_finite(node: Any, path: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], float]]:
@@ -178,15 +181,18 @@ def finite_overrides(ctx: Context) -> Iterator[Finding]:
                       f"give `{where}` a finite number, or remove it", path)
 
 
-# --- the overrides against DeepSpeed's own config parse (ds_schema) ------------------------------------------
+# --- the overrides against DeepSpeed's own config parse (ds_schema)
+# ------------------------------------------
 
 def seen_by_deepspeed(ctx: Context) -> dict[str, Any]:
     """The parts of the emitted ds_config that DeepSpeed's parse looks at, with the job's overrides merged as
     compile merges them (the emitter writes the same blocks from the same ds_settings functions)."""
     plan, t = ctx.plan, ctx.spec.training
-    base: dict[str, Any] = {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
-                            "gradient_accumulation_steps": plan.grad_accum, "zero_optimization": zero_section(plan),
-                            **precision_section(plan), "gradient_clipping": t.grad_clip,
+    base: dict[str, Any] = {"train_batch_size": t.global_batch,
+                            "train_micro_batch_size_per_gpu": t.micro_batch,
+                            "gradient_accumulation_steps": plan.grad_accum,
+                            "zero_optimization": zero_section(plan), **precision_section(plan),
+                            "gradient_clipping": t.grad_clip,
                             "optimizer": {"type": DS_OPTIMIZER[t.optimizer.name], "params": {}},
                             "wall_clock_breakdown": False}
     sched = scheduler_type(t.scheduler.name, t.scheduler.warmup_steps)
@@ -203,16 +209,18 @@ def _problems(ctx: Context) -> list[Problem]:
 
 
 #: Problems other rules report: unknown keys (DSF507), the communication dtypes and allreduce op, fp16 with
-#: bf16 (DSF509), reduced-precision master weights (DSF510) and the batch keys (DSF508 refuses any batch override
-#: that is not the plan's own number).
-_ELSEWHERE = {("communication_data_type",), ("seq_parallel_communication_data_type",), ("gradient_allreduce_op",),
-              ("train_batch_size",), ("train_micro_batch_size_per_gpu",), ("gradient_accumulation_steps",)}
+#: bf16 (DSF509), reduced-precision master weights (DSF510) and the batch keys (DSF508 refuses any batch
+#: override that is not the plan's own number).
+_ELSEWHERE = {("communication_data_type",), ("seq_parallel_communication_data_type",),
+              ("gradient_allreduce_op",), ("train_batch_size",), ("train_micro_batch_size_per_gpu",),
+              ("gradient_accumulation_steps",)}
 
 
 def _reported_here(p: Problem) -> bool:
-    return p.kind != "extra" and p.path not in _ELSEWHERE and (p.kind, p.path) != ("cross", ("fp16",)) and not (
-        p.kind == "cross" and str(p.path[-1]) in ("fp16_master_weights_and_grads", "bf16_master_weights_and_grads",
-                                                  "bf16_optimizer_states"))
+    return p.kind != "extra" and p.path not in _ELSEWHERE and (p.kind,
+                                                               p.path) != ("cross", ("fp16",)) and not (
+        p.kind == "cross" and str(p.path[-1]) in ("fp16_master_weights_and_grads",
+                                                  "bf16_master_weights_and_grads", "bf16_optimizer_states"))
 
 
 @rule("DSF517", "override values have the types and ranges DeepSpeed's config takes",
@@ -220,15 +228,15 @@ def _reported_here(p: Problem) -> bool:
       "(pydantic models, lax mode), runtime/config.py DeepSpeedConfig._initialize_params")
 def override_value_types(ctx: Context) -> Iterator[Finding]:
     """DeepSpeed validates zero_optimization, its offload blocks, fp16, bf16 and hybrid_engine with pydantic
-    models: a bucket size must be a whole number above 0 (YAML reads `5e8` as text, which an int field refuses;
-    `5.0e+8` is a number), `stage: null` or an offload `device: gpu` fails the parse. Values such as "yes" for
-    a bool or "5" for an int are converted as pydantic converts them, exactly as DeepSpeed will. Top-level
-    values DeepSpeed computes with (`wall_clock_breakdown | flops_profiler.enabled`) must have a type that
-    computation takes. An HF-style "auto" at the top of a pydantic section is dropped by DeepSpeed (its
-    default applies) and is accepted here too. The other sections are checked the same way
-    (dsforge/compiler/deepspeed/ds_sections.py): the monitors, comms_logger, timers and ZeRO's leaf_module (pydantic), and
-    the values of checkpoint (`tag_validation` one of warn, ignore, fail), torch_autocast (`dtype` one of
-    DeepSpeed's dtype names) and aio that DeepSpeed's parse refuses."""
+    models: a bucket size must be a whole number above 0 (YAML reads `5e8` as text, which an int field
+    refuses; `5.0e+8` is a number), `stage: null` or an offload `device: gpu` fails the parse. Values such as
+    "yes" for a bool or "5" for an int are converted as pydantic converts them, exactly as DeepSpeed will.
+    Top-level values DeepSpeed computes with (`wall_clock_breakdown | flops_profiler.enabled`) must have a
+    type that computation takes. An HF-style "auto" at the top of a pydantic section is dropped by DeepSpeed
+    (its default applies) and is accepted here too. The other sections are checked the same way
+    (dsforge/compiler/deepspeed/ds_sections.py): the monitors, comms_logger, timers and ZeRO's leaf_module
+    (pydantic), and the values of checkpoint (`tag_validation` one of warn, ignore, fail), torch_autocast
+    (`dtype` one of DeepSpeed's dtype names) and aio that DeepSpeed's parse refuses."""
     for p in _problems(ctx):
         value = _get(ctx, *(str(k) for k in p.path))
         if isinstance(value, float) and not math.isfinite(value):
@@ -238,7 +246,8 @@ def override_value_types(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF518", "override sections DeepSpeed reads as mappings are mappings",
-      source=DS + "runtime/config.py DeepSpeedConfig._initialize_params (param_dict[...].keys(), Model(**dict))")
+      source=DS + "runtime/config.py DeepSpeedConfig._initialize_params "
+                  "(param_dict[...].keys(), Model(**dict))")
 def override_sections(ctx: Context) -> Iterator[Finding]:
     """`optimizer: null`, `fp16: null`, `pipeline: 1f1b` or `zero_optimization: 1` make DeepSpeed's parse
     call `.keys()`, `.items()` or `**` on something that is not a mapping; it fails with an AttributeError
@@ -250,7 +259,8 @@ def override_sections(ctx: Context) -> Iterator[Finding]:
 
 @rule("DSF519", "override values DeepSpeed refuses together",
       source=DS + "runtime/zero/config.py DeepSpeedZeroConfig validators (compute_grad_norm_valid, "
-      "offload_ratio_check, deprecated fields), runtime/precision_config.py _validate_dynamic_loss_scale_params")
+      "offload_ratio_check, deprecated fields), runtime/precision_config.py "
+      "_validate_dynamic_loss_scale_params")
 def override_cross_keys(ctx: Context) -> Iterator[Finding]:
     """Conditions DeepSpeed's parse checks across keys: `compute_grad_norm: false` only at ZeRO 1-2, partial
     optimizer offload (`ratio` < 1) only at ZeRO-3, a deprecated spelling (`cpu_offload`,
@@ -270,11 +280,11 @@ def _type_name(block: Any) -> str | None:
       source="dsforge (training.optimizer and training.scheduler are authoritative); " + DS +
       "runtime/engine.py _configure_basic_optimizer")
 def optimizer_type_override(ctx: Context) -> Iterator[Finding]:
-    """The `deepspeed:` overrides are merged into the optimizer and scheduler blocks dsforge writes, so another
-    `type` would keep the job's parameters (`optimizer: {type: SGD}` keeps AdamW's `betas` and fails at
-    initialize), and the estimate, the explain report and the runtime's optimizer would describe a different
-    job. The type is the job's: change training.optimizer / training.scheduler instead. (DeepSpeed reads an
-    optimizer type in any case; a scheduler's is a class name: `warmupcosinelr` is not found.)"""
+    """The `deepspeed:` overrides are merged into the optimizer and scheduler blocks dsforge writes, so
+    another `type` would keep the job's parameters (`optimizer: {type: SGD}` keeps AdamW's `betas` and fails
+    at initialize), and the estimate, the explain report and the runtime's optimizer would describe a
+    different job. The type is the job's: change training.optimizer / training.scheduler instead. (DeepSpeed
+    reads an optimizer type in any case; a scheduler's is a class name: `warmupcosinelr` is not found.)"""
     t = ctx.spec.training
     emitted = {"optimizer": DS_OPTIMIZER[t.optimizer.name],
                "scheduler": scheduler_type(t.scheduler.name, t.scheduler.warmup_steps)}
@@ -282,12 +292,13 @@ def optimizer_type_override(ctx: Context) -> Iterator[Finding]:
         block = ctx.spec.deepspeed.get(key)
         if not isinstance(block, dict) or "type" not in block:
             continue
-        # DeepSpeed lower-cases its own optimizer names, but finds a scheduler with getattr(lr_schedules, type)
+        # DeepSpeed lower-cases its own optimizer names, but finds a scheduler with getattr(lr_schedules,
+        # type)
         given = _type_name(block) if key == "optimizer" else block["type"]
         if given != ((want.lower() if key == "optimizer" else want) if want else None):
             where = "training.optimizer.name" if key == "optimizer" else "training.scheduler"
-            yield Finding(f"deepspeed.{key}.type={block['type']!r} replaces the {want or 'absent'} {key} the job "
-                          f"describes, while keeping its parameters", f"remove it and set {where}",
+            yield Finding(f"deepspeed.{key}.type={block['type']!r} replaces the {want or 'absent'} {key} the "
+                          f"job describes, while keeping its parameters", f"remove it and set {where}",
                           ("deepspeed", key, "type"))
 
 
@@ -307,8 +318,8 @@ def _real(value: Any) -> bool:
 def optimizer_param_values(ctx: Context) -> Iterator[Finding]:
     """DeepSpeed passes `optimizer.params` to the optimizer's constructor and `scheduler.params` to the
     scheduler's at initialize, after every rank started: torch refuses a negative lr, eps or weight decay and
-    betas that are not two numbers in [0, 1); DeepSpeed's warm-up schedulers refuse a `warmup_num_steps` that is
-    not a whole number above 0."""
+    betas that are not two numbers in [0, 1); DeepSpeed's warm-up schedulers refuse a `warmup_num_steps` that
+    is not a whole number above 0."""
     params, path = _params(ctx, "optimizer"), ("deepspeed", "optimizer", "params")
     for key in ("lr", "eps", "weight_decay"):
         if key in params and not (_real(params[key]) and params[key] >= 0):
@@ -321,9 +332,10 @@ def optimizer_param_values(ctx: Context) -> Iterator[Finding]:
                           "remove it and set training.optimizer.betas", (*path, "betas"))
     sched = _params(ctx, "scheduler")
     warm = sched.get("warmup_num_steps")
-    if "warmup_num_steps" in sched and not (isinstance(warm, int) and not isinstance(warm, bool) and warm > 0):
-        yield Finding(f"scheduler.params.warmup_num_steps={warm!r}: DeepSpeed's warm-up schedulers take a whole "
-                      "number > 0", "remove it and set training.scheduler.warmup_steps",
+    if "warmup_num_steps" in sched and not (isinstance(warm,
+                                                       int) and not isinstance(warm, bool) and warm > 0):
+        yield Finding(f"scheduler.params.warmup_num_steps={warm!r}: DeepSpeed's warm-up schedulers take a "
+                      f"whole number > 0", "remove it and set training.scheduler.warmup_steps",
                       ("deepspeed", "scheduler", "params", "warmup_num_steps"))
 
 
@@ -361,11 +373,14 @@ def _offload_device(ctx: Context) -> str:
     return "cpu" if _read(MODELS["zero"]["cpu_offload"], zero.get("cpu_offload")) is True else "none"
 
 
-@rule("DSF523", "optimizer offload follows training.optimizer.offload",
-      source="dsforge (training.optimizer.offload is authoritative); " + DS + "runtime/zero/offload_config.py")
+@rule(
+    "DSF523",
+    "optimizer offload follows training.optimizer.offload",
+    source="dsforge (training.optimizer.offload is authoritative); " + DS + "runtime/zero/offload_config.py",
+)
 def offload_override(ctx: Context) -> Iterator[Finding]:
-    """`zero_optimization.offload_optimizer.device` (or the deprecated `cpu_offload`) in the overrides would move
-    the optimizer states where the memory estimate, the CPU-optimizer choice and the offload rules do not
+    """`zero_optimization.offload_optimizer.device` (or the deprecated `cpu_offload`) in the overrides would
+    move the optimizer states where the memory estimate, the CPU-optimizer choice and the offload rules do not
     expect them; the job's `training.optimizer.offload` decides."""
     zero = ctx.spec.deepspeed.get("zero_optimization")
     if not (isinstance(zero, dict) and ({"cpu_offload", "offload_optimizer"} & set(zero))):
@@ -398,19 +413,20 @@ def zero_optimizer_conditions(ctx: Context) -> Iterator[Finding]:
     if zero in (1, 2) and _zero_value(ctx, "compute_grad_norm") is False:
         clip = ds.get("gradient_clipping", t.grad_clip)
         if _real(clip) and clip > 0:
-            yield Finding(f"compute_grad_norm=false with gradient clipping {clip:g}: the ZeRO optimizer needs the "
-                          "norm to clip", "set training.grad_clip: 0, or remove compute_grad_norm",
+            yield Finding(f"compute_grad_norm=false with gradient clipping {clip:g}: the ZeRO optimizer "
+                          f"needs the norm to clip", "set training.grad_clip: 0, or remove compute_grad_norm",
                           (*zpath, "compute_grad_norm"))
         if _offload_device(ctx) != "none":
-            yield Finding("compute_grad_norm=false is refused with optimizer offload", "remove compute_grad_norm",
-                          (*zpath, "compute_grad_norm"))
+            yield Finding("compute_grad_norm=false is refused with optimizer offload",
+                          "remove compute_grad_norm", (*zpath, "compute_grad_norm"))
     for section in ("bf16", "fp16"):
         key = f"{section}_master_weights_and_grads"
         if zero in (1, 2, 3) and _enabled(ctx, section, key) and not (
                 _offload_device(ctx) == "cpu" and t.optimizer.name in ("adam", "adamw")):
-            yield Finding(f"deepspeed.{section}.{key} needs ZeRO-Offload with DeepSpeedCPUAdam (optimizer adam or "
-                          f"adamw with offload: cpu); the job has {t.optimizer.name} with offload "
-                          f"{_offload_device(ctx)}", "set training.optimizer.offload: cpu with adamw, or remove it",
+            yield Finding(f"deepspeed.{section}.{key} needs ZeRO-Offload with DeepSpeedCPUAdam (optimizer "
+                          f"adam or adamw with offload: cpu); the job has {t.optimizer.name} with offload "
+                          f"{_offload_device(ctx)}", "set training.optimizer.offload: "
+                                                     "cpu with adamw, or remove it",
                           ("deepspeed", section, key))
     if zero >= 2 and _zero_value(ctx, "reduce_scatter") is not False:
         if ds.get("prescale_gradients") not in (None, False, 0):
@@ -418,12 +434,13 @@ def zero_optimizer_conditions(ctx: Context) -> Iterator[Finding]:
                           "remove prescale_gradients", ("deepspeed", "prescale_gradients"))
         factor = ds.get("gradient_predivide_factor")
         if factor is not None and factor != 1.0:
-            yield Finding(f"gradient_predivide_factor={factor!r} with ZeRO-{zero} reduce-scatter is refused at "
-                          "initialize", "remove gradient_predivide_factor", ("deepspeed", "gradient_predivide_factor"))
+            yield Finding(f"gradient_predivide_factor={factor!r} with ZeRO-{zero} reduce-scatter is refused "
+                          f"at initialize", "remove gradient_predivide_factor",
+                          ("deepspeed", "gradient_predivide_factor"))
     off = _zero_value(ctx, "offload_param")
     if isinstance(off, dict) and off.get("device") == "nvme" and not off.get("nvme_path"):
-        yield Finding("offload_param to nvme needs the NVMe directory (nvme_path)", "set offload_param.nvme_path "
-                      "to a local NVMe mount", (*zpath, "offload_param"))
+        yield Finding("offload_param to nvme needs the NVMe directory (nvme_path)",
+                      "set offload_param.nvme_path " "to a local NVMe mount", (*zpath, "offload_param"))
 
 
 @rule("DSF525", "top-level overrides have the types DeepSpeed computes with",
@@ -438,8 +455,8 @@ def top_level_types(ctx: Context) -> Iterator[Finding]:
     every = ds.get("steps_per_print")
     if "steps_per_print" in ds and every is not None and not (type(every) is int and every >= 1) and not (
             isinstance(every, float) and not math.isfinite(every)):  # DSF516's
-        yield Finding(f"deepspeed.steps_per_print={every!r}: DeepSpeed takes a whole number >= 1 (it computes "
-                      "global_steps % steps_per_print)", "give a whole number >= 1, or remove it",
+        yield Finding(f"deepspeed.steps_per_print={every!r}: DeepSpeed takes a whole number >= 1 (it "
+                      f"computes global_steps % steps_per_print)", "give a whole number >= 1, or remove it",
                       (*path, "steps_per_print"))
     clip = ds.get("gradient_clipping")
     if "gradient_clipping" in ds and not (_real(clip) and clip == ctx.spec.training.grad_clip) and not (
@@ -448,15 +465,18 @@ def top_level_types(ctx: Context) -> Iterator[Finding]:
                       f"{ctx.spec.training.grad_clip}", "remove it and set training.grad_clip",
                       (*path, "gradient_clipping"))
     factor = ds.get("gradient_predivide_factor")
-    if "gradient_predivide_factor" in ds and not (_real(factor) and factor is not None and factor > 0) and not (
-            isinstance(factor, float) and not math.isfinite(factor)):
+    if (
+        "gradient_predivide_factor" in ds
+        and not (_real(factor) and factor is not None and factor > 0)
+        and not (isinstance(factor, float) and not math.isfinite(factor))
+    ):
         yield Finding(f"deepspeed.gradient_predivide_factor={factor!r}: DeepSpeed divides gradients by it",
                       "give a number > 0, or remove it", (*path, "gradient_predivide_factor"))
     for key in ("prescale_gradients", "managed_gradient_accumulation", "memory_breakdown", "dump_state",
                 "zero_allow_untested_optimizer", "disable_allgather"):
         if key in ds and not isinstance(ds[key], bool):
-            yield Finding(f"deepspeed.{key}={ds[key]!r}: DeepSpeed tests it as true or false, so text such as "
-                          "\"false\" would count as true", "give true or false", (*path, key))
+            yield Finding(f"deepspeed.{key}={ds[key]!r}: DeepSpeed tests it as true or false, so text such "
+                          f"as \"false\" would count as true", "give true or false", (*path, key))
 
 
 @rule("DSF526", "fp16.auto_cast only with fp16 precision",

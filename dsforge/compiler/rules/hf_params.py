@@ -15,7 +15,8 @@ from dsforge.diagnostics import Severity
 
 
 @rule("DSF180", "the estimates count the checkpoint's parameters exactly", severity=Severity.INFO,
-      source="transformers PreTrainedModel.num_parameters() over the zoo's tiny configs (benchmarks/hf_param_counts.py)")
+      source="transformers PreTrainedModel.num_parameters() over the zoo's tiny configs "
+             "(benchmarks/hf_param_counts.py)")
 def pretrained_param_count(ctx: Context) -> Iterator[Finding]:
     """The model keys' formula (parameters, memory, FLOPs) against config.json's structural count: a
     difference, or a type whose structural count is not matched to HF's, makes the estimates approximate."""

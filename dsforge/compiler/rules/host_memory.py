@@ -57,8 +57,9 @@ def host_memory_fits(ctx: Context) -> Iterator[Finding]:
         return
     yield Finding(f"{what} of host memory for its ranks' offloaded optimizer states and has "
                   f"{ram:g} GB (hardware.host_ram_gb)",
-                  "offload less (training.optimizer.offload: none, or ZeRO-3 over more data-parallel ranks to "
-                  "shrink each partition), use more nodes, or hosts with more RAM", ("hardware", "host_ram_gb"))
+                  "offload less (training.optimizer.offload: none, or ZeRO-3 over more data-parallel ranks "
+                  "to shrink each partition), use more nodes, or hosts with more RAM",
+                  ("hardware", "host_ram_gb"))
 
 
 @rule("DSF303", "the step-time estimate models every ZeRO setting the job uses", severity=Severity.WARNING,
@@ -77,15 +78,17 @@ def zero_features_modelled(ctx: Context) -> Iterator[Finding]:
         used.append("offload_param")
     if not used:
         return
-    what = "; ".join(f"{k} ({NOT_MODELLED.get(k, 'weights streamed from the host every pass')})" for k in used)
+    what = "; ".join(f"{k} "
+                     f"({NOT_MODELLED.get(k, 'weights streamed from the host every pass')})" for k in used)
     yield Finding(f"the step-time estimate does not model {what}: explain shows the step without them",
                   "read explain's step time as the plain ZeRO job's, or measure with benchmarks/gpu_check.sh",
                   ("deepspeed", "zero_optimization"))
 
 
 report_id("DSF304", "a hardware.preset path names a usable hardware file",
-          "`hardware.preset` may name a file (a value with `/` or a .yaml/.yml suffix), such as the one `dsforge "
-          "calibrate` writes, relative to the file that wrote the key. The file must exist, be a regular file and "
-          "hold exactly one `hardware:` mapping, without `extends:`, other sections or a `preset:` of its own; its "
-          "values are then checked like the job's, at their own file, line and column.",
+          "`hardware.preset` may name a file (a value with `/` or a .yaml/.yml suffix), such as the one "
+          "`dsforge calibrate` writes, relative to the file that wrote the key. The file must exist, be a "
+          "regular file and hold exactly one `hardware:` mapping, without `extends:`, other sections or a "
+          "`preset:` of its own; its values are then checked "
+          "like the job's, at their own file, line and column.",
           "dsforge/compiler/frontend/preset_files.py")

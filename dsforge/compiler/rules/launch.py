@@ -61,9 +61,13 @@ def _rendezvous(ctx: Context) -> Iterator[Finding]:
     """torchrun (and `accelerate launch`, which runs it) on several nodes meets at master_addr:master_port; a
     loopback address never leaves a node, so every other node would wait at start-up until it times out."""
     launch = ctx.spec.launch
-    if launch.launcher in RENDEZVOUS_LAUNCHERS and ctx.plan.nodes > 1 and launch.master_addr.startswith(LOOPBACK):
-        yield Finding(f"{launch.launcher} across {ctx.plan.nodes} nodes rendezvouses at {launch.master_addr}, "
-                      "which only the local node can reach",
+    if (
+        launch.launcher in RENDEZVOUS_LAUNCHERS
+        and ctx.plan.nodes > 1
+        and launch.master_addr.startswith(LOOPBACK)
+    ):
+        yield Finding(f"{launch.launcher} across {ctx.plan.nodes} nodes rendezvouses at "
+                      f"{launch.master_addr}, which only the local node can reach",
                       "set launch.master_addr to a host name or address every node can reach",
                       ("launch", "master_addr"))
 
@@ -80,19 +84,22 @@ def _launch_values(ctx: Context) -> Iterator[Finding]:
     for key, value in strings.items():
         if isinstance(value, str) and "\x00" in value:
             path = ("name",) if key == "name" else ("launch", key)
-            yield Finding(f"{key} contains a NUL character, which no script or argument can carry", "remove it",
-                          path)
+            yield Finding(f"{key} contains a NUL character, which no script or argument can carry",
+                          "remove it", path)
     if launch.python is not None and not launch.python.strip():
-        yield Finding("launch.python is empty", "name the Python interpreter, e.g. python3", ("launch", "python"))
+        yield Finding("launch.python is empty", "name the Python interpreter, e.g. python3",
+                      ("launch", "python"))
     for key, value in launch.env.items():
         if not ENV_KEY.match(key):
             yield Finding(f"launch.env key {key!r} is not an environment variable name",
-                          "use letters, digits and _ (not starting with a digit)", ("launch", "env", key), at_key=True)
+                          "use letters, digits and _ (not starting with a digit)", ("launch", "env", key),
+                          at_key=True)
         elif "\x00" in value:
             yield Finding(f"launch.env.{key} contains a NUL character", "remove it", ("launch", "env", key))
         elif launch.launcher == "deepspeed" and ctx.plan.nodes > 1 and PDSH_UNSAFE.search(value):
-            yield Finding(f"launch.env.{key}={value!r}: DeepSpeed's pdsh runner passes values in unescaped double "
-                          "quotes, so quotes, $, `, \\, newlines or edge spaces would change on the remote nodes",
+            yield Finding(f"launch.env.{key}={value!r}: DeepSpeed's pdsh runner passes values in unescaped "
+                          f"double quotes, so quotes, $, `, \\, newlines or "
+                          "edge spaces would change on the remote nodes",
                           "simplify the value, or use the torchrun/slurm launcher", ("launch", "env", key))
     if launch.launcher == "slurm":
         for key in ("partition", "account", "time_limit"):
@@ -101,7 +108,8 @@ def _launch_values(ctx: Context) -> Iterator[Finding]:
                 yield Finding(f"launch.{key}={value!r} cannot be written into an #SBATCH directive",
                               "use letters, digits and _ . : , @ + = / -", ("launch", key))
     if launch.launcher == "kubernetes" and not DNS_LABEL.match(launch.namespace):
-        yield Finding(f"launch.namespace={launch.namespace!r} is not a Kubernetes namespace name (DNS-1123 label)",
+        yield Finding(f"launch.namespace={launch.namespace!r} is not "
+                      f"a Kubernetes namespace name (DNS-1123 label)",
                       "use lower-case letters, digits and -, at most 63 characters", ("launch", "namespace"))
 
 
@@ -134,9 +142,9 @@ def _runtime_owned(ctx: Context) -> Iterator[Finding]:
     owned += [((key,), f"parallel.{name}") for key, name in (("sequence_parallel_size", "cp"),
                                                                 ("data_parallel_size", "dp")) if key in ds]
     for path, instead in owned:
-        yield Finding(f"deepspeed.{'.'.join(path)} makes DeepSpeed lay out ranks or shard the model itself, but "
-                      "dsforge.runtime already does that from the plan", f"remove it; {instead} sets the degree",
-                      ("deepspeed", *path))
+        yield Finding(f"deepspeed.{'.'.join(path)} makes DeepSpeed lay out ranks or shard the model itself, "
+                      f"but dsforge.runtime already does that from the plan",
+                      f"remove it; {instead} sets the degree", ("deepspeed", *path))
 
 
 @rule("DSF608", "pipeline transfers are not partitioned under sequence parallelism",
@@ -167,6 +175,7 @@ def _single_machine(ctx: Context) -> Iterator[Finding]:
     if launch.launcher in SINGLE_MACHINE_LAUNCHERS and nodes > 1:
         yield Finding(f"launch.launcher={launch.launcher} starts every rank on one machine, but the job has "
                       f"nodes={nodes} ({ctx.plan.world_size} ranks)",
-                      "choose a multi-node launcher (slurm, torchrun, deepspeed, kubernetes or accelerate), or "
-                      "set hardware.nodes: 1",
-                      ("launch", "launcher") if ctx.written(("launch", "launcher")) else ("hardware", "nodes"))
+                      "choose a multi-node launcher (slurm, torchrun, deepspeed, kubernetes or accelerate), "
+                      "or set hardware.nodes: 1",
+                      ("launch",
+                       "launcher") if ctx.written(("launch", "launcher")) else ("hardware", "nodes"))

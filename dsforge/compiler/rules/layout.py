@@ -12,7 +12,8 @@ from dsforge.diagnostics import Severity
 MEGATRON_PS = "Megatron-LM megatron/core/parallel_state.py (initialize_model_parallel, RankGenerator)"
 
 
-@rule("DSF101", "the parallel degrees multiply to the world size", source=MEGATRON_PS, reads=("tp", "pp", "dp", "cp"))
+@rule("DSF101", "the parallel degrees multiply to the world size", source=MEGATRON_PS,
+      reads=("tp", "pp", "dp", "cp"))
 def degrees_fill_world(ctx: Context) -> Iterator[Finding]:
     """Every rank belongs to exactly one (tp, cp, dp, pp) coordinate, so tp x pp x dp x cp must equal
     nodes x gpus_per_node. Otherwise ranks are left idle or the layout needs ranks that do not exist;
@@ -28,7 +29,8 @@ def degrees_fill_world(ctx: Context) -> Iterator[Finding]:
                   f"{p.nodes} node(s) x {p.gpus_per_node} = {p.world_size}", fix, ("parallel", "dp"))
 
 
-@rule("DSF102", "dp: auto needs tp*pp*cp to divide the world size", source=MEGATRON_PS, reads=("tp", "pp", "cp"))
+@rule("DSF102", "dp: auto needs tp*pp*cp to divide the world size", source=MEGATRON_PS,
+      reads=("tp", "pp", "cp"))
 def auto_dp_divides(ctx: Context) -> Iterator[Finding]:
     """With `dp: auto` the data-parallel degree is world / (tp x pp x cp); it must be a whole number >= 1."""
     p, d = ctx.plan, ctx.plan.degrees
@@ -47,16 +49,17 @@ def auto_dp_divides(ctx: Context) -> Iterator[Finding]:
 @rule("DSF120", "an `auto` field the layout search cannot resolve", source="dsforge/compiler/search",
       reads=("tp", "pp", "cp", "ep", "zero"))
 def other_auto(ctx: Context) -> Iterator[Finding]:
-    """validate, explain and compile resolve `auto` with the layout search (dsforge/compiler/search) before the
-    rules run, so a check meets `auto` only where no search ran (a job checked directly, without validate's
-    resolution); `hardware.nodes: auto` with an objective other than min_gpus is reported under this id by the
-    search itself, since more GPUs always run faster."""
+    """validate, explain and compile resolve `auto` with the layout search (dsforge/compiler/search) before
+    the rules run, so a check meets `auto` only where no search ran (a job checked directly, without
+    validate's resolution); `hardware.nodes: auto` with an objective other than min_gpus is reported under
+    this id by the search itself, since more GPUs always run faster."""
     par = ctx.spec.parallel
     for key in ("tp", "pp", "cp", "ep", "zero"):
         if getattr(par, key) == "auto":
             yield Finding(f"parallel.{key} is `auto` and no layout search resolved it",
-                          f"validate the file with `dsforge validate` (it runs the search), or set parallel.{key} "
-                          "to a number (`dsforge search` ranks the choices)", ("parallel", key))
+                          f"validate the file with `dsforge validate` (it runs the search), or set "
+                          f"parallel.{key} to a number (`dsforge search` ranks the choices)",
+                          ("parallel", key))
 
 
 def _order_refusal(ctx: Context) -> OrderError | None:
@@ -97,12 +100,13 @@ def order_pp_last(ctx: Context) -> Iterator[Finding]:
     pipeline stages on different ranks, and the expert data-parallel groups can even be the pipeline groups
     (tp1 pp2 cp2 with tp-cp-ep-pp-dp: expert gradients averaged across stages). dsforge refuses what Megatron
     refuses, for dense models too, since Megatron refuses it for them."""
-    yield from _order_findings(ctx, "DSF124", "put pp last (e.g. tp-cp-ep-dp-pp), or make ep equal cp so that "
-                               "dp*cp/ep = dp")
+    yield from _order_findings(ctx, "DSF124", "put pp last (e.g. tp-cp-ep-dp-pp), or make ep equal cp so "
+                               "that dp*cp/ep = dp")
 
 
 @rule("DSF125", "the expert and dense layers get the same pipeline groups",
-      source="Megatron-LM megatron/core/parallel_state.py initialize_model_parallel (pipeline-group assertion)",
+      source="Megatron-LM megatron/core/parallel_state.py "
+             "initialize_model_parallel (pipeline-group assertion)",
       reads=("tp", "pp", "dp", "cp", "ep"))
 def order_same_pipeline(ctx: Context) -> Iterator[Finding]:
     """With pp not last, the axes before pp have other sizes in the expert grid (cp = 1, ep, dp*cp/ep) than
@@ -128,7 +132,8 @@ def order_expert_tp(ctx: Context) -> Iterator[Finding]:
         yield Finding(f"{p.expert_note}; the model has `moe:` layers", fix, ("parallel", "order"))
 
 
-@rule("DSF113", "ep divides the number of experts", source="deepspeed/moe/layer.py MoE.__init__", reads=("ep",))
+@rule("DSF113", "ep divides the number of experts", source="deepspeed/moe/layer.py MoE.__init__",
+      reads=("ep",))
 def ep_divides_experts(ctx: Context) -> Iterator[Finding]:
     """Each expert-parallel rank holds experts/ep whole experts; DeepSpeed's MoE asserts
     `num_experts % ep_size == 0` when the model is built."""
@@ -152,8 +157,9 @@ def ep_divides_dp(ctx: Context) -> Iterator[Finding]:
     d = ctx.plan.degrees
     if d is None or not ctx.plan.layout_ok or d.ep == 1 or (d.dp * d.cp) % d.ep == 0:
         return  # with a layout that does not fill the world, dp is not settled yet (DSF101/DSF102 say why)
-    yield Finding(f"ep={d.ep} does not divide dp*cp = {d.dp}*{d.cp} = {d.dp * d.cp}: expert ranks are carved out "
-                  "of the data-parallel ranks", f"use ep in {choices(divisors(d.dp * d.cp))}", ("parallel", "ep"))
+    yield Finding(f"ep={d.ep} does not divide dp*cp = {d.dp}*{d.cp} = {d.dp * d.cp}: expert ranks are carved "
+                  f"out of the data-parallel ranks", f"use ep in {choices(divisors(d.dp * d.cp))}",
+                  ("parallel", "ep"))
 
 
 @rule("DSF115", "ep > 1 needs a mixture-of-experts model", source="dsforge", reads=("ep",))
@@ -161,8 +167,8 @@ def ep_without_moe(ctx: Context) -> Iterator[Finding]:
     """Expert parallelism shards experts; a dense model has none, so ep > 1 would only waste ranks."""
     d = ctx.plan.degrees
     if d is not None and d.ep > 1 and ctx.spec.model.moe is None:
-        yield Finding(f"ep={d.ep} but the model has no `moe:` section", "set ep: 1, or describe the MoE layers",
-                      ("parallel", "ep"))
+        yield Finding(f"ep={d.ep} but the model has no `moe:` section",
+                      "set ep: 1, or describe the MoE layers", ("parallel", "ep"))
 
 
 @rule("DSF109", "layers split over pp x virtual_stages", source="Narayanan et al. 2021 sec. 2.2; Megatron-LM "
@@ -178,7 +184,8 @@ def layers_split(ctx: Context) -> Iterator[Finding]:
     uniform split is only a warning. `first_stage_layers`/`last_stage_layers` are DSF305's."""
     d, par, m = ctx.plan.degrees, ctx.spec.parallel, ctx.spec.model
     pipe = par.pipeline
-    if d is None or isinstance(pipe.partition, list) or (pipe.first_stage_layers, pipe.last_stage_layers) != (None, None):
+    if d is None or isinstance(pipe.partition, list) or (pipe.first_stage_layers,
+                                                         pipe.last_stage_layers) != (None, None):
         return
     if getattr(pipe, "account_for_embedding", False) or getattr(pipe, "account_for_loss", False):
         return  # Megatron-Core's embedding/loss-counting split is DSF306's
@@ -189,9 +196,10 @@ def layers_split(ctx: Context) -> Iterator[Finding]:
                       f"use pp*virtual_stages <= {m.layers}", ("parallel", "pp"))
     elif m.layers % chunks and ctx.spec.stack == "megatron-te":
         yield Finding(f"Megatron-Core splits layers evenly: layers={m.layers} are not divisible by {what}",
-                      f"use pp*virtual_stages in {choices(divisors(m.layers))}, or give the end stages their own "
-                      "counts (parallel.pipeline.first_stage_layers / last_stage_layers), or count the embedding "
-                      "and loss as layers (account_for_embedding / account_for_loss)", ("parallel", "pp"))
+                      f"use pp*virtual_stages in {choices(divisors(m.layers))}, or give the end stages their "
+                      f"own counts (parallel.pipeline.first_stage_layers / last_stage_layers), or count the "
+                      "embedding and loss as layers (account_for_embedding / account_for_loss)",
+                      ("parallel", "pp"))
     elif m.layers % chunks and par.pipeline.schedule == "interleaved":
         yield Finding(f"the interleaved schedule needs layers={m.layers} divisible by {what}",
                       f"use pp*virtual_stages in {choices(divisors(m.layers))}", ("parallel", "pipeline",
@@ -203,7 +211,8 @@ def layers_split(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF119", "an explicit partition lists layers per chunk and sums to the layers",
-      source="deepspeed/runtime/pipe/module.py PipelineModule._partition_layers", reads=("pp", "virtual_stages"))
+      source="deepspeed/runtime/pipe/module.py PipelineModule._partition_layers",
+      reads=("pp", "virtual_stages"))
 def explicit_partition(ctx: Context) -> Iterator[Finding]:
     """`pipeline.partition` as a list gives the layer count of each pipeline chunk in order; it needs one
     entry per chunk (pp x virtual_stages) and must account for every layer exactly once."""
@@ -213,7 +222,8 @@ def explicit_partition(ctx: Context) -> Iterator[Finding]:
         return
     chunks = d.pp * par.pipeline.virtual_stages
     if len(part) != chunks:
-        yield Finding(f"pipeline.partition has {len(part)} entries but there are pp*virtual_stages = {chunks} chunks",
+        yield Finding(f"pipeline.partition has {len(part)} entries but "
+                      f"there are pp*virtual_stages = {chunks} chunks",
                       f"give {chunks} layer counts", ("parallel", "pipeline", "partition"))
     elif sum(part) != m.layers:
         yield Finding(f"pipeline.partition sums to {sum(part)} layers but the model has {m.layers}",
@@ -233,16 +243,18 @@ def sp_without_tp(ctx: Context) -> Iterator[Finding]:
 
 # Reported by the layout search (dsforge/compiler/search/resolve.py) where validate resolves `auto`.
 report_id("DSF130", "the layout search finds a candidate that fits",
-          "Every combination of the `auto` fields that is legal by construction was checked with validate's rules "
-          "and the memory estimate; none passed. The message names the closest misses and what each lacks.",
-          "dsforge/compiler/search (Narayanan et al. 2021 sec. 3: the smallest model-parallel degree that fits)")
+          "Every combination of the `auto` fields that is legal by construction was checked with validate's "
+          "rules and the memory estimate; none passed. The "
+          "message names the closest misses and what each lacks.",
+          "dsforge/compiler/search (Narayanan et al. 2021 sec. "
+          "3: the smallest model-parallel degree that fits)")
 report_id("DSF131", "the search objective has the inputs it needs",
           "cost needs `search.price_per_gpu_hour`, min_gpus needs `search.deadline_hours`; without them the "
           "objective cannot rank anything.", "dsforge/compiler/search/objective.py")
 report_id("DSF132", "the layout search space is small enough to search",
-          "A space of more than 500,000 candidates would take minutes; fixing a few fields (or search.max_tp) "
-          "keeps validate interactive.", "dsforge/compiler/search/engine.py MAX_CANDIDATES")
+          "A space of more than 500,000 candidates would take minutes; fixing a few fields (or "
+          "search.max_tp) keeps validate interactive.", "dsforge/compiler/search/engine.py MAX_CANDIDATES")
 report_id("DSF133", "which layout the search chose for the `auto` fields, and why",
-          "validate, explain and compile resolve `auto` with the same search as `dsforge search` and say which "
-          "layout they chose, its objective value and the runner-up, so the choice is never silent.",
+          "validate, explain and compile resolve `auto` with the same search as `dsforge search` and say "
+          "which layout they chose, its objective value and the runner-up, so the choice is never silent.",
           "dsforge/compiler/search", severity=Severity.INFO)

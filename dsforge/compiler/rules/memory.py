@@ -77,10 +77,11 @@ def _fix_text(fixes: list[MemoryFix], combined: MemoryFix | None, over: bool) ->
 def _details(est: MemoryEstimate, fixes: list[MemoryFix]) -> dict[str, Any]:
     peak = est.peak
     return {"stage": peak.stage, "rank": peak.rank, "phase": peak.phase, "capacity_bytes": est.capacity_bytes,
-            "peak_bytes": peak.device_bytes, "utilization": est.utilization, "components": dict(peak.components),
-            "host": dict(peak.host), "assumptions": list(est.assumptions),
-            "fixes": [{"change": f.change, "saving_bytes": f.saving_bytes, "peak_bytes": f.estimate.peak.device_bytes,
-                       "fits": f.fits} for f in fixes]}
+            "peak_bytes": peak.device_bytes, "utilization": est.utilization,
+            "components": dict(peak.components), "host": dict(peak.host),
+            "assumptions": list(est.assumptions),
+            "fixes": [{"change": f.change, "saving_bytes": f.saving_bytes,
+                       "peak_bytes": f.estimate.peak.device_bytes, "fits": f.fits} for f in fixes]}
 
 
 @rule("DSF301", "the busiest rank's memory fits the accelerator", source=SOURCE, suppressible=True)

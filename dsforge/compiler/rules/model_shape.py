@@ -12,7 +12,8 @@ from dsforge.diagnostics import Severity
 SHOEYBI = "Shoeybi et al. 2019 (Megatron-LM) sec. 3"
 
 
-@rule("DSF121", "hidden is a multiple of heads", source="Vaswani et al. 2017 (head_dim = hidden / heads)", reads=())
+@rule("DSF121", "hidden is a multiple of heads", source="Vaswani et al. 2017 (head_dim = hidden / heads)",
+      reads=())
 def hidden_by_heads(ctx: Context) -> Iterator[Finding]:
     """Each attention head has hidden/heads channels; a remainder leaves channels no head owns (with a stated
     model.head_dim too: transformers' Llama and Mixtral configs refuse such a hidden size)."""
@@ -37,7 +38,8 @@ def tp_divides_heads(ctx: Context) -> Iterator[Finding]:
     """Tensor parallelism splits attention by heads; each rank must own whole query heads."""
     d, m = ctx.plan.degrees, ctx.plan.model
     if d is not None and m.heads % d.tp:
-        yield Finding(f"tp={d.tp} does not divide heads={m.heads}: each tensor-parallel rank must own whole heads",
+        yield Finding(f"tp={d.tp} does not divide heads={m.heads}: "
+                      f"each tensor-parallel rank must own whole heads",
                       f"use tp in {choices(divisors(m.heads, 64))}", ("parallel", "tp"))
 
 
@@ -58,7 +60,8 @@ def tp_divides_kv_heads(ctx: Context) -> Iterator[Finding]:
     # dsforge's own runtime cannot build replicated K/V projections (DSF143): offer them to other stacks only
     if d.tp % kv == 0 and getattr(ctx.spec, "stack", "dsforge") != "dsforge":
         fix += ", or set parallel.replicate_kv_heads: true"
-    yield Finding(f"tp={d.tp} does not divide kv_heads={kv}: each tensor-parallel rank must own whole KV heads",
+    yield Finding(f"tp={d.tp} does not divide kv_heads={kv}: each "
+                  f"tensor-parallel rank must own whole KV heads",
                   fix, ("parallel", "tp"))
 
 
@@ -74,7 +77,8 @@ def tp_divides_ffn(ctx: Context) -> Iterator[Finding]:
     for name, size, path in sizes:
         if size % d.tp:
             yield Finding(f"tp={d.tp} does not divide {name}={size}",
-                          f"use tp in {choices(divisors(size, 64))}, or {name}={next_multiple(size, d.tp)}", path)
+                          f"use tp in {choices(divisors(size, 64))}, or {name}={next_multiple(size, d.tp)}",
+                          path)
 
 
 @rule("DSF106", "tp divides vocab, or vocabulary padding is stated", source="Megatron-LM "
@@ -85,7 +89,8 @@ def tp_divides_vocab(ctx: Context) -> Iterator[Finding]:
     d, m = ctx.plan.degrees, ctx.plan.model
     if d is None or padded_vocab(m, d.tp) % d.tp == 0:
         return
-    yield Finding(f"tp={d.tp} does not divide vocab={m.vocab}: the vocabulary-parallel embedding needs equal shards",
+    yield Finding(f"tp={d.tp} does not divide vocab={m.vocab}: the "
+                  f"vocabulary-parallel embedding needs equal shards",
                   f"set model.vocab_multiple_of: 128 (pads to {next_multiple(m.vocab, 128 * d.tp)}), "
                   f"or use tp in {choices(divisors(m.vocab, 64))}", ("model", "vocab"))
 
@@ -102,7 +107,8 @@ def vocab_multiple_of_8(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF111", "cp splits the sequence into 2 x cp load-balanced chunks",
-      source="Liu et al. 2023 (Ring Attention); Megatron-LM context parallelism (load-balanced causal chunks)",
+      source="Liu et al. 2023 (Ring Attention); Megatron-LM "
+             "context parallelism (load-balanced causal chunks)",
       reads=("tp", "cp", "cp_kind", "sequence_parallel"))
 def cp_divides_sequence(ctx: Context) -> Iterator[Finding]:
     """Ring context parallelism under a causal mask cuts the sequence into 2 x cp chunks and gives rank i
@@ -116,7 +122,8 @@ def cp_divides_sequence(ctx: Context) -> Iterator[Finding]:
         yield Finding(f"seq_len={m.seq_len} does not split into {step} equal chunks (2*cp"
                       + ("*tp" if par.sequence_parallel else "") + ")",
                       f"use seq_len={next_multiple(m.seq_len, step)}, or cp in "
-                      f"{choices([c for c in divisors(m.seq_len // 2, 64) if c > 1] or [1])}", ("parallel", "cp"))
+                      f"{choices([c for c in divisors(m.seq_len // 2, 64) if c > 1] or [1])}",
+                      ("parallel", "cp"))
 
 
 @rule("DSF112", "Ulysses needs heads divisible by tp x cp, and whole or replicated KV heads",
@@ -135,22 +142,26 @@ def ulysses_heads(ctx: Context) -> Iterator[Finding]:
     if m.heads % (d.tp * d.cp):
         local = m.heads // d.tp if m.heads % d.tp == 0 else 1
         yield Finding(f"Ulysses needs heads={m.heads} divisible by tp*cp = {d.tp}*{d.cp} = {d.tp * d.cp}",
-                      f"use cp in {choices(divisors(local))}, or context_parallel.kind: ring", ("parallel", "cp"))
+                      f"use cp in {choices(divisors(local))}, or context_parallel.kind: ring",
+                      ("parallel", "cp"))
     kv = m.kv_heads
     if kv % d.tp == 0:
         local_kv = kv // d.tp
         if local_kv % d.cp and d.cp % local_kv:
-            yield Finding(f"Ulysses splits the {local_kv} KV head(s) of each tp rank (kv_heads={kv}/tp={d.tp}) "
-                          f"over cp={d.cp}: cp must divide them, or be a multiple of them to replicate them",
-                          f"use cp in {choices(sorted(set(divisors(local_kv)) | {local_kv * 2, local_kv * 4}))}",
+            yield Finding(f"Ulysses splits the {local_kv} KV head(s) of each tp rank "
+                          f"(kv_heads={kv}/tp={d.tp}) over cp={d.cp}: cp must "
+                          f"divide them, or be a multiple of them to replicate them",
+                          f"use cp in "
+                          f"{choices(sorted(set(divisors(local_kv)) | {local_kv * 2, local_kv * 4}))}",
                           ("parallel", "cp"))
     if m.seq_len % d.cp:
-        yield Finding(f"seq_len={m.seq_len} is not divisible by cp={d.cp}: Ulysses gives each rank seq_len/cp tokens",
+        yield Finding(f"seq_len={m.seq_len} is not divisible by cp={d.cp}: "
+                      f"Ulysses gives each rank seq_len/cp tokens",
                       f"use seq_len={next_multiple(m.seq_len, d.cp)}", ("model", "seq_len"))
 
 
-@rule("DSF123", "sequence parallelism needs seq_len divisible by tp", source="Korthikanti et al. 2022 sec. 4.2.2",
-      reads=("tp", "cp", "sequence_parallel"))
+@rule("DSF123", "sequence parallelism needs seq_len divisible by tp",
+      source="Korthikanti et al. 2022 sec. 4.2.2", reads=("tp", "cp", "sequence_parallel"))
 def sp_divides_sequence(ctx: Context) -> Iterator[Finding]:
     """Sequence parallelism scatters each sequence over the tensor-parallel ranks in the norm regions."""
     d, m, par = ctx.plan.degrees, ctx.plan.model, ctx.spec.parallel
@@ -158,7 +169,8 @@ def sp_divides_sequence(ctx: Context) -> Iterator[Finding]:
         return
     local = m.seq_len // d.cp if d.cp > 0 else m.seq_len
     if local % d.tp:
-        yield Finding(f"sequence parallelism splits seq_len/cp = {local} over tp={d.tp}, which does not divide it",
+        yield Finding(f"sequence parallelism splits seq_len/cp = {local} "
+                      f"over tp={d.tp}, which does not divide it",
                       f"use seq_len={next_multiple(m.seq_len, d.tp * d.cp)}", ("model", "seq_len"))
 
 
@@ -186,16 +198,17 @@ def moe_top_k(ctx: Context) -> Iterator[Finding]:
                       f"use every <= {ctx.spec.model.layers}", ("model", "moe", "every"))
 
 
-# DeepSpeed 0.19.8's MoE gate (deepspeed/moe/sharded_moe.py TopKGate.forward): top1gating for k = 1 (the expert
-# weighted by its softmax probability), top2gating for k = 2 and topkgating for any k > 2 (both renormalise the
-# k weights); drop_tokens=False sizes every expert's capacity to the busiest one (dropless).
+# DeepSpeed 0.19.8's MoE gate (deepspeed/moe/sharded_moe.py TopKGate.forward): top1gating for k = 1 (the
+# expert weighted by its softmax probability), top2gating for k = 2 and topkgating for any k > 2 (both
+# renormalise the k weights); drop_tokens=False sizes every expert's capacity to the busiest one (dropless).
 MOE_SOURCE = "deepspeed/moe/sharded_moe.py TopKGate.forward, top1gating/top2gating/topkgating"
 
 #: Families whose HF MoE block has a shared expert (Qwen2-MoE: one, gated; DeepSeek-V3: n_shared_experts).
 SHARED_EXPERT_FAMILIES = ("qwen2_moe", "deepseek_v3")
 #: MoE families without one.
 ROUTED_ONLY_FAMILIES = ("mixtral", "qwen3_moe")
-#: Families whose sequence-parallel regions (dsforge.runtime.rewrite.sequence) were checked against the forward.
+#: Families whose sequence-parallel regions (dsforge.runtime.rewrite.sequence) were checked against the
+#: forward.
 SEQUENCE_PARALLEL_FAMILIES = ("gpt2", "llama", "mixtral")
 
 
@@ -205,8 +218,9 @@ def drop_tokens_needs_ep(ctx: Context) -> Iterator[Finding]:
     DeepSpeed's gate, which dsforge runs for ep > 1, drops the tokens over an expert's capacity."""
     moe, d = ctx.spec.model.moe, ctx.plan.degrees
     if moe is not None and moe.drop_tokens and d is not None and d.ep == 1:
-        yield Finding("moe.drop_tokens: true with ep=1: the model's own MoE block never drops tokens, so the job "
-                      "would run dropless", "set moe.drop_tokens: false, or use ep > 1 (DeepSpeed's gate)",
+        yield Finding("moe.drop_tokens: true with ep=1: the model's own MoE block never drops tokens, so the "
+                      "job would run dropless",
+                      "set moe.drop_tokens: false, or use ep > 1 (DeepSpeed's gate)",
                       ("model", "moe", "drop_tokens"))
 
 
@@ -223,16 +237,17 @@ def capacity_unused(ctx: Context) -> Iterator[Finding]:
                       ("model", "moe", "capacity_factor"))
 
 
-@rule("DSF152", "DeepSeek-V3's router has no expert-parallel twin in DeepSpeed", source=MOE_SOURCE, reads=("ep",))
+@rule("DSF152", "DeepSeek-V3's router has no expert-parallel twin in DeepSpeed", source=MOE_SOURCE,
+      reads=("ep",))
 def deepseek_router(ctx: Context) -> Iterator[Finding]:
     """DeepSeek-V3 scores experts with a sigmoid plus a load-balancing bias and picks the top-k within the
     best expert groups; DeepSpeed's gate is a softmax top-k, so the expert-parallel layer would route
     differently. With ep = 1 the model's own block routes (exact)."""
     d = ctx.plan.degrees
     if ctx.spec.model.arch == "deepseek_v3" and d is not None and d.ep > 1:
-        yield Finding(f"ep={d.ep} for a DeepSeek-V3 model: its sigmoid, group-limited router has no exact twin in "
-                      "DeepSpeed's softmax top-k gate", "use ep: 1 (spread the experts' memory with zero: 3)",
-                      ("parallel", "ep"))
+        yield Finding(f"ep={d.ep} for a DeepSeek-V3 model: its sigmoid, group-limited router has no exact "
+                      f"twin in DeepSpeed's softmax top-k gate",
+                      "use ep: 1 (spread the experts' memory with zero: 3)", ("parallel", "ep"))
 
 
 @rule("DSF153", "MLA attention is replicated on every tensor-parallel rank", severity=Severity.WARNING,
@@ -243,8 +258,8 @@ def mla_replicated(ctx: Context) -> Iterator[Finding]:
     but divides neither its weights nor its activations by tp (the estimates assume they are)."""
     d = ctx.plan.degrees
     if ctx.spec.model.arch == "deepseek_v3" and d is not None and d.tp > 1:
-        yield Finding(f"tp={d.tp}: MLA attention runs whole on each of the {d.tp} ranks (exact; only the MLPs "
-                      "and the vocabulary are split), so its memory is tp times the estimate's",
+        yield Finding(f"tp={d.tp}: MLA attention runs whole on each of the {d.tp} ranks (exact; only the "
+                      f"MLPs and the vocabulary are split), so its memory is tp times the estimate's",
                       "prefer tp: 1 with zero: 3 or pp for MLA models", ("parallel", "tp"))
 
 
@@ -257,12 +272,13 @@ def sequence_parallel_family(ctx: Context) -> Iterator[Finding]:
     d, arch = ctx.plan.degrees, ctx.spec.model.arch
     if (ctx.spec.parallel.sequence_parallel is True and d is not None and d.tp > 1
             and arch not in (*SEQUENCE_PARALLEL_FAMILIES, "auto", "custom")):
-        yield Finding(f"sequence_parallel with model.arch {arch}: dsforge's sequence-parallel regions exist for "
-                      f"{', '.join(SEQUENCE_PARALLEL_FAMILIES)} only", "set parallel.sequence_parallel: false",
-                      ("parallel", "sequence_parallel"))
+        yield Finding(f"sequence_parallel with model.arch {arch}: dsforge's sequence-parallel regions exist "
+                      f"for {', '.join(SEQUENCE_PARALLEL_FAMILIES)} only",
+                      "set parallel.sequence_parallel: false", ("parallel", "sequence_parallel"))
 
 
-@rule("DSF155", "moe.shared_experts matches the family", source="HF Qwen2MoeSparseMoeBlock, DeepseekV3MoE", reads=())
+@rule("DSF155", "moe.shared_experts matches the family", source="HF Qwen2MoeSparseMoeBlock, DeepseekV3MoE",
+      reads=())
 def shared_experts_family(ctx: Context) -> Iterator[Finding]:
     """Qwen2-MoE and DeepSeek-V3 pass every token through shared experts beside the routed ones; Mixtral
     and Qwen3-MoE have none. The count decides the parameters and FLOPs explain reports."""

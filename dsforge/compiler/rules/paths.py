@@ -40,17 +40,21 @@ def data_file_exists(ctx: Context) -> Iterator[Finding]:
     if target.is_file():
         return
     path, written_as = _shown(ctx, DATA_PATH, data.path)
-    fix = "create the token file or correct training.data.path (a relative path is taken from the job file's directory)"
+    fix = ("create the token file or correct training.data.path (a "
+           "relative path is taken from the job file's directory)")
     if target.is_dir():
-        yield Finding(f"training.data.path {path} is a directory, not a token file{written_as}", fix, DATA_PATH)
+        yield Finding(f"training.data.path {path} is a directory, not a token file{written_as}", fix,
+                      DATA_PATH)
         return
     written = written_value(ctx.raw, DATA_PATH)
     relative = isinstance(written, str) and not is_absolute(written)
     if relative:
         yield Finding(f"training.data.path {path} does not exist{written_as}", fix, DATA_PATH)
     else:
-        yield Finding(f"training.data.path {path} does not exist on this machine", fix + "; if it exists only on the "
-                      "machines that run the job, this warning can be ignored", DATA_PATH, severity=Severity.WARNING)
+        yield Finding(f"training.data.path {path} does not exist on this machine",
+                      fix + "; if it exists only on the " "machines that run the job, this warning can be "
+                                                          "ignored", DATA_PATH,
+                      severity=Severity.WARNING)
 
 
 @rule("DSF611", "the checkpoint directory can be a directory", source="dsforge")
@@ -66,5 +70,9 @@ def checkpoint_dir_usable(ctx: Context) -> Iterator[Finding]:
         return
     path, written_as = _shown(ctx, CHECKPOINT_DIR, directory)
     what = "is a file" if blocker == target else f"lies under {blocker}, which is a file"
-    yield Finding(f"training.checkpoint.dir {path} {what}{written_as}", "point training.checkpoint.dir at a directory (or a "
-                  "path that does not exist yet; it is created at the first save)", CHECKPOINT_DIR)
+    yield Finding(
+        f"training.checkpoint.dir {path} {what}{written_as}",
+        "point training.checkpoint.dir at a directory (or a "
+        "path that does not exist yet; it is created at the first save)",
+        CHECKPOINT_DIR,
+    )

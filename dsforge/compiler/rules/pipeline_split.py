@@ -28,11 +28,13 @@ def end_stage_layers(ctx: Context) -> Iterator[Finding]:
         return
     key = (*_PIPE, "first_stage_layers" if first is not None else "last_stage_layers")
     if isinstance(pipe.partition, list):
-        yield Finding("parallel.pipeline.partition lists the layers of every chunk and first/last_stage_layers "
-                      "set the ends again: only one may give the split", "drop one of them", key)
+        yield Finding("parallel.pipeline.partition lists the layers of every chunk and "
+                      "first/last_stage_layers set the ends again: only one may give the split",
+                      "drop one of them", key)
         return
     if d.pp < 2:
-        yield Finding(f"first/last_stage_layers need a pipeline, but pp={d.pp}", "set pp >= 2, or drop them", key)
+        yield Finding(f"first/last_stage_layers need a pipeline, but pp={d.pp}", "set pp >= 2, or drop them",
+                      key)
         return
     fixed = [n for n in (first, last) if n is not None]
     middle_stages, rest = d.pp - len(fixed), m.layers - sum(fixed)

@@ -28,24 +28,28 @@ def _broken_plugins(ctx: Context) -> Iterator[Finding]:
 
 _TRAINERS = "dsforge/plugins/parallel_model.py"
 report_id("DSF702", "a trainer plugin cannot run pipeline parallelism",
-          "Raised by the HF Trainer, Accelerate and Lightning plugins before start when parallel.pp > 1: a trainer runs one "
-          "forward and backward per micro-batch over the whole module, and no trainer drives DeepSpeed's pipeline "
-          "engine; `dsforge compile` and its launcher run the job.", _TRAINERS)
+          "Raised by the HF Trainer, Accelerate and Lightning plugins before start when parallel.pp > 1: a "
+          "trainer runs one forward and backward per micro-batch over the whole module, and no trainer "
+          "drives DeepSpeed's pipeline engine; `dsforge compile` and its launcher run the job.", _TRAINERS)
 report_id("DSF703", "a trainer plugin cannot feed context parallelism",
-          "Raised before start when parallel.cp > 1: the trainer's collator gives every rank whole sequences and its "
-          "loss averages each rank's own tokens, while context parallelism needs each rank's slice, its global "
-          "positions and a loss over the whole micro-batch; `dsforge compile` runs the job.", _TRAINERS)
+          "Raised before start when parallel.cp > 1: the trainer's collator gives every rank whole sequences "
+          "and its loss averages each rank's own tokens, while context parallelism needs each rank's slice, "
+          "its global positions and a loss over the whole micro-batch; `dsforge compile` runs the job.",
+          _TRAINERS)
 report_id("DSF704", "a trainer plugin cannot run expert parallelism",
-          "Raised before start when parallel.ep > 1: the trainer's optimizer puts the expert parameters in the dense "
-          "group, while they must be reduced over their expert-data-parallel group; `dsforge compile` runs the job.",
+          "Raised before start when parallel.ep > 1: the trainer's optimizer puts the expert parameters in "
+          "the dense group, while they must be reduced over their "
+          "expert-data-parallel group; `dsforge compile` runs the job.",
           _TRAINERS)
 report_id("DSF705", "the trainer's deepspeed.initialize gets no mpu, so tensor parallelism is refused",
-          "Raised before start when parallel.tp > 1 through the HF Trainer or Accelerate: their deepspeed.initialize "
-          "receives an mpu only for Ulysses sequence parallelism, so DeepSpeed would average the TP ranks' slices as "
-          "replicas; dsforge patches no trainer code. dsforge.plugins.parallel_model.mpu(job) serves a script that "
-          "calls deepspeed.initialize itself.", _TRAINERS)
+          "Raised before start when parallel.tp > 1 through the HF Trainer or Accelerate: their "
+          "deepspeed.initialize receives an mpu only for Ulysses sequence parallelism, so DeepSpeed would "
+          "average the TP ranks' slices as replicas; dsforge patches no trainer code. "
+          "dsforge.plugins.parallel_model.mpu(job) serves a script that calls deepspeed.initialize itself.",
+          _TRAINERS)
 report_id("DSF716", "Lightning's resume from ckpt_path is refused: it is not the uninterrupted run",
-          "Raised by DsforgeStrategy.load_checkpoint: from an epoch-end checkpoint Lightning 2.6 replays one batch of "
-          "the finished epoch (measured: the third step's loss 5.5494 against 5.5573 uninterrupted, dp=2 ZeRO-2), so "
-          "a resume would train something else; start from the checkpoint's plain HF directory as model.pretrained, "
-          "or resume under `dsforge compile`.", "dsforge/plugins/lightning_strategy.py")
+          "Raised by DsforgeStrategy.load_checkpoint: from an epoch-end checkpoint Lightning 2.6 replays one "
+          "batch of the finished epoch (measured: the third step's loss 5.5494 against 5.5573 uninterrupted, "
+          "dp=2 ZeRO-2), so a resume would train something else; start from the checkpoint's plain HF "
+          "directory as model.pretrained, or resume under `dsforge compile`.",
+          "dsforge/plugins/lightning_strategy.py")

@@ -5,8 +5,8 @@ runner calls over a planned job (``phase="validate"``: validate, explain and com
 ``phase="compile"``: only compile, because they need what compile computes, such as the rewrite
 plan). *Reported* ids are raised by code that is not a check (the loader, the schema, the emitter,
 the runner itself); they are registered with `report_id` so that docs/rules.md, SARIF rule
-descriptors and `--select`/`--ignore` know them too. tests/compiler/rules/test_rule_registry.py scans the package
-for every `DSFnnn` literal and fails on one that is not registered here.
+descriptors and `--select`/`--ignore` know them too. tests/compiler/rules/test_rule_registry.py scans the
+package for every `DSFnnn` literal and fails on one that is not registered here.
 
 Rule-id ranges, one per stage (`STAGES`, the single place they are written down).
 
@@ -94,7 +94,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("communication", 400, 499, "Communication and topology"),
     Stage("deepspeed", 500, 599, "DeepSpeed and hardware compatibility"),
     Stage("emit", 600, 689, "Launch and emit: what the job directory and its launcher need"),
-    Stage("emit-internal", 690, 699, "Emit failures: the cost model, the rewrite planner or a launcher failed"),
+    Stage("emit-internal", 690, 699,
+          "Emit failures: the cost model, the rewrite planner or a launcher failed"),
     Stage("plugins", 700, 799, "Plugins"),
     Stage("internal", 900, 999, "Internal errors"),
 )
@@ -132,11 +133,13 @@ class Rule:
     #: The layout-search fields (`search.space.Layout`'s names) whose values alone decide whether this check
     #: reports an error, everything else of the job fixed; None: any field may. The search asks such a check
     #: once per class of candidates equal in these fields, before estimating any of them
-    #: (tests/compiler/search/test_search_rule_classes.py runs each on whole spaces and finds one verdict per class).
+    #: (tests/compiler/search/test_search_rule_classes.py runs each on whole spaces and finds one verdict per
+    #: class).
     reads: tuple[str, ...] | None = None
-    #: The stacks (the job's `stack:` values) whose jobs the rule is about; empty: every stack. A rule about what
-    #: dsforge's own runtime can build says ("dsforge",): another stack runs the job with its own engine, and
-    #: validate only estimates it there, so run_rules does not ask the check for it (docs/rules.md says which).
+    #: The stacks (the job's `stack:` values) whose jobs the rule is about; empty: every stack. A rule about
+    #: what dsforge's own runtime can build says ("dsforge",): another stack runs the job with its own engine,
+    #: and validate only estimates it there, so run_rules does not ask the check for it (docs/rules.md says
+    #: which).
     stacks: tuple[str, ...] = ()
 
     def applies_to(self, stack: str) -> bool:
@@ -158,9 +161,11 @@ class Rule:
         return severity is not Severity.ERROR or self.suppressible
 
 
-#: `stacks=` of a rule about what dsforge's own runtime builds and runs (DSF140-DSF145, DSF154, DSF606, DSF607).
+#: `stacks=` of a rule about what dsforge's own runtime builds and runs (DSF140-DSF145, DSF154, DSF606,
+#: DSF607).
 DSFORGE_RUNTIME: tuple[str, ...] = ("dsforge",)
-#: `stacks=` of a rule about DeepSpeed's engine itself (its PipelineEngine, its MoE layer): the stacks that run on it.
+#: `stacks=` of a rule about DeepSpeed's engine itself (its PipelineEngine, its MoE layer): the stacks that
+#: run on it.
 DEEPSPEED_ENGINE: tuple[str, ...] = ("dsforge", "megatron-deepspeed")
 
 _RULES: dict[str, Rule] = {}
@@ -210,7 +215,8 @@ def all_rules() -> list[Rule]:
 
 
 def checks(phase: str = "validate") -> list[Rule]:
-    """The check functions one phase runs (validate: every job; compile: also what needs compile's results)."""
+    """The check functions one phase runs (validate: every job; compile: also what needs compile's
+    results)."""
     return [r for r in all_rules() if r.check is not None and r.phase == phase]
 
 
@@ -243,7 +249,8 @@ def attribute(rule_ids: Iterable[str], origin: str) -> None:
 
 
 def _load_plugin_rules(entry: extensions.PluginEntry, load: Callable[[], Any]) -> list[str]:
-    """The `dsforge.rules` loader: the plugin registers on import (or when called); a failure registers nothing."""
+    """The `dsforge.rules` loader: the plugin registers on import (or when called); a failure registers
+    nothing."""
     before = snapshot()
     try:
         obj = load()  # a module registers its rules on import
@@ -254,7 +261,8 @@ def _load_plugin_rules(entry: extensions.PluginEntry, load: Callable[[], Any]) -
         raise
     added = added_since(before)
     if not added:
-        raise extensions.PluginLoadError("registered no rules (decorate check functions with dsforge's @rule)")
+        raise extensions.PluginLoadError("registered no rules (decorate check "
+                                         "functions with dsforge's @rule)")
     attribute(added, extensions.origin_label(entry))
     return [f"rule {rid}" for rid in added]
 
@@ -274,8 +282,8 @@ def locate(ctx: Context, path: Path, at_key: bool = False) -> Location:
 
 def run_rules(ctx: Context, rules: list[Rule] | None = None) -> list[Diagnostic]:
     """Run checks over one job (default: validate's); a crashing rule becomes a DSF900 diagnostic, never an
-    exception. Reported ids in ``rules`` (no check function), and rules about another stack than the job's, are
-    skipped."""
+    exception. Reported ids in ``rules`` (no check function), and rules about another stack than the job's,
+    are skipped."""
     out: list[Diagnostic] = []
     stack = getattr(ctx.spec, "stack", "dsforge")
     for r in rules if rules is not None else checks("validate"):
@@ -283,8 +291,8 @@ def run_rules(ctx: Context, rules: list[Rule] | None = None) -> list[Diagnostic]
             continue
         try:
             for f in _iterate(r.check(ctx)):
-                out.append(Diagnostic(r.id, f.severity or r.severity, f.message, locate(ctx, f.path, f.at_key), f.fix,
-                                      f.path, f.details))
+                out.append(Diagnostic(r.id, f.severity or r.severity, f.message,
+                                      locate(ctx, f.path, f.at_key), f.fix, f.path, f.details))
         except Exception as exc:  # noqa: BLE001 - isolation is the point
             out.append(Diagnostic("DSF900", Severity.ERROR,
                                   f"internal error in rule {r.id} ({r.origin}): {type(exc).__name__}: {exc}",

@@ -1,4 +1,5 @@
-"""DSF607 and DSF691: the rewrite plan compile computes (plan.json's `rewrite`) places every module of the model."""
+"""DSF607 and DSF691: the rewrite plan compile computes (plan.json's `rewrite`) places every module of the
+model."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 from dsforge.compiler.rules.registry import DSFORGE_RUNTIME, Context, Finding, report_id, rule
 from dsforge.diagnostics import Severity
 
-LEFTOVER_FIX = ("give each module named a `rewrite:` rule (as: column, row, vocab, norm, replicate or expert), or "
-                "set model.arch to the family the model belongs to")
+LEFTOVER_FIX = ("give each module named a `rewrite:` rule (as: column, row, vocab, norm, replicate or "
+                "expert), or set model.arch to the family the model belongs to")
 OTHER_FIX = "change the job as the message says; `dsforge explain --rewrite` prints the rewrite plan"
 
 
@@ -27,8 +28,8 @@ def _path(ctx: Context) -> tuple[str, ...]:
 
 
 @rule("DSF607", "the rewrite policies place every module of the model",
-      source="dsforge.runtime.rewrite (describe, plan_rewrite); dsforge/compiler/model/rewrite_policies.py", phase="compile",
-      stacks=DSFORGE_RUNTIME)
+      source="dsforge.runtime.rewrite (describe, plan_rewrite); dsforge/compiler/model/rewrite_policies.py",
+      phase="compile", stacks=DSFORGE_RUNTIME)
 def _placed(ctx: Context) -> Iterator[Finding]:
     """dsforge.runtime rewrites the model by the rewrite policy of its family (`model.arch`) and the job's
     `rewrite:` rules; a module with parameters that no rule claims, a shard that does not divide, or a model
@@ -47,7 +48,7 @@ def _placed(ctx: Context) -> Iterator[Finding]:
 
 
 report_id("DSF691", "the rewrite plan of plan.json could be computed",
-          "compile records the runtime's rewrite plan in plan.json where torch is installed; when the planner "
-          "itself fails (rather than finding a module it cannot place, DSF607) the directory is still written "
-          "without it, and this warning says why. Please report it.", "dsforge.runtime.rewrite (describe)",
-          severity=Severity.WARNING)
+          "compile records the runtime's rewrite plan in plan.json where torch is installed; when the "
+          "planner itself fails (rather than finding a module it cannot place, DSF607) the directory is "
+          "still written without it, and this warning says why. Please report it.",
+          "dsforge.runtime.rewrite (describe)", severity=Severity.WARNING)

@@ -1,4 +1,5 @@
-"""DSF140-DSF145: layouts and models dsforge's own runtime refuses at start-up, refused at validate time instead.
+"""DSF140-DSF145: layouts and models dsforge's own runtime refuses at start-up, refused at validate time
+instead.
 
 Each rule mirrors one refusal of `dsforge.runtime` (tests/compiler/rules/test_runtime_refusals.py lists every
 `raise` of the runtime and checks that each start-up limitation names a rule here or elsewhere). They
@@ -37,8 +38,8 @@ def cp_with_pp(ctx: Context) -> Iterator[Finding]:
     if d is None or not _dsforge_runtime(ctx) or d.cp == 1 or d.pp == 1:
         return
     yield Finding(f"cp={d.cp} with pp={d.pp}: dsforge's runtime does not run context parallelism inside a "
-                  "pipeline (its stages number token positions from 0; ring/Ulysses attention needs the global "
-                  "ones), so every rank would stop at start-up",
+                  "pipeline (its stages number token positions from 0; ring/Ulysses attention needs the "
+                  "global ones), so every rank would stop at start-up",
                   f"use cp: 1 with pp: {d.pp}, or pp: 1 with cp: {d.cp} (and dp for the other ranks)",
                   ("parallel", "cp"))
 
@@ -53,8 +54,9 @@ def pipeline_family(ctx: Context) -> Iterator[Finding]:
     d, arch = ctx.plan.degrees, ctx.plan.model.arch
     if d is None or not _dsforge_runtime(ctx) or d.pp == 1 or arch == "auto" or arch in PIPELINE_FAMILIES:
         return
-    yield Finding(f"pp={d.pp} with model.arch {arch}: dsforge's runtime cuts only {', '.join(PIPELINE_FAMILIES)} "
-                  "decoders into pipeline stages, so every rank would stop at start-up",
+    yield Finding(f"pp={d.pp} with model.arch {arch}: dsforge's runtime cuts only "
+                  f"{', '.join(PIPELINE_FAMILIES)} decoders into pipeline "
+                  f"stages, so every rank would stop at start-up",
                   "use pp: 1 (with tp, dp or ZeRO for the memory), or a model of those families",
                   ("parallel", "pp"))
 
@@ -69,8 +71,9 @@ def one_chunk_per_stage(ctx: Context) -> Iterator[Finding]:
     d, pipe = ctx.plan.degrees, ctx.spec.parallel.pipeline
     if d is None or not _dsforge_runtime(ctx) or d.pp == 1 or pipe.virtual_stages == 1:
         return
-    yield Finding(f"virtual_stages={pipe.virtual_stages}: dsforge's runtime builds DeepSpeed's PipelineModule, "
-                  "which runs one model chunk per stage, so every rank would stop at start-up",
+    yield Finding(f"virtual_stages={pipe.virtual_stages}: dsforge's runtime builds DeepSpeed's "
+                  f"PipelineModule, which runs one model chunk per "
+                  f"stage, so every rank would stop at start-up",
                   "set virtual_stages: 1 and schedule: 1f1b", ("parallel", "pipeline", "virtual_stages"))
 
 
@@ -82,17 +85,24 @@ def replicated_kv_heads(ctx: Context) -> Iterator[Finding]:
     ranks), which the cost model and DeepSpeed's AutoTP know; dsforge's tensor-parallel layers cut every
     projection into equal 1/tp blocks and refuse the replicated K/V projections when every rank starts."""
     d, m = ctx.plan.degrees, ctx.plan.model
-    if d is None or not _dsforge_runtime(ctx) or m.kv_heads % d.tp == 0 or not ctx.spec.parallel.replicate_kv_heads:
+    if (
+        d is None
+        or not _dsforge_runtime(ctx)
+        or m.kv_heads % d.tp == 0
+        or not ctx.spec.parallel.replicate_kv_heads
+    ):
         return
-    yield Finding(f"tp={d.tp} with kv_heads={m.kv_heads} replicated: dsforge's runtime gives each tensor-parallel "
-                  "rank whole KV heads of its own and cannot build replicated K/V projections, so every rank "
-                  "would stop at start-up",
-                  f"use tp dividing kv_heads={m.kv_heads} (and dp or pp for the other ranks)", ("parallel", "tp"))
+    yield Finding(f"tp={d.tp} with kv_heads={m.kv_heads} replicated: dsforge's runtime gives each "
+                  f"tensor-parallel rank whole KV heads of its own and cannot build replicated K/V "
+                  f"projections, so every rank would stop at start-up",
+                  f"use tp dividing kv_heads={m.kv_heads} (and dp or pp for the other ranks)",
+                  ("parallel", "tp"))
 
 
 @rule("DSF144", "context-parallel attention is plain causal attention: no soft-capping, windows or dropout",
-      source="dsforge/runtime/hf_attention.py plain_causal_problems, check_plain_causal; HF Gemma2/Gemma3/Mistral/"
-             "Phi3/Qwen2 attention (sliding_window, attn_logit_softcapping)", phase="compile",
+      source="dsforge/runtime/hf_attention.py plain_causal_problems, check_plain_causal; HF "
+             "Gemma2/Gemma3/Mistral/Phi3/Qwen2 attention (sliding_window, attn_logit_softcapping)",
+             phase="compile",
       stacks=DSFORGE_RUNTIME)
 def context_parallel_attention(ctx: Context) -> Iterator[Finding]:
     """Ring and Ulysses attention compute causal softmax attention over the whole sequence; a model whose
@@ -111,9 +121,13 @@ def context_parallel_attention(ctx: Context) -> Iterator[Finding]:
     if not isinstance(desc, dict) or d is None or d.cp == 1:
         return
     for problem in desc.get("context_parallel_refusals") or []:
-        yield Finding(f"cp={d.cp}: context-parallel attention is plain causal softmax attention, but the model has "
-                      f"{problem}, which it would drop", f"use cp: 1 (tp, pp or recompute for the memory of "
-                      f"seq_len={ctx.plan.model.seq_len}), or a model without it", ("parallel", "cp"))
+        yield Finding(
+            f"cp={d.cp}: context-parallel attention is plain causal softmax attention, but the "
+            f"model has {problem}, which it would drop",
+            f"use cp: 1 (tp, pp or recompute for the memory of "
+            f"seq_len={ctx.plan.model.seq_len}), or a model without it",
+            ("parallel", "cp"),
+        )
 
 
 @rule("DSF145", "dsforge's built-in model families can express the model keys",
@@ -125,18 +139,20 @@ def builtin_model(ctx: Context) -> Iterator[Finding]:
     (Qwen2 with q/k/v biases) or Mixtral from the model keys, and each of those configs holds some shapes only
     (GPT-2: no grouped-query attention, a fused QKV of hidden x 3 hidden with its bias; Llama: SwiGLU and
     RoPE, dense; Mixtral: every layer sparse, no q/k/v biases). A spec outside them cannot be built: compile
-    would stop at DSF607 and `--no-rewrite` ranks at start-up, so validate refuses it first, naming the key."""
+    would stop at DSF607 and `--no-rewrite` ranks at start-up, so validate refuses it first, naming the
+    key."""
     if not _dsforge_runtime(ctx):
         return
     m = ctx.plan.model
     try:
         found = builtin_problem(m)
     except NotBuiltIn as exc:
-        yield Finding(f"model.arch {m.arch}: {exc}", "set model.factory or model.pretrained, or use arch gpt2, llama, "
-                      "mixtral or auto with the shape keys", ("model", "arch"))
+        yield Finding(f"model.arch {m.arch}: {exc}", "set model.factory or model.pretrained, or use arch "
+                      "gpt2, llama, mixtral or auto with the shape keys", ("model", "arch"))
         return
     if found is not None:
         family, what = found
-        yield Finding(f"dsforge builds this model as an HF {family} (model.arch {m.arch}), which cannot express it: "
-                      f"{what}", f"change the model keys to fit {family}, or set model.factory to a callable that "
-                      "builds the module", ("model", "arch") if ctx.written(("model", "arch")) else ("model",))
+        yield Finding(f"dsforge builds this model as an HF {family} (model.arch {m.arch}), which cannot "
+                      f"express it: {what}", f"change the model keys to fit {family}, or set model.factory "
+                      f"to a callable that builds the module",
+                      ("model", "arch") if ctx.written(("model", "arch")) else ("model",))

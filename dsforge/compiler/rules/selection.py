@@ -1,5 +1,5 @@
-"""Choosing which findings are reported: `--select`/`--ignore`, `[tool.dsforge]`, and inline `# dsforge: ignore[...]`
-(whose comments dsforge.compiler.frontend.inline_ignores finds as the job file loads).
+"""Choosing which findings are reported: `--select`/`--ignore`, `[tool.dsforge]`, and inline `# dsforge:
+ignore[...]` (whose comments dsforge.compiler.frontend.inline_ignores finds as the job file loads).
 
 Selections name rule ids or id prefixes (``DSF3`` is every memory rule, ``DSF204`` one rule), as ruff and
 flake8 do. An inline comment silences the named rules on its own line, or, when the comment is alone on
@@ -32,7 +32,8 @@ ALWAYS = ("DSF0",)
 
 @dataclass(frozen=True)
 class Selection:
-    """Which rule ids to report: ``select`` (empty: all) minus ``ignore``; ``origin`` says where each came from."""
+    """Which rule ids to report: ``select`` (empty: all) minus ``ignore``; ``origin`` says where each came
+    from."""
 
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
@@ -40,12 +41,13 @@ class Selection:
 
     def over(self, base: Selection) -> Selection:
         """This (command-line) selection over ``base`` (the project's): a select replaces, an ignore adds."""
-        return Selection(self.select or base.select, base.ignore + self.ignore, {**base.origin, **self.origin})
+        return Selection(self.select or base.select, base.ignore + self.ignore,
+                         {**base.origin, **self.origin})
 
     @classmethod
     def of(cls, select: Iterable[str] = (), ignore: Iterable[str] = (), origin: str = "") -> Selection:
-        """A selection from id lists (see `parse_ids`), each id remembered as coming from ``origin``; ValueError
-        for an id that is malformed or matches no rule."""
+        """A selection from id lists (see `parse_ids`), each id remembered as coming from ``origin``;
+        ValueError for an id that is malformed or matches no rule."""
         sel, ign = tuple(parse_ids(select)), tuple(parse_ids(ignore))
         check_known((*sel, *ign))
         return cls(sel, ign, {p: origin for p in (*sel, *ign)})
@@ -60,7 +62,8 @@ class Selection:
 
 
 def parse_ids(values: Iterable[str]) -> list[str]:
-    """Comma- or space-separated ids and prefixes (``DSF204,DSF3``), upper-cased; ValueError names a bad one."""
+    """Comma- or space-separated ids and prefixes (``DSF204,DSF3``), upper-cased; ValueError names a bad
+    one."""
     out: list[str] = []
     for value in values:
         for part in re.split(r"[,\s]+", value.strip()):
@@ -77,7 +80,8 @@ def _known(prefix: str, ids: set[str]) -> bool:
 
 
 def check_known(prefixes: Iterable[str]) -> None:
-    """Raise ValueError naming the first id or prefix that matches no registered rule (a typo silences nothing)."""
+    """Raise ValueError naming the first id or prefix that matches no registered rule (a typo silences
+    nothing)."""
     from dsforge.compiler.rules.registry import all_rules
 
     ids = {r.id for r in all_rules()}
@@ -106,16 +110,20 @@ def apply(diags: list[Diagnostic], selection: Selection, inline: Iterable[Inline
     for prefix in (*selection.select, *selection.ignore):
         if not _known(prefix, ids):
             where = selection.origin.get(prefix, "the selection")
-            problems.append(Diagnostic("DSF026", Severity.WARNING, f"{where} names {prefix}, which matches no rule",
+            problems.append(Diagnostic("DSF026", Severity.WARNING,
+                                       f"{where} names {prefix}, which matches no rule",
                                     Location(where), "check the id against docs/rules.md"))
     by_line: dict[tuple[str, int], set[str]] = {}
     for c in inline:
         if not c.ids:
-            problems.append(Diagnostic("DSF026", Severity.WARNING, "`# dsforge: ignore` names no rule id, so it "
-                                    "silences nothing", c.location, "write the ids: # dsforge: ignore[DSF204]"))
+            problems.append(Diagnostic("DSF026", Severity.WARNING,
+                                       "`# dsforge: ignore` names no rule id, so it "
+                                    "silences nothing", c.location,
+                                    "write the ids: # dsforge: ignore[DSF204]"))
         for prefix in c.ids:
             if not PREFIX.match(prefix) or not _known(prefix, ids):
-                problems.append(Diagnostic("DSF026", Severity.WARNING, f"`# dsforge: ignore[{prefix}]` names no "
+                problems.append(Diagnostic("DSF026", Severity.WARNING,
+                                           f"`# dsforge: ignore[{prefix}]` names no "
                                         "known rule", c.location, "check the id against docs/rules.md"))
             else:
                 by_line.setdefault((c.location.file, c.target_line), set()).add(prefix)
@@ -137,8 +145,9 @@ def apply(diags: list[Diagnostic], selection: Selection, inline: Iterable[Inline
         if (d.rule, d.location) in refused:
             continue
         refused.add((d.rule, d.location))
-        refusals.append(Diagnostic("DSF026", Severity.WARNING, f"{d.rule} cannot be silenced: it is an error that "
+        refusals.append(Diagnostic("DSF026", Severity.WARNING,
+                                   f"{d.rule} cannot be silenced: it is an error that "
                                 "would stop the job from starting", d.location,
-                                f"fix the job as {d.rule} says (only warnings, notes and estimate errors such as "
-                                "DSF301 can be ignored)", d.path))
+                                f"fix the job as {d.rule} says (only warnings, notes and estimate errors "
+                                f"such as DSF301 can be ignored)", d.path))
     return Outcome(kept + (problems if notes else []) + refusals, silenced)

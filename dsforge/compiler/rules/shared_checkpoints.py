@@ -22,7 +22,8 @@ KEY = ("training", "checkpoint", "dir")
 
 
 def shared_checkpoint_dirs(results: Sequence[Any]) -> list[Diagnostic]:
-    """A DSF613 error for each job file of ``results`` (validate's) whose checkpoint directory another one names."""
+    """A DSF613 error for each job file of ``results`` (validate's) whose checkpoint directory another one
+    names."""
     by_dir: dict[str, list[Any]] = {}
     for r in results:
         if r.job is None:
@@ -40,8 +41,8 @@ def shared_checkpoint_dirs(results: Sequence[Any]) -> list[Diagnostic]:
             others = sorted({o.file for o in group if os.path.abspath(o.file) != os.path.abspath(r.file)})
             out.append(Diagnostic("DSF613", Severity.ERROR,
                                   f"training.checkpoint.dir {directory} is also the checkpoint directory of "
-                                  f"{', '.join(others)}; two jobs must not share one (each would resume from, or "
-                                  "write over, the other's checkpoints)",
-                                  r.job.source.locate(KEY, value=True), "give each job its own training.checkpoint.dir",
-                                  KEY))
+                                  f"{', '.join(others)}; two jobs must not share one (each would resume "
+                                  f"from, or write over, the other's checkpoints)",
+                                  r.job.source.locate(KEY, value=True),
+                                  "give each job its own training.checkpoint.dir", KEY))
     return out

@@ -14,7 +14,8 @@ from dsforge.compiler.rules.registry import Context, Finding, rule
 from dsforge.compiler.rules.util import choices, divisors
 
 _PIPE = ("parallel", "pipeline")
-MEGATRON_CORE = "NVIDIA/Megatron-LM megatron/core/transformer/transformer_block.py:146-201 get_num_layers_to_build"
+MEGATRON_CORE = ("NVIDIA/Megatron-LM megatron/core/transformer/transformer_block.py:146-201 "
+                 "get_num_layers_to_build")
 #: The FP8 recipes Transformer Engine has (transformer_engine/common/recipe/__init__.py: DelayedScaling,
 #: Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling); Megatron-Core's --fp8-recipe names them
 #: delayed, tensorwise, blockwise, mxfp8 (megatron/training/arguments.py).
@@ -36,30 +37,35 @@ def accounted_split(ctx: Context) -> Iterator[Finding]:
         return
     key = (*_PIPE, "account_for_embedding" if emb else "account_for_loss")
     if ctx.spec.stack != "megatron-te":
-        yield Finding(f"account_for_embedding/account_for_loss are Megatron-Core's split options, but the job runs "
-                      f"on stack {ctx.spec.stack}", "drop them, or give the stages their layers with "
-                      "parallel.pipeline.partition (a list)", key)
+        yield Finding(
+            f"account_for_embedding/account_for_loss are Megatron-Core's split options, but the "
+            f"job runs on stack {ctx.spec.stack}",
+            "drop them, or give the stages their layers with parallel.pipeline.partition (a list)",
+            key,
+        )
         return
-    if isinstance(pipe.partition, list) or pipe.first_stage_layers is not None or pipe.last_stage_layers is not None:
-        yield Finding("account_for_embedding/account_for_loss with first/last_stage_layers or a partition list: "
-                      "Megatron-Core takes one way of splitting only", "drop one of them", key)
+    if isinstance(pipe.partition,
+                  list) or pipe.first_stage_layers is not None or pipe.last_stage_layers is not None:
+        yield Finding("account_for_embedding/account_for_loss with first/last_stage_layers or a partition "
+                      "list: Megatron-Core takes one way of splitting only", "drop one of them", key)
         return
     if d.pp < 2:
-        yield Finding(f"account_for_embedding/account_for_loss need a pipeline, but pp={d.pp}", "set pp >= 2, or "
-                      "drop them", key)
+        yield Finding(f"account_for_embedding/account_for_loss need a pipeline, but pp={d.pp}",
+                      "set pp >= 2, or " "drop them", key)
         return
     total, vp = accounted_total(m.layers, emb, loss), pipe.virtual_stages
     if total % d.pp:
-        yield Finding(f"layers={m.layers} with the embedding/loss counted is {total}, not divisible by pp={d.pp}: "
-                      "Megatron-Core refuses the split", f"use pp in {choices([p for p in divisors(total) if p > 1])}",
+        yield Finding(f"layers={m.layers} with the embedding/loss counted is {total}, not divisible by "
+                      f"pp={d.pp}: Megatron-Core refuses the split", f"use pp in "
+                                                         f"{choices([p for p in divisors(total) if p > 1])}",
                       ("parallel", "pp"))
     elif (total // d.pp) % vp:
         yield Finding(f"{total // d.pp} layers per stage (embedding/loss counted) do not divide over "
                       f"virtual_stages={vp}", f"use virtual_stages in {choices(divisors(total // d.pp))}",
                       (*_PIPE, "virtual_stages"))
     elif not accounted_partition(m.layers, d.pp, vp, emb, loss):
-        yield Finding(f"with the embedding/loss counted, a chunk of pp={d.pp} x virtual_stages={vp} would build "
-                      "fewer than no layers", "use fewer pipeline chunks", ("parallel", "pp"))
+        yield Finding(f"with the embedding/loss counted, a chunk of pp={d.pp} x virtual_stages={vp} would "
+                      f"build fewer than no layers", "use fewer pipeline chunks", ("parallel", "pp"))
 
 
 @rule("DSF307", "the gradient-reduction dtype is one the stack has",
@@ -77,13 +83,13 @@ def grad_reduce_dtype(ctx: Context) -> Iterator[Finding]:
         return
     if ctx.spec.stack == "megatron-te":
         if t.grad_reduce == "bf16" and t.precision not in ("bf16", "fp8"):
-            yield Finding(f"grad_reduce: bf16 with precision {t.precision}: Megatron's --grad-reduce-in-bf16 is a "
-                          "bf16 setting", "set grad_reduce: auto", ("training", "grad_reduce"))
+            yield Finding(f"grad_reduce: bf16 with precision {t.precision}: Megatron's --grad-reduce-in-bf16 "
+                          f"is a bf16 setting", "set grad_reduce: auto", ("training", "grad_reduce"))
         return
     compute = "fp32" if t.precision == "fp32" else t.precision
     if t.grad_reduce != compute:
-        yield Finding(f"grad_reduce: {t.grad_reduce} on stack {ctx.spec.stack}: DeepSpeed's engine there reduces "
-                      f"gradients in the compute dtype ({compute})", "set grad_reduce: auto",
+        yield Finding(f"grad_reduce: {t.grad_reduce} on stack {ctx.spec.stack}: DeepSpeed's engine there "
+                      f"reduces gradients in the compute dtype ({compute})", "set grad_reduce: auto",
                       ("training", "grad_reduce"))
 
 
@@ -97,18 +103,21 @@ def fp8_stack(ctx: Context) -> Iterator[Finding]:
     as FP8. Use `stack: megatron-te`."""
     t = ctx.spec.training
     if t.precision == "fp8" and ctx.spec.stack != "megatron-te":
-        yield Finding(f"precision: fp8 on stack {ctx.spec.stack}, which has no FP8 GEMMs (it would train in bf16)",
-                      "use precision: bf16, or stack: megatron-te (Transformer Engine)", ("training", "precision"))
+        yield Finding(f"precision: fp8 on stack {ctx.spec.stack}, which "
+                      f"has no FP8 GEMMs (it would train in bf16)",
+                      "use precision: bf16, or stack: megatron-te (Transformer Engine)",
+                      ("training", "precision"))
 
 
 @rule("DSF309", "fp8_recipe goes with precision fp8", source="NVIDIA/TransformerEngine "
-      "transformer_engine/common/recipe/__init__.py (DelayedScaling, Float8CurrentScaling, Float8BlockScaling, "
-      "MXFP8BlockScaling)", reads=())
+      "transformer_engine/common/recipe/__init__.py (DelayedScaling, Float8CurrentScaling, "
+      "Float8BlockScaling, MXFP8BlockScaling)", reads=())
 def fp8_recipe(ctx: Context) -> Iterator[Finding]:
     """A scaling recipe only means something for FP8 GEMMs; with another precision it would be ignored."""
     t = ctx.spec.training
     if t.fp8_recipe is not None and t.precision != "fp8":
-        yield Finding(f"fp8_recipe: {t.fp8_recipe} with precision {t.precision}: the recipe scales FP8 GEMMs only",
+        yield Finding(f"fp8_recipe: {t.fp8_recipe} with precision "
+                      f"{t.precision}: the recipe scales FP8 GEMMs only",
                       "set precision: fp8, or drop fp8_recipe", ("training", "fp8_recipe"))
 
 
@@ -122,8 +131,8 @@ def fp8_peak(ctx: Context) -> Iterator[Finding]:
     if t.precision == "fp8" and not getattr(acc, "fp8_tflops", None):
         given = "is 0" if getattr(acc, "fp8_tflops", None) == 0 else "is not given"
         yield Finding(f"precision: fp8 but the FP8 peak of {acc.name} {given}",
-                      "set hardware.accelerator.fp8_tflops to its data sheet's dense FP8 figure, or use precision: "
-                      "bf16", ("training", "precision"))
+                      "set hardware.accelerator.fp8_tflops to its data sheet's dense FP8 figure, or use "
+                      "precision: bf16", ("training", "precision"))
 
 
 @rule("DSF311", "ZeRO-2/3 under megatron-te is Megatron-FSDP without a pipeline",
@@ -140,5 +149,5 @@ def megatron_fsdp(ctx: Context) -> Iterator[Finding]:
     d = ctx.plan.degrees
     if ctx.spec.stack == "megatron-te" and d is not None and ctx.plan.zero in (2, 3) and d.pp > 1:
         yield Finding(f"zero={ctx.plan.zero} with pp={d.pp} on stack megatron-te: dsforge prices FSDP "
-                      "(optim_grads/optim_grads_params) without a pipeline only", "use zero: 1 (the distributed "
-                      "optimizer) with pp, or pp: 1", ("parallel", "zero"))
+                      "(optim_grads/optim_grads_params) without a pipeline only",
+                      "use zero: 1 (the distributed " "optimizer) with pp, or pp: 1", ("parallel", "zero"))

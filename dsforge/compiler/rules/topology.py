@@ -27,12 +27,14 @@ def _crossing(ctx: Context, kind: str, key: str) -> Iterator[Finding]:
            if size > hw.gpus_per_node else f"put {key} first in parallel.order so its ranks share a node")
     yield Finding(f"{key}={size} group {group[:8]}{'...' if size > 8 else ''} spans "
                   f"{placement.nodes_spanned(kind)} nodes: its traffic ({_WHY[kind]}) falls from "
-                  f"{intra:g} GB/s inside a node to {inter:g} GB/s between nodes ({intra / inter:.0f}x slower)",
+                  f"{intra:g} GB/s inside a node to {inter:g} GB/s "
+                  f"between nodes ({intra / inter:.0f}x slower)",
                   fix, ("parallel", key), details={"intra_gbs": intra, "inter_gbs": inter})
 
 
-# These three warn or inform and never refuse a layout, so no field decides their verdict (reads=()): the layout
-# search asks them once, not for every degree combination (a million-rank cp group's placement is not cheap).
+# These three warn or inform and never refuse a layout, so no field decides their verdict (reads=()): the
+# layout search asks them once, not for every degree combination (a million-rank cp group's placement is not
+# cheap).
 
 
 @rule("DSF401", "tensor parallelism stays inside a node", severity=Severity.WARNING,

@@ -1,21 +1,21 @@
 """Lower bounds that let the search skip candidates without estimating them, each provably below the estimate.
 
-* Memory: a rank holds at least its model states, whatever its activations: its 16-bit (or fp32) weights, whole
-  under ZeRO 0-2 and partitioned under ZeRO-3, and its partition of the fp32 master weights and optimizer
-  moments unless they are offloaded (Rajbhandari et al. 2020, sec. 3.1: 2 + 12 bytes per parameter).
+* Memory: a rank holds at least its model states, whatever its activations: its 16-bit (or fp32) weights,
+  whole under ZeRO 0-2 and partitioned under ZeRO-3, and its partition of the fp32 master weights and
+  optimizer moments unless they are offloaded (Rajbhandari et al. 2020, sec. 3.1: 2 + 12 bytes per parameter).
 * Step time, cheap: no pass runs faster than the dense peak times the GEMM efficiency the cost model prices
   GEMMs and the attention core at (`compute_speed`), so a rank's busy time is at least its hardware FLOPs over
   that rate; over a p-stage pipeline of m micro-batches stage k cannot start before micro-batch 1 crossed
-  stages 0..k-1, so the step lasts at least max_k (sum_{s<k} c_s + m c_k), which over all splits of the work is at
-  least C / (1 - (1 - 1/m)^p), C the work of one micro-batch over all stages: the analytic bubble for uneven stages
-  (for equal stages it is (m + p - 1) c, Narayanan et al. 2021).
+  stages 0..k-1, so the step lasts at least max_k (sum_{s<k} c_s + m c_k), which over all splits of the work
+  is at least C / (1 - (1 - 1/m)^p), C the work of one micro-batch over all stages: the analytic bubble for
+  uneven stages (for equal stages it is (m + p - 1) c, Narayanan et al. 2021).
 * Step time, tight: the same chain with the estimate's own pass durations (compute and exposed communication)
   and point-to-point transfers: max_k (sum_{s<k} (F_s + B_s) of chunk 0 + 2k transfers + m x the passes of
   stage k), which the simulated schedule can only exceed (dependencies add waiting, never remove work), plus
   rank 0's step tail (exposed reductions, optimizer, engine), which the step adds after rank 0's last pass.
 
-The engine checks every bound against the estimate it later computes and, should one ever exceed it, repeats the
-search without pruning (so a change of the cost model can make the search slower, never wrong).
+The engine checks every bound against the estimate it later computes and, should one ever exceed it, repeats
+the search without pruning (so a change of the cost model can make the search slower, never wrong).
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from dsforge.compiler.plan.plan import Priced
 
 
 def model_state_bytes(plan: Priced, average: bool = False) -> float:
-    """A lower bound of the busiest rank's device bytes: its model states alone (0 when the plan does not split);
-    ``average``: the mean over the stages, which bounds the busiest stage of every split into chunks (the layers
-    and the embedding and head are the same whatever the split), so one bound serves every virtual_stages."""
+    """A lower bound of the busiest rank's device bytes: its model states alone (0 when the plan does not
+    split); ``average``: the mean over the stages, which bounds the busiest stage of every split into chunks
+    (the layers and the embedding and head are the same whatever the split), so one bound serves every
+    virtual_stages."""
     d = plan.degrees
     if not plan.stage_layers:
         return 0.0
@@ -65,18 +66,19 @@ def stage_classes(model: ResolvedModel, layers: tuple[int, ...], pp: int) -> tup
     moe = [0, *accumulate(int(is_moe_layer(model, i)) for i in range(starts[-1]))]
     found: dict[tuple[Any, ...], list[int]] = {}
     for s in range(pp):
-        chunks = tuple((layers[c], moe[starts[c] + layers[c]] - moe[starts[c]]) for c in range(s, len(layers), pp))
+        chunks = tuple((layers[c],
+                        moe[starts[c] + layers[c]] - moe[starts[c]]) for c in range(s, len(layers), pp))
         entry = found.setdefault((s == 0, s == pp - 1, chunks), [s, 0])
         entry[1] += 1
     return tuple((first, count) for first, count in found.values())
 
 
 def compute_speed(plan: Priced) -> float:
-    """The fastest FLOP/s the cost model lets one rank compute at: the dense peak times the share of it that its
-    compute-bound kernels reach, over the ranks that time-share a core (`compute.rates`). `compute.chunk_time`
-    prices every FLOP that `flops.chunk_flops` counts at no more than this (each GEMM and the attention core at
-    the GEMM rate or slower, a roofline only adds), except shared experts, which it does not price: those
-    models get the dense peak."""
+    """The fastest FLOP/s the cost model lets one rank compute at: the dense peak times the share of it that
+    its compute-bound kernels reach, over the ranks that time-share a core (`compute.rates`).
+    `compute.chunk_time` prices every FLOP that `flops.chunk_flops` counts at no more than this (each GEMM and
+    the attention core at the GEMM rate or slower, a roofline only adds), except shared experts, which it does
+    not price: those models get the dense peak."""
     peak = flops.dense_peak_flops(plan.spec.hardware.accelerator, plan.spec.training.precision)
     moe = plan.model.moe
     if peak <= 0 or (moe is not None and moe.shared_experts):
@@ -103,7 +105,8 @@ def compute_floor_s(plan: Priced, hardware_flops: float | None = None, speed: fl
 
 def chain_floor_s(busy: float, pp: int, m: int, virtual_stages: int) -> float:
     """The step-time floor of `compute_floor_s` from a rank's mean busy time: the analytic bubble over a
-    ``pp``-stage pipeline of ``m`` micro-batches (none for the interleaved schedule, which it does not bound)."""
+    ``pp``-stage pipeline of ``m`` micro-batches (none for the interleaved schedule, which it does not
+    bound)."""
     if pp == 1 or virtual_stages > 1 or m < 1:
         return busy
     per_micro_batch = busy * pp / m  # C: one micro-batch over every stage
@@ -132,7 +135,8 @@ def micro_batch_dp_s(plan: Priced) -> float:
     return total
 
 
-def edge_memory_bytes(plan: Priced, stop_above: float = float("inf"), cache: dict[Any, Any] | None = None) -> float:
+def edge_memory_bytes(plan: Priced, stop_above: float = float("inf"),
+                      cache: dict[Any, Any] | None = None) -> float:
     """A lower bound of the busiest rank's device bytes: the larger of the first and the last pipeline stage's
     estimate (the peak is the largest stage; these two hold the embedding, the logits and, in 1F1B, the most
     micro-batches in flight, so the bound is nearly always the peak itself) at the cost of two stages, not pp;
@@ -166,12 +170,12 @@ def edge_memory_bytes(plan: Priced, stop_above: float = float("inf"), cache: dic
 def pass_floor_s(plan: Priced, stages: str = "all") -> float:
     """A lower bound of the step time from the estimate's own pass durations (`estimate_step` prices them with
     the same rates and simulates the schedule over them): rank 0 finishes its last backward no earlier than
-    max_k (sum_{s<k} (F_s + B_s) + 2k t + m busy_k) (micro-batch 1's forward reaches stage k over k transfers of
-    t seconds, stage k works m busy_k, the last backward returns over k more; F, B of chunk 0), and the step
-    ends no earlier than that plus rank 0's tail (its exposed reductions, optimizer and engine step, the same
-    `stage_tail`). 0 when the passes cannot be computed (the full estimate then decides alone).
-    ``stages="edges"`` prices the first and last stage only: max(busy_0, F_0 + B_0 + 2(p-1)t + busy_last),
-    the chain through them alone; ``"each"`` prices every stage on its own (what `_passes` shares between alike
+    max_k (sum_{s<k} (F_s + B_s) + 2k t + m busy_k) (micro-batch 1's forward reaches stage k over k transfers
+    of t seconds, stage k works m busy_k, the last backward returns over k more; F, B of chunk 0), and the
+    step ends no earlier than that plus rank 0's tail (its exposed reductions, optimizer and engine step, the
+    same `stage_tail`). 0 when the passes cannot be computed (the full estimate then decides alone).
+    ``stages="edges"`` prices the first and last stage only: max(busy_0, F_0 + B_0 + 2(p-1)t + busy_last), the
+    chain through them alone; ``"each"`` prices every stage on its own (what `_passes` shares between alike
     stages, for the tests)."""
     try:
         from dsforge.compiler.estimate import comm
@@ -192,7 +196,8 @@ def pass_floor_s(plan: Priced, stages: str = "all") -> float:
             best = max(m * sum(x.seconds for x in f0 + b0), f0[0].seconds + b0[0].seconds + 2 * (d.pp - 1) * t
                        + m * sum(x.seconds for x in fl + bl))
         else:
-            passes = [stage_passes(plan, s, rate) for s in range(d.pp)] if stages == "each" else _passes(plan, rate)
+            passes = [stage_passes(plan, s,
+                                   rate) for s in range(d.pp)] if stages == "each" else _passes(plan, rate)
             best, lead = 0.0, 0.0
             for k, (fwd, bwd) in enumerate(passes):
                 busy = m * sum(x.seconds for x in fwd + bwd)

@@ -1,6 +1,7 @@
-"""The layout search: every candidate of the space, filtered by validate's rules and the memory estimate, ranked
-by the objective with the cost model; best-first over exact lower bounds, so that only the candidates that could
-still rank are estimated (`exhaustive=True` estimates all of them; tests/compiler/search/test_search_exact.py shows both agree).
+"""The layout search: every candidate of the space, filtered by validate's rules and the memory estimate,
+ranked by the objective with the cost model; best-first over exact lower bounds, so that only the candidates
+that could still rank are estimated (`exhaustive=True` estimates all of them;
+tests/compiler/search/test_search_exact.py shows both agree).
 
 Before any candidate is bounded, the checks that declare the layout fields their verdict reads (`Rule.reads`)
 are asked once per degree combination or memory group (and kept per value of those fields): a refusal removes
@@ -11,9 +12,9 @@ objective, tiebreak):
   1. its memory estimate fits `search.memory_fraction`; bounded by the chain of its own pass durations,
      transfers and rank 0's step tail;
   2. the remaining checks find no error, and it is estimated: its value is exact.
-A candidate that never reaches a level is counted as pruned, not under the rule or memory test it would have met.
-The k-th candidate popped at level 2 is the k-th best, because every candidate still in the heap has a bound
-(and so a value) at least as large.
+A candidate that never reaches a level is counted as pruned, not under the rule or memory test it would have
+met. The k-th candidate popped at level 2 is the k-th best, because every candidate still in the heap has a
+bound (and so a value) at least as large.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ from dsforge.compiler.search.space import (
 from dsforge.compiler.spec.schema import JobSpec
 from dsforge.diagnostics import Diagnostic, Severity
 
-#: The memory rule: the engine applies its test (peak over capacity) from the estimate it needs anyway, so that
-#: the rule's fix search (it prices changes of a job that does not fit) is not run for every candidate.
+#: The memory rule: the engine applies its test (peak over capacity) from the estimate it needs anyway, so
+#: that the rule's fix search (it prices changes of a job that does not fit) is not run for every candidate.
 MEMORY_RULE = "DSF301"
 #: More candidates than this are refused (DSF132) rather than searched for minutes.
 MAX_CANDIDATES = 500_000
@@ -65,15 +66,16 @@ MAX_CANDIDATES = 500_000
 BOUND_SLACK = 1e-9
 
 Errors = Callable[[JobSpec, Plan], list[Diagnostic]]
-#: The fields of a degree combination (a skeleton) and of a memory group: a check that reads only these is asked
-#: once per skeleton or per group, before any candidate of it is bounded or estimated.
+#: The fields of a degree combination (a skeleton) and of a memory group: a check that reads only these is
+#: asked once per skeleton or per group, before any candidate of it is bounded or estimated.
 SKELETON_FIELDS = frozenset({"tp", "pp", "dp", "cp", "ep", "zero", "nodes"})
-GROUP_FIELDS = SKELETON_FIELDS | {"sequence_parallel", "cp_kind", "schedule", "virtual_stages", "global_batch"}
+GROUP_FIELDS = SKELETON_FIELDS | {"sequence_parallel", "cp_kind", "schedule", "virtual_stages",
+                                  "global_batch"}
 
 
 def _below(bound: float) -> float:
-    """A bound lowered by the slack: the pass floor sums the estimate's own terms in another order, so where it
-    is tight it can exceed the estimate by a rounding error, which would misorder near-ties."""
+    """A bound lowered by the slack: the pass floor sums the estimate's own terms in another order, so where
+    it is tight it can exceed the estimate by a rounding error, which would misorder near-ties."""
     return bound * (1 - BOUND_SLACK)
 
 
@@ -121,13 +123,14 @@ class Funnel:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (JSON)."""
-        return {"considered": self.considered, "removed": dict(sorted(self.removed.items())), "pruned": self.pruned,
-                "estimated": self.estimated, "fitting": self.fitting}
+        return {"considered": self.considered, "removed": dict(sorted(self.removed.items())),
+                "pruned": self.pruned, "estimated": self.estimated, "fitting": self.fitting}
 
 
 @dataclass
 class SearchResult:
-    """What a search found: the ranked candidates, the funnel, the closest misses, the written layout's rank."""
+    """What a search found: the ranked candidates, the funnel, the closest misses, the written layout's
+    rank."""
 
     objective: Objective
     keys: list[tuple[str, ...]]
@@ -216,8 +219,8 @@ class _Group:
 
 @dataclass(frozen=True)
 class _Bounded:
-    """Heap level 0: a candidate whose model states and compute floor passed (``memory_bounded``: its memory lower
-    bound too, in the group's staircase, which may have built its ``plan``)."""
+    """Heap level 0: a candidate whose model states and compute floor passed (``memory_bounded``: its memory
+    lower bound too, in the group's staircase, which may have built its ``plan``)."""
 
     layout: Layout
     plan: Plan | None
@@ -229,8 +232,8 @@ class _Bounded:
 @dataclass(frozen=True)
 class _Sized:
     """Heap level 1: a candidate whose memory bound fits, under its pass floor; ``plan``: what the rules read,
-    ``resolved``: what the estimates price (its layout resolved in `_level1`); ``memory``: its full estimate once
-    made (it then waits under the tighter floor)."""
+    ``resolved``: what the estimates price (its layout resolved in `_level1`); ``memory``: its full estimate
+    once made (it then waits under the tighter floor)."""
 
     layout: Layout
     plan: Plan
@@ -252,7 +255,8 @@ _Entry = _Group | _Bounded | _Sized | _Ranked
 
 
 class _Item(NamedTuple):
-    """One heap entry, ordered by (value, tiebreak, level, seq): seq is unique, so ``entry`` is never compared."""
+    """One heap entry, ordered by (value, tiebreak, level, seq): seq is unique, so ``entry`` is never
+    compared."""
 
     value: float
     tiebreak: tuple[Any, ...]
@@ -275,15 +279,16 @@ class _Search:
         self.violated = False
         self._states_of: dict[tuple[int, ...], float] = {}
         self._flops: dict[tuple[Any, ...], float] = {}
-        self._dp_floor: dict[tuple[Any, ...], float] = {}  # micro_batch_dp_s per degree combination and chunks
+        self._dp_floor: dict[tuple[Any, ...], float] = {}  # micro_batch_dp_s per degree combination and
+                                                           # chunks
         self._speed: float | None = None
         self._placements: dict[Any, Any] = {}
         self._memo: dict[Any, Any] = {}  # the memory bound's shared inputs (bounds.edge_memory_bytes)
         self._count = 0
         self._seq = 0  # heap entries pushed (their order among equal keys)
-        # the checks whose verdict a skeleton or a memory group decides are asked once for it, before any of its
-        # candidates is bounded; the others once per candidate that fits (exhaustive: all per candidate, the
-        # reference tests/compiler/search/test_search_exact.py compares with)
+        # the checks whose verdict a skeleton or a memory group decides are asked once for it, before any of
+        # its candidates is bounded; the others once per candidate that fits (exhaustive: all per candidate,
+        # the reference tests/compiler/search/test_search_exact.py compares with)
         self.early: dict[str, list[tuple[Rule, RuleFilter]]] = {"skeleton": [], "group": []}
         self.late: Errors = errors
         self._verdicts: dict[tuple[Any, ...], bool] = {}  # (rule id, the fields it reads) -> refused
@@ -309,7 +314,8 @@ class _Search:
             # averaged over the stages (both count its members without listing them)
             if self._class_refused(first, "skeleton", partial(skeleton_size, self.spec, self.model, skel)):
                 continue
-            states = model_state_bytes(_model_seeded(apply_layout(self.spec, first), self.model).priced(), average=True)
+            states = model_state_bytes(_model_seeded(apply_layout(self.spec, first), self.model).priced(),
+                                       average=True)
             if _below(states) > self.limit * self.capacity:  # the mean sums the stages in another order
                 n = skeleton_size(self.spec, self.model, skel)
                 self.funnel.considered += n
@@ -367,14 +373,17 @@ class _Search:
         each layer's input, selective all but the scores, none everything; the rematerialised working set of
         one layer never outweighs what the others keep). With one micro-batch per step DeepSpeed keeps no
         accumulation buffer, so those members form their own chain. So the members that fit are, for each
-        recompute policy, the micro-batches below a threshold that only falls as recomputation lessens: found by
-        bisection under the previous policy's threshold. The bounds computed are checked against this order
-        (`self.violated` otherwise; tests/compiler/search/test_search_exact.py checks it over whole small spaces).
+        recompute policy, the micro-batches below a threshold that only falls as recomputation lessens: found
+        by bisection under the previous policy's threshold. The bounds computed are checked against this order
+        (`self.violated` otherwise; tests/compiler/search/test_search_exact.py checks it over whole small
+        spaces).
         """
         order = {"full": 0, "selective": 1, "none": 2}
         chains: dict[bool, dict[tuple[int, int], Layout]] = {True: {}, False: {}}
         for lay in group:
-            chains[lay.global_batch // (lay.dp * lay.micro_batch) == 1][(lay.micro_batch, order[lay.recompute])] = lay
+            chains[lay.global_batch // (lay.dp * lay.micro_batch) == 1][
+                (lay.micro_batch, order[lay.recompute])
+            ] = lay
         return [lay for grid in chains.values() if grid for lay in self._walk(grid, plans)]
 
     def _walk(self, grid: dict[tuple[int, int], Layout], plans: dict[Layout, Plan]) -> list[Layout]:
@@ -432,7 +441,8 @@ class _Search:
                     self.funnel.removed[reason] += 1
             reach, reach_bytes = hi, fails
         # the order the walk relies on, wherever it computed two bounds (one above the limit may be its first
-        # stage's alone, a lower bound of the bound: only one within the limit is exact enough to compare with)
+        # stage's alone, a lower bound of the bound: only one within the limit is exact enough to compare
+        # with)
         for (i1, r1), b1 in seen.items():
             for (i2, r2), b2 in seen.items():
                 if i1 <= i2 and r1 <= r2 and b2 <= limit and b1 > b2 * (1 + BOUND_SLACK):
@@ -440,7 +450,8 @@ class _Search:
         return fits
 
     def _floor(self, lay: Layout, plan: Plan | None = None) -> float:
-        """`compute_floor_s` of a candidate from its layout alone (its plan is built only when first needed)."""
+        """`compute_floor_s` of a candidate from its layout alone (its plan is built only when first
+        needed)."""
         key = (lay.tp, lay.recompute, lay.global_batch)
         if key not in self._flops or self._speed is None:
             plan = plan if plan is not None else self._plan(lay)
@@ -452,10 +463,13 @@ class _Search:
         m = lay.global_batch // (lay.dp * lay.micro_batch)
         floor = chain_floor_s(self._flops[key] / (world * self._speed), lay.pp, m, lay.virtual_stages) \
             if self._speed > 0 else 0.0
-        if lay.zero >= 2:  # collectives every micro-batch: ZeRO-3's gathers outweigh the compute of many layouts
+        if lay.zero >= 2:  # collectives every micro-batch: ZeRO-3's gathers outweigh the compute of many
+                           # layouts
             dkey = (lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.zero, lay.virtual_stages)
             if dkey not in self._dp_floor:
-                self._dp_floor[dkey] = _below(micro_batch_dp_s((plan if plan is not None else self._plan(lay)).priced()))
+                self._dp_floor[dkey] = _below(
+                    micro_batch_dp_s((plan if plan is not None else self._plan(lay)).priced())
+                )
             floor = max(floor, m * self._dp_floor[dkey])
         return floor
 
@@ -469,7 +483,8 @@ class _Search:
 
     def _keep_miss(self, miss: Miss) -> None:
         self.misses.append(miss)
-        if len(self.misses) > 4096:  # keep the closest: memory misses by utilization, then the first of each rule
+        if len(self.misses) > 4096:  # keep the closest: memory misses by utilization, then the first of each
+                                     # rule
             self.misses.sort(key=lambda m: (m.utilization is None, m.utilization or 0.0))
             del self.misses[2048:]
 
@@ -530,8 +545,8 @@ class _Search:
         return False
 
     def run(self, until: tuple[Any, ...] | None = None) -> tuple[list[Evaluated], list[Evaluated]]:
-        """The ranked top (and, exhaustive, every fitting candidate); with ``until``, also every candidate whose
-        key is below it (to rank a written layout)."""
+        """The ranked top (and, exhaustive, every fitting candidate); with ``until``, also every candidate
+        whose key is below it (to rank a written layout)."""
         size = space_size(self.spec, self.model, self.nodes)
         if size > MAX_CANDIDATES:
             raise SpaceTooLarge(f"{size:,} candidates on {self.nodes} node(s), more than {MAX_CANDIDATES:,}")
@@ -543,8 +558,11 @@ class _Search:
         fitting: list[Evaluated] = []
         while heap:
             item = heapq.heappop(heap)
-            if not self.exhaustive and len(ranked) >= self.top and (until is None or (item.value, item.tiebreak)
-                                                                    >= until):
+            if (
+                not self.exhaustive
+                and len(ranked) >= self.top
+                and (until is None or (item.value, item.tiebreak) >= until)
+            ):
                 heapq.heappush(heap, item._replace(seq=0))
                 break
             entry = item.entry
@@ -570,8 +588,8 @@ class _Search:
         heapq.heappush(heap, _Item(value, tiebreak, entry.level, self._seq, entry))
 
     def _seed(self, heap: list[_Item]) -> None:
-        """Every memory group into the heap, under its best member's compute floor (exhaustive: every member at
-        level 0); a group whose model states do not fit is a miss whole."""
+        """Every memory group into the heap, under its best member's compute floor (exhaustive: every member
+        at level 0); a group whose model states do not fit is a miss whole."""
         for group in self._groups():
             self.funnel.considered += len(group)
             states = self._states(group[0])
@@ -584,8 +602,8 @@ class _Search:
                 for lay in group:
                     self._push(heap, 0.0, lay.tiebreak(), _Bounded(lay, None, 0.0, False))
                 continue
-            # the group waits in the heap under its best member's compute floor: its memory bounds are computed
-            # only if that floor can still rank (a group never popped is pruned whole)
+            # the group waits in the heap under its best member's compute floor: its memory bounds are
+            # computed only if that floor can still rank (a group never popped is pruned whole)
             floors = {lay: self._floor(lay) for lay in group}
             best = min((self._bound_value(f, lay), lay.tiebreak()) for lay, f in floors.items())
             self._push(heap, best[0], best[1], _Group(floors))
@@ -602,7 +620,8 @@ class _Search:
                        _Bounded(member, plans.get(member), floor, True))
 
     def _size_up(self, heap: list[_Item], tiebreak: tuple[Any, ...], entry: _Bounded) -> None:
-        """Level 0 popped: its memory (`_level1`) and pass floor; it goes on to level 1 under the tighter bound."""
+        """Level 0 popped: its memory (`_level1`) and pass floor; it goes on to level 1 under the tighter
+        bound."""
         lay = entry.layout
         plan = entry.plan if entry.plan is not None else self._plan(lay)
         got1 = self._level1(lay, plan, entry.memory_bounded)
@@ -616,8 +635,9 @@ class _Search:
         self._push(heap, self._bound_value(floor, lay), tiebreak, _Sized(lay, plan, resolved, floor, mem))
 
     def _estimate(self, heap: list[_Item], tiebreak: tuple[Any, ...], entry: _Sized) -> None:
-        """Level 1 popped: the full memory estimate, the rules and the step, which run only for candidates whose
-        bounds could still rank (each costs as much as the bounds of many candidates); a fit goes to level 2."""
+        """Level 1 popped: the full memory estimate, the rules and the step, which run only for candidates
+        whose bounds could still rank (each costs as much as the bounds of many candidates); a fit goes to
+        level 2."""
         lay, plan, resolved, floor, mem = entry.layout, entry.plan, entry.resolved, entry.floor, entry.memory
         if mem is None:
             mem = self._memory(lay, resolved)
@@ -685,10 +705,11 @@ def search(job: LoadedJob, errors: Errors | None = None, top: int | None = None,
     objective = objective_of(spec)
     top = top if top is not None else options(spec).top
     result = _search(job, spec, errors, objective, top, exhaustive, compare)
-    if result is None:  # a bound exceeded an estimate: the cost model changed under the bounds; search them all
+    if result is None:  # a bound exceeded an estimate: the cost model changed under the bounds; search them
+                        # all
         result = _search(job, spec, errors, objective, top, True, compare)
-        # proved by the search, not the types: an exhaustive search bounds nothing (floors of 0, no staircase),
-        # so it never finds a bound above an estimate and never returns None
+        # proved by the search, not the types: an exhaustive search bounds nothing (floors of 0, no
+        # staircase), so it never finds a bound above an estimate and never returns None
         assert result is not None
     result.seconds = time.perf_counter() - start
     return result

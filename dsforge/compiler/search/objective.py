@@ -27,8 +27,8 @@ class Objective:
         return train_s  # time_to_train, and min_gpus among the layouts of one GPU count
 
     def feasible(self, step_s: float, tokens_per_step: float) -> bool:
-        """False when the layout misses the deadline (min_gpus); a lower bound of step_s that misses it rules the
-        layout out exactly."""
+        """False when the layout misses the deadline (min_gpus); a lower bound of step_s that misses it rules
+        the layout out exactly."""
         if self.deadline_s is None:
             return True
         return self.tokens * step_s / tokens_per_step <= self.deadline_s
@@ -44,5 +44,7 @@ def objective_of(spec: JobSpec) -> Objective:
     o = options(spec)
     tokens = o.tokens if o.tokens is not None else float(spec.training.steps * spec.training.global_batch
                                                         * spec.model.seq_len)
-    deadline = o.deadline_hours * 3600.0 if o.deadline_hours is not None and o.objective == "min_gpus" else None
+    deadline = (
+        o.deadline_hours * 3600.0 if o.deadline_hours is not None and o.objective == "min_gpus" else None
+    )
     return Objective(o.objective, tokens, o.price_per_gpu_hour, deadline)

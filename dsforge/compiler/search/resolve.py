@@ -1,6 +1,6 @@
-"""`auto` where validate, explain and compile meet it: the same search as `dsforge search`, its winner planned and
-checked like any written layout, the choice stated (DSF133) and recorded in plan.json; what the search cannot
-resolve is an error with a rule id (DSF120, DSF130, DSF131, DSF132)."""
+"""`auto` where validate, explain and compile meet it: the same search as `dsforge search`, its winner planned
+and checked like any written layout, the choice stated (DSF133) and recorded in plan.json; what the search
+cannot resolve is an error with a rule id (DSF120, DSF130, DSF131, DSF132)."""
 
 from __future__ import annotations
 
@@ -37,13 +37,15 @@ def _diag(rule: str, job: LoadedJob, path: tuple[str, ...], message: str, fix: s
 
 
 def unresolvable(job: LoadedJob) -> list[Diagnostic]:
-    """What the search cannot resolve: `nodes: auto` without objective min_gpus, an objective without its inputs."""
+    """What the search cannot resolve: `nodes: auto` without objective min_gpus, an objective without its
+    inputs."""
     spec, o = job.spec, options(job.spec)
     out = []
     if is_auto(spec, ("hardware", "nodes")) and o.objective != "min_gpus":
         out.append(_diag("DSF120", job, ("hardware", "nodes"),
-                         f"hardware.nodes is `auto` with objective {o.objective}: more GPUs are always faster, so "
-                         "only the fewest GPUs that meet a deadline is a question the search can answer",
+                         f"hardware.nodes is `auto` with objective {o.objective}: more GPUs are always "
+                         f"faster, so only the fewest GPUs that meet a "
+                         f"deadline is a question the search can answer",
                          "set hardware.nodes to a number, or set search.objective: min_gpus and "
                          "search.deadline_hours"))
     if o.objective == "min_gpus" and o.deadline_hours is None:
@@ -81,12 +83,14 @@ def no_fit(job: LoadedJob, result: SearchResult) -> Diagnostic:
     key = result.keys[0] if result.keys else ("parallel",)
     f = result.funnel
     removed = ", ".join(f"{k} {v}" for k, v in sorted(f.removed.items()))
-    nodes = (f" on 1 to {result.nodes_tried[-1]} node(s)" if is_auto(job.spec, ("hardware", "nodes")) and result.nodes_tried
+    nodes = (f" on 1 to {result.nodes_tried[-1]} node(s)" if is_auto(job.spec,
+                                                                     ("hardware",
+                                                                      "nodes")) and result.nodes_tried
              else "")
-    msg = (f"no layout for the `auto` fields fits{nodes}: {f.considered:,} candidate(s), removed: {removed or 'none'}; "
-           f"closest: {_lacks(result)}")
-    fix = ("use more or larger accelerators, fix a field the misses lack (memory: raise zero, pp or recompute), or "
-           "relax search.memory_fraction / search.max_tp / search.deadline_hours")
+    msg = (f"no layout for the `auto` fields fits{nodes}: {f.considered:,} candidate(s), removed: "
+           f"{removed or 'none'}; closest: {_lacks(result)}")
+    fix = ("use more or larger accelerators, fix a field the misses lack (memory: raise zero, pp or "
+           "recompute), or relax search.memory_fraction / search.max_tp / search.deadline_hours")
     return _diag("DSF130", job, key, msg, fix)
 
 
@@ -112,7 +116,8 @@ def chosen_note(job: LoadedJob, result: SearchResult) -> Diagnostic:
     w = result.ranked[0]
     keys = ", ".join(f"{'.'.join(k)}={_show(value_at(w.spec, k))}" for k in result.keys)
     why = (f"best {result.objective.name} of {result.funnel.considered:,} candidate(s): "
-           f"{w.step.step_s:.3g} s/step, {w.step.tokens_per_s:,.0f} tokens/s, peak {w.memory.utilization:.0%} of memory")
+           f"{w.step.step_s:.3g} s/step, {w.step.tokens_per_s:,.0f} tokens/s, peak "
+           f"{w.memory.utilization:.0%} of memory")
     if len(result.ranked) > 1:
         r = result.ranked[1]
         why += f"; runner-up {r.layout.label()} at {r.step.step_s:.3g} s/step"
@@ -126,7 +131,8 @@ def _show(value: Any) -> str:
 
 
 def resolve(job: LoadedJob, selection: Selection | None = None) -> Resolution:
-    """Resolve a job's `auto` fields with the search: the winner's job, or the diagnostics that say why not."""
+    """Resolve a job's `auto` fields with the search: the winner's job, or the diagnostics that say why
+    not."""
     problems = unresolvable(job)
     if problems:
         return Resolution(None, None, problems)

@@ -1,7 +1,8 @@
-"""The candidate space of a layout search: which fields are `auto`, and every combination of them that is legal
-by construction (divisors of the world size, shapes divisible by tp, layers over the pipeline chunks, experts over
-ep inside dp x cp, micro-batches that divide the per-replica batch, sequences over 2 x cp, no ZeRO-2/3 with a
-pipeline). What construction cannot see is left to the rules `validate` runs (dsforge/compiler/search/engine.py).
+"""The candidate space of a layout search: which fields are `auto`, and every combination of them that is
+legal by construction (divisors of the world size, shapes divisible by tp, layers over the pipeline chunks,
+experts over ep inside dp x cp, micro-batches that divide the per-replica batch, sequences over 2 x cp, no
+ZeRO-2/3 with a pipeline). What construction cannot see is left to the rules `validate` runs
+(dsforge/compiler/search/engine.py).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ AUTO_KEYS: tuple[tuple[str, ...], ...] = (
     ("training", "micro_batch"), ("training", "recompute"), ("hardware", "nodes"),
 )
 RECOMPUTE = ("none", "selective", "full")
-#: Model chunks per pipeline rank the search tries for the interleaved schedule (Narayanan et al. 2021 use 2-4;
-#: beyond 8 the point-to-point traffic outgrows the bubble it saves).
+#: Model chunks per pipeline rank the search tries for the interleaved schedule (Narayanan et al. 2021 use
+#: 2-4; beyond 8 the point-to-point traffic outgrows the bubble it saves).
 MAX_VIRTUAL_STAGES = 8
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
 
@@ -44,7 +45,8 @@ def is_auto(spec: JobSpec, path: tuple[str, ...]) -> bool:
 
 
 def auto_keys(spec: JobSpec) -> list[tuple[str, ...]]:
-    """The keys this job leaves to the search (`parallel.dp: auto` alone follows from the world size, no search)."""
+    """The keys this job leaves to the search (`parallel.dp: auto` alone follows from the world size, no
+    search)."""
     found = [k for k in AUTO_KEYS if value_at(spec, k) == AUTO]
     return [] if found in ([], [("parallel", "dp")]) else found
 
@@ -67,7 +69,8 @@ def _defaults() -> SearchSpec:
 
 @dataclass(frozen=True, order=True)
 class Layout:
-    """One candidate: a value for every field the search may set (the job's own value where it is not `auto`)."""
+    """One candidate: a value for every field the search may set (the job's own value where it is not
+    `auto`)."""
 
     tp: int
     pp: int
@@ -90,8 +93,8 @@ class Layout:
         return self.tp * self.pp * self.cp
 
     def tiebreak(self) -> tuple[Any, ...]:
-        """The order among equally good layouts: less model parallelism first (tp x pp x cp, then tp, pp, cp, ep),
-        then lower ZeRO, less recomputation, larger micro-batches; the remaining fields make it total."""
+        """The order among equally good layouts: less model parallelism first (tp x pp x cp, then tp, pp, cp,
+        ep), then lower ZeRO, less recomputation, larger micro-batches; the remaining fields make it total."""
         return (self.nodes, self.model_parallel, self.tp, self.pp, self.cp, self.ep, self.zero,
                 RECOMPUTE.index(self.recompute), -self.micro_batch, self.virtual_stages,
                 SCHEDULES.index(self.schedule), self.sequence_parallel, self.cp_kind, -self.global_batch)
@@ -102,8 +105,8 @@ class Layout:
 
     def label(self) -> str:
         """A short name: tp2 pp4 dp8 cp1 ep1 z1 mb1 sel."""
-        return (f"tp{self.tp} pp{self.pp} dp{self.dp} cp{self.cp} ep{self.ep} z{self.zero} mb{self.micro_batch} "
-                f"{self.recompute}")
+        return (f"tp{self.tp} pp{self.pp} dp{self.dp} cp{self.cp} ep{self.ep} z{self.zero} "
+                f"mb{self.micro_batch} {self.recompute}")
 
 
 def divisors(n: int) -> list[int]:
@@ -134,7 +137,8 @@ def _pick(value: Any, choices: list[Any]) -> list[Any]:
 
 
 def tp_fits(model: ResolvedModel, tp: int, replicate_kv: bool) -> bool:
-    """Heads, KV heads and the MLP split evenly over tp (vocabulary padding lets any tp split the vocabulary)."""
+    """Heads, KV heads and the MLP split evenly over tp (vocabulary padding lets any tp split the
+    vocabulary)."""
     kv_ok = model.kv_heads % tp == 0 or (replicate_kv and tp % model.kv_heads == 0)
     moe_ok = model.moe is None or model.moe.ffn_hidden % tp == 0
     return model.heads % tp == 0 and kv_ok and model.ffn_hidden % tp == 0 and moe_ok
@@ -155,7 +159,8 @@ def batch_choices(spec: JobSpec) -> list[int]:
     return sorted(picks)
 
 
-def skeletons(spec: JobSpec, model: ResolvedModel, nodes: int) -> Iterator[tuple[int, int, int, int, int, int]]:
+def skeletons(spec: JobSpec, model: ResolvedModel,
+              nodes: int) -> Iterator[tuple[int, int, int, int, int, int]]:
     """(tp, pp, dp, cp, ep, zero) of every degree combination legal by construction on ``nodes`` nodes."""
     par, opts = spec.parallel, options(spec)
     world = nodes * spec.hardware.gpus_per_node
@@ -196,7 +201,8 @@ def skeletons(spec: JobSpec, model: ResolvedModel, nodes: int) -> Iterator[tuple
 
 def layouts(spec: JobSpec, model: ResolvedModel, skeleton: tuple[int, int, int, int, int, int],
             nodes: int) -> Iterator[Layout]:
-    """Every full candidate of one degree combination: SP, CP kind, schedule, chunks, batch, micro-batch, recompute."""
+    """Every full candidate of one degree combination: SP, CP kind, schedule, chunks, batch, micro-batch,
+    recompute."""
     tp, pp, dp, cp, ep, zero = skeleton
     par, t = spec.parallel, spec.training
     part = par.pipeline.partition
@@ -213,7 +219,8 @@ def layouts(spec: JobSpec, model: ResolvedModel, skeleton: tuple[int, int, int, 
                     for gb, mbs in batches:
                         for mb in mbs:
                             for rc in recomputes:
-                                yield Layout(tp, pp, dp, cp, ep, zero, sp, kind, schedule, v, mb, rc, gb, nodes)
+                                yield Layout(tp, pp, dp, cp, ep, zero, sp, kind, schedule, v, mb, rc, gb,
+                                             nodes)
 
 
 def space_size(spec: JobSpec, model: ResolvedModel, nodes: int) -> int:
@@ -238,7 +245,8 @@ def skeleton_size(spec: JobSpec, model: ResolvedModel, skeleton: tuple[int, int,
 
 
 def _virtual(value: Any, schedule: str, pp: int, layers: int, part: Any) -> list[int]:
-    """Model chunks per rank: 1 unless interleaved; interleaved: every v >= 2 whose pp x v chunks split the layers."""
+    """Model chunks per rank: 1 unless interleaved; interleaved: every v >= 2 whose pp x v chunks split the
+    layers."""
     if value != AUTO:
         return [value]
     if schedule != "interleaved" or pp == 1:
@@ -269,12 +277,13 @@ def written_layout(spec: JobSpec) -> Layout | None:
     """The job's own layout when it names every field (for `--compare`), else None."""
     par, t = spec.parallel, spec.training
     vals = [par.tp, par.pp, par.cp, par.ep, par.zero, par.sequence_parallel, par.context_parallel.kind,
-            par.pipeline.schedule, par.pipeline.virtual_stages, t.micro_batch, t.recompute, spec.hardware.nodes]
+            par.pipeline.schedule, par.pipeline.virtual_stages, t.micro_batch, t.recompute,
+            spec.hardware.nodes]
     if any(v == AUTO for v in vals):
         return None
     tp, pp, cp, ep, zero = (int(v) for v in (par.tp, par.pp, par.cp, par.ep, par.zero))
     world = spec.hardware.nodes * spec.hardware.gpus_per_node
     dp = par.dp if isinstance(par.dp, int) else world // (tp * pp * cp)
     return Layout(tp, pp, dp, cp, ep, zero, par.sequence_parallel, par.context_parallel.kind,
-                  par.pipeline.schedule, par.pipeline.virtual_stages, t.micro_batch, t.recompute, t.global_batch,
-                  spec.hardware.nodes)
+                  par.pipeline.schedule, par.pipeline.virtual_stages, t.micro_batch, t.recompute,
+                  t.global_batch, spec.hardware.nodes)

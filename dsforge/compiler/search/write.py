@@ -1,4 +1,5 @@
-"""`dsforge search --write`: the job file with each `auto` the search resolved replaced by its value, in place.
+"""`dsforge search --write`: the job file with each `auto` the search resolved replaced by its value, in
+place.
 
 The file is edited as text at the positions the loader recorded, so its comments, key order, quoting and flow
 or block style stay as written; only the `auto` tokens (and a global batch the search chose) change. An `auto`
@@ -20,7 +21,8 @@ from dsforge.compiler.search.space import AUTO, Layout
 #: Where each key's chosen value comes from in a Layout.
 FIELD_OF: dict[tuple[str, ...], str] = {
     ("parallel", "tp"): "tp", ("parallel", "pp"): "pp", ("parallel", "dp"): "dp", ("parallel", "cp"): "cp",
-    ("parallel", "ep"): "ep", ("parallel", "zero"): "zero", ("parallel", "sequence_parallel"): "sequence_parallel",
+    ("parallel", "ep"): "ep", ("parallel", "zero"): "zero",
+    ("parallel", "sequence_parallel"): "sequence_parallel",
     ("parallel", "context_parallel", "kind"): "cp_kind", ("parallel", "pipeline", "schedule"): "schedule",
     ("parallel", "pipeline", "virtual_stages"): "virtual_stages", ("training", "micro_batch"): "micro_batch",
     ("training", "recompute"): "recompute", ("hardware", "nodes"): "nodes",
@@ -67,7 +69,8 @@ def _own(job: LoadedJob, text: str) -> tuple[dict[str, Any], SourceMap]:
     return data, smap
 
 
-def replacements(job: LoadedJob, lay: Layout, text: str | None = None) -> list[tuple[tuple[str, ...], int, int, str, str]]:
+def replacements(job: LoadedJob, lay: Layout,
+                 text: str | None = None) -> list[tuple[tuple[str, ...], int, int, str, str]]:
     """(key, line, column, old text, new text) of every value `--write` changes where the file writes it."""
     text = text if text is not None else Path(job.source.file).read_text(encoding="utf-8")
     own, smap = _own(job, text)
@@ -83,7 +86,8 @@ def replacements(job: LoadedJob, lay: Layout, text: str | None = None) -> list[t
 
 
 def overrides(job: LoadedJob, lay: Layout, text: str) -> dict[tuple[str, ...], Any]:
-    """The keys `--write` must add to the job file (what a file it extends leaves `auto`), with their values."""
+    """The keys `--write` must add to the job file (what a file it extends leaves `auto`), with their
+    values."""
     own, _ = _own(job, text)
     return {path: new for path, _, new in _needed(job, lay) if not _has(own, path)}
 
@@ -168,8 +172,8 @@ def add_overrides(text: str, job: LoadedJob, values: dict[tuple[str, ...], Any])
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
-    # (line index, column or -1 for a line inserted before it, new text); a new section goes after what else is
-    # inserted at the end, so its column sorts highest
+    # (line index, column or -1 for a line inserted before it, new text); a new section goes after what else
+    # is inserted at the end, so its column sorts highest
     edits: list[tuple[int, int, str]] = []
     for parent, pairs in groups.items():
         tree = _nest(pairs)

@@ -14,7 +14,8 @@ SCHEMA_ID = "https://dsforge.dev/schema/job-v1.json"
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
 
 EXTENDS = {
-    "description": "Base job file(s) merged underneath this one (relative path; mappings merge, lists replace).",
+    "description": "Base job file(s) merged underneath this one "
+                   "(relative path; mappings merge, lists replace).",
     "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
 }
 

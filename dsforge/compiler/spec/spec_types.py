@@ -45,7 +45,8 @@ class SpecError(ValueError):
 
     def __init__(self, issues: list[Issue]) -> None:
         self.issues = issues
-        shown = "; ".join(f"{'.'.join(map(str, i.path)) or '<top>'}: {i.kind} {i.expected}".strip() for i in issues)
+        shown = "; ".join(f"{'.'.join(map(str, i.path)) or '<top>'}: {i.kind} "
+                          f"{i.expected}".strip() for i in issues)
         super().__init__(f"{len(issues)} schema error(s): {shown}")
 
 
@@ -66,7 +67,8 @@ class Kind:
     expected = "a value"
 
     def accepts(self, value: Any) -> bool:
-        """True when ``value`` has the Python type this kind takes (bounds aside); unions use it to pick a member."""
+        """True when ``value`` has the Python type this kind takes (bounds aside); unions use it to pick a
+        member."""
         return True
 
     def check(self, value: Any, path: Path, issues: list[Issue]) -> Any:
@@ -283,7 +285,8 @@ class Optional(Kind):
 class AnyOf(Kind):
     """The first member that takes the value; a failure is reported once, as the member that applies."""
 
-    def __init__(self, *members: Kind, expected: str | None = None, schema: dict[str, Any] | None = None) -> None:
+    def __init__(self, *members: Kind, expected: str | None = None,
+                 schema: dict[str, Any] | None = None) -> None:
         self.members = members
         self.expected = expected or " or ".join(m.expected for m in members)
         self._schema = schema
@@ -302,8 +305,10 @@ class AnyOf(Kind):
         if len(typed) == 1 and not isinstance(self.members[typed[0]], Choice):
             # The value has this member's type and fails on a bound or an item: that is the mistake.
             alt = " or ".join(m.expected for i, m in enumerate(self.members) if i != typed[0])
-            issues += [i._replace(expected=f"{i.expected} or {alt}") if i.path == path and i.kind == "range" else i
-                       for i in trials[typed[0]]]
+            issues += [
+                i._replace(expected=f"{i.expected} or {alt}") if i.path == path and i.kind == "range" else i
+                for i in trials[typed[0]]
+            ]
             return BAD
         choices = [m for m in self.members if isinstance(m, Choice)]
         if choices and isinstance(value, str):
@@ -586,13 +591,15 @@ class Section:
         d["model_fields_set"] = given
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise FrozenSpecError(f"{type(self).__name__} is frozen: build a changed copy with model_copy(update=...)")
+        raise FrozenSpecError(f"{type(self).__name__} is frozen: build a "
+                              f"changed copy with model_copy(update=...)")
 
     def __delattr__(self, name: str) -> None:
         raise FrozenSpecError(f"{type(self).__name__} is frozen")
 
     def model_copy(self, update: dict[str, Any] | None = None) -> Any:
-        """A copy with ``update``'s values replacing fields (not re-checked: the caller's values are typed)."""
+        """A copy with ``update``'s values replacing fields (not re-checked: the caller's values are
+        typed)."""
         update = update or {}
         unknown = set(update) - set(self.model_fields)
         if unknown:
@@ -620,7 +627,8 @@ class Section:
                 node["default"] = _plain(f.default, True, True)
             elif f.factory is not None and not isinstance(f.kind, Nested):
                 node["default"] = _plain(f.factory(), True, True)
-            if "$ref" in node and len(node) > 1:  # draft-07 ignores every key beside `$ref`: wrap the reference
+            if "$ref" in node and len(node) > 1:  # draft-07 ignores every key beside `$ref`: wrap the
+                                                  # reference
                 node = {"allOf": [{"$ref": node.pop("$ref")}], **node}
             props[f.key] = node
         body: dict[str, Any] = {"type": "object", "additionalProperties": False,

@@ -1,4 +1,5 @@
-"""Ring attention over the context-parallel group (Liu et al. 2023, "Ring Attention with Blockwise Transformers").
+"""Ring attention over the context-parallel group (Liu et al. 2023, "Ring Attention with Blockwise
+Transformers").
 
 Each rank keeps its queries and passes its key/value block around the ring with point-to-point
 send/recv, one hop per step; after cp steps every query has met every key. The partial results of
@@ -30,9 +31,11 @@ from dsforge.runtime.attention.sequence import positions
 
 
 def _exchange(x: Tensor, send_to: int, recv_from: int, group: dist.ProcessGroup) -> Tensor:
-    """Send ``x`` to one global rank and receive a tensor of the same shape from another (both posted first)."""
+    """Send ``x`` to one global rank and receive a tensor of the same shape from another (both posted
+    first)."""
     buf = torch.empty_like(x)
-    ops = [dist.P2POp(dist.isend, x.contiguous(), send_to, group), dist.P2POp(dist.irecv, buf, recv_from, group)]
+    ops = [dist.P2POp(dist.isend, x.contiguous(), send_to, group),
+           dist.P2POp(dist.irecv, buf, recv_from, group)]
     for req in dist.batch_isend_irecv(ops):
         req.wait()
     return buf
@@ -58,7 +61,8 @@ class _Ring:
         """Mask of the block held at ``step`` (query i may see key j): None when all, False when none."""
         if not self.causal:
             return None
-        kv_pos = positions(self.seq_len, (self.me - step) % self.cp, self.cp, self.load_balanced).to(self.device)
+        kv_pos = positions(self.seq_len, (self.me - step) % self.cp, self.cp,
+                           self.load_balanced).to(self.device)
         mask = kv_pos.unsqueeze(0) <= self.q_pos.unsqueeze(1)
         if not bool(mask.any()):
             return False

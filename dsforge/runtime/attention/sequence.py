@@ -41,7 +41,8 @@ def shard_sequence(x: Tensor, rank: int, cp: int, dim: int = 1, load_balanced: b
 
 
 def gather_sequence(x: Tensor, group: dist.ProcessGroup, dim: int = 1, load_balanced: bool = True) -> Tensor:
-    """Reassemble the full sequence from every rank's shard (differentiable: the backward keeps this rank's part)."""
+    """Reassemble the full sequence from every rank's shard (differentiable: the backward keeps this rank's
+    part)."""
     cp = dist.get_world_size(group)
     gathered = gather_from_tp(x, group, dim)  # rank-major: [r0 chunks | r1 chunks | ...]
     if not load_balanced or cp == 1:

@@ -41,7 +41,8 @@ class UlyssesAttention(nn.Module):
         self.group = group
         local = local_attention if local_attention is not None else sdpa_local_attention(causal)
         # scatter heads (dim 2), gather the sequence (dim 1) of [batch, seq, heads, head_dim].
-        self.inner = DistributedAttention(local, group, scatter_idx=2, gather_idx=1, num_kv_heads=num_kv_heads)
+        self.inner = DistributedAttention(local, group, scatter_idx=2, gather_idx=1,
+                                          num_kv_heads=num_kv_heads)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """[b, s_local, h, d] queries, [b, s_local, h_kv, d] keys/values -> [b, s_local, h, d]."""

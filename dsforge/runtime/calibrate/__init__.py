@@ -87,7 +87,8 @@ def calibrate(ranks: int = 2, links_only: bool = False) -> dict[str, Any] | None
     per_layer, op_spread = layer_op_overhead_spread() if not on_gpu else (overhead, 0.0)
     if world_links is not None and world_links["intra_node"] is not None:
         alpha, beta, rows = (world_links["intra_node"]["latency_us"] * 1e-6,
-                             world_links["intra_node"]["bandwidth_gbs"] * 1e9, world_links["intra_node"]["rows"])
+                             world_links["intra_node"]["bandwidth_gbs"] * 1e9,
+                             world_links["intra_node"]["rows"])
     elif world_links is None and ranks > 1:
         fit = collective_fit(ranks, "nccl" if on_gpu else "gloo")
         alpha, beta, rows = fit.alpha, fit.beta, fit.rows
@@ -104,11 +105,13 @@ def calibrate(ranks: int = 2, links_only: bool = False) -> dict[str, Any] | None
     return {
         "measured": {"fp32_gemm_tflops": {n: r / 1e12 for n, r in fp32.items()},
                      "bf16_gemm_tflops": {n: r / 1e12 for n, r in bf16.items()},
-                     "copy_gbs": bandwidth / 1e9, "bare_op_us": overhead * 1e6, "op_overhead_us": per_layer * 1e6,
-                     "all_reduce_seconds": rows, "engine_steps": engine, "ranks": ranks, "cores": cores,
+                     "copy_gbs": bandwidth / 1e9, "bare_op_us": overhead * 1e6,
+                     "op_overhead_us": per_layer * 1e6, "all_reduce_seconds": rows, "engine_steps": engine,
+                     "ranks": ranks, "cores": cores,
                      "nodes": world_links["nodes"] if world_links is not None else 1,
                      "inter_node_all_reduce_seconds": inter["rows"] if inter is not None else None,
-                     "host": platform.node(), "torch": torch.__version__, **situ, "op_overhead_spread": op_spread,
+                     "host": platform.node(), "torch": torch.__version__, **situ,
+                     "op_overhead_spread": op_spread,
                      "load": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0],
                      "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
         "hardware": {
@@ -131,8 +134,9 @@ def _links_only(ranks: int, world_links: dict[str, Any] | None) -> dict[str, Any
         fit = collective_fit(ranks, "nccl" if torch.cuda.is_available() else "gloo")
         alpha, beta, rows = fit.alpha, fit.beta, fit.rows
         world_links = {"nodes": 1, "ranks_per_node": ranks, "inter_node": None,
-                       "intra_node": {"bandwidth_gbs": round(beta / 1e9, 4), "latency_us": round(alpha * 1e6, 2),
-                                      "bus_efficiency": 1.0, "ranks": ranks, "rows": rows}}
+                       "intra_node": {"bandwidth_gbs": round(beta / 1e9, 4),
+                                      "latency_us": round(alpha * 1e6, 2), "bus_efficiency": 1.0,
+                                      "ranks": ranks, "rows": rows}}
     intra, inter = world_links["intra_node"], world_links["inter_node"]
     hardware: dict[str, Any] = {"nodes": world_links["nodes"], "gpus_per_node": world_links["ranks_per_node"]}
     if intra is not None:
@@ -140,7 +144,8 @@ def _links_only(ranks: int, world_links: dict[str, Any] | None) -> dict[str, Any
     if inter is not None:
         hardware["inter_node"] = _link_of(inter)
     when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return {"links_only": True, "measured": {"host": platform.node(), "when": when, "torch": torch.__version__,
+    return {"links_only": True,
+            "measured": {"host": platform.node(), "when": when, "torch": torch.__version__,
                                              "intra_node": intra, "inter_node": inter}, "hardware": hardware}
 
 
@@ -150,8 +155,10 @@ def render(result: dict[str, Any]) -> str:
 
     m = result["measured"]
     if result.get("links_only"):
-        lines = [f"# written by `dsforge calibrate --links-only` on {m['host']} at {m['when']} (torch {m['torch']})",
-                 "# the links alone: use it with `extends:` under a job whose accelerator is stated elsewhere"]
+        lines = [(f"# written by `dsforge calibrate --links-only` on "
+                  f"{m['host']} at {m['when']} (torch {m['torch']})"),
+                 ("# the links alone: use it with `extends:` under "
+                  "a job whose accelerator is stated elsewhere")]
         for name in ("intra_node", "inter_node"):
             fit = m[name]
             lines.append(f"# {name}: " + ("not measured (one rank per group)" if fit is None else
@@ -164,22 +171,23 @@ def render(result: dict[str, Any]) -> str:
              "# measured GEMM TFLOP/s by n (n x n x n): fp32 "
              + ", ".join(f"{n}: {r:.4g}" for n, r in m["fp32_gemm_tflops"].items()),
              "#   bf16 " + ", ".join(f"{n}: {r:.4g}" for n, r in m["bf16_gemm_tflops"].items()),
-             (f"# tensor copy {m['copy_gbs']:.2f} GB/s; {m['op_overhead_us']:.2f} us per operation of the HF layer "
-              f"({m['bare_op_us']:.2f} us for a bare autograd op)"
-              + (f"; noise of the per-operation figure: spread {m['op_overhead_spread']:.0%} of its median over "
-                 f"15 alternated 4- against 2-layer repeats" if "op_overhead_spread" in m else "")),
-             "# all-reduce seconds by bytes: " + ", ".join(f"{s}: {sec:.3g}" for s, sec in m["all_reduce_seconds"]),
+             (f"# tensor copy {m['copy_gbs']:.2f} GB/s; {m['op_overhead_us']:.2f} us per operation of the HF "
+              f"layer ({m['bare_op_us']:.2f} us for a bare autograd op)"
+              + (f"; noise of the per-operation figure: spread {m['op_overhead_spread']:.0%} of its median "
+                 f"over 15 alternated 4- against 2-layer repeats" if "op_overhead_spread" in m else "")),
+             "# all-reduce seconds by bytes: " + ", ".join(f"{s}: {sec:.3g}" for s,
+                                                           sec in m["all_reduce_seconds"]),
              *([(f"# in situ (between compute, as a step issues it): a 16 KiB all-reduce adds "
-                 f"{m['in_situ_all_reduce_s'] * 1e3:.3f} ms (noise: spread {m['in_situ_spread']:.0%} of the median over "
-                 f"the repeats); latency_us is the larger of that and the back-to-back fit's "
+                 f"{m['in_situ_all_reduce_s'] * 1e3:.3f} ms (noise: spread {m['in_situ_spread']:.0%} of the "
+                 f"median over the repeats); latency_us is the larger of that and the back-to-back fit's "
                  f"{m['fitted_latency_us']:.2f} us")] if "in_situ_all_reduce_s" in m else []),
              *([(f"# load average {m['load'][0]:.2f} before, {m['load'][1]:.2f} after ({m['cores']} cores): "
                  f"the rates are this machine's under that load")] if "load" in m else []),
-             ("# inter_node: one node was measured; it repeats intra_node" if not m.get("inter_node_all_reduce_seconds")
+             ("# inter_node: one node was measured; it repeats intra_node" if not m.get("inter_node_all_reduce_seconds")  # noqa: E501
               else f"# inter_node: measured across {m['nodes']} nodes, all-reduce seconds by bytes: "
               + ", ".join(f"{s}: {sec:.3g}" for s, sec in m["inter_node_all_reduce_seconds"]))]
     for r in m.get("engine_steps", []):
-        lines.append(f"# engine ZeRO-{r['zero']}, {r['layers']} layers ({r['tensors']} tensors): bare micro-batch "
-                     f"{r['bare_s'] * 1e3:.2f} ms, engine {r['micro_batch_s'] * 1e3:.2f} ms, the step's last "
-                     f"{r['last_micro_batch_s'] * 1e3:.2f} ms")
+        lines.append(f"# engine ZeRO-{r['zero']}, {r['layers']} layers ({r['tensors']} tensors): bare "
+                     f"micro-batch {r['bare_s'] * 1e3:.2f} ms, engine {r['micro_batch_s'] * 1e3:.2f} ms, the "
+                     f"step's last {r['last_micro_batch_s'] * 1e3:.2f} ms")
     return "\n".join(lines) + "\n" + yaml.safe_dump({"hardware": result["hardware"]}, sort_keys=False)

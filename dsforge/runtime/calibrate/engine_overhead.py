@@ -1,4 +1,5 @@
-"""The DeepSpeed engine's own host work for the calibration: engine micro-batches timed against the bare module."""
+"""The DeepSpeed engine's own host work for the calibration: engine micro-batches timed against the bare
+module."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def _engine_job(directory: Path, zero: int, layers: int) -> Path:
     """A one-rank tiny-Llama job at ZeRO ``zero`` with ``layers`` layers, fp32 on the CPU."""
     import yaml
 
-    job = {"version": 1, "name": f"calibrate-z{zero}-l{layers}", "model": {"preset": "tiny-llama", "layers": layers},
+    job = {"version": 1, "name": f"calibrate-z{zero}-l{layers}",
+           "model": {"preset": "tiny-llama", "layers": layers},
            "hardware": {"preset": "cpu-local", "gpus_per_node": 1}, "parallel": {"dp": 1, "zero": zero},
            "training": {"global_batch": ENGINE_MICRO_BATCHES, "micro_batch": 1, "precision": "fp32",
                         "optimizer": {"name": "adamw", "lr": 1e-4}}}

@@ -1,4 +1,5 @@
-"""The fits and the timer of the calibration: median seconds of a call, the ring all-reduce model, the engine's terms."""
+"""The fits and the timer of the calibration: median seconds of a call, the ring all-reduce model, the
+engine's terms."""
 
 from __future__ import annotations
 

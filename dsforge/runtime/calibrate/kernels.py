@@ -1,4 +1,5 @@
-"""The accelerator's own rates for the calibration: GEMM by size and precision, memory bandwidth, per-operation cost."""
+"""The accelerator's own rates for the calibration: GEMM by size and precision, memory bandwidth,
+per-operation cost."""
 
 from __future__ import annotations
 
@@ -56,9 +57,9 @@ def layer_op_overhead(ops_per_layer: int = 73 + 138) -> float:
 
 
 def layer_op_overhead_spread(ops_per_layer: int = 73 + 138, repeats: int = 15) -> tuple[float, float]:
-    """(`layer_op_overhead`, the spread (max - min) / median of its repeats): the 2- and 4-layer steps are timed
-    in alternation and each pair's difference is one repeat, so a change of the machine's load during the
-    measurement shifts both members of a pair alike instead of one depth's median."""
+    """(`layer_op_overhead`, the spread (max - min) / median of its repeats): the 2- and 4-layer steps are
+    timed in alternation and each pair's difference is one repeat, so a change of the machine's load during
+    the measurement shifts both members of a pair alike instead of one depth's median."""
     from dsforge.compiler.frontend.presets import presets
     from dsforge.compiler.model.resolved import resolve_model
     from dsforge.compiler.spec.schema import ModelSpec

@@ -1,4 +1,5 @@
-"""`dsforge calibrate` launched on several nodes: the link inside a node and the link between nodes, measured apart.
+"""`dsforge calibrate` launched on several nodes: the link inside a node and the link between nodes, measured
+apart.
 
 Under a launcher that starts one process per rank on every node (torchrun: RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE and GROUP_RANK, the node's index), the ranks join one process group and build two kinds of
@@ -25,7 +26,8 @@ import torch
 from dsforge.runtime.calibrate.fits import fit_ring, median_seconds
 
 MESSAGE_BYTES = tuple(2 ** k for k in range(10, 23, 2))  # 1 KiB ... 4 MiB
-#: the small all-reduce of the in-situ measurement (a TP activation of a tiny layer) and the work between calls
+#: the small all-reduce of the in-situ measurement (a TP activation of a tiny layer) and the work between
+#: calls
 IN_SITU_BYTES = 16 << 10
 IN_SITU_OPS = 100
 
@@ -42,7 +44,8 @@ class Launch:
 
 
 def launched() -> Launch | None:
-    """The launcher's world this process belongs to, or None when it was not started as one of several ranks."""
+    """The launcher's world this process belongs to, or None when it was not started as one of several
+    ranks."""
     try:
         world = int(os.environ["WORLD_SIZE"])
         rank = int(os.environ["RANK"])
@@ -116,8 +119,8 @@ def in_situ_seconds(device: str, nccl: bool, repeats: int = 7, calls: int = 30) 
     repeats): every rank runs IN_SITU_OPS dispatched ops then an all-reduce of IN_SITU_BYTES, ``calls`` times,
     against the same work without the collectives. A training step issues its collectives this way, between
     operations, so a rank that arrives first waits for its partner to be scheduled; on shared CPU cores that
-    wait is what a step pays per collective, and a back-to-back loop of all-reduces (the rows) does not see it.
-    Every member of the world calls this together."""
+    wait is what a step pays per collective, and a back-to-back loop of all-reduces (the rows) does not see
+    it. Every member of the world calls this together."""
     import torch.distributed as dist
 
     x = torch.ones(8, 8, device=device)
@@ -165,7 +168,8 @@ def _collective_worker(rank: int, world: int, init: str, out: str, backend: str)
         rows.append((size, median_seconds(call, 15, 3)))
     situ, spread = in_situ_seconds(device, backend == "nccl")
     if rank == 0:
-        Path(out).write_text("\n".join([f"{s} {sec}" for s, sec in rows] + [f"0 {situ} {spread}"]), encoding="utf-8")
+        Path(out).write_text("\n".join([f"{s} {sec}" for s, sec in rows] + [f"0 {situ} {spread}"]),
+                             encoding="utf-8")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -195,7 +199,8 @@ def collective_fit(ranks: int, backend: str) -> CollectiveFit:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.txt")
-        mp.spawn(_collective_worker, args=(ranks, f"file://{tmp}/store", out, backend), nprocs=ranks, join=True)
+        mp.spawn(_collective_worker, args=(ranks, f"file://{tmp}/store", out, backend), nprocs=ranks,
+                 join=True)
         lines = [line.split() for line in Path(out).read_text().splitlines()]
     rows = [(int(v[0]), float(v[1])) for v in lines if int(v[0]) > 0]
     situ, spread = next((float(v[1]), float(v[2])) for v in lines if int(v[0]) == 0)

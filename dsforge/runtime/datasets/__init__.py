@@ -1,5 +1,6 @@
-"""The user's own data as training samples: text/JSONL/JSON/Parquet/HF datasets tokenized by the model's tokenizer
-(cached beside the data), Megatron indexed datasets and their blends, chat records with assistant-only loss.
+"""The user's own data as training samples: text/JSONL/JSON/Parquet/HF datasets tokenized by the model's
+tokenizer (cached beside the data), Megatron indexed datasets and their blends, chat records with
+assistant-only loss.
 
 ``text_source`` and ``megatron_source`` return a source for dsforge.runtime.data.Batches: sample i is a pure
 function of i and the seed, so every rank reads exactly its share and a resumed run reads on from its step.
@@ -14,7 +15,8 @@ from dsforge.runtime.datasets.packing import PackedTokens
 from dsforge.runtime.errors import DataError
 
 
-def _documents(files: Any, field: str | None, fmt: str, tokenizer: Any) -> Iterator[tuple[list[int], list[int] | None]]:
+def _documents(files: Any, field: str | None, fmt: str,
+               tokenizer: Any) -> Iterator[tuple[list[int], list[int] | None]]:
     """Every record's ids (EOS appended) and, for chat, its loss mask."""
     from dsforge.runtime.datasets.chat import chat_tokens, check_messages
     from dsforge.runtime.datasets.text_files import records
@@ -34,8 +36,8 @@ def _documents(files: Any, field: str | None, fmt: str, tokenizer: Any) -> Itera
             yield ids, mask
             continue
         if not isinstance(value, str):
-            raise DataError(f"{where}: field {field!r} holds a {type(value).__name__}, not text (for messages set "
-                            "training.data.format: chat)")
+            raise DataError(f"{where}: field {field!r} holds a {type(value).__name__}, not text (for "
+                            f"messages set training.data.format: chat)")
         batch.append(value)
         if len(batch) >= 512:
             yield from flush()
@@ -48,7 +50,8 @@ def default_field(data: Any) -> str:
     return data.field_ or ("messages" if data.format == "chat" else "text")
 
 
-def text_source(data: Any, path: str, model: Any, seed: int, windows: tuple[float, float] = (0.0, 1.0)) -> PackedTokens:
+def text_source(data: Any, path: str, model: Any, seed: int,
+                windows: tuple[float, float] = (0.0, 1.0)) -> PackedTokens:
     """Samples of `kind: text` files at ``path``, tokenized by the job's tokenizer through the cache."""
     from dsforge.compiler.frontend.data_files import text_field
     from dsforge.runtime.datasets.text_files import resolve_files
@@ -63,8 +66,8 @@ def text_source(data: Any, path: str, model: Any, seed: int, windows: tuple[floa
     field = text_field(files, data.field_, data.format)
     key = cache_key(files, tok.digest, field, data.format)
     cache = tokenized(path, files, key, _documents(files, field, data.format, tok), path)
-    return PackedTokens(cache.tokens, cache.starts, cache.mask, seq_len=model.seq_len, vocab=model.vocab, seed=seed,
-                        packing=data.packing, eos=tok.eos, name=path, windows=windows)
+    return PackedTokens(cache.tokens, cache.starts, cache.mask, seq_len=model.seq_len, vocab=model.vocab,
+                        seed=seed, packing=data.packing, eos=tok.eos, name=path, windows=windows)
 
 
 def megatron_source(data: Any, paths: list[str], model: Any, seed: int,
@@ -88,8 +91,9 @@ def require_document_masks() -> None:
     try:
         from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
     except ImportError as exc:
-        raise DataError("training.data.packing: true needs transformers >= 4.54, which masks attention per packed "
-                        "document; upgrade transformers or set packing: concat (attention across documents)") from exc
+        raise DataError("training.data.packing: true needs transformers >= 4.54, which masks attention per "
+                        "packed document; upgrade transformers or set packing: "
+                        "concat (attention across documents)") from exc
 
 
 def paths_of(path: str | list[str] | None) -> list[str]:

@@ -21,7 +21,8 @@ def check_messages(value: Any, where: str) -> list[dict[str, Any]]:
     return value
 
 
-def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]], where: str) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]],
+                    where: str) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character spans of its assistant replies."""
     full = tokenizer.render(messages, generation_prompt=False)
     spans = []
@@ -31,12 +32,14 @@ def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]], where: str) 
         before = tokenizer.render(messages[:k], generation_prompt=True) if k else ""
         upto = tokenizer.render(messages[:k + 1], generation_prompt=False)
         if not (upto.startswith(before) and full.startswith(upto)):
-            raise DataError(f"{where}: the chat template does not render this conversation turn by turn (a prefix "
-                            "of the messages renders differently inside the whole), so the assistant's tokens "
-                            "cannot be told apart; use a template that renders each turn on its own")
+            raise DataError(f"{where}: the chat template does not render this conversation turn by turn (a "
+                            f"prefix of the messages renders differently inside the whole), so the "
+                            f"assistant's tokens cannot be told apart; use "
+                            f"a template that renders each turn on its own")
         spans.append((len(before), len(upto)))
     if not spans:
-        raise DataError(f"{where}: the conversation has no assistant message, so no token would carry the loss")
+        raise DataError(f"{where}: the conversation has no assistant "
+                        f"message, so no token would carry the loss")
     return full, spans
 
 

@@ -1,4 +1,5 @@
-"""Megatron-Core indexed datasets (``<prefix>.bin`` / ``<prefix>.idx``, the MMIDIDX format), and blends of several.
+"""Megatron-Core indexed datasets (``<prefix>.bin`` / ``<prefix>.idx``, the MMIDIDX format), and blends of
+several.
 
 The layout, as megatron/core/datasets/indexed_dataset.py (``_IndexWriter``, ``_IndexReader``) writes and reads
 it: the .idx holds the 9-byte magic ``MMIDIDX\\x00\\x00``, the version (u64, 1), the token dtype code (u8),
@@ -40,8 +41,8 @@ class IndexedDataset:
         size = MEGATRON_ITEMSIZE[header.dtype]
         expected = np.concatenate([[0], np.cumsum(self.sizes.astype(np.int64) * size)[:-1]])
         if not np.array_equal(self.pointers - self.pointers[0], expected):
-            raise DataError(f"{prefix}.idx: the sequences are not stored back to back in {prefix}.bin; rewrite it "
-                            "with Megatron's preprocess_data.py")
+            raise DataError(f"{prefix}.idx: the sequences are not stored back to back in {prefix}.bin; "
+                            f"rewrite it with Megatron's preprocess_data.py")
         total = int(self.sizes.astype(np.int64).sum())
         self.tokens = np.memmap(prefix + ".bin", dtype=self.dtype.newbyteorder("<"), mode="r",
                                 offset=int(self.pointers[0]), shape=(total,))

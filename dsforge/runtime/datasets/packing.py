@@ -1,14 +1,14 @@
-"""Samples cut from a token stream: packed windows (documents back to back, EOS between them) or one document per
-sample, in an order drawn from the seed, each a pure function of its index (so a resumed run reads on).
+"""Samples cut from a token stream: packed windows (documents back to back, EOS between them) or one document
+per sample, in an order drawn from the seed, each a pure function of its index (so a resumed run reads on).
 
-Packed (``packing: true`` or ``concat``): the stream's windows ``[w*seq_len, w*seq_len + seq_len]``, w < n with
-n = (tokens - 1) // seq_len, visited in a fresh permutation of the n windows every epoch (numpy's PCG64
+Packed (``packing: true`` or ``concat``): the stream's windows ``[w*seq_len, w*seq_len + seq_len]``, w < n
+with n = (tokens - 1) // seq_len, visited in a fresh permutation of the n windows every epoch (numpy's PCG64
 seeded by (seed, epoch)). With ``packing: true`` the positions restart at 0 at every document's first token
-(Megatron's reset_position_ids; the first, partial document of a window starts at 0 as well), and the HF
-model builds its causal mask per document from them (transformers' find_packed_sequence_indices), so
-attention does not cross documents. ``concat`` keeps positions 0..seq_len-1 and full causal attention.
-Unpacked (``packing: false``): sample i is one document, cut to seq_len + 1 tokens and padded with EOS;
-the padding's targets are ignored (-100).
+(Megatron's reset_position_ids; the first, partial document of a window starts at 0 as well), and the HF model
+builds its causal mask per document from them (transformers' find_packed_sequence_indices), so attention does
+not cross documents. ``concat`` keeps positions 0..seq_len-1 and full causal attention. Unpacked (``packing:
+false``): sample i is one document, cut to seq_len + 1 tokens and padded with EOS; the padding's targets are
+ignored (-100).
 
 A loss mask (chat data) turns the targets of masked tokens into -100.
 """
@@ -36,10 +36,12 @@ class Example:
 
 
 class PackedTokens:
-    """Samples of a tokenized stream (see the module docstring); ``windows`` restricts it to a range of them."""
+    """Samples of a tokenized stream (see the module docstring); ``windows`` restricts it to a range of
+    them."""
 
-    def __init__(self, tokens: np.ndarray, starts: np.ndarray, mask: np.ndarray | None, *, seq_len: int, vocab: int,
-                 seed: int, packing: bool | str, eos: int, name: str, windows: tuple[float, float] = (0.0, 1.0)) -> None:
+    def __init__(self, tokens: np.ndarray, starts: np.ndarray, mask: np.ndarray | None, *, seq_len: int,
+                 vocab: int, seed: int, packing: bool | str, eos: int, name: str,
+                 windows: tuple[float, float] = (0.0, 1.0)) -> None:
         self.tokens, self.starts, self.mask = tokens, np.asarray(starts, dtype=np.int64), mask
         self.seq_len, self.vocab, self.seed, self.eos, self.name = seq_len, vocab, seed, eos, name
         self.packed, self.reset = packing is not False, packing is True
@@ -50,7 +52,9 @@ class PackedTokens:
         if self.samples < 1:
             what = (f"{len(tokens)} tokens, fewer than one sequence of seq_len {seq_len} + 1" if self.packed
                     else "no document")
-            raise DataError(f"{name} holds {what}" + (" in this share of it" if windows != (0.0, 1.0) else ""))
+            raise DataError(
+                f"{name} holds {what}" + (" in this share of it" if windows != (0.0, 1.0) else "")
+            )
         self._ends = np.append(self.starts[1:], len(tokens))
 
     @lru_cache(maxsize=4)  # noqa: B019 (a few epochs are live at a time; the source lives as long as the run)
@@ -77,18 +81,24 @@ class PackedTokens:
         if self.packed:
             a = u * n
             window = np.asarray(self.tokens[a:a + n + 1], dtype=np.int64)
-            live = np.ones(n, dtype=bool) if self.mask is None else np.asarray(self.mask[a + 1:a + n + 1], dtype=bool)
+            live = (
+                np.ones(n, dtype=bool)
+                if self.mask is None
+                else np.asarray(self.mask[a + 1 : a + n + 1], dtype=bool)
+            )
         else:
             a, b = int(self.starts[u]), int(self._ends[u])
             doc = np.asarray(self.tokens[a:min(b, a + n + 1)], dtype=np.int64)
             window = np.full(n + 1, self.eos, dtype=np.int64)
             window[:len(doc)] = doc
             live = np.zeros(n, dtype=bool)
-            live[:len(doc) - 1] = True if self.mask is None else np.asarray(self.mask[a + 1:a + len(doc)], dtype=bool)
+            live[: len(doc) - 1] = (
+                True if self.mask is None else np.asarray(self.mask[a + 1 : a + len(doc)], dtype=bool)
+            )
         top = int(window.max())
         if top >= self.vocab:
-            raise DataError(f"{self.name}: token id {top} near offset {a} is outside the model's vocabulary of "
-                            f"{self.vocab}; the tokenizer and model.vocab disagree (DSF623)")
+            raise DataError(f"{self.name}: token id {top} near offset {a} is outside the model's vocabulary "
+                            f"of {self.vocab}; the tokenizer and model.vocab disagree (DSF623)")
         tokens = torch.from_numpy(window)
         targets = tokens[1:].clone()
         targets[~torch.from_numpy(live)] = IGNORE_INDEX

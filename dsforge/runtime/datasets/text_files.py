@@ -69,10 +69,11 @@ def _loads(text: str, where: str) -> Any:
 
 def _field(record: Any, field: str | None, where: str) -> Any:
     if not isinstance(record, dict):
-        raise DataError(f"{where}: the record is a {type(record).__name__}, not an object with a {field!r} field")
+        raise DataError(f"{where}: the record is a {type(record).__name__}, "
+                        f"not an object with a {field!r} field")
     if field not in record:
-        raise DataError(f"{where}: the record has no field {field!r} (it has {', '.join(map(repr, record)) or 'none'});"
-                        " set training.data.field")
+        raise DataError(f"{where}: the record has no field {field!r} (it has "
+                        f"{', '.join(map(repr, record)) or 'none'}); set training.data.field")
     return record[field]
 
 

@@ -43,8 +43,10 @@ class Tokenized:
 def open_cache(directory: Path) -> Tokenized:
     """A finished cache, memory-mapped."""
     meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
-    tokens = np.memmap(directory / "tokens.bin", dtype=np.uint32, mode="r") if meta["tokens"] else np.zeros(0, np.uint32)
-    mask = np.memmap(directory / "mask.bin", dtype=np.uint8, mode="r") if meta["masked"] and meta["tokens"] else None
+    tokens = np.memmap(directory / "tokens.bin", dtype=np.uint32,
+                       mode="r") if meta["tokens"] else np.zeros(0, np.uint32)
+    mask = np.memmap(directory / "mask.bin", dtype=np.uint8,
+                     mode="r") if meta["masked"] and meta["tokens"] else None
     return Tokenized(tokens, np.load(directory / "starts.npy"), mask, directory)
 
 
@@ -65,7 +67,8 @@ def tokenized(path: str, files: TextFiles, key: str, documents: Iterator[tuple[l
         lock = open(root / f"{key}.lock", "a+")  # noqa: SIM115 (held until the cache is there)
     except OSError as exc:
         raise DataError(f"cannot write the tokenization cache in {root}: {exc}; make the data's directory "
-                        "writable, or set DSFORGE_DATA_CACHE to a writable directory (on every node)") from exc
+                        "writable, or set DSFORGE_DATA_CACHE to a "
+                        "writable directory (on every node)") from exc
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (final / "meta.json").is_file():
@@ -74,7 +77,8 @@ def tokenized(path: str, files: TextFiles, key: str, documents: Iterator[tuple[l
     return open_cache(final)
 
 
-def _build(root: Path, final: Path, documents: Iterator[tuple[list[int], list[int] | None]], what: str) -> None:
+def _build(root: Path, final: Path, documents: Iterator[tuple[list[int], list[int] | None]],
+           what: str) -> None:
     from tqdm import tqdm
 
     tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
@@ -100,9 +104,11 @@ def _build(root: Path, final: Path, documents: Iterator[tuple[list[int], list[in
         np.save(tmp / "starts.npy", np.asarray(starts, dtype=np.int64))
         if not masked:
             (tmp / "mask.bin").unlink()
-        (tmp / "meta.json").write_text(json.dumps({"format": CACHE_FORMAT, "tokens": count, "documents": len(starts),
+        (tmp / "meta.json").write_text(json.dumps({"format": CACHE_FORMAT, "tokens": count,
+                                                   "documents": len(starts),
                                                    "masked": masked}), encoding="utf-8")
         os.replace(tmp, final)
-        print(f"dsforge: tokenized {len(starts):,} documents into {count:,} tokens", file=sys.stderr, flush=True)
+        print(f"dsforge: tokenized {len(starts):,} documents into {count:,} tokens", file=sys.stderr,
+              flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

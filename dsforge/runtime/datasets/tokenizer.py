@@ -1,5 +1,5 @@
-"""The job's tokenizer (model.pretrained's own, or one named by path), loaded with `tokenizers`; chat rendering
-through transformers' chat template, with the character spans of the assistant's replies."""
+"""The job's tokenizer (model.pretrained's own, or one named by path), loaded with `tokenizers`; chat
+rendering through transformers' chat template, with the character spans of the assistant's replies."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ class JobTokenizer:
         self._hf: Any = None
 
     def _eos(self, pretrained: str | None) -> int:
-        """The id documents end with: tokenizer_config's eos_token, config.json's eos_token_id, or a known name."""
+        """The id documents end with: tokenizer_config's eos_token, config.json's eos_token_id, or a known
+        name."""
         config = _json(self.files.directory / "tokenizer_config.json")
         token = config.get("eos_token")
         if isinstance(token, dict):
@@ -49,15 +50,17 @@ class JobTokenizer:
         for name in _EOS_NAMES:
             if self.tok.token_to_id(name) is not None:
                 return int(self.tok.token_to_id(name))
-        raise DataError(f"{self.files.file}: no end-of-text token (tokenizer_config.json names no eos_token and "
-                        f"none of {', '.join(_EOS_NAMES)} is in the vocabulary); packing puts one between documents")
+        raise DataError(f"{self.files.file}: no end-of-text token (tokenizer_config.json names no eos_token "
+                        f"and none of {', '.join(_EOS_NAMES)} is in the "
+                        f"vocabulary); packing puts one between documents")
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text, with the tokenizer's own special tokens (a BOS where it adds one)."""
         return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=True)]
 
     def encode_rendered(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """Ids and character offsets of a chat-rendered text (its template already wrote the special tokens)."""
+        """Ids and character offsets of a chat-rendered text (its template already wrote the special
+        tokens)."""
         e = self.tok.encode(text, add_special_tokens=False)
         return e.ids, e.offsets
 
@@ -66,8 +69,8 @@ class JobTokenizer:
         if self._hf is None:
             template = self.files.chat_template
             if template is None:
-                raise DataError(f"training.data.format is chat but {self.files.directory} has no chat template "
-                                "(DSF624)")
+                raise DataError(f"training.data.format is chat but {self.files.directory} has no chat "
+                                f"template (DSF624)")
             from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
             if (self.files.directory / "tokenizer_config.json").is_file():
@@ -75,7 +78,8 @@ class JobTokenizer:
             else:
                 self._hf = PreTrainedTokenizerFast(tokenizer_file=str(self.files.file))
             self._hf.chat_template = template
-        return str(self._hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt))
+        return str(self._hf.apply_chat_template(messages, tokenize=False,
+                                                add_generation_prompt=generation_prompt))
 
 
 def _json(path: Path) -> dict[str, Any]:

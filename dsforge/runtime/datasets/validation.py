@@ -27,7 +27,8 @@ class Validation:
         self.spec = t.data.valid
         source = source_for(t.data, plan.spec.model, t.seed, valid=True)
         self.groups = groups
-        self.batches = Batches(source, t.global_batch, t.micro_batch, Sharding(groups.size("dp"), groups.index("dp")))
+        self.batches = Batches(source, t.global_batch, t.micro_batch,
+                               Sharding(groups.size("dp"), groups.index("dp")))
         self.history: list[tuple[int, float]] = []
 
     def due(self, step: int) -> bool:
@@ -36,7 +37,8 @@ class Validation:
 
     def loss(self, engine: Any, step: int) -> float:
         """The validation loss with the engine's current weights (every rank takes part)."""
-        if hasattr(engine, "eval_batch"):  # a PipelineEngine: its own schedule, averaged over micro-batches and dp
+        if hasattr(engine, "eval_batch"):  # a PipelineEngine: its own schedule, averaged over micro-batches
+                                           # and dp
             return self._pipeline_loss(engine, step)
         device = getattr(engine, "device", None)
         total = torch.zeros((), device=device)
@@ -72,7 +74,8 @@ class Validation:
                 total += float(loss)
         finally:
             engine.module.train()
-        # cp ranks hold shares of one sequence's loss (as in train_loop.pipeline_step); cp > 1 with pp > 1 is DSF140
+        # cp ranks hold shares of one sequence's loss (as in train_loop.pipeline_step); cp > 1 with pp > 1 is
+        # DSF140
         value = total / self.spec.batches
         self.history.append((step, value))
         return value

@@ -4,9 +4,10 @@ The unfused path (an LM head, then `F.cross_entropy` on `logits.float()` or dsfo
 `vocab_parallel_cross_entropy`) keeps tokens x vocab/tp fp32 probabilities for backward and, while the
 loss is formed, the logits in the compute dtype and their fp32 copy. This Function keeps only what the
 head's backward needs anyway (its input and weight) plus per token the fp32 row maximum and sum of
-exponentials and the int64 target; forward and backward walk the tokens in chunks of at most `LOSS_CHUNK_CELLS` logit cells and the
-backward recomputes each chunk's logits (the idea of Liger-Kernel's fused_linear_cross_entropy and
-DeepSpeed's TiledFusedLogitsLoss in ulysses_sp.py; written here for the vocabulary-parallel head).
+exponentials and the int64 target; forward and backward walk the tokens in chunks of at most
+`LOSS_CHUNK_CELLS` logit cells and the backward recomputes each chunk's logits (the idea of Liger-Kernel's
+fused_linear_cross_entropy and DeepSpeed's TiledFusedLogitsLoss in ulysses_sp.py; written here for the
+vocabulary-parallel head).
 
 Exactness: each chunk's logits are `F.linear(hidden, weight)` in the compute dtype, cast to fp32, exactly
 as the unfused head and loss form them; the gradient of a logit, softmax - onehot in fp32, is cast to the
@@ -31,7 +32,8 @@ from dsforge.compiler.model.lean_kernels import loss_chunk_tokens
 
 def _chunk_stats(logits: Tensor, target: Tensor, vocab_start: int,
                  pg: dist.ProcessGroup | None) -> tuple[Tensor, Tensor, Tensor]:
-    """(row max, shifted target logit or 0, is the target on this rank) of fp32 logits [n, V_local], max all-reduced."""
+    """(row max, shifted target logit or 0, is the target on this rank) of fp32 logits [n, V_local], max
+    all-reduced."""
     row_max = logits.amax(dim=-1)
     if pg is not None:
         dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=pg)
@@ -85,21 +87,30 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             probs.div_(stats[1, lo:hi].unsqueeze(-1))
             local = target[lo:hi] - ctx.vocab_start
             mine = (local >= 0) & (local < weight.shape[0])
-            probs.scatter_add_(-1, local.masked_fill(~mine, 0).unsqueeze(-1), -mine.unsqueeze(-1).to(probs.dtype))
+            probs.scatter_add_(-1, local.masked_fill(~mine, 0).unsqueeze(-1),
+                               -mine.unsqueeze(-1).to(probs.dtype))
             g = probs.mul_(scale[lo:hi].unsqueeze(-1)).to(hidden.dtype)
             del probs
             if grad_hidden is not None:
                 grad_hidden[lo:hi] = g @ weight
             if grad_weight is not None:
                 grad_weight += (g.t() @ hidden[lo:hi]).float()
-        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None
+        return (
+            grad_hidden,
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, pg: dist.ProcessGroup | None = None,
-                               vocab_start: int = 0, ignore_index: int = -100) -> Tensor:
+def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
+                               pg: dist.ProcessGroup | None = None, vocab_start: int = 0,
+                               ignore_index: int = -100) -> Tensor:
     """Per-token cross entropy of `F.linear(hidden, weight)` ([..., h] by [V_local, h]) against ``target``, in
     fp32, with no full-vocabulary logits kept; ``pg``: the group the vocabulary rows are split over."""
     shape = target.shape
-    flat = _FusedLinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1), pg,
-                                          vocab_start, ignore_index)
+    flat = _FusedLinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1),
+                                          pg, vocab_start, ignore_index)
     return flat.reshape(shape)

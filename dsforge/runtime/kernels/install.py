@@ -4,8 +4,8 @@
 parameters and every hook on it as they were (the rewrite's sequence regions and gradient hooks still
 apply): HF's Llama-style RMSNorms run `norms.rms_norm`, SwiGLU MLPs and dsforge's routed experts
 (`moe.GatedExpert`) `swiglu.swiglu`, GPT-2's `gelu_new`
-`gelu.LeanGeluNew`. Which kernels run is decided before, by `dsforge.compiler.model.lean_kernels` (the estimate
-reads the same table); a module class outside the known ones keeps its own forward.
+`gelu.LeanGeluNew`. Which kernels run is decided before, by `dsforge.compiler.model.lean_kernels` (the
+estimate reads the same table); a module class outside the known ones keeps its own forward.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from dsforge.runtime.kernels.swiglu import swiglu
 from dsforge.runtime.moe import GatedExpert
 
 #: HF RMSNorms computing weight * normed.to(dtype) (LlamaRMSNorm's forward) and (weight * normed).to(dtype).
-RMS_CAST_FIRST = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MixtralRMSNorm",
-                            "Phi3RMSNorm", "DeepseekV3RMSNorm", "Qwen2MoeRMSNorm", "Qwen3MoeRMSNorm"})
+RMS_CAST_FIRST = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm",
+                            "MixtralRMSNorm", "Phi3RMSNorm", "DeepseekV3RMSNorm", "Qwen2MoeRMSNorm",
+                            "Qwen3MoeRMSNorm"})
 RMS_CAST_LAST = frozenset({"Olmo2RMSNorm"})
 #: HF MLPs computing down_proj(act_fn(gate_proj(x)) * up_proj(x)).
 SWIGLU_MLPS = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "Olmo2MLP", "DeepseekV3MLP",
@@ -74,7 +75,8 @@ def install_lean_kernels(model: nn.Module, kernels: Iterable[str]) -> dict[str, 
         elif "swiglu" in on and isinstance(module, GatedExpert):  # dsforge's routed experts (moe.py)
             module.forward = types.MethodType(_expert_forward, module)
             counts["swiglu"] += 1
-        elif "gelu" in on and name == "GPT2MLP" and type(getattr(module, "act", None)).__name__ == "NewGELUActivation":
+        elif "gelu" in on and name == "GPT2MLP" and type(getattr(module, "act",
+                                                                 None)).__name__ == "NewGELUActivation":
             module.act = LeanGeluNew()
             counts["gelu"] += 1
     model._dsforge_kernels = on  # read by the runtime's loss (engine.CausalLMLoss)

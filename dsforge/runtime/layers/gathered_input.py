@@ -1,4 +1,5 @@
-"""Sequence parallelism's saved block inputs at 1/tp: a gathered sequence kept as this rank's shard for backward.
+"""Sequence parallelism's saved block inputs at 1/tp: a gathered sequence kept as this rank's shard for
+backward.
 
 dsforge's sequence regions (dsforge.runtime.rewrite.sequence) all-gather the sequence at a TP block's
 boundary, because HF attention sizes its views from its input. Autograd would then save the gathered
@@ -54,7 +55,8 @@ _ACTIVE: list[GatheredInput] = []
 
 
 @contextmanager
-def gathered_input(full: Tensor, shard: Tensor, group: dist.ProcessGroup, dim: int) -> Iterator[GatheredInput]:
+def gathered_input(full: Tensor, shard: Tensor, group: dist.ProcessGroup,
+                   dim: int) -> Iterator[GatheredInput]:
     """Within this block, column-parallel layers reading ``full`` (gathered from ``shard``) save the shard."""
     source = GatheredInput(full, shard, group, dim)
     _ACTIVE.append(source)

@@ -1,4 +1,5 @@
-"""Column- and row-parallel linear layers (Shoeybi et al. 2019, Megatron-LM sec. 3), with sequence parallelism.
+"""Column- and row-parallel linear layers (Shoeybi et al. 2019, Megatron-LM sec. 3), with sequence
+parallelism.
 
 A column-parallel layer holds a slice of the output features and leaves its output split; a
 row-parallel layer holds the matching slice of the input features and sums the partial products
@@ -51,11 +52,16 @@ class ColumnParallelLinear(nn.Module):
         super().__init__()
         self.pg, self.tp, self.tp_rank = pg, dist.get_world_size(pg), dist.get_rank(pg)
         self.in_features, self.out_features = in_features, out_features
-        self.gather_output, self.sequence_parallel, self.sequence_dim = gather_output, sequence_parallel, sequence_dim
+        self.gather_output, self.sequence_parallel, self.sequence_dim = (
+            gather_output,
+            sequence_parallel,
+            sequence_dim,
+        )
         self.block_widths = block_widths(out_features, blocks)
         self.local_widths = check_blocks(self.block_widths, self.tp, unit, type(self).__name__)
         order = gathered_order(self.local_widths, self.tp)
-        self.register_buffer("_gather_order", None if order is None else torch.tensor(order), persistent=False)
+        self.register_buffer("_gather_order", None if order is None else torch.tensor(order),
+                             persistent=False)
         self.weight = nn.Parameter(torch.empty(sum(self.local_widths), in_features, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(sum(self.local_widths), dtype=dtype)) if bias else None
         mark_tensor_parallel(self.weight, 0)
@@ -67,7 +73,8 @@ class ColumnParallelLinear(nn.Module):
     @classmethod
     def from_dense(cls, dense: nn.Module, groups: ParallelGroups | dist.ProcessGroup, *,
                    gather_output: bool = False, sequence_parallel: bool = False,
-                   blocks: int | Sequence[int] = 1, unit: int = 1, sequence_dim: int = 1) -> ColumnParallelLinear:
+                   blocks: int | Sequence[int] = 1, unit: int = 1,
+                   sequence_dim: int = 1) -> ColumnParallelLinear:
         """Shard an existing nn.Linear / HF Conv1D: this rank keeps its slice of every output block."""
         weight, bias = dense_weight(dense)
         pg = tp_group(groups)
@@ -81,7 +88,8 @@ class ColumnParallelLinear(nn.Module):
         return layer.to(weight.device)
 
     def forward(self, x: Tensor) -> Tensor:
-        """Replicated (or, with SP, sequence-sharded) input -> this rank's output features (or all, gathered)."""
+        """Replicated (or, with SP, sequence-sharded) input -> this rank's output features (or all,
+        gathered)."""
         if self.sequence_parallel:
             x = gather_from_sequence(x, self.pg, self.sequence_dim, grad_is_partial=True)
         else:
@@ -95,20 +103,22 @@ class ColumnParallelLinear(nn.Module):
 
     def extra_repr(self) -> str:
         """Global and local shapes."""
-        return (f"in={self.in_features}, out={self.out_features} (local {sum(self.local_widths)}), tp={self.tp}, "
-                f"blocks={self.block_widths}, gather_output={self.gather_output}, sp={self.sequence_parallel}")
+        return (f"in={self.in_features}, out={self.out_features} (local {sum(self.local_widths)}), "
+                f"tp={self.tp}, blocks={self.block_widths}, gather_output={self.gather_output}, "
+                f"sp={self.sequence_parallel}")
 
 
 class RowParallelLinear(nn.Module):
-    """Y = X A with A's input features split over the TP group; partial products summed (or reduce-scattered)."""
+    """Y = X A with A's input features split over the TP group; partial products summed (or
+    reduce-scattered)."""
 
     def __init__(self, in_features: int, out_features: int, pg: dist.ProcessGroup, bias: bool = True,
                  input_is_parallel: bool = True, sequence_parallel: bool = False, unit: int = 1,
                  sequence_dim: int = 1, reset: bool = True, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         if sequence_parallel and not input_is_parallel:
-            raise ValueError("RowParallelLinear with sequence_parallel needs input_is_parallel=True: the input "
-                             "must come split along features from a column-parallel layer")
+            raise ValueError("RowParallelLinear with sequence_parallel needs input_is_parallel=True: the "
+                             "input must come split along features from a column-parallel layer")
         self.pg, self.tp, self.tp_rank = pg, dist.get_world_size(pg), dist.get_rank(pg)
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel, self.sequence_parallel, self.sequence_dim = \

@@ -104,7 +104,8 @@ class _ReduceFromTP(torch.autograd.Function):
 
 class _Scatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, dim: int, group: dist.ProcessGroup, sizes: Sequence[int] | None) -> Tensor:
+    def forward(ctx: Any, x: Tensor, dim: int, group: dist.ProcessGroup,
+                sizes: Sequence[int] | None) -> Tensor:
         ctx.dim, ctx.group, ctx.sizes = dim, group, sizes
         return _shard(x, dim, group, sizes)
 
@@ -115,7 +116,8 @@ class _Scatter(torch.autograd.Function):
 
 class _Gather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, dim: int, group: dist.ProcessGroup, sizes: Sequence[int] | None) -> Tensor:
+    def forward(ctx: Any, x: Tensor, dim: int, group: dist.ProcessGroup,
+                sizes: Sequence[int] | None) -> Tensor:
         ctx.dim, ctx.group, ctx.sizes = dim, group, sizes
         return _all_gather(x, dim, group, sizes)
 

@@ -58,7 +58,8 @@ class _AllReduceBoth(torch.autograd.Function):
 
 
 class ShardedRMSNorm(nn.Module):
-    """RMSNorm over features split across the TP group: weight * x / sqrt(mean over *all* features of x^2 + eps).
+    """RMSNorm over features split across the TP group: weight * x / sqrt(mean over *all* features of x^2 +
+    eps).
 
     The forward is HF's (LlamaRMSNorm, Olmo2RMSNorm): computed in fp32, scaled by the weight, cast back.
     """

@@ -25,7 +25,8 @@ def tp_group(groups: ParallelGroups | dist.ProcessGroup) -> dist.ProcessGroup:
 
 
 def split_sizes(total: int, parts: int) -> list[int]:
-    """Split ``total`` rows over ``parts`` ranks as evenly as possible (the first ranks take the extra ones)."""
+    """Split ``total`` rows over ``parts`` ranks as evenly as possible (the first ranks take the extra
+    ones)."""
     base, extra = divmod(total, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
@@ -63,7 +64,8 @@ def shard_blocks(weight: Tensor, widths: Sequence[int], rank: int, parts: int, d
 
 
 def gathered_order(local_widths: Sequence[int], parts: int) -> list[int] | None:
-    """Column permutation turning a rank-major gather [r0: b0 b1 | r1: b0 b1] into block order; None if identity."""
+    """Column permutation turning a rank-major gather [r0: b0 b1 | r1: b0 b1] into block order; None if
+    identity."""
     if len(local_widths) == 1:
         return None
     per_rank = sum(local_widths)
@@ -82,7 +84,11 @@ def dense_weight(module: nn.Module) -> tuple[Tensor, Tensor | None]:
     bias: Any = getattr(module, "bias", None)
     if isinstance(module, nn.Linear):
         return weight, bias
-    if type(module).__name__ == "Conv1D" and weight.dim() == 2 and weight.shape[1] == getattr(module, "nf", -1):
+    if (
+        type(module).__name__ == "Conv1D"
+        and weight.dim() == 2
+        and weight.shape[1] == getattr(module, "nf", -1)
+    ):
         return weight.t(), bias
     raise TypeError(f"cannot shard a {type(module).__name__}: expected nn.Linear or transformers' Conv1D")
 
@@ -114,7 +120,8 @@ def mark_sequence_parallel(param: Tensor) -> None:
 
 
 def allreduce_sequence_parallel_grads(params: Iterable[Tensor], group: dist.ProcessGroup) -> None:
-    """Sum the partial gradients of sequence-parallel parameters over the TP group (Megatron's finalize step)."""
+    """Sum the partial gradients of sequence-parallel parameters over the TP group (Megatron's finalize
+    step)."""
     grads = [p.grad for p in params if getattr(p, "sequence_parallel", False) and p.grad is not None]
     if not grads or dist.get_world_size(group) == 1:
         return

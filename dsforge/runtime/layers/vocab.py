@@ -42,7 +42,8 @@ class _VocabShard(nn.Module):
     def load_dense_rows(self, weight: Tensor) -> None:
         """Copy this rank's rows of a full (vocab, dim) weight."""
         if weight.shape[0] != self.vocab:
-            raise ValueError(f"dense weight has {weight.shape[0]} rows, this layer's vocabulary is {self.vocab}")
+            raise ValueError(f"dense weight has {weight.shape[0]} rows, "
+                             f"this layer's vocabulary is {self.vocab}")
         with torch.no_grad():
             self.weight.copy_(weight[self.vocab_start:self.vocab_end])
 
@@ -58,7 +59,8 @@ class VocabParallelEmbedding(_VocabShard):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, pg: dist.ProcessGroup,
                  padding_idx: int | None = None, sequence_parallel: bool = False, sequence_dim: int = 1,
-                 reset: bool = True, dtype: torch.dtype | None = None, embed_scale: Tensor | None = None) -> None:
+                 reset: bool = True, dtype: torch.dtype | None = None,
+                 embed_scale: Tensor | None = None) -> None:
         super().__init__(num_embeddings, embedding_dim, pg, dtype)
         self.register_buffer("embed_scale", None if embed_scale is None else embed_scale.detach().clone(),
                              persistent=False)
@@ -79,14 +81,16 @@ class VocabParallelEmbedding(_VocabShard):
         scale = getattr(dense, "embed_scale", None)
         if isinstance(scale, (int, float)):  # older HF keeps the scale as a plain number
             scale = torch.tensor(float(scale))
-        layer = cls(dense.num_embeddings, dense.embedding_dim, tp_group(groups), padding_idx=dense.padding_idx,
-                    sequence_parallel=sequence_parallel, sequence_dim=sequence_dim, reset=False,
-                    dtype=dense.weight.dtype, embed_scale=scale if isinstance(scale, Tensor) else None)
+        layer = cls(dense.num_embeddings, dense.embedding_dim, tp_group(groups),
+                    padding_idx=dense.padding_idx, sequence_parallel=sequence_parallel,
+                    sequence_dim=sequence_dim, reset=False, dtype=dense.weight.dtype,
+                    embed_scale=scale if isinstance(scale, Tensor) else None)
         layer.load_dense_rows(dense.weight)
         return layer.to(dense.weight.device)
 
     def forward(self, ids: Tensor) -> Tensor:
-        """Token ids (replicated) -> embeddings, summed over the group (or reduce-scattered along the sequence)."""
+        """Token ids (replicated) -> embeddings, summed over the group (or reduce-scattered along the
+        sequence)."""
         outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
         local = (ids - self.vocab_start).masked_fill(outside, 0)
         out = F.embedding(local, self.weight, self._local_padding)
@@ -108,7 +112,11 @@ class VocabParallelLMHead(_VocabShard):
                  sequence_parallel: bool = False, sequence_dim: int = 1, reset: bool = True,
                  dtype: torch.dtype | None = None, bias: bool = False) -> None:
         super().__init__(vocab, hidden, pg, dtype)
-        self.gather_output, self.sequence_parallel, self.sequence_dim = gather_output, sequence_parallel, sequence_dim
+        self.gather_output, self.sequence_parallel, self.sequence_dim = (
+            gather_output,
+            sequence_parallel,
+            sequence_dim,
+        )
         self.bias = nn.Parameter(torch.zeros(self.sizes[self.tp_rank], dtype=dtype)) if bias else None
         if self.bias is not None:
             mark_tensor_parallel(self.bias, 0)
@@ -138,7 +146,8 @@ class VocabParallelLMHead(_VocabShard):
         self.weight = embedding.weight
 
     def forward(self, hidden: Tensor) -> Tensor:
-        """Hidden states (replicated, or sequence-sharded with SP) -> this rank's logits (or all, gathered)."""
+        """Hidden states (replicated, or sequence-sharded with SP) -> this rank's logits (or all,
+        gathered)."""
         if self.sequence_parallel:
             hidden = gather_from_sequence(hidden, self.pg, self.sequence_dim, grad_is_partial=True)
         else:

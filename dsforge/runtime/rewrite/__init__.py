@@ -73,4 +73,5 @@ def describe(spec: JobSpec, plan: AnyPlan) -> dict[str, Any]:
     return out
 
 
-__all__ = ["ModulePlan", "RewriteError", "RewritePlan", "describe", "detect_arch", "plan_rewrite", "resolve_arch"]
+__all__ = ["ModulePlan", "RewriteError", "RewritePlan", "describe", "detect_arch", "plan_rewrite",
+           "resolve_arch"]

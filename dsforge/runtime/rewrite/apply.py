@@ -51,12 +51,13 @@ def _unit(entry: ModulePlan, rp: RewritePlan) -> int:
 
 
 def _even(entry: ModulePlan, ctx: Context) -> None:
-    """The layers cut every block evenly; a planned shard that is not 1/tp (replicated KV heads) is refused."""
+    """The layers cut every block evenly; a planned shard that is not 1/tp (replicated KV heads) is
+    refused."""
     for p in entry.params:
         if p.dim is not None and p.shard[p.dim] * ctx.rp.tp != p.shape[p.dim]:
-            raise RewriteError(ctx.rp.arch, [(f"{entry.name}: the planned shard {p.shard} of {p.name} {p.shape} is "
-                                              f"not 1/{ctx.rp.tp} of it (replicated KV heads); the tensor-parallel "
-                                              "layers cannot build it")])
+            raise RewriteError(ctx.rp.arch, [(f"{entry.name}: the planned shard {p.shard} of {p.name} "
+                                              f"{p.shape} is not 1/{ctx.rp.tp} of it (replicated KV heads); "
+                                              f"the tensor-parallel layers cannot build it")])
 
 
 def _column(dense: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
@@ -108,8 +109,8 @@ def _shard_norm(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module
 def _expert(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
     if ctx.rp.ep == 1:
         return module  # every expert is local: the dense module is already this rank's shard
-    raise RewriteError(ctx.rp.arch, [(f"{entry.name}: expert parallelism (ep={ctx.rp.ep}) replaces the whole MoE "
-                                      "block; the applier does that for HF Mixtral blocks only")])
+    raise RewriteError(ctx.rp.arch, [(f"{entry.name}: expert parallelism (ep={ctx.rp.ep}) replaces the whole "
+                                      f"MoE block; the applier does that for HF Mixtral blocks only")])
 
 
 def _moe_block(model: nn.Module, entry: ModulePlan, ctx: Context) -> str | None:
@@ -153,7 +154,8 @@ def _has(model: nn.Module, name: str) -> bool:
 
 
 def _scale_attr(module: nn.Module, attr: str, tp: int) -> None:
-    """A global width the forward reads becomes the local one; ``config.x`` on a copy of the module's config."""
+    """A global width the forward reads becomes the local one; ``config.x`` on a copy of the module's
+    config."""
     if attr.startswith("config."):
         if not getattr(module, "_dsforge_local_config", False):
             # The config object is shared by every module of the model: give this one its own copy.
@@ -172,7 +174,8 @@ def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
 
 
 def _check_shapes(model: nn.Module, entry: ModulePlan, problems: list[str]) -> None:
-    """The module now holds exactly the plan's shards (HF Conv1D shards are planned in its (in, out) layout)."""
+    """The module now holds exactly the plan's shards (HF Conv1D shards are planned in its (in, out)
+    layout)."""
     module = model.get_submodule(entry.name)
     held = dict(module.named_parameters())
     for p in entry.params:
@@ -184,7 +187,8 @@ def _check_shapes(model: nn.Module, entry: ModulePlan, problems: list[str]) -> N
 
 
 def _check_moe(model: nn.Module, block_name: str, entry: ModulePlan, problems: list[str]) -> None:
-    """An expert-parallel block holds the plan's number of local experts, each one expert's slice of every tensor."""
+    """An expert-parallel block holds the plan's number of local experts, each one expert's slice of every
+    tensor."""
     moe = model.get_submodule(block_name)
     local = list(cast(nn.ModuleList, moe.local_experts))  # an ExpertParallelMoE's experts on this rank
     planned = {p.name: p.shard for p in entry.params}
@@ -203,8 +207,8 @@ def _numel(shape: tuple[int, ...]) -> int:
     return out
 
 
-def apply_rewrite(model: nn.Module, rp: RewritePlan, groups: ParallelGroups, only: Iterable[str] | None = None,
-                  gather_logits: bool = True) -> nn.Module:
+def apply_rewrite(model: nn.Module, rp: RewritePlan, groups: ParallelGroups,
+                  only: Iterable[str] | None = None, gather_logits: bool = True) -> nn.Module:
     """Rewrite ``model`` in place by the plan for this rank's groups (``only``: these modules); returns it.
 
     The plan's degrees must be the groups' (tp, ep); the dense weights must be the same on every rank
@@ -240,7 +244,8 @@ def apply_rewrite(model: nn.Module, rp: RewritePlan, groups: ParallelGroups, onl
 
 
 def _verify(model: nn.Module, entries: list[ModulePlan], blocks: dict[str, str], rp: RewritePlan) -> None:
-    """Raise unless every rewritten module holds exactly its planned shards (routers inside MoE blocks moved)."""
+    """Raise unless every rewritten module holds exactly its planned shards (routers inside MoE blocks
+    moved)."""
     problems: list[str] = []
     gone = tuple(b + "." for b in blocks.values())
     for entry in entries:
@@ -258,7 +263,8 @@ def _tie(model: nn.Module, entry: ModulePlan, owner: nn.Module, ctx: Context) ->
         _swap(model, entry.name, owner)  # a tie between other variants shares the whole rewritten module
         return
     if getattr(model.get_submodule(entry.name), "bias", None) is not None:
-        raise RewriteError(ctx.rp.arch, [f"{entry.name}: a tied LM head with a bias cannot be vocab-parallel"])
+        raise RewriteError(ctx.rp.arch,
+                           [f"{entry.name}: a tied LM head with a bias cannot be vocab-parallel"])
     head = VocabParallelLMHead(owner.embedding_dim, owner.vocab, owner.pg, gather_output=ctx.gather_logits,
                                reset=False, dtype=owner.weight.dtype)
     head.tie_to(owner)

@@ -1,4 +1,5 @@
-"""The rewrite policy of an HF model read from its own classes' parallel plans (dsforge.compiler.model.hf_plans).
+"""The rewrite policy of an HF model read from its own classes' parallel plans
+(dsforge.compiler.model.hf_plans).
 
 Used for `arch: auto` when no hand-written family recognises the model: the model's configuration
 class gives ``base_model_tp_plan``/``base_model_ep_plan``/``base_model_pp_plan`` and its class the head's
@@ -50,17 +51,21 @@ def derived_arch(model: nn.Module) -> str:
     """
     plans = hf_plans_of(model)
     if plans is None:
-        raise ValueError("not an HF PreTrainedModel (no config.model_type): its classes state no parallel plan")
+        raise ValueError("not an HF PreTrainedModel (no config.model_type): "
+                         "its classes state no parallel plan")
     derived = derive_policy(plans)
     walk = match_rows(model, [(f"{derived.policy.arch}[{i}]", r) for i, r in enumerate(derived.policy.rows)])
     split = [c.name for c in walk.claims if c.row.variant in ("column", "row")]
-    beside = [(left, c) for left in walk.leftover for c in split if c.rpartition(".")[0] == left.rpartition(".")[0]]
+    beside = [(left,
+               c) for left in walk.leftover for c in split if c.rpartition(".")[0] == left.rpartition(".")[0]]
     if beside:
         left, c = beside[0]
-        raise PlanRefusal(SPLIT_NEIGHBOUR, f"model_type {plans.model_type!r}: {left} holds parameters the HF plan "
-                          f"does not name, beside {c}, which the plan splits: replicated, it would see this rank's "
-                          "part of the activations and its gradient would be partial (HF's plan has the same gap)",
-                          "run it at tp=1, or place that module with `rewrite:` rules under model.arch: custom")
+        raise PlanRefusal(SPLIT_NEIGHBOUR, f"model_type {plans.model_type!r}: {left} holds parameters the HF "
+                          f"plan does not name, beside {c}, which the plan splits: replicated, it would see "
+                          f"this rank's part of the activations and its gradient "
+                          "would be partial (HF's plan has the same gap)",
+                          "run it at tp=1, or place that module with "
+                          "`rewrite:` rules under model.arch: custom")
     policy = complete_rows(_head_norms(derived.policy, walk), walk.leftover)
     POLICIES[policy.arch] = policy  # replaced on every build: the leftovers depend on the model's widths
     return policy.arch
@@ -71,7 +76,8 @@ _QK_NORM = re.compile(r"(?:q|k|query|key)_(?:norm|layernorm|ln)")
 
 
 def _head_norms(policy: Policy, walk: object) -> Policy:
-    """The policy with a ``head_norm`` row for each q/k norm beside a column split the plan leaves a plain norm.
+    """The policy with a ``head_norm`` row for each q/k norm beside a column split the plan leaves a plain
+    norm.
 
     HF replicates such a norm (Sarvam-MoE's q_norm) and each rank normalises only its own heads, so the
     gradient must be summed over TP; ``head_norm`` does that, and refuses (in the planner) a norm whose
@@ -83,10 +89,11 @@ def _head_norms(policy: Policy, walk: object) -> Policy:
              and _QK_NORM.fullmatch(c.name.rpartition(".")[2])]
     if not names:
         return policy
-    rows = tuple(PolicyRow(re.escape(n), "head_norm", why="per-head q/k norm beside a head split (HF: replicated): "
-                           "replicated, its gradient summed over TP") for n in names)
+    rows = tuple(PolicyRow(re.escape(n), "head_norm", why="per-head q/k norm beside a head split (HF: "
+                           "replicated): replicated, its gradient summed over TP") for n in names)
     return Policy(arch=policy.arch, rows=rows + policy.rows, layers=policy.layers, signature=policy.signature,
-                  attr_scales=policy.attr_scales, absent=policy.absent, sequence_parallel=policy.sequence_parallel)
+                  attr_scales=policy.attr_scales, absent=policy.absent,
+                  sequence_parallel=policy.sequence_parallel)
 
 
 __all__ = ["PlanRefusal", "derived_arch", "hf_plans_of", "prefers_derived"]

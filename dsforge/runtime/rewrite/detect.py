@@ -37,7 +37,8 @@ def why_not(model: nn.Module, arch: str, rules: Sequence[RewriteRule]) -> str | 
     return None
 
 
-def detect_arch(model: nn.Module, rules: Sequence[RewriteRule] | None = None) -> tuple[str | None, dict[str, str]]:
+def detect_arch(model: nn.Module,
+                rules: Sequence[RewriteRule] | None = None) -> tuple[str | None, dict[str, str]]:
     """The recognised family (or None) and, for every family tried and rejected, the reason."""
     reasons: dict[str, str] = {}
     load_plugins()  # plugin families join DETECT_ORDER when first needed

@@ -75,8 +75,9 @@ class ModulePlan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {"name": self.name, "type": self.type, "kind": self.kind, "variant": self.variant, "rule": self.rule,
-                "layer": self.layer, "stage": self.stage, "tied_to": self.tied_to, "notes": self.notes,
+        return {"name": self.name, "type": self.type, "kind": self.kind, "variant": self.variant,
+                "rule": self.rule, "layer": self.layer, "stage": self.stage, "tied_to": self.tied_to,
+                "notes": self.notes,
                 "params": {p.name: {"shape": list(p.shape), "shard": list(p.shard), "dim": p.dim}
                            for p in self.params}}
 
@@ -111,7 +112,8 @@ class RewritePlan:
         seen: dict[str, int] = {}
         for m in modules:
             for p in m.params:
-                seen.setdefault(m.owners.get(p.name, _join(m.name, p.name)), p.shard_numel if shard else p.numel)
+                seen.setdefault(m.owners.get(p.name, _join(m.name, p.name)),
+                                p.shard_numel if shard else p.numel)
         return sum(seen.values())
 
     @property
@@ -143,7 +145,8 @@ class RewritePlan:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form for plan.json: summary, every module, exact parameter counts."""
         per_stage = self.stage_params()
-        # only when there is something to refuse: plan.json (and its goldens) of every job compile accepts stay as they were
+        # only when there is something to refuse: plan.json (and its goldens) of every job compile accepts
+        # stay as they were
         refusals = {"context_parallel_refusals": list(self.cp_refusals)} if self.cp_refusals else {}
         return {**refusals, "arch": self.arch, "tp": self.tp, "ep": self.ep, "pp": self.pp,
                 "sequence_parallel": self.sequence_parallel, "layer_list": self.layer_list,
@@ -182,14 +185,16 @@ def model_top_k(block: nn.Module) -> int | None:
 
 
 def _moe_problems(model: nn.Module, claim: Claim, plan: AnyPlan, ep: int) -> list[str]:
-    """The job's moe.top_k must be the block's; under ep > 1 the router must be one DeepSpeed's gate reproduces."""
+    """The job's moe.top_k must be the block's; under ep > 1 the router must be one DeepSpeed's gate
+    reproduces."""
     moe = plan.model.moe
     parent = claim.name.rpartition(".")[0]
     block = model.get_submodule(parent) if parent else model
     problems = []
     k = model_top_k(block)
     if moe is not None and k is not None and k != moe.top_k:
-        problems.append(f"the model routes each token to top-{k} experts but the job says moe.top_k={moe.top_k}")
+        problems.append(f"the model routes each token to top-{k} experts "
+                        f"but the job says moe.top_k={moe.top_k}")
     shared = next((getattr(block, n) for n in ("shared_expert", "shared_experts")
                    if isinstance(getattr(block, n, None), nn.Module)), None)
     down = getattr(shared, "down_proj", None)
@@ -198,9 +203,10 @@ def _moe_problems(model: nn.Module, claim: Claim, plan: AnyPlan, ep: int) -> lis
         problems.append(f"the block has {'a' if shared is not None else 'no'} shared expert but the job says "
                         f"moe.shared_experts={moe.shared_experts}")
     elif moe is not None and width is not None and width != moe.shared_experts * moe.shared_ffn_hidden:
-        problems.append(f"its shared expert is {width} wide, the job's moe.shared_experts x shared_ffn_hidden = "
-                        f"{moe.shared_experts} x {moe.shared_ffn_hidden}")
-    if ep > 1 and isinstance(getattr(block, "gate", None), nn.Module):  # no gate: the applier refuses the block
+        problems.append(f"its shared expert is {width} wide, the job's moe.shared_experts x "
+                        f"shared_ffn_hidden = {moe.shared_experts} x {moe.shared_ffn_hidden}")
+    # no gate: the applier refuses the block
+    if ep > 1 and isinstance(getattr(block, "gate", None), nn.Module):
         router = type(getattr(block, "gate", None)).__name__
         if router not in SOFTMAX_ROUTERS:
             problems.append(f"its router {router} is not a softmax top-k router; DeepSpeed's gate "
@@ -208,21 +214,22 @@ def _moe_problems(model: nn.Module, claim: Claim, plan: AnyPlan, ep: int) -> lis
         gate = getattr(block, "gate", None)
         renormalize = bool(getattr(gate, "norm_topk_prob", getattr(block, "norm_topk_prob", True)))
         if k == 1 and renormalize:
-            problems.append("top-1 routing renormalised to weight 1 has no DeepSpeed twin (its top-1 gate weighs "
-                            "the expert by its probability); use ep 1 or top_k >= 2")
+            problems.append("top-1 routing renormalised to weight 1 has no DeepSpeed twin (its top-1 gate "
+                            "weighs the expert by its probability); use ep 1 or top_k >= 2")
         if getattr(block, "jitter_noise", 0) or getattr(gate, "jitter_noise", 0):
             problems.append("router jitter noise has no DeepSpeed twin; set router_jitter_noise 0")
     return problems
 
 
 def _embedding_problem(module: nn.Module) -> str | None:
-    """A vocab-parallel embedding keeps nn.Embedding's lookup and Gemma's scale; any other override is refused."""
+    """A vocab-parallel embedding keeps nn.Embedding's lookup and Gemma's scale; any other override is
+    refused."""
     if type(module) is nn.Embedding or not isinstance(module, nn.Embedding):
         return None
     if type(module).__name__.endswith("ScaledWordEmbedding") and hasattr(module, "embed_scale"):
         return None
-    return (f"{type(module).__name__} overrides nn.Embedding's forward; the vocab-parallel embedding keeps only "
-            "the lookup and a Gemma-style embed_scale")
+    return (f"{type(module).__name__} overrides nn.Embedding's forward; the vocab-parallel embedding keeps "
+            f"only the lookup and a Gemma-style embed_scale")
 
 
 def model_head_dim(model: nn.Module) -> int | None:
@@ -257,7 +264,8 @@ def _shard(claim: Claim, tp: int, ep: int, plan: AnyPlan, heads: Heads) -> Shard
     if variant == "shard_norm":
         if type(module).__name__ not in SHARD_NORMS:
             names = ", ".join(SHARD_NORMS)
-            return ShardResult(problems=[f"`shard_norm` reproduces {names} only, not {type(module).__name__}"])
+            return ShardResult(problems=[(f"`shard_norm` reproduces {names} only, not "
+                                          f"{type(module).__name__}")])
         return shard_norm_weight(subtree_shapes(module), tp, claim.row.heads or "q", heads,
                                  type(module).__name__)
     if variant == "expert":
@@ -292,13 +300,14 @@ def _owners(claim: Claim, seen: dict[int, str]) -> dict[str, str]:
 
 
 def _derived_pipeline_refusal(arch: str, model: nn.Module) -> str:
-    """Why a policy derived from an HF plan cannot run at pp > 1 (refused at compile, not at each rank's start)."""
+    """Why a policy derived from an HF plan cannot run at pp > 1 (refused at compile, not at each rank's
+    start)."""
     pp_plan = getattr(getattr(model, "config", None), "base_model_pp_plan", None)
     if not pp_plan:
-        return (f"pp > 1: transformers states no base_model_pp_plan for `{arch}`, so its stages (embedding, layers, "
-                "final norm, head) are not known; use pp: 1")
-    return (f"pp > 1: the pipeline stages of `{arch}` from its base_model_pp_plan ({', '.join(pp_plan)}) are not "
-            "built yet (dsforge/runtime/pipeline_stages.py cuts gpt2, llama and mixtral); use pp: 1")
+        return (f"pp > 1: transformers states no base_model_pp_plan for `{arch}`, so its stages (embedding, "
+                f"layers, final norm, head) are not known; use pp: 1")
+    return (f"pp > 1: the pipeline stages of `{arch}` from its base_model_pp_plan ({', '.join(pp_plan)}) are "
+            f"not built yet (dsforge/runtime/pipeline_stages.py cuts gpt2, llama and mixtral); use pp: 1")
 
 
 def _layer_regex(arch: str, model: nn.Module, layers: int) -> tuple[re.Pattern[str] | None, str | None]:
@@ -346,8 +355,11 @@ def plan_module(model: nn.Module, plan: AnyPlan, arch: str) -> RewritePlan:
     heads = _heads(plan, model_head_dim(model))
     problems: list[str] = []
     if walk.leftover:
-        problems.append("no rule places these modules with parameters: " + ", ".join(group_names(walk.leftover))
-                        + " (add `rewrite:` rules for them, e.g. {match: '<regex>', as: replicate})")
+        problems.append(
+            "no rule places these modules with parameters: "
+            + ", ".join(group_names(walk.leftover))
+            + " (add `rewrite:` rules for them, e.g. {match: '<regex>', as: replicate})"
+        )
     layer_rx, layer_list = _layer_regex(arch, model, plan.model.layers)
     seen: dict[int, str] = {}
     entries: list[ModulePlan] = []
@@ -359,18 +371,19 @@ def plan_module(model: nn.Module, plan: AnyPlan, arch: str) -> RewritePlan:
         hit = layer_rx.match(claim.name) if layer_rx else None
         widths = tuple(block_widths(claim.row.blocks, heads)) if claim.row.blocks else ()
         entries.append(ModulePlan(claim.name, type(claim.module).__name__, claim.row.variant, claim.source,
-                                  module_kind(claim.module), int(hit.group(1)) if hit else None, result.params,
-                                  _owners(claim, seen), result.notes, claim.row.fused, claim.row.heads,
-                                  widths=widths))
+                                  module_kind(claim.module), int(hit.group(1)) if hit else None,
+                                  result.params, _owners(claim, seen), result.notes, claim.row.fused,
+                                  claim.row.heads, widths=widths))
     policy = POLICIES.get(arch)
     sp = spec.parallel.sequence_parallel is True and d.tp > 1
     if sp and (policy is None or not policy.sequence_parallel):
         known = sorted(a for a, p in POLICIES.items() if p.sequence_parallel)
-        problems.append(f"sequence parallelism is implemented for the families {', '.join(known)}, not `{arch}`; "
-                        "set parallel.sequence_parallel: false")
+        problems.append(f"sequence parallelism is implemented for the families {', '.join(known)}, not "
+                        f"`{arch}`; set parallel.sequence_parallel: false")
     found = {m.layer for m in entries if m.layer is not None}
     if found and len(found) != plan.model.layers:
-        problems.append(f"the model has {len(found)} decoder layers but the job says layers={plan.model.layers}")
+        problems.append(f"the model has {len(found)} decoder layers but the job says "
+                        f"layers={plan.model.layers}")
     if d.pp > 1 and arch.startswith("hf:"):
         problems.append(_derived_pipeline_refusal(arch, model))
     if not problems:

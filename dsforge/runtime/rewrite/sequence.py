@@ -6,9 +6,10 @@ RoPE tables sized by the model, so the all-gather cannot hide inside the q/k/v l
 Megatron: each TP block (the parent of a column-parallel module, or an MoE block) becomes a
 ``SequenceRegion`` that gathers the sequence on entry, and its row-parallel layer reduce-scatters
 on exit. For backward the block's column-parallel layers still keep only this rank's shard of the
-gathered input, as Megatron's do (dsforge.runtime.layers.gathered_input), and gather it again once. The embeddings stay whole (all-reduce), so HF computes positions for the whole sequence,
-and the first decoder layer splits them (``SequenceEntry``); the final norm gathers them again
-(``SequenceExit``) before HF reshapes them (GPT-2 views them as [-1, seq, hidden]) and the LM head.
+gathered input, as Megatron's do (dsforge.runtime.layers.gathered_input), and gather it again once. The
+embeddings stay whole (all-reduce), so HF computes positions for the whole sequence, and the first decoder
+layer splits them (``SequenceEntry``); the final norm gathers them again (``SequenceExit``) before HF reshapes
+them (GPT-2 views them as [-1, seq, hidden]) and the LM head.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from dsforge.runtime.layers.gathered_input import gathered_input
 from dsforge.runtime.rewrite.planner import RewriteError, RewritePlan
 
 
-def _split_hidden(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, tuple[Any, ...], dict[str, Any]]:
+def _split_hidden(args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> tuple[Tensor, tuple[Any, ...], dict[str, Any]]:
     """The hidden states (first positional, or HF's ``hidden_states=``) apart from the other arguments."""
     if args:
         return args[0], args[1:], kwargs
@@ -43,8 +45,10 @@ class SequenceRegion(nn.Module):
         hidden, args, kwargs = _split_hidden(args, kwargs)
         # Inside, every consumer enters the TP region through copy_to_tp (whose backward already
         # sums over the group), so the gather's backward only keeps this rank's slice.
-        full = gather_from_sequence(hidden, self.pg, 1, grad_is_partial=False).contiguous()  # HF blocks .view() it
-        with gathered_input(full, hidden, self.pg, 1):  # its column-parallel layers save the shard, not `full`
+        # HF blocks .view() it
+        full = gather_from_sequence(hidden, self.pg, 1, grad_is_partial=False).contiguous()
+        with gathered_input(full, hidden, self.pg, 1):  # its column-parallel layers save the shard, not
+                                                        # `full`
             out = self.block(full, *args, **kwargs)
         first = out[0] if isinstance(out, tuple) else out
         if first.shape[1] == full.shape[1] != hidden.shape[1]:

@@ -70,7 +70,8 @@ def _cut(shape: tuple[int, ...], dim: int, size: int) -> tuple[int, ...]:
     return tuple(size if i == dim else s for i, s in enumerate(shape))
 
 
-def _split_size(n: int, fused: int, tp: int, heads: str | None, spec: Heads | None, out: ShardResult) -> int | None:
+def _split_size(n: int, fused: int, tp: int, heads: str | None, spec: Heads | None,
+                out: ShardResult) -> int | None:
     """Local size of a dimension of ``n`` features made of ``fused`` blocks, cut ``tp`` ways."""
     if n % fused:
         out.problems.append(f"{n} features do not form {fused} equal fused blocks")
@@ -86,7 +87,8 @@ def _split_size(n: int, fused: int, tp: int, heads: str | None, spec: Heads | No
 
 
 def head_unit(heads: str, head_dim: int) -> int:
-    """Features of one head in a head-split weight: head_dim, or 3 x head_dim for GPT-NeoX's per-head [q k v]."""
+    """Features of one head in a head-split weight: head_dim, or 3 x head_dim for GPT-NeoX's per-head [q k
+    v]."""
     return 3 * head_dim if heads == "qkv" else head_dim
 
 
@@ -96,8 +98,8 @@ def _split_heads(block: int, fused: int, tp: int, heads: str, spec: Heads, out: 
     expected = spec.kv_heads if heads == "kv" else spec.heads
     unit = head_unit(heads, spec.head_dim)
     if heads == "qkv" and spec.kv_heads != spec.heads:
-        out.problems.append(f"a per-head [q k v] layout has as many key/value heads as query heads, but the job "
-                            f"says heads={spec.heads}, kv_heads={spec.kv_heads}")
+        out.problems.append(f"a per-head [q k v] layout has as many key/value heads as query heads, but the "
+                            f"job says heads={spec.heads}, kv_heads={spec.kv_heads}")
         return None
     if block % unit or block // unit != expected:
         per = f"head_dim {spec.head_dim}" if heads != "qkv" else f"3 x head_dim {spec.head_dim}"
@@ -108,34 +110,41 @@ def _split_heads(block: int, fused: int, tp: int, heads: str, spec: Heads, out: 
     if count % tp == 0:
         return fused * (count // tp) * unit
     if heads == "kv" and spec.replicate_kv and tp % count == 0:
-        out.notes.append(f"{count} key/value heads replicated {tp // count}x so each of tp={tp} ranks holds one")
+        out.notes.append(f"{count} key/value heads replicated {tp // count}x "
+                         f"so each of tp={tp} ranks holds one")
         return fused * spec.head_dim
     hint = " (or set parallel.replicate_kv_heads)" if heads == "kv" and tp % count == 0 else ""
-    out.problems.append(f"tp={tp} does not divide its {count} {label} heads: each rank must own whole heads{hint}")
+    out.problems.append(f"tp={tp} does not divide its {count} {label} "
+                        f"heads: each rank must own whole heads{hint}")
     return None
 
 
 def block_widths(blocks: tuple[str, ...], spec: Heads) -> list[int]:
-    """Widths of a fused weight's unequal blocks named by head kind ("q": heads x head_dim, "kv": kv_heads x head_dim)."""
+    """Widths of a fused weight's unequal blocks named by head kind ("q": heads x head_dim, "kv": kv_heads x
+    head_dim)."""
     return [(spec.heads if b == "q" else spec.kv_heads) * spec.head_dim for b in blocks]
 
 
-def _split_blocks(n: int, blocks: tuple[str, ...], tp: int, spec: Heads | None, out: ShardResult) -> int | None:
-    """Local size of a fused dimension of unequal head blocks: each block split into whole heads on its own."""
+def _split_blocks(n: int, blocks: tuple[str, ...], tp: int, spec: Heads | None,
+                  out: ShardResult) -> int | None:
+    """Local size of a fused dimension of unequal head blocks: each block split into whole heads on its
+    own."""
     if spec is None:
         out.problems.append("unequal fused blocks need the job's head counts")
         return None
     widths = block_widths(blocks, spec)
     if sum(widths) != n:
-        out.problems.append(f"{n} features are not the fused blocks {'+'.join(blocks)} = {widths} the job's heads "
-                            f"describe (heads={spec.heads}, kv_heads={spec.kv_heads}, head_dim {spec.head_dim})")
+        out.problems.append(f"{n} features are not the fused blocks {'+'.join(blocks)} = {widths} the job's "
+                            f"heads describe (heads={spec.heads}, "
+                            f"kv_heads={spec.kv_heads}, head_dim {spec.head_dim})")
         return None
     local = 0
     for b, w in zip(blocks, widths):
         count = w // spec.head_dim
         if count % tp:
             label = "query" if b == "q" else "key/value"
-            out.problems.append(f"tp={tp} does not divide its {count} {label} heads: each rank must own whole heads")
+            out.problems.append(f"tp={tp} does not divide its {count} {label} "
+                                f"heads: each rank must own whole heads")
             return None
         local += w // tp
     return local
@@ -146,7 +155,8 @@ def shard_norm_weight(params: dict[str, tuple[int, ...]], tp: int, heads: str, s
     """Shards of a norm over a whole head-split projection (OLMo2's q_norm): its weight cut by whole heads."""
     out = ShardResult()
     if set(params) != {"weight"} or len(params["weight"]) != 1:
-        out.problems.append(f"`shard_norm` needs a norm with one 1-D weight, not {type_name} {sorted(params)}")
+        out.problems.append(f"`shard_norm` needs a norm with one 1-D "
+                            f"weight, not {type_name} {sorted(params)}")
         return out
     (n,) = params["weight"]
     local = _split_heads(n, 1, tp, heads, spec, out)
@@ -166,8 +176,8 @@ def head_norm_weight(params: dict[str, tuple[int, ...]], tp: int, spec: Heads, t
     out = ShardResult()
     if any(shape != (spec.head_dim,) for shape in params.values()) or not params:
         shapes = {k: list(v) for k, v in params.items()}
-        out.problems.append(f"`head_norm` is a norm over one head's {spec.head_dim} channels; {type_name} holds "
-                            f"{shapes} (a norm over the whole projection is `shard_norm`)")
+        out.problems.append(f"`head_norm` is a norm over one head's {spec.head_dim} channels; {type_name} "
+                            f"holds {shapes} (a norm over the whole projection is `shard_norm`)")
         return out
     out.params = [ParamShard(n, s, s) for n, s in params.items()]
     if tp > 1:
@@ -175,9 +185,9 @@ def head_norm_weight(params: dict[str, tuple[int, ...]], tp: int, spec: Heads, t
     return out
 
 
-def shard_tensor_parallel(variant: str, kind: str, params: dict[str, tuple[int, ...]], tp: int, fused: int = 1,
-                          heads: str | None = None, spec: Heads | None = None, type_name: str = "",
-                          blocks: tuple[str, ...] = ()) -> ShardResult:
+def shard_tensor_parallel(variant: str, kind: str, params: dict[str, tuple[int, ...]], tp: int,
+                          fused: int = 1, heads: str | None = None, spec: Heads | None = None,
+                          type_name: str = "", blocks: tuple[str, ...] = ()) -> ShardResult:
     """Shards of a column, row or vocab module (``kind``: linear, conv1d or embedding)."""
     out = ShardResult()
     wdim = _WEIGHT_DIM.get((variant, kind))
@@ -187,7 +197,8 @@ def shard_tensor_parallel(variant: str, kind: str, params: dict[str, tuple[int, 
         return out
     extra = sorted(set(params) - {"weight", "bias"})
     if extra or "weight" not in params:
-        out.problems.append(f"`{variant}` shards only `weight` and `bias`; this module holds {sorted(params)}")
+        out.problems.append(f"`{variant}` shards only `weight` and "
+                            f"`bias`; this module holds {sorted(params)}")
         return out
     weight = params["weight"]
     if variant == "vocab":

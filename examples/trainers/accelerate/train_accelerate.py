@@ -29,9 +29,14 @@ def main() -> int:
         job = load_job(a.job)
         acc = accelerator(job)
         spec = job.plan.spec
-        model = prepare_model(job)  # this rank's model by the plan (from model.pretrained when the job names one)
-        tokens = torch.randint(0, spec.model.vocab, (spec.training.global_batch * spec.training.steps,
-                                                     spec.model.seq_len), generator=torch.Generator().manual_seed(0))
+        model = prepare_model(job)  # this rank's model by the plan (from model.pretrained when the job names
+                                    # one)
+        tokens = torch.randint(
+            0,
+            spec.model.vocab,
+            (spec.training.global_batch * spec.training.steps, spec.model.seq_len),
+            generator=torch.Generator().manual_seed(0),
+        )
         loader = torch.utils.data.DataLoader(tokens, batch_size=job.micro_batch)
         optimizer, scheduler = optimizer_and_scheduler(job, model)
         model, optimizer, loader, scheduler = acc.prepare(model, optimizer, loader, scheduler)
@@ -43,7 +48,8 @@ def main() -> int:
     for batch in loader:
         with acc.accumulate(model):
             loss = model(input_ids=batch, labels=batch).loss
-            acc.backward(loss)  # DeepSpeed steps the optimizer and the schedule every grad_accum micro-batches
+            acc.backward(loss)  # DeepSpeed steps the optimizer and the schedule every grad_accum
+                                # micro-batches
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()

@@ -5,8 +5,8 @@
 The job file gives the DeepSpeed config, batch split, precision, clipping and schedule
 (`training_arguments`) and the model (`prepare_model(job)`: this rank's model built from the job's model
 section, from `model.pretrained` when it names one); the plugin owns the process group and the clean exit
-(no dsforge teardown call here); `DsforgeCallback` stops the run before the first step when the script disagrees with the
-job (try `--batch-size 4`), and prints predicted vs measured memory at the end.
+(no dsforge teardown call here); `DsforgeCallback` stops the run before the first step when the script
+disagrees with the job (try `--batch-size 4`), and prints predicted vs measured memory at the end.
 """
 
 from __future__ import annotations
@@ -46,10 +46,12 @@ def main() -> int:
         job = load_job(a.job)
         extra = {"per_device_train_batch_size": a.batch_size} if a.batch_size else {}
         # TrainingArguments first: with ZeRO-3 it must exist before the model is built (HfDeepSpeedConfig).
-        args = training_arguments(job, a.output_dir, report_to=[], logging_steps=1, save_strategy="no", **extra)
+        args = training_arguments(job, a.output_dir, report_to=[], logging_steps=1, save_strategy="no",
+                                  **extra)
         spec = job.plan.spec
         model = prepare_model(job)
-        data = RandomTokens(spec.training.global_batch * spec.training.steps, spec.model.seq_len, spec.model.vocab)
+        data = RandomTokens(spec.training.global_batch * spec.training.steps, spec.model.seq_len,
+                            spec.model.vocab)
         callback = DsforgeCallback(job)
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
         trainer.train()

@@ -1,15 +1,16 @@
 """A LightningModule trained by a dsforge job file: the documented dsforge lines and nothing else of dsforge.
 
-    torchrun --nproc_per_node 2 examples/trainers/lightning/train_lightning.py examples/trainers/lightning/job.yaml [OUT]
+    torchrun --nproc_per_node 2 examples/trainers/lightning/train_lightning.py
+    examples/trainers/lightning/job.yaml [OUT]
 
 `prepare_model(job)` gives this rank's model by the job's plan (the rewrite `dsforge run` applies);
 `trainer_kwargs(job)` gives the dsforge strategy (Lightning's DeepSpeedStrategy with dsforge's groups, on GPUs
-or CPU processes), devices, nodes, precision, accumulation and steps. The strategy compares the Trainer and the
-DataLoader with the plan before the first step, shards the data over the data-parallel ranks, writes a plain HF
-directory into each checkpoint (``<ckpt>/hf``) and leaves the process group cleanly at the end. DeepSpeed builds
-the optimizer and schedule from the job, so configure_optimizers returns None. With OUT, Lightning saves a
-checkpoint there at the end of each epoch (``OUT/epoch=0-step=2.ckpt``, with ``hf/`` inside for
-``from_pretrained``); resuming through Lightning's ``ckpt_path`` is refused (DSF716, docs/trainers.md).
+or CPU processes), devices, nodes, precision, accumulation and steps. The strategy compares the Trainer and
+the DataLoader with the plan before the first step, shards the data over the data-parallel ranks, writes a
+plain HF directory into each checkpoint (``<ckpt>/hf``) and leaves the process group cleanly at the end.
+DeepSpeed builds the optimizer and schedule from the job, so configure_optimizers returns None. With OUT,
+Lightning saves a checkpoint there at the end of each epoch (``OUT/epoch=0-step=2.ckpt``, with ``hf/`` inside
+for ``from_pretrained``); resuming through Lightning's ``ckpt_path`` is refused (DSF716, docs/trainers.md).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class CausalLM(pl.LightningModule):
         loss = self.model(input_ids=batch, labels=batch).loss
         self.log("loss", loss, prog_bar=True)
         if os.environ.get("LOSS_LOG"):  # the test's per-step record
-            print(f"step {self.global_step} micro {batch_idx} loss {loss.item():.8f}\n", end="", flush=True)  # one write
+            # one write
+            print(f"step {self.global_step} micro {batch_idx} loss {loss.item():.8f}\n", end="", flush=True)
         return loss
 
     def configure_optimizers(self) -> None:
@@ -45,10 +47,13 @@ class CausalLM(pl.LightningModule):
 def main() -> None:
     job, out = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
     model = CausalLM(dsl.prepare_model(job))                                   # dsforge line 1
-    saves = [ModelCheckpoint(dirpath=out, every_n_epochs=1, save_top_k=-1, save_on_train_epoch_end=True)] if out else []
-    trainer = pl.Trainer(**dsl.trainer_kwargs(job), callbacks=saves, enable_checkpointing=bool(out),  # dsforge line 2
+    saves = [ModelCheckpoint(dirpath=out, every_n_epochs=1, save_top_k=-1,
+                             save_on_train_epoch_end=True)] if out else []
+    # dsforge line 2
+    trainer = pl.Trainer(**dsl.trainer_kwargs(job), callbacks=saves, enable_checkpointing=bool(out),
                          logger=False, enable_progress_bar=False)
-    tokens = torch.randint(0, model.model.config.vocab_size, (16, 32), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, model.model.config.vocab_size, (16, 32),
+                           generator=torch.Generator().manual_seed(0))
     trainer.fit(model, torch.utils.data.DataLoader(tokens, batch_size=2))
 
 

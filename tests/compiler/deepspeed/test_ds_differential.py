@@ -40,8 +40,9 @@ def oracle() -> Iterator[Any]:
 def _check(oracle: Any, case: Any, folder: Path, init: bool = False) -> str:
     cls, judged, verdict = DIFF.run_case(case, oracle, folder, init)
     COMPARED[cls] = COMPARED.get(cls, 0) + 1
-    assert cls not in DIFF.FAILURES, f"{cls}: {case.seed} {case.changes}\n validate errors {judged.errors}\n " \
-                                     f"deepspeed {verdict}"
+    assert cls not in DIFF.FAILURES, (
+        f"{cls}: {case.seed} {case.changes}\n validate errors {judged.errors}\n deepspeed {verdict}"
+    )
     return str(cls)
 
 
@@ -72,7 +73,8 @@ def test_a_sample_initializes_and_trains_as_validate_says(oracle: Any, tmp_path:
 
 
 def test_the_campaign_draws_every_section() -> None:
-    """Every section of DeepSpeed's config (ds_sections.SECTION_NAMES: modelled or refused) is drawn by a kind."""
+    """Every section of DeepSpeed's config (ds_sections.SECTION_NAMES: modelled or refused) is drawn by a
+    kind."""
     from dsforge.compiler.deepspeed.ds_sections import SECTION_NAMES
 
     assert set(DIFF.one_per_section()) == set(SECTION_NAMES)

@@ -1,8 +1,9 @@
-"""The sections `dsforge.compiler.deepspeed.ds_sections` describes, the ones it refuses, and the override policy (DSF527-DSF530).
+"""The sections `dsforge.compiler.deepspeed.ds_sections` describes, the ones it refuses, and the override
+policy (DSF527-DSF530).
 
-The fast tests check `ds_schema.parse` and the rules offline; the slow ones compare the section models with the
-installed DeepSpeed 0.19.8's pydantic models field by field, and `parse` with `DeepSpeedConfig` on sections
-hypothesis draws (accept or refuse, case by case).
+The fast tests check `ds_schema.parse` and the rules offline; the slow ones compare the section models with
+the installed DeepSpeed 0.19.8's pydantic models field by field, and `parse` with `DeepSpeedConfig` on
+sections hypothesis draws (accept or refuse, case by case).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ BASE: dict[str, Any] = {
     "version": 1, "name": "sections", "model": {"preset": "tiny-gpt2"},
     "hardware": {"preset": "cpu-local", "gpus_per_node": 1}, "parallel": {"zero": 1},
     "training": {"global_batch": 4, "micro_batch": 2, "precision": "fp32", "steps": 4,
-                 "optimizer": {"name": "adamw", "lr": 1.0e-3}, "scheduler": {"name": "cosine", "warmup_steps": 1}},
+                 "optimizer": {"name": "adamw", "lr": 1.0e-3},
+                 "scheduler": {"name": "cosine", "warmup_steps": 1}},
 }
 CONFIG: dict[str, Any] = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
                           "gradient_accumulation_steps": 2}
@@ -65,7 +67,8 @@ def test_every_top_level_section_is_described_or_refused() -> None:
     ({"torch_autocast": {"dtype": "bf17"}}, ("torch_autocast", "dtype")),
     ({"torch_autocast": {"dtype": "BF16"}}, ("torch_autocast", "dtype")),
     ({"torch_autocast": None}, ("torch_autocast",)),
-    ({"torch_autocast": {"lower_precision_safe_modules": [1]}}, ("torch_autocast", "lower_precision_safe_modules")),
+    ({"torch_autocast": {"lower_precision_safe_modules": [1]}},
+     ("torch_autocast", "lower_precision_safe_modules")),
     ({"checkpoint": {"tag_validation": "bogus"}}, ("checkpoint", "tag_validation")),
     ({"checkpoint": {"tag_validation": None}}, ("checkpoint", "tag_validation")),
     ({"checkpoint": None}, ("checkpoint",)),
@@ -73,31 +76,37 @@ def test_every_top_level_section_is_described_or_refused() -> None:
                                                                       "pipeline_stage")),
     ({"checkpoint": {"writer": {"type": "slow"}}}, ("checkpoint", "writer", "type")),
     ({"checkpoint": {"writer": "x"}}, ("checkpoint", "writer")),
-    ({"tensorboard": None}, ("tensorboard",)), ({"tensorboard": {"output_path": None}}, ("tensorboard", "output_path")),
+    ({"tensorboard": None}, ("tensorboard",)),
+    ({"tensorboard": {"output_path": None}}, ("tensorboard", "output_path")),
     ({"wandb": {"group": 1}}, ("wandb", "group")), ({"comet": {"samples_log_interval": 1.5}},
                                                      ("comet", "samples_log_interval")),
-    ({"comms_logger": None}, ("comms_logger",)), ({"comms_logger": {"prof_ops": "x"}}, ("comms_logger", "prof_ops")),
-    ({"timers": None}, ("timers",)), ({"timers": {"throughput": "auto"}}, ("timers", "throughput")),
+    ({"comms_logger": None}, ("comms_logger",)),
+    ({"comms_logger": {"prof_ops": "x"}}, ("comms_logger", "prof_ops")), ({"timers": None}, ("timers",)),
+    ({"timers": {"throughput": "auto"}}, ("timers", "throughput")),
     ({"timers": {"throughput": {"enabled": "maybe"}}}, ("timers", "throughput", "enabled")),
     ({"aio": []}, ("aio",)),
     ({"zero_optimization": {"leaf_module": "x"}}, ("zero_optimization", "leaf_module")),
-    ({"zero_optimization": {"leaf_module": {"classes": ["A", 1]}}}, ("zero_optimization", "leaf_module", "classes")),
+    ({"zero_optimization": {"leaf_module": {"classes": ["A", 1]}}},
+     ("zero_optimization", "leaf_module", "classes")),
     ({"zero_optimization": {"leaf_module": {"bad": 1}}}, ("zero_optimization", "leaf_module", "bad")),
 ])
-def test_parse_names_what_deepspeed_refuses_in_the_sections(section: dict[str, Any], path: tuple[str, ...]) -> None:
+def test_parse_names_what_deepspeed_refuses_in_the_sections(section: dict[str, Any],
+                                                            path: tuple[str, ...]) -> None:
     assert path in [p.path for p in parse({**CONFIG, **section}, 1)]
 
 
 @pytest.mark.parametrize("section", [
     {"tensorboard": {"enabled": "auto"}}, {"tensorboard": "auto"}, {"comms_logger": {"prof_ops": ["x", 1]}},
     {"timers": []}, {"timers": "abc"}, {"timers": {"throughput": {"enabled": "auto", "synchronized": "no"}}},
-    {"torch_autocast": {"lower_precision_safe_modules": "torch.nn.Linear"}}, {"torch_autocast": {"dtype": "bf16"}},
-    {"checkpoint": {"parallel_write": {"pipeline_stage": 1}}}, {"checkpoint": {"writer": {"type": None}}},
+    {"torch_autocast": {"lower_precision_safe_modules": "torch.nn.Linear"}},
+    {"torch_autocast": {"dtype": "bf16"}}, {"checkpoint": {"parallel_write": {"pipeline_stage": 1}}},
+    {"checkpoint": {"writer": {"type": None}}},
     {"checkpoint": {"writer": {"type": "fast", "data_parallel": "socket"}}}, {"checkpoint": {"writer": None}},
-    {"checkpoint": {"tag_validation": "fail", "load_universal": "yes"}}, {"zero_optimization": {"leaf_module": None}},
-    {"zero_optimization": {"leaf_module": {"classes": "A"}}}, {"zero_optimization": {"leaf_module": {"names": "auto"}}},
-    {"aio": None}, {"aio": {"block_size": "x"}}, {"flops_profiler": {"detailed": "maybe"}},
-    {"comet": {"samples_log_interval": "5"}}, {"csv_monitor": {"enabled": 1.0}},
+    {"checkpoint": {"tag_validation": "fail", "load_universal": "yes"}},
+    {"zero_optimization": {"leaf_module": None}}, {"zero_optimization": {"leaf_module": {"classes": "A"}}},
+    {"zero_optimization": {"leaf_module": {"names": "auto"}}}, {"aio": None}, {"aio": {"block_size": "x"}},
+    {"flops_profiler": {"detailed": "maybe"}}, {"comet": {"samples_log_interval": "5"}},
+    {"csv_monitor": {"enabled": 1.0}},
 ])
 def test_parse_accepts_what_deepspeed_accepts_in_the_sections(section: dict[str, Any]) -> None:
     assert parse({**CONFIG, **section}, 1) == []
@@ -108,14 +117,17 @@ def test_loosely_read_values_warn_and_do_not_refuse(tmp_path: Path) -> None:
     assert _rules(tmp_path, {"flops_profiler": {"detailed": "maybe"}}) == {"DSF529": Severity.WARNING}
     assert _rules(tmp_path, {"checkpoint": {"load_universal": "yes", "tag_valdation": "warn"}}) == {
         "DSF529": Severity.WARNING, "DSF507": Severity.WARNING}
-    assert _rules(tmp_path, {"flops_profiler": {"detailed": False, "profile_step": 2}, "aio": {"block_size": 4096}}) \
+    assert _rules(tmp_path,
+                  {"flops_profiler": {"detailed": False, "profile_step": 2}, "aio": {"block_size": 4096}}) \
         == {}
-    assert [p.path for p in loose({"aio": {"single_submit": "no", "queue_depth": 8}})] == [("aio", "single_submit")]
+    assert [p.path for p in loose({"aio": {"single_submit": "no",
+                                           "queue_depth": 8}})] == [("aio", "single_submit")]
 
 
 def test_loose_values_deepspeed_computes_with_are_errors_where_it_does(tmp_path: Path) -> None:
     """With the profiler on, text for profile_step fails in the training step (DSF531); off, it is unused."""
-    assert _rules(tmp_path, {"flops_profiler": {"enabled": True, "profile_step": "1"}}) == {"DSF531": Severity.ERROR}
+    assert _rules(tmp_path,
+                  {"flops_profiler": {"enabled": True, "profile_step": "1"}}) == {"DSF531": Severity.ERROR}
     assert _rules(tmp_path, {"flops_profiler": {"enabled": False, "profile_step": "1"}}) == {
         "DSF529": Severity.WARNING}
     assert _rules(tmp_path, {"flops_profiler": {"enabled": True, "detailed": "maybe"}}) == {
@@ -133,7 +145,8 @@ def test_amsgrad_only_where_torch_s_adamw_runs(tmp_path: Path) -> None:
     assert _rules(tmp_path, amsgrad) == {}  # CPU ranks without offload: dsforge writes torch_adam
     offload = {"name": "adamw", "lr": 1.0e-3, "offload": "cpu"}
     assert _rules(tmp_path, amsgrad, optimizer=offload) == {"DSF533": Severity.ERROR}  # DeepSpeedCPUAdam
-    assert _rules(tmp_path, {"optimizer": {"params": {"amsgrad": True, "torch_adam": True}}}, optimizer=offload) == {}
+    assert _rules(tmp_path, {"optimizer": {"params": {"amsgrad": True, "torch_adam": True}}},
+                  optimizer=offload) == {}
 
 
 def test_section_problems_are_errors_of_the_parse_rules(tmp_path: Path) -> None:
@@ -166,7 +179,8 @@ def test_section_problems_are_errors_of_the_parse_rules(tmp_path: Path) -> None:
     ({"data_types": {"grad_accum_dtype": "bf17"}}, "training.precision"),  # fails at initialize, not at parse
     ({"data_types": {"buffer_dtype": "half"}}, "training.precision"),
 ])
-def test_an_override_of_a_value_the_job_states_is_refused_naming_both(tmp_path: Path, deepspeed: dict[str, Any],
+def test_an_override_of_a_value_the_job_states_is_refused_naming_both(tmp_path: Path,
+                                                                      deepspeed: dict[str, Any],
                                                                        place: str) -> None:
     job = {**BASE, "deepspeed": deepspeed}
     path = tmp_path / "job.yaml"
@@ -177,15 +191,17 @@ def test_an_override_of_a_value_the_job_states_is_refused_naming_both(tmp_path: 
 
 
 def test_restating_the_job_s_values_passes(tmp_path: Path) -> None:
-    same_values = {"optimizer": {"params": {"lr": 1.0e-3, "betas": [0.9, 0.95], "eps": 1.0e-8, "weight_decay": 0,
-                                            "adam_w_mode": True, "torch_adam": True}},
-                   "scheduler": {"params": {"total_num_steps": 4, "warmup_num_steps": 1, "warmup_type": "linear",
-                                            "cos_min_ratio": 0.0, "warmup_min_ratio": 0.0}},
+    same_values = {"optimizer": {"params": {"lr": 1.0e-3, "betas": [0.9, 0.95], "eps": 1.0e-8,
+                                            "weight_decay": 0, "adam_w_mode": True, "torch_adam": True}},
+                   "scheduler": {"params": {"total_num_steps": 4, "warmup_num_steps": 1,
+                                            "warmup_type": "linear", "cos_min_ratio": 0.0,
+                                            "warmup_min_ratio": 0.0}},
                    "torch_autocast": {"enabled": False},
                    "data_types": {"param_dtype": "float", "grad_accum_dtype": "fp32", "buffer_dtype": None}}
     assert _rules(tmp_path, same_values) == {}
     # an argument the job does not state is the override's own (the e2e tests give SGD a momentum this way)
-    assert _rules(tmp_path, {"optimizer": {"params": {"momentum": 0.9}}, "zero_allow_untested_optimizer": True},
+    assert _rules(tmp_path,
+                  {"optimizer": {"params": {"momentum": 0.9}}, "zero_allow_untested_optimizer": True},
                   optimizer={"name": "sgd", "lr": 1.0e-3}) == {}
     # a job without a schedule (constant, no warm-up) has nothing for scheduler.params to shape
     assert "DSF527" in _rules(tmp_path, {"scheduler": {"params": {"warmup_num_steps": 2}}},
@@ -214,7 +230,8 @@ def _spec(example: Path, optimizer: str, scheduler: str, warmup: int) -> Any:
 
 @pytest.mark.parametrize("example", EXAMPLES[:4], ids=lambda p: p.stem)
 @pytest.mark.parametrize("optimizer", ["adamw", "adam", "lion", "lamb", "sgd"])
-@pytest.mark.parametrize(("scheduler", "warmup"), [("cosine", 0), ("cosine", 10), ("linear", 0), ("constant", 0),
+@pytest.mark.parametrize(("scheduler", "warmup"),
+                         [("cosine", 0), ("cosine", 10), ("linear", 0), ("constant", 0),
                                                    ("constant", 5)])
 def test_the_stated_values_are_the_ones_the_emitter_writes(example: Path, optimizer: str, scheduler: str,
                                                            warmup: int) -> None:
@@ -248,7 +265,8 @@ def test_the_stated_pipeline_keys_are_the_ones_the_emitter_writes(tmp_path: Path
     assert {k: pipe[k] for k in stated} == stated
 
 
-# --- against the installed DeepSpeed -------------------------------------------------------------------------
+# --- against the installed DeepSpeed
+# -------------------------------------------------------------------------
 
 def _deepspeed_models() -> dict[str, Any]:
     pytest.importorskip("deepspeed")
@@ -257,9 +275,9 @@ def _deepspeed_models() -> dict[str, Any]:
     from deepspeed.runtime.zero.leaf_module_config import DeepSpeedZeroLeafModuleConfig
     from deepspeed.utils.config import DeepSpeedThroughputTimerConfig
 
-    return {"tensorboard": TensorBoardConfig, "wandb": WandbConfig, "csv_monitor": CSVConfig, "comet": CometConfig,
-            "comms_logger": CommsLoggerConfig, "timers_throughput": DeepSpeedThroughputTimerConfig,
-            "leaf_module": DeepSpeedZeroLeafModuleConfig}
+    return {"tensorboard": TensorBoardConfig, "wandb": WandbConfig, "csv_monitor": CSVConfig,
+            "comet": CometConfig, "comms_logger": CommsLoggerConfig,
+            "timers_throughput": DeepSpeedThroughputTimerConfig, "leaf_module": DeepSpeedZeroLeafModuleConfig}
 
 
 _KIND_OF = {bool: "bool", int: "int", str: "str", list: "list"}
@@ -296,7 +314,8 @@ KEYS = {"tensorboard": ["enabled", "output_path", "job_name"], "csv_monitor": ["
         "comet": ["enabled", "samples_log_interval", "online", "mode", "api_key"],
         "comms_logger": ["enabled", "prof_all", "prof_ops", "verbose", "debug"],
         "torch_autocast": ["enabled", "dtype", "lower_precision_safe_modules", "dtyp"],
-        "checkpoint": ["tag_validation", "load_universal", "use_node_local_storage", "checkpoint_serialization"],
+        "checkpoint": ["tag_validation", "load_universal", "use_node_local_storage",
+                       "checkpoint_serialization"],
         "flops_profiler": ["enabled", "detailed", "profile_step", "module_depth", "output_file"],
         "aio": ["block_size", "queue_depth", "single_submit", "overlap_events"]}
 NESTED = {"timers": ("throughput", ["enabled", "synchronized", "x"]),
@@ -309,7 +328,8 @@ NESTED = {"timers": ("throughput", ["enabled", "synchronized", "x"]),
 EDGES: dict[str, list[Any]] = {
     "dtype": ["bf16", "BF16", "bfloat16", "torch.float16", "half", "float", "int8", "bf17", None, 1],
     "tag_validation": ["WARN", "warn", "Fail", "IGNORE", "bogus", None, 1, ""],
-    "type": ["fast", "MOCK", "Python", "slow", None, 1], "data_parallel": ["socket", "REPLICA", "Machine", "rack"],
+    "type": ["fast", "MOCK", "Python", "slow", None, 1],
+    "data_parallel": ["socket", "REPLICA", "Machine", "rack"],
     "pipeline_stage": [True, False, 1, 0, 1.0, "yes", None, 2],
     "lower_precision_safe_modules": [["torch.nn.Linear"], "torch.nn.Linear", [1], None, {"a": 1}, 3],
     "prof_ops": [["all_reduce"], "all_reduce", [], None], "samples_log_interval": ["5", 5, 1.5, "x", True],
@@ -372,4 +392,10 @@ def test_parse_refuses_exactly_what_deepspeed_refuses_in_the_sections(deepspeed_
 
 def test_enum_of_kinds_is_closed() -> None:
     """Every field kind of the section models is one `coerce` knows."""
-    assert {f.kind for m in SECTION_MODELS.values() for f in m.values()} <= {"bool", "int", "str", "list", "strs"}
+    assert {f.kind for m in SECTION_MODELS.values() for f in m.values()} <= {
+        "bool",
+        "int",
+        "str",
+        "list",
+        "strs",
+    }

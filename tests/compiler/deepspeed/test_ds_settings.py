@@ -28,14 +28,20 @@ def _with(spec: JobSpec, section: str, **values: Any) -> JobSpec:
     return spec.model_copy(update={section: getattr(spec, section).model_copy(update=values)})
 
 
-def variant(zero: int = 1, tp: int = 2, recompute: str = "none", offload: str = "none", accelerator: str = "cpu",
-            deepspeed: dict[str, Any] | None = None) -> Plan:
+def variant(zero: int = 1, tp: int = 2, recompute: str = "none", offload: str = "none",
+            accelerator: str = "cpu", deepspeed: dict[str, Any] | None = None) -> Plan:
     """The tiny example with the given knobs (dp follows the world size)."""
     spec = _with(_with(BASE, "parallel", zero=zero, tp=tp), "training", recompute=recompute,
                  optimizer=BASE.training.optimizer.model_copy(update={"offload": offload}))
     hw = BASE.hardware
-    spec = spec.model_copy(update={"hardware": hw.model_copy(update={
-        "accelerator": hw.accelerator.model_copy(update={"name": accelerator})}), "deepspeed": deepspeed or {}})
+    spec = spec.model_copy(
+        update={
+            "hardware": hw.model_copy(
+                update={"accelerator": hw.accelerator.model_copy(update={"name": accelerator})}
+            ),
+            "deepspeed": deepspeed or {},
+        }
+    )
     return build_plan(spec)
 
 
@@ -49,11 +55,12 @@ OVERRIDES = st.fixed_dictionaries({}, optional={
 
 
 @settings(max_examples=80, deadline=None)
-@given(zero=st.integers(0, 3), tp=st.sampled_from([1, 2]), recompute=st.sampled_from(["none", "selective", "full"]),
-       offload=st.sampled_from(["none", "cpu"]), accelerator=st.sampled_from(["cpu", "H100-SXM5-80GB"]),
-       overrides=OVERRIDES)
+@given(zero=st.integers(0, 3), tp=st.sampled_from([1, 2]),
+       recompute=st.sampled_from(["none", "selective", "full"]), offload=st.sampled_from(["none", "cpu"]),
+       accelerator=st.sampled_from(["cpu", "H100-SXM5-80GB"]), overrides=OVERRIDES)
 def test_the_estimate_reads_the_blocks_the_emitter_writes(zero: int, tp: int, recompute: str, offload: str,
-                                                          accelerator: str, overrides: dict[str, Any]) -> None:
+                                                          accelerator: str,
+                                                          overrides: dict[str, Any]) -> None:
     plan = variant(zero, tp, recompute, offload, accelerator, overrides)
     cfg = build_ds_config(plan)
     assert emitted_zero_block(plan) == cfg["zero_optimization"]

@@ -1,4 +1,5 @@
-"""ds_config.json from the plan, without DeepSpeed: batch identity, ZeRO knobs, precision, optimizer, schedule."""
+"""ds_config.json from the plan, without DeepSpeed: batch identity, ZeRO knobs, precision, optimizer,
+schedule."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ def test_batch_keys_satisfy_deepspeeds_identity_with_the_plans_dp(name: str) -> 
     cfg = build_ds_config(plan)
     assert plan.degrees is not None
     assert cfg["train_batch_size"] == plan.spec.training.global_batch
-    assert cfg["train_batch_size"] == (cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]
-                                       * plan.degrees.dp)
+    assert cfg["train_batch_size"] == (
+        cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * plan.degrees.dp
+    )
     assert cfg["zero_optimization"]["stage"] == plan.zero
     assert ("pipeline" in cfg) == (plan.degrees.pp > 1)
 
@@ -36,12 +38,14 @@ def test_zero_1_and_2_buckets_scale_with_the_model_width(tmp_path: Path) -> None
     assert z["reduce_bucket_size"] == z["allgather_bucket_size"] == 4096 * 4096
     assert z["overlap_comm"] is True
     assert "contiguous_gradients" not in z and "stage3_prefetch_bucket_size" not in z
-    z2 = build_ds_config(variant_plan(tmp_path, "llama3-8b-dgx-h100", {"parallel": {"zero": 2}}))["zero_optimization"]
+    z2 = build_ds_config(variant_plan(tmp_path, "llama3-8b-dgx-h100",
+                                      {"parallel": {"zero": 2}}))["zero_optimization"]
     assert z2["contiguous_gradients"] is True and z2["stage"] == 2
 
 
 def test_zero_3_prefetch_and_persistence_follow_hidden(tmp_path: Path) -> None:
-    z = build_ds_config(variant_plan(tmp_path, "tiny-tp2-dp2", {"parallel": {"zero": 3}}))["zero_optimization"]
+    z = build_ds_config(variant_plan(tmp_path, "tiny-tp2-dp2",
+                                     {"parallel": {"zero": 3}}))["zero_optimization"]
     h = 64
     assert z["stage3_prefetch_bucket_size"] == int(0.9 * h * h)
     assert z["stage3_param_persistence_threshold"] == 10 * h
@@ -83,7 +87,11 @@ def test_optimizer_names_and_parameters(tmp_path: Path) -> None:
         return build_ds_config(plan)["optimizer"]
 
     adamw = opt("adamw")
-    assert adamw["type"] == "AdamW" and adamw["params"]["betas"] == [0.9, 0.95] and "torch_adam" not in adamw["params"]
+    assert (
+        adamw["type"] == "AdamW"
+        and adamw["params"]["betas"] == [0.9, 0.95]
+        and "torch_adam" not in adamw["params"]
+    )
     assert opt("adam")["params"]["adam_w_mode"] is False
     lion = opt("lion")
     assert lion["type"] == "Lion" and "eps" not in lion["params"]
@@ -126,7 +134,10 @@ def test_overrides_are_merged_last(tmp_path: Path) -> None:
         "optimizer": {"params": {"torch_adam": True}}}})  # (an lr the job states is DSF527's to refuse)
     cfg = build_ds_config(plan)
     assert cfg["zero_optimization"]["reduce_bucket_size"] == 123
-    assert cfg["zero_optimization"]["stage"] == 1 and cfg["zero_optimization"]["allgather_bucket_size"] == 4096**2
+    assert (
+        cfg["zero_optimization"]["stage"] == 1
+        and cfg["zero_optimization"]["allgather_bucket_size"] == 4096**2
+    )
     assert cfg["steps_per_print"] == 7
     assert cfg["optimizer"]["params"]["torch_adam"] is True and cfg["optimizer"]["type"] == "AdamW"
     assert cfg["optimizer"]["params"]["lr"] == plan.spec.training.optimizer.lr  # merged into, not replaced
@@ -134,12 +145,14 @@ def test_overrides_are_merged_last(tmp_path: Path) -> None:
 
 def test_sequence_parallel_pipelines_send_whole_stage_activations(tmp_path: Path) -> None:
     """SP x TP x PP: each TP rank's activation is its own sequence slice, so DeepSpeed must not split and
-    all-gather it as if replicated (pipe/grad_partitioned off); without SP (or with tp 1) DeepSpeed's default."""
+    all-gather it as if replicated (pipe/grad_partitioned off); without SP (or with tp 1) DeepSpeed's
+    default."""
     sp = build_ds_config(example_plan("llama3-70b-multinode"))["pipeline"]  # tp 8 x pp 4, sequence_parallel
     assert (sp["pipe_partitioned"], sp["grad_partitioned"]) == (False, False)
     plain = build_ds_config(example_plan("tiny-3d"))["pipeline"]  # tp 2 x pp 2, no sequence parallelism
     assert (plain["pipe_partitioned"], plain["grad_partitioned"]) == (True, True)
     sp_3d = build_ds_config(variant_plan(tmp_path, "tiny-3d", {"parallel": {"sequence_parallel": True}}))
     assert (sp_3d["pipeline"]["pipe_partitioned"], sp_3d["pipeline"]["grad_partitioned"]) == (False, False)
-    tp1 = variant_plan(tmp_path, "tiny-pp2-dp2", {"parallel": {"sequence_parallel": True}})  # DSF110 warns only
+    # DSF110 warns only
+    tp1 = variant_plan(tmp_path, "tiny-pp2-dp2", {"parallel": {"sequence_parallel": True}})
     assert build_ds_config(tp1)["pipeline"]["pipe_partitioned"] is True

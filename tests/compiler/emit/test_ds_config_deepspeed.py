@@ -70,7 +70,8 @@ VARIANTS = {
     "zero3-nvme": ("llama3-8b-dgx-h100", {
         "parallel": {"zero": 3}, "training": {"optimizer": {"offload": "nvme"}},
         "deepspeed": {"zero_optimization": {"offload_optimizer": {"nvme_path": "/local_nvme"}}}}),
-    # Lion on the CPU accelerator runs only as DeepSpeedCPULion, with offload (FusedLion has no CPU op: DSF522)
+    # Lion on the CPU accelerator runs only as DeepSpeedCPULion, with offload (FusedLion has no CPU op:
+    # DSF522)
     "context-parallel-lion-constant": ("tiny-tp2-dp2", {
         "parallel": {"tp": 1, "cp": 2}, "training": {"optimizer": {"name": "lion", "offload": "cpu"},
                                                       "scheduler": {"name": "constant", "warmup_steps": 0}}}),

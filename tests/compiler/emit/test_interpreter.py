@@ -1,4 +1,5 @@
-"""The emitted launchers run the interpreter that compiled the job (recorded in plan.json), not `python` from PATH.
+"""The emitted launchers run the interpreter that compiled the job (recorded in plan.json), not `python` from
+PATH.
 
 `launch.python` still names another one (nodes with their own Python); a Kubernetes pod runs its image's
 `python`. Each launcher is checked by running its script in dry-run mode with a PATH that has no
@@ -54,7 +55,8 @@ def recorded(directory: Path) -> str:
 
 @pytest.mark.parametrize("launcher", sorted(SCRIPTS))
 def test_every_launcher_runs_the_compiling_interpreter_by_default(tmp_path: Path, launcher: str) -> None:
-    directory = write_files(tmp_path / "job", render_job(plan_for(tmp_path, launcher).resolve(), python=COMPILING))
+    directory = write_files(tmp_path / "job",
+                            render_job(plan_for(tmp_path, launcher).resolve(), python=COMPILING))
     argv = exec_argv(directory, launcher)
     assert COMPILING in argv and argv[argv.index(COMPILING) + 1] == "-m"
     assert "python" not in argv  # nothing is left to PATH
@@ -86,7 +88,8 @@ def test_compile_records_this_interpreter_and_its_script_needs_no_path(tmp_path:
 
     result = compile_file(write_variant(tmp_path, "tiny-tp2-dp2", {}), tmp_path / "job", rewrite=False)
     assert result.written is not None, [d.message for d in result.diagnostics]
-    assert recorded(result.written) == os.path.abspath(sys.executable)  # not resolved through the venv's symlink
+    # not resolved through the venv's symlink
+    assert recorded(result.written) == os.path.abspath(sys.executable)
     argv = exec_argv(result.written, "local")
     assert argv[0] == os.path.abspath(sys.executable) and os.access(argv[0], os.X_OK)
 
@@ -103,6 +106,7 @@ def test_an_empty_interpreter_name_falls_back_to_python(tmp_path: Path) -> None:
 def test_any_interpreter_path_arrives_literally(tmp_path: Path, path: str) -> None:
     compiling = "/" + path  # absolute, so abspath leaves it alone unless it has .. or // segments
     expected = os.path.abspath(compiling)
-    directory = write_files(tmp_path / "job", render_job(plan_for(tmp_path, "local").resolve(), python=compiling))
+    directory = write_files(tmp_path / "job",
+                            render_job(plan_for(tmp_path, "local").resolve(), python=compiling))
     assert exec_argv(directory, "local")[0] == expected
     assert recorded(directory) == expected

@@ -30,11 +30,13 @@ SCRIPTS = ("launch.sh", "slurm.sbatch")
 #: Launcher set-ups beyond the examples: (base example, changes).
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "torchrun-1node": ("tiny-tp2-dp2", {"launch": {"launcher": "torchrun"}}),
-    "torchrun-c10d": ("llama3-70b-multinode", {"launch": {"launcher": "torchrun", "master_addr": "node-0.cluster"}}),
+    "torchrun-c10d": ("llama3-70b-multinode",
+                      {"launch": {"launcher": "torchrun", "master_addr": "node-0.cluster"}}),
     "torchrun-static": ("llama3-70b-multinode", {"launch": {"launcher": "torchrun", "master_addr": "10.0.0.1",
                                                             "rdzv_backend": "static"}}),
     "deepspeed-2node": ("tiny-tp2-dp2", {"hardware": {"nodes": 2, "gpus_per_node": 2},
-                                         "launch": {"launcher": "deepspeed", "hosts": ["worker-0", "worker-1"],
+                                         "launch": {"launcher": "deepspeed",
+                                                    "hosts": ["worker-0", "worker-1"],
                                                     "env": {"NCCL_DEBUG": "INFO"}}}),
     "deepspeed-2node-addr": ("tiny-tp2-dp2", {"hardware": {"nodes": 2, "gpus_per_node": 2},
                                               "launch": {"launcher": "deepspeed", "master_addr": "worker-0",
@@ -75,7 +77,8 @@ def test_scripts_parse_and_pass_shellcheck(job_dir: tuple[Plan, Path]) -> None:
         return
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
-    proc = subprocess.run(["shellcheck", "--shell=bash", *map(str, scripts)], check=False, capture_output=True, text=True)
+    proc = subprocess.run(["shellcheck", "--shell=bash", *map(str, scripts)], check=False,
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 
 
@@ -128,7 +131,8 @@ def check_pytorchjob(plan: Plan, directory: Path) -> None:
         assert container["name"] == "pytorch" and container["image"] == plan.spec.launch.image
         assert container["resources"]["limits"][plan.spec.launch.gpu_resource] == plan.gpus_per_node
         script, python = container["command"][2:4]
-        assert python == (plan.spec.launch.python or "python")  # the image's interpreter, never this machine's
+        # the image's interpreter, never this machine's
+        assert python == (plan.spec.launch.python or "python")
         assert f"--nnodes={plan.nodes}" in script and f"--nproc_per_node={plan.gpus_per_node}" in script
         env = {e["name"]: e["value"].replace("$$", "$") for e in container.get("env", [])}
         assert env == dict(plan.spec.launch.env)
@@ -176,6 +180,6 @@ def test_slurm_directives_carry_partition_account_time(tmp_path: Path) -> None:
 def test_slurm_script_refuses_to_run_outside_its_job_directory(tmp_path: Path) -> None:
     directory = render_to(tmp_path / "j", example_plan("llama3-70b-multinode"))
     (directory / "plan.json").unlink()
-    proc = subprocess.run(["bash", str(directory / "slurm.sbatch")], check=False, capture_output=True, text=True,
-                          env={"DSFORGE_DRY_RUN": "1", "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(["bash", str(directory / "slurm.sbatch")], check=False, capture_output=True,
+                          text=True, env={"DSFORGE_DRY_RUN": "1", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2 and "job directory" in proc.stderr

@@ -81,7 +81,8 @@ def check_plan_json(content: str, name: str, path: str) -> None:
 @pytest.mark.parametrize("launcher", sorted(BASES))
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=text, python=text, addr=text, value=text, path=text)
-def test_strings_arrive_literally(launcher: str, name: str, python: str, addr: str, value: str, path: str) -> None:
+def test_strings_arrive_literally(launcher: str, name: str, python: str, addr: str, value: str,
+                                  path: str) -> None:
     files = build(launcher, name, python, addr, value, path)
     check_plan_json(files["plan.json"].content, name, path)
     if launcher == "kubernetes":

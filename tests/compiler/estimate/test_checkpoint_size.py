@@ -42,8 +42,8 @@ def test_each_parameter_is_copied_once_whatever_the_zero_stage_and_dp(precision:
     assert len(own) == 1  # dsforge-weights and dsforge-state: every parameter once
     z0, z1, z3 = sizes["dp4-z0"], sizes["dp4-z1"], sizes["dp4-z3"]
     # In 16 bits ZeRO-1 adds no bytes over ZeRO-0 (the fp32 master moves from the model file into the ranks'
-    # optimizer files); in fp32 ZeRO keeps an fp32 partition beside the fp32 weights, 4 bytes a parameter more.
-    # ZeRO-3 keeps no weights in DeepSpeed's model files (its partitions are the fp32 master's).
+    # optimizer files); in fp32 ZeRO keeps an fp32 partition beside the fp32 weights, 4 bytes a parameter
+    # more. ZeRO-3 keeps no weights in DeepSpeed's model files (its partitions are the fp32 master's).
     params = (z0.dsforge - SMALL_FILES) / (4 + 4 + 8 if precision == "fp32" else 2 + 4 + 8)  # AdamW: k = 8
     extra = 4 * params if precision == "fp32" else 0.0
     assert z1.deepspeed == pytest.approx(z0.deepspeed + extra) and z3.deepspeed < z1.deepspeed

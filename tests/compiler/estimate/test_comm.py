@@ -28,11 +28,13 @@ def test_ring_all_reduce_cost_is_2_n_minus_1_over_n() -> None:
 
 
 def test_groups_inside_a_node_use_nvlink_and_groups_across_nodes_the_network(tmp_path: Path) -> None:
-    job = with_changes(SMALL, hardware={"nodes": 2}, parallel={"tp": 8, "pp": 2}, launch={"launcher": "slurm"})
+    job = with_changes(SMALL, hardware={"nodes": 2}, parallel={"tp": 8, "pp": 2},
+                       launch={"launcher": "slurm"})
     plan = make_plan(job, tmp_path)
     assert comm.link_of(plan, "tp").name == "intra_node"
     assert comm.link_of(plan, "pp").name == "inter_node"
-    assert comm.link_of(plan, "tp").bandwidth_Bps == pytest.approx(450e9 * 0.82)  # line rate x NCCL bus efficiency
+    # line rate x NCCL bus efficiency
+    assert comm.link_of(plan, "tp").bandwidth_Bps == pytest.approx(450e9 * 0.82)
     assert comm.link_of(plan, "pp").bandwidth_Bps == pytest.approx(50e9 * 0.9)
     # the same degrees with pipeline stages inside a node and tp spread over both nodes
     spread = make_plan(with_changes(job, parallel={"order": "pp-tp-cp-ep-dp"}), tmp_path)
@@ -99,26 +101,30 @@ def test_context_parallel_ring_and_ulysses(tmp_path: Path) -> None:
     assert ring[0].payload_bytes == pytest.approx(2 * kv_chunk)  # K and V
     assert ring[1].payload_bytes == pytest.approx(4 * kv_chunk)  # K, V, dK, dV
     assert all(o.overlap == "attention" for o in ring)
-    uly = comm.context_parallel(make_plan(with_changes(job, parallel={"context_parallel": {"kind": "ulysses"}}),
+    uly = comm.context_parallel(make_plan(with_changes(job,
+                                                       parallel={"context_parallel": {"kind": "ulysses"}}),
                                           tmp_path))
     assert {o.op for o in uly} == {"all-to-all"} and all(o.overlap == "none" for o in uly)
 
 
 def test_expert_parallel_all_to_all_carries_top_k_copies_padded_to_capacity(tmp_path: Path) -> None:
-    job = {"version": 1, "model": {"preset": "tiny-mixtral"}, "hardware": {"preset": "cpu-local", "gpus_per_node": 2},
+    job = {"version": 1, "model": {"preset": "tiny-mixtral"},
+           "hardware": {"preset": "cpu-local", "gpus_per_node": 2},
            "parallel": {"dp": "auto", "ep": 2, "zero": 1}, "training": {"global_batch": 4, "micro_batch": 2,
                                                                         "precision": "fp32"}}
     ops = comm.expert_parallel(make_plan(job, tmp_path))
     tokens_bytes = 2 * 64 * 64 * 4  # micro_batch x seq x hidden x fp32
     assert [o.phase for o in ops] == ["forward", "backward"]
-    assert all(o.payload_bytes == tokens_bytes * 2 * 1.0 and o.repeat == 2 for o in ops)  # top_k 2, dispatch+combine
+    # top_k 2, dispatch+combine
+    assert all(o.payload_bytes == tokens_bytes * 2 * 1.0 and o.repeat == 2 for o in ops)
     rows = communication_rows(make_plan(job, tmp_path), 0, 1)
     assert {r["group"] for r in rows} == {"ep", "dp-cp"}  # expert dp = dp x cp / ep = 1: no expert reduction
 
 
 def test_tied_embeddings_are_all_reduced_between_first_and_last_stage(tmp_path: Path) -> None:
-    job = {"version": 1, "model": {"preset": "tiny-gpt2"}, "hardware": {"preset": "cpu-local", "gpus_per_node": 2},
-           "parallel": {"pp": 2, "dp": 1}, "training": {"global_batch": 4, "precision": "fp32"}}
+    job = {"version": 1, "model": {"preset": "tiny-gpt2"},
+           "hardware": {"preset": "cpu-local", "gpus_per_node": 2}, "parallel": {"pp": 2, "dp": 1},
+           "training": {"global_batch": 4, "precision": "fp32"}}
     plan = make_plan(job, tmp_path)
     tied = [o for o in comm.pipeline_parallel(plan) if o.scope == "step"]
     assert len(tied) == 1 and tied[0].op == "all-reduce"

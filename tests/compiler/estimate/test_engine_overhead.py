@@ -1,4 +1,5 @@
-"""The DeepSpeed engine's host work in the step model: the tensor count, the fit of calibrate's rows, the estimate."""
+"""The DeepSpeed engine's host work in the step model: the tensor count, the fit of calibrate's rows, the
+estimate."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ COST = {"step_us": [1000.0, 2000.0, 3000.0, 4000.0], "micro_batch_us": [100.0, 2
 def _plan(tmp_path: Path, name: str, model: dict[str, Any], parallel: dict[str, Any], ranks: int = 1,
           hardware: dict[str, Any] | None = None, stack: str = "dsforge", global_batch: int = 4) -> Any:
     job = {"version": 1, "stack": stack, "model": model,
-           "hardware": {"preset": "cpu-local", "gpus_per_node": ranks, **(hardware or {})}, "parallel": parallel,
+           "hardware": {"preset": "cpu-local", "gpus_per_node": ranks, **(hardware or {})},
+           "parallel": parallel,
            "training": {"global_batch": global_batch, "micro_batch": 1, "precision": "fp32"}}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(job), encoding="utf-8")
@@ -41,8 +43,8 @@ def test_rank_tensors_counts_the_parameters_of_the_built_model(tmp_path: Path, p
 
 
 def test_rank_tensors_split_over_pipeline_stages(tmp_path: Path) -> None:
-    plan = _plan(tmp_path, "pp", {"preset": "tiny-llama"}, {"pp": 2, "dp": 1, "pipeline": {"partition": "uniform"}},
-                 ranks=2)
+    plan = _plan(tmp_path, "pp", {"preset": "tiny-llama"},
+                 {"pp": 2, "dp": 1, "pipeline": {"partition": "uniform"}}, ranks=2)
     # 2 layers of 9 tensors each; the first stage has the embedding, the last the final norm and the head
     assert (rank_tensors(plan, 0), rank_tensors(plan, 1)) == (19, 20)
 
@@ -57,8 +59,8 @@ def test_fit_engine_recovers_the_terms(terms: list[float], zero: int, t0: int) -
             bare = 0.01 * tensors
             mb = bare + (micro + tensors * tensor_micro) * 1e-6 * (z == zero)
             last = mb + (step + tensors * tensor_step) * 1e-6 * (z == zero)
-            rows.append({"zero": z, "layers": tensors, "tensors": tensors, "bare_s": bare, "micro_batch_s": mb,
-                         "last_micro_batch_s": last})
+            rows.append({"zero": z, "layers": tensors, "tensors": tensors, "bare_s": bare,
+                         "micro_batch_s": mb, "last_micro_batch_s": last})
     fit = fit_engine(rows)
     got = [fit["micro_batch_us"][zero], fit["tensor_micro_batch_us"][zero], fit["step_us"][zero],
            fit["tensor_step_us"][zero]]
@@ -90,9 +92,12 @@ def test_the_step_pays_the_engine_per_micro_batch_tensor_and_step(tmp_path: Path
 
 def test_pipeline_stages_pay_their_own_tensors_and_the_bubble_follows(tmp_path: Path) -> None:
     parallel = {"pp": 2, "dp": 1, "zero": 0, "pipeline": {"partition": "uniform"}}
-    plan = _plan(tmp_path, "pp", {"preset": "tiny-llama"}, parallel, ranks=2, hardware={"engine_overhead": COST})
+    plan = _plan(tmp_path, "pp", {"preset": "tiny-llama"}, parallel, ranks=2,
+                 hardware={"engine_overhead": COST})
     first, last = engine_overhead(plan, 0), engine_overhead(plan, 1)
-    assert last.micro_batch_s - first.micro_batch_s == pytest.approx(1 * COST["tensor_micro_batch_us"][0] * 1e-6)
+    assert last.micro_batch_s - first.micro_batch_s == pytest.approx(
+        1 * COST["tensor_micro_batch_us"][0] * 1e-6
+    )
     step = estimate_step(plan)
     # each stage's passes carry their micro-batch share; the critical rank adds its per-step term once
     passes = [x.engine_s for row in (step.forward[1], step.backward[1]) for x in row]
@@ -107,7 +112,8 @@ def test_other_stacks_run_no_deepspeed_engine(tmp_path: Path) -> None:
 
 def test_engine_overhead_needs_four_figures(tmp_path: Path) -> None:
     job = {"version": 1, "model": {"preset": "tiny-llama"}, "parallel": {"dp": 1},
-           "hardware": {"preset": "cpu-local", "gpus_per_node": 1, "engine_overhead": {"step_us": [1.0, 2.0]}},
+           "hardware": {"preset": "cpu-local", "gpus_per_node": 1,
+                        "engine_overhead": {"step_us": [1.0, 2.0]}},
            "training": {"global_batch": 4}}
     path = tmp_path / "short.yaml"
     path.write_text(yaml.safe_dump(job), encoding="utf-8")

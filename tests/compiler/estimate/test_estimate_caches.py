@@ -1,8 +1,8 @@
-"""The estimate layer's memos (dsforge/compiler/estimate/memo.py) change no result: over drawn candidates, every
-estimate computed right after its neighbours (candidates that differ from it in one field: one layout field, or
-the precision, stack, hardware, MoE period or sequence of the job) filled the caches equals the same estimate
-computed with every cache empty. A cache key that left out what a result depends on would hand the target a
-neighbour's result, so the neighbours are exactly the candidates that would expose it."""
+"""The estimate layer's memos (dsforge/compiler/estimate/memo.py) change no result: over drawn candidates,
+every estimate computed right after its neighbours (candidates that differ from it in one field: one layout
+field, or the precision, stack, hardware, MoE period or sequence of the job) filled the caches equals the same
+estimate computed with every cache empty. A cache key that left out what a result depends on would hand the
+target a neighbour's result, so the neighbours are exactly the candidates that would expose it."""
 
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def _jobs() -> dict[tuple[str, str], dict[str, Any]]:
 
 
 class Spaces(dict[tuple[str, str], tuple[Any, dict[Layout, None]]]):
-    """Each job's spec and candidates (a dict: ordered, and fast to ask for one); short in a failure report."""
+    """Each job's spec and candidates (a dict: ordered, and fast to ask for one); short in a failure
+    report."""
 
     def __repr__(self) -> str:
         return f"<{len(self)} candidate spaces>"
@@ -109,8 +110,9 @@ def _estimates(pp: int) -> dict[str, Any]:
         "flops": lambda plan: (flops.model_flops_per_step(plan), flops.hardware_flops_per_step(plan)),
         "model parallel": comm.model_parallel}
     for s in range(pp):
-        out[f"stage {s}"] = lambda plan, s=s: (stage_chunks(plan, s), layer_kinds(plan, s), stage_share(plan, s, 0.0),
-                                               stage_passes(plan, s, 1.0e12), comm.data_parallel(plan, s))
+        out[f"stage {s}"] = lambda plan, s=s: (stage_chunks(plan, s), layer_kinds(plan, s),
+                                               stage_share(plan, s, 0.0), stage_passes(plan, s, 1.0e12),
+                                               comm.data_parallel(plan, s))
     return out
 
 

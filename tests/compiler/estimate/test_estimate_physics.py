@@ -20,8 +20,9 @@ from dsforge.compiler.spec.schema import ModelSpec
 from dsforge.compiler.validate import validate_file
 from tests.test_explain_helpers import SMALL, make_plan, with_changes
 
-GPT3 = resolve_model(ModelSpec(arch="gpt2", layers=96, hidden=12288, heads=96, ffn_hidden=4 * 12288, vocab=50257,
-                               seq_len=2048, activation="gelu", position="learned", tied_embeddings=True))
+GPT3 = resolve_model(ModelSpec(arch="gpt2", layers=96, hidden=12288, heads=96, ffn_hidden=4 * 12288,
+                               vocab=50257, seq_len=2048, activation="gelu", position="learned",
+                               tied_embeddings=True))
 
 
 def test_collectives_sharing_a_link_are_summed_before_the_cover(tmp_path: Path) -> None:
@@ -59,8 +60,9 @@ def test_zero3_pays_one_ring_latency_per_module(tmp_path: Path) -> None:
     # llama2-7b: q, k, v, o and three MLP matrices per layer (norms persist), the embedding and the head
     assert gather.repeat == 7 * 32 + 2
     n, link = gather.group_size, gather.link
-    assert gather.seconds == pytest.approx(gather.repeat * ((n - 1) * link.latency_s
-                                                            + gather.payload_bytes * (n - 1) / n / link.bandwidth_Bps))
+    assert gather.seconds == pytest.approx(
+        gather.repeat * ((n - 1) * link.latency_s + gather.payload_bytes * (n - 1) / n / link.bandwidth_Bps)
+    )
 
 
 _JOBS = tempfile.mkdtemp(prefix="dsforge-physics-")
@@ -70,7 +72,8 @@ _JOBS = tempfile.mkdtemp(prefix="dsforge-physics-")
 def jobs(draw: st.DrawFn) -> dict[str, Any]:
     """Small-to-mid jobs on one or two H100 nodes, dense or MoE, any capacity factor, any layout."""
     moe = draw(st.booleans())
-    model: dict[str, Any] = {"arch": "mixtral" if moe else "llama", "layers": draw(st.sampled_from([2, 4, 8])),
+    model: dict[str, Any] = {"arch": "mixtral" if moe else "llama",
+                             "layers": draw(st.sampled_from([2, 4, 8])),
                              "hidden": draw(st.sampled_from([512, 1024, 4096])), "heads": 8, "kv_heads": 8,
                              "ffn_hidden": draw(st.sampled_from([1024, 4096])), "vocab": 32000,
                              "seq_len": draw(st.sampled_from([512, 2048, 8192]))}
@@ -84,10 +87,13 @@ def jobs(draw: st.DrawFn) -> dict[str, Any]:
     return {"version": 1, "name": "h", "stack": draw(st.sampled_from(["dsforge", "megatron-te"])),
             "model": model, "hardware": {"preset": "dgx-h100", "nodes": nodes},
             "launch": {"launcher": "slurm" if nodes > 1 else "local"},
-            "parallel": {"tp": tp, "pp": pp, "dp": "auto", "ep": ep, "zero": draw(st.sampled_from([0, 1, 2, 3])),
+            "parallel": {"tp": tp, "pp": pp, "dp": "auto", "ep": ep,
+                         "zero": draw(st.sampled_from([0, 1, 2, 3])),
                          "sequence_parallel": draw(st.booleans()) and tp > 1,
-                         "pipeline": {"schedule": draw(st.sampled_from(["1f1b", "gpipe"])), "partition": "uniform"}},
-            "training": {"global_batch": dp * draw(st.sampled_from([1, 4])), "micro_batch": 1, "precision": "bf16",
+                         "pipeline": {"schedule": draw(st.sampled_from(["1f1b", "gpipe"])),
+                                      "partition": "uniform"}},
+            "training": {"global_batch": dp * draw(st.sampled_from([1, 4])), "micro_batch": 1,
+                         "precision": "bf16",
                          "recompute": draw(st.sampled_from(["none", "selective", "full"]))}}
 
 
@@ -157,6 +163,6 @@ def test_an_offloaded_optimizer_costs_pcie_copies_and_a_host_sweep(tmp_path: Pat
     pcie = 2 * partition * 2 / 50e9  # host_link_gbs 50 (DGX H100, PCIe Gen5)
     sweep = partition * (2 * (4 + 8) + 4 + 2) / (steptime.HOST_MEMORY_BPS / 8)
     assert step.optimizer_s == pytest.approx(pcie + sweep)
-    on_device = estimate_step(make_plan(with_changes(job, training={"optimizer": {"name": "adamw"}}), tmp_path,
-                                        allow=("DSF301",)))
+    on_device = estimate_step(make_plan(with_changes(job, training={"optimizer": {"name": "adamw"}}),
+                                        tmp_path, allow=("DSF301",)))
     assert step.optimizer_s > 10 * on_device.optimizer_s

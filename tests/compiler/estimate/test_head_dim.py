@@ -39,10 +39,11 @@ def _summary(plan: Plan) -> Any:
 
 
 @settings(max_examples=20, deadline=None)
-@given(arch=st.sampled_from(["gpt2", "llama", "mixtral"]), kv=st.sampled_from([1, 2, 4]), per_kv=st.sampled_from([1, 2]),
-       head_dim=st.sampled_from([16, 64, 128]), layers=st.integers(2, 8), tp=st.sampled_from([1, 2]),
-       pp=st.sampled_from([1, 2]), cp=st.sampled_from([1, 2]), kind=st.sampled_from(["ring", "ulysses"]),
-       zero=st.sampled_from([0, 1, 3]), recompute=st.sampled_from(["none", "selective", "full"]))
+@given(arch=st.sampled_from(["gpt2", "llama", "mixtral"]), kv=st.sampled_from([1, 2, 4]),
+       per_kv=st.sampled_from([1, 2]), head_dim=st.sampled_from([16, 64, 128]), layers=st.integers(2, 8),
+       tp=st.sampled_from([1, 2]), pp=st.sampled_from([1, 2]), cp=st.sampled_from([1, 2]),
+       kind=st.sampled_from(["ring", "ulysses"]), zero=st.sampled_from([0, 1, 3]),
+       recompute=st.sampled_from(["none", "selective", "full"]))
 def test_stating_the_default_head_dim_and_qkv_bias_changes_no_estimate(
         arch: str, kv: int, per_kv: int, head_dim: int, layers: int, tp: int, pp: int, cp: int, kind: str,
         zero: int, recompute: str) -> None:
@@ -52,8 +53,8 @@ def test_stating_the_default_head_dim_and_qkv_bias_changes_no_estimate(
                              "kv_heads": kv_heads, "vocab": 1000, "seq_len": 256}
     if arch == "mixtral":
         model["moe"] = {"experts": 4, "top_k": 2}
-    parallel = {"tp": tp, "pp": pp, "cp": cp, "dp": 8 // (tp * pp * cp), "zero": zero if pp == 1 else min(zero, 1),
-                "context_parallel": {"kind": kind}}
+    parallel = {"tp": tp, "pp": pp, "cp": cp, "dp": 8 // (tp * pp * cp),
+                "zero": zero if pp == 1 else min(zero, 1), "context_parallel": {"kind": kind}}
     with tempfile.TemporaryDirectory(prefix="h5-headdim-") as d:
         tmp = Path(d)
         base = _plan(tmp, model, parallel, "base")
@@ -74,24 +75,27 @@ def test_projection_flops_are_twice_the_attention_weights_at_any_head_dim() -> N
     for head_dim in (32, 64, 128, 256):
         m = resolve_model(_qwen3(head_dim=head_dim))
         p, f = layer_params(m), layer_forward_flops(m)
-        assert f.attention_proj == 2 * p.attention  # one multiply-add per weight and token (no biases in Qwen3)
-        assert f.attention_core == 4.0 * m.seq_len * 16 * head_dim  # scores and weighted sum over heads x head_dim
+        assert f.attention_proj == 2 * p.attention  # one multiply-add per weight and token (no biases in
+                                                    # Qwen3)
+        # scores and weighted sum over heads x head_dim
+        assert f.attention_core == 4.0 * m.seq_len * 16 * head_dim
     wide, narrow = resolve_model(_qwen3()), resolve_model(_qwen3(head_dim=64))
     assert layer_params(wide).attention == 2 * layer_params(narrow).attention
 
 
 def test_qkv_bias_adds_the_three_column_biases() -> None:
-    plain = resolve_model(ModelSpec(arch="llama", layers=1, hidden=64, heads=4, kv_heads=2, head_dim=32, vocab=8,
-                                    seq_len=8))
-    biased = resolve_model(ModelSpec(arch="llama", layers=1, hidden=64, heads=4, kv_heads=2, head_dim=32, vocab=8,
-                                     seq_len=8, qkv_bias=True))
+    plain = resolve_model(ModelSpec(arch="llama", layers=1, hidden=64, heads=4, kv_heads=2, head_dim=32,
+                                    vocab=8, seq_len=8))
+    biased = resolve_model(ModelSpec(arch="llama", layers=1, hidden=64, heads=4, kv_heads=2, head_dim=32,
+                                     vocab=8, seq_len=8, qkv_bias=True))
     assert not plain.qkv_bias and resolve_model(ModelSpec(arch="gpt2", layers=1, hidden=64, heads=4, vocab=8,
                                                           seq_len=8)).qkv_bias
     assert layer_params(biased).attention - layer_params(plain).attention == 4 * 32 + 2 * 2 * 32
 
 
 def test_a_stated_head_dim_still_needs_hidden_a_multiple_of_heads(tmp_path: Path) -> None:
-    # transformers' LlamaConfig refuses hidden % heads != 0 even with head_dim set: validate must refuse it first
+    # transformers' LlamaConfig refuses hidden % heads != 0 even with head_dim set: validate must refuse it
+    # first
     doc = {"version": 1, "model": {"arch": "llama", "layers": 2, "hidden": 100, "heads": 8, "kv_heads": 4,
                                    "head_dim": 16, "vocab": 256, "seq_len": 64},
            "hardware": {"preset": "cpu-local", "gpus_per_node": 2}, "parallel": {"tp": 2, "dp": 1}}
@@ -105,12 +109,13 @@ def test_head_dim_bounds_are_checked(tmp_path: Path) -> None:
                                        "seq_len": 64, "head_dim": bad}, "hardware": {"preset": "cpu-local"}}
         (tmp_path / "j.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
         diags = validate_file(tmp_path / "j.yaml").diagnostics
-        assert any(d.path == ("model", "head_dim") for d in diags), (bad, [(d.rule, d.message) for d in diags])
+        assert any(d.path == ("model", "head_dim") for d in diags), (bad,
+                                                                     [(d.rule, d.message) for d in diags])
 
 
 def test_a_wider_head_moves_every_attention_term(tmp_path: Path) -> None:
-    # Qwen3-0.6B's widths under arch llama: 16 heads of 128 (2048 channels) against the default 1024 / 16 = 64;
-    # the wide model has half the KV heads, so K and V keep their width and only Q, O and the core grow
+    # Qwen3-0.6B's widths under arch llama: 16 heads of 128 (2048 channels) against the default 1024 / 16 =
+    # 64; the wide model has half the KV heads, so K and V keep their width and only Q, O and the core grow
     model = {"arch": "llama", "layers": 4, "hidden": 1024, "heads": 16, "kv_heads": 8, "ffn_hidden": 3072,
              "vocab": 4096, "seq_len": 2048}
     parallel = {"tp": 2, "cp": 2, "dp": 2, "context_parallel": {"kind": "ring"}}
@@ -141,8 +146,8 @@ def test_one_rank_holds_every_parameter_params_py_counts(head_dim: int, bias: bo
     from dsforge.compiler.estimate.shares import stage_share
     from dsforge.compiler.model.params import total_params
 
-    model = {"arch": "llama", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": kv, "vocab": 256, "seq_len": 64,
-             "head_dim": head_dim, "qkv_bias": bias}
+    model = {"arch": "llama", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": kv, "vocab": 256,
+             "seq_len": 64, "head_dim": head_dim, "qkv_bias": bias}
     with tempfile.TemporaryDirectory(prefix="h5-headdim-") as d:
         plan = _plan(Path(d), model, {"tp": 1, "dp": 8}, "one")
     assert stage_share(plan, 0, 0.0).total == total_params(plan.model)

@@ -55,7 +55,8 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29613",
            str(SCRIPT), str(out)]
     # ~3 min on an idle 2-core machine; 8.5 min measured with the cores shared by several test suites
-    run = subprocess.run(cmd, check=False, env=env, cwd=out.parent, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(cmd, check=False, env=env, cwd=out.parent, capture_output=True, text=True,
+                         timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -120,13 +121,16 @@ def test_activations_within_10_percent(measured: dict[str, Any], tmp_path: Path,
         assert head == pytest.approx(got["head"], rel=0.10), (head, got)
 
 
-@pytest.mark.parametrize("key", [f"{m}-{p}" for m in ("tiny-llama", "tiny-gpt2", "tiny-mixtral") for p in ("fp32", "bf16")])
+@pytest.mark.parametrize("key",
+                         [f"{m}-{p}" for m in ("tiny-llama", "tiny-gpt2",
+                                               "tiny-mixtral") for p in ("fp32", "bf16")])
 def test_runtime_model_activations_within_10_percent(measured: dict[str, Any], key: str) -> None:
     # the HF models dsforge's runtime builds (SDPA attention, HF norms and activations): the estimate's
     # default kernel profile, the one `estimate_memory` uses for every job
     preset, precision = key.rsplit("-", 1)
     model = resolve_model(ModelSpec(**presets("models")[preset].spec))
-    shape = act.ActivationShape(2, model.seq_len, 1, 1, False, 4 if precision == "fp32" else 2, kernels=act.HF_SDPA)
+    shape = act.ActivationShape(2, model.seq_len, 1, 1, False, 4 if precision == "fp32" else 2,
+                                kernels=act.HF_SDPA)
     got = measured["hf"][key]
     blocks = sum(act.layer_bytes(model, shape, is_moe_layer(model, i), "none") for i in range(model.layers))
     outside = (act.embedding_bytes(model, shape) + act.head_bytes(model, shape)
@@ -181,8 +185,9 @@ def estimated_outside(plan: Plan) -> float:
 
 @pytest.mark.parametrize("key", ["tp1-none", "tp2-none", "tp2-sp-none"])
 def test_lean_loss_and_head_within_10_percent(measured: dict[str, Any], key: str) -> None:
-    # The fused, chunked loss keeps the head's input, the fp32 row maximum and sum of exponentials and the target per token: what the
-    # estimate's `chunked_loss` prices (the plain loss kept tokens x vocab/tp fp32 probabilities besides)
+    # The fused, chunked loss keeps the head's input, the fp32 row maximum and sum of exponentials and the
+    # target per token: what the estimate's `chunked_loss` prices (the plain loss kept tokens x vocab/tp fp32
+    # probabilities besides)
     parts = key.split("-")
     plan = runtime_plan(tp=int(parts[0][2:]), sp="sp" in parts)
     got = measured["runtime"][key]["outside"]
@@ -204,8 +209,9 @@ def test_plain_kernels_within_10_percent(measured: dict[str, Any], key: str) -> 
 
 @pytest.mark.parametrize("key", PLAIN_KEYS)
 def test_lean_kernels_cut_activations_by_the_estimated_factor(measured: dict[str, Any], key: str) -> None:
-    # The issue's measured run: tiny Llama at tp=2 with SP (and tp=1), fp32 and bf16; the bytes one micro-batch
-    # keeps (layers, embedding, head and loss) fall by the factor the estimate predicts, within 10 %
+    # The issue's measured run: tiny Llama at tp=2 with SP (and tp=1), fp32 and bf16; the bytes one
+    # micro-batch keeps (layers, embedding, head and loss) fall by the factor the estimate predicts, within 10
+    # %
     parts = key.split("-")
     tp, sp, precision = int(parts[0][2:]), "sp" in parts, parts[-1]
     plain, lean = (runtime_plan(tp=tp, sp=sp, precision=precision, plain=p) for p in (True, False))
@@ -213,7 +219,9 @@ def test_lean_kernels_cut_activations_by_the_estimated_factor(measured: dict[str
     got_lean = measured["runtime"][lean_key] if precision == "fp32" else measured["lean-bf16"][lean_key]
     before = measured["plain"][key]["blocks"] + measured["plain"][key]["outside"]
     after = got_lean["blocks"] + got_lean["outside"]
-    est = (estimated_blocks(plain) + estimated_outside(plain)) / (estimated_blocks(lean) + estimated_outside(lean))
+    est = (estimated_blocks(plain) + estimated_outside(plain)) / (
+        estimated_blocks(lean) + estimated_outside(lean)
+    )
     assert before / after >= 0.9 * est, (before, after, est)
     assert before / after == pytest.approx(est, rel=0.10), (before / after, est)
     assert est > 1.2, est  # the cut is real, not a rounding
@@ -229,7 +237,9 @@ def test_recompute_is_applied(measured: dict[str, Any], tp: int) -> None:
     assert got["selective"] == got["none"] > 10 * got["full"], got
 
 
-def test_ring_attention_saved_bytes_within_10_percent_and_below_full_sequence_sdpa(measured: dict[str, Any]) -> None:
+def test_ring_attention_saved_bytes_within_10_percent_and_below_full_sequence_sdpa(
+    measured: dict[str, Any],
+) -> None:
     # S=1024, cp 2: ring attention keeps q, k, v, output and log-sum-exp of the local half (the old
     # implementation kept every block's probabilities, O(S^2/cp)); SDPA on the whole sequence on one rank
     ring, sdpa = measured["ring"]["cp2-ring"]["blocks"], measured["ring"]["cp1-sdpa"]["blocks"]
@@ -242,7 +252,8 @@ def test_ring_attention_saved_bytes_within_10_percent_and_below_full_sequence_sd
 @pytest.mark.parametrize("key", ["bf16-zero1", "fp32-zero1"])
 def test_weights_that_arrive_in_bf16_train_in_the_jobs_precision(measured: dict[str, Any], key: str) -> None:
     # A bf16 checkpoint in a bf16 job: bf16 parameters, fp32 master weights in the optimizer, model states as
-    # estimated; in an fp32 job the runtime casts the weights to fp32 first (DeepSpeed would train them in bf16).
+    # estimated; in an fp32 job the runtime casts the weights to fp32 first (DeepSpeed would train them in
+    # bf16).
     from dsforge.runtime.measure import predicted
 
     precision, zero = key.split("-zero")
@@ -255,7 +266,8 @@ def test_weights_that_arrive_in_bf16_train_in_the_jobs_precision(measured: dict[
 
 
 def _saved_by_first_layer(spec_model: dict[str, Any], tmp_path: Path) -> tuple[int, Any]:
-    """Bytes autograd saves inside decoder layer 0 of a family's dense HF model (fp32, one process), and its plan."""
+    """Bytes autograd saves inside decoder layer 0 of a family's dense HF model (fp32, one process), and its
+    plan."""
     import torch
 
     sys.path.insert(0, str(SCRIPT.parent))
@@ -278,7 +290,8 @@ def _saved_by_first_layer(spec_model: dict[str, Any], tmp_path: Path) -> tuple[i
 
     layer.register_forward_pre_hook(enter)
     layer.register_forward_hook(leave)
-    ids = torch.randint(0, plan.model.vocab, (2, plan.model.seq_len), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, plan.model.vocab, (2, plan.model.seq_len),
+                        generator=torch.Generator().manual_seed(1))
     model(input_ids=ids, labels=ids).loss.backward()
     return saved.by_region()["layer"], plan
 
@@ -303,7 +316,8 @@ def test_shared_expert_activations_are_counted(tmp_path: Path) -> None:
 def test_what_sequence_parallelism_saves_in_an_moe_model_is_the_estimates(measured: dict[str, Any]) -> None:
     # tiny-mixtral at tp 2: SP splits the norms and the attention block's saved input over the TP ranks, but
     # the MoE block's replicated router reads the whole gathered sequence and saves it. The bytes SP saves,
-    # measured, are the estimate's exactly (82,432 per layer; counting the router's input split would say 98,816).
+    # measured, are the estimate's exactly (82,432 per layer; counting the router's input split would say
+    # 98,816).
     got = {k: measured["moe"][k]["blocks"] for k in ("tp2-none", "tp2-sp-none")}
     plans = {k: runtime_plan(tp=2, sp="sp" in k, preset="tiny-mixtral") for k in got}
     est = {k: estimated_blocks(p) for k, p in plans.items()}

@@ -18,8 +18,9 @@ from dsforge.compiler.model.resolved import resolve_model
 from dsforge.compiler.plan.plan import Plan, build_plan
 from dsforge.compiler.spec.schema import ModelSpec
 
-GPT3 = resolve_model(ModelSpec(arch="gpt2", layers=96, hidden=12288, heads=96, ffn_hidden=4 * 12288, vocab=50257,
-                               seq_len=2048, activation="gelu", position="learned", tied_embeddings=True))
+GPT3 = resolve_model(ModelSpec(arch="gpt2", layers=96, hidden=12288, heads=96, ffn_hidden=4 * 12288,
+                               vocab=50257, seq_len=2048, activation="gelu", position="learned",
+                               tied_embeddings=True))
 
 
 def shape(tp: int = 1, sp: bool = False, cp: int = 1, b: int = 1) -> act.ActivationShape:
@@ -57,7 +58,8 @@ def test_context_parallel_splits_tokens_not_keys() -> None:
     one, two = shape(), shape(cp=2)
     assert act.attention_terms(GPT3, two)["q_k_v"] == act.attention_terms(GPT3, one)["q_k_v"] / 2
     # each local query still attends to all s keys: the score matrix halves with the queries
-    assert act.attention_terms(GPT3, two)["scores"] == pytest.approx(act.attention_terms(GPT3, one)["scores"] / 2)
+    assert act.attention_terms(GPT3,
+                               two)["scores"] == pytest.approx(act.attention_terms(GPT3, one)["scores"] / 2)
 
 
 def test_in_flight_micro_batches_by_schedule() -> None:

@@ -36,7 +36,8 @@ def _rules(result: Any, severity: str = "ERROR") -> list[str]:
 def test_end_stage_partition_examples() -> None:
     assert end_stage_partition(10, 4, 1, 1, 3) == [1, 3, 3, 3]
     assert end_stage_partition(10, 4, 1, None, 1) == [3, 3, 3, 1]
-    assert end_stage_partition(10, 4, 1, 1, 2) == [1, 3, 4, 2]  # uneven middle: the later stage takes one more
+    # uneven middle: the later stage takes one more
+    assert end_stage_partition(10, 4, 1, 1, 2) == [1, 3, 4, 2]
     assert end_stage_partition(12, 2, 2, 4, 8) == [2, 4, 2, 4]  # chunk j*pp + s holds stage s's j-th share
     assert end_stage_partition(4, 2, 1, 4, None) == []  # no layer left for the last stage
     assert end_stage_partition(4, 2, 1, 1, 1) == []  # two layers left but no middle stage
@@ -95,7 +96,9 @@ def test_dsf305_refuses_splits_the_stack_cannot_build(tmp_path: Path, stack: str
                                                        pipeline: dict[str, Any], why: str) -> None:
     result = _validate(tmp_path, stack, layers, pp, pipeline)
     found = [d for d in result.diagnostics if d.rule == "DSF305"]
-    assert len(found) == 1 and found[0].severity.name == "ERROR" and why in found[0].message, result.diagnostics
+    assert len(found) == 1 and found[0].severity.name == "ERROR" and why in found[0].message, (
+        result.diagnostics
+    )
     assert found[0].location.line > 1 and found[0].fix
 
 

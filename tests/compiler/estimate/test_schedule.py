@@ -36,7 +36,8 @@ def test_interleaving_divides_the_bubble_by_about_v(p: int, m: int, v: int) -> N
 
 
 def _check_invariants(t: Timeline, schedule: str, p: int, m: int, v: int, transfer: float) -> None:
-    ends = {(s.kind, s.micro_batch, s.chunk * p + stage): s for stage, row in enumerate(t.stages) for s in row}
+    ends = {(s.kind, s.micro_batch, s.chunk * p + stage): s for stage,
+            row in enumerate(t.stages) for s in row}
     assert len(ends) == 2 * m * p * v  # every pass exactly once
     for stage, row in enumerate(t.stages):
         for a, b in itertools.pairwise(row):
@@ -53,9 +54,10 @@ def _check_invariants(t: Timeline, schedule: str, p: int, m: int, v: int, transf
 
 
 @settings(max_examples=40, deadline=None)
-@given(p=st.integers(1, 6), groups=st.integers(1, 4), v=st.integers(1, 3), transfer=st.sampled_from([0.0, 0.05]),
-       times=st.lists(st.floats(0.1, 3.0), min_size=36, max_size=36))
-def test_any_schedule_respects_dependencies(p: int, groups: int, v: int, transfer: float, times: list[float]) -> None:
+@given(p=st.integers(1, 6), groups=st.integers(1, 4), v=st.integers(1, 3),
+       transfer=st.sampled_from([0.0, 0.05]), times=st.lists(st.floats(0.1, 3.0), min_size=36, max_size=36))
+def test_any_schedule_respects_dependencies(p: int, groups: int, v: int, transfer: float,
+                                            times: list[float]) -> None:
     m = groups * p  # the interleaved schedule needs m to be a multiple of p (rule DSF203)
     fwd = [[times[(s * v + c) % 36] for c in range(v)] for s in range(p)]
     bwd = [[2 * times[(s * v + c + 7) % 36] for c in range(v)] for s in range(p)]

@@ -24,10 +24,15 @@ def _times(draw: st.DrawFn, p: int, v: int) -> tuple[list[list[float]], list[lis
 
 
 @st.composite
-def steps(draw: st.DrawFn, schedules: tuple[str, ...]) -> tuple[str, list[list[float]], list[list[float]], int, float]:
+def steps(draw: st.DrawFn, schedules: tuple[str, ...]) -> tuple[str, list[list[float]], list[list[float]],
+                                                                int, float]:
     schedule = draw(st.sampled_from(schedules))
     p = draw(st.integers(1, 6))
-    v = draw(st.integers(2, 3)) if schedule == "interleaved" else draw(st.integers(1, 2 if schedule == "gpipe" else 1))
+    v = (
+        draw(st.integers(2, 3))
+        if schedule == "interleaved"
+        else draw(st.integers(1, 2 if schedule == "gpipe" else 1))
+    )
     fwd, bwd = _times(draw, p, v)
     m = draw(st.integers(1, 120))
     if v > 1 and schedule != "gpipe":
@@ -69,7 +74,8 @@ def test_verified_period_equals_the_event_simulation(step, budget: int) -> None:
 def test_the_period_is_found_for_a_long_step() -> None:
     fwd, bwd = [[1.2], [1.0], [1.0], [1.5]], [[2.4], [2.0], [2.0], [3.0]]
     m = 5_000  # 40,000 passes: simulated in full and shortened from a step of ~50 micro-batches
-    short, full = simulate("1f1b", fwd, bwd, m, 0.05, max_passes=2_000), event_simulation("1f1b", fwd, bwd, m, 0.05)
+    short, full = simulate("1f1b", fwd, bwd, m, 0.05,
+                           max_passes=2_000), event_simulation("1f1b", fwd, bwd, m, 0.05)
     assert short.exact and short.shown_micro_batches is not None and short.shown_micro_batches < 200
     _same_ends(short, full, 4)
 
@@ -81,13 +87,15 @@ def test_equal_stages_pace_estimate_is_exact() -> None:
     assert len(t.stages) == p
 
 
-@pytest.mark.parametrize("schedule,p,v", [("1f1b", 2, 1), ("1f1b", 8, 1), ("interleaved", 4, 2), ("gpipe", 8, 2),
+@pytest.mark.parametrize("schedule,p,v",
+                         [("1f1b", 2, 1), ("1f1b", 8, 1), ("interleaved", 4, 2), ("gpipe", 8, 2),
                                           ("1f1b", 1024, 1), ("interleaved", 1024, 9), ("gpipe", 1024, 9)])
 def test_a_step_of_a_trillion_micro_batches_takes_well_under_a_second(schedule: str, p: int, v: int) -> None:
     m = 2**40 - (2**40 % p if v > 1 else 0)
     fwd = [[1.0 + 0.25 * (s == 0) + 0.5 * (s == p - 1)] * v for s in range(p)]
     bwd = [[2 * x for x in row] for row in fwd]
-    began = time.process_time()  # CPU seconds: wall time on a loaded 2-core machine measured the load (2.8 s once)
+    began = time.process_time()  # CPU seconds: wall time on a loaded 2-core machine measured the load (2.8 s
+                                 # once)
     t = simulate(schedule, fwd, bwd, m, 0.01)
     assert time.process_time() - began < 2.0  # ~0.1-0.5 s
     slowest = max(sum(f) + sum(b) for f, b in zip(fwd, bwd))

@@ -1,5 +1,6 @@
-"""Issue 24: Megatron-Core's memory options (gradient dtype, the distributed optimizer over dp x cp, Megatron-FSDP,
-the embedding/loss-counting pipeline split), FP8 under Transformer Engine and the megatron-deepspeed stack."""
+"""Issue 24: Megatron-Core's memory options (gradient dtype, the distributed optimizer over dp x cp,
+Megatron-FSDP, the embedding/loss-counting pipeline split), FP8 under Transformer Engine and the
+megatron-deepspeed stack."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ GB = 1e9
 
 
 def _job(tmp_path: Path, name: str = "job", stack: str = "megatron-te", model: dict[str, Any] | None = None,
-         parallel: dict[str, Any] | None = None, training: dict[str, Any] | None = None, nodes: int = 1) -> Any:
+         parallel: dict[str, Any] | None = None, training: dict[str, Any] | None = None,
+         nodes: int = 1) -> Any:
     job = {"version": 1, "stack": stack, "model": model or dict(LLAMA3_8B),
            "hardware": {"preset": "dgx-h100", "nodes": nodes},
            "parallel": {"tp": 1, "pp": 1, "cp": 2, "zero": 1, **(parallel or {})},
@@ -47,7 +49,8 @@ def test_grad_reduce_bf16_halves_megatrons_main_grad_buffer(tmp_path: Path) -> N
     assert bf16["parameters"] == fp32["parameters"]
     # Llama 3 8B on 8 H100 (TP 1, CP 2, distributed optimizer) fits with the bf16 buffer, as it ran
     assert "DSF301" not in _errors(bf16_result)
-    assert _errors(_job(tmp_path, "explicit", training={"grad_reduce": "fp32"})) == _errors(_job(tmp_path, "auto"))
+    assert _errors(_job(tmp_path, "explicit",
+                        training={"grad_reduce": "fp32"})) == _errors(_job(tmp_path, "auto"))
 
 
 def test_distributed_optimizer_shards_over_dp_times_cp(tmp_path: Path) -> None:
@@ -84,8 +87,8 @@ def test_accounted_partition_is_megatrons_rule(layers: int, pp: int, vp: int, em
 
 
 def test_llama3_405b_split_with_embedding_and_loss_counted(tmp_path: Path) -> None:
-    model = {"arch": "llama", "layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8, "ffn_hidden": 53248,
-             "vocab": 128256, "seq_len": 8192}
+    model = {"arch": "llama", "layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8,
+             "ffn_hidden": 53248, "vocab": 128256, "seq_len": 8192}
     pipe = {"account_for_embedding": True, "account_for_loss": True}
     result = _job(tmp_path, "405b", model=model, nodes=256,
                   parallel={"tp": 8, "pp": 16, "cp": 1, "pipeline": pipe}, training={"global_batch": 2048})
@@ -108,19 +111,22 @@ def test_fp8_runs_linear_gemms_at_the_fp8_peak_and_only_under_te(tmp_path: Path)
     extra = _stage0(fp8)["buffers"] - _stage0(bf16)["buffers"]
     assert extra > 0 and abs(extra - _stage0(bf16)["parameters"]) / extra < 0.01
     assert "DSF308" in _errors(_job(tmp_path, "ds", stack="dsforge", training={"precision": "fp8"}))
-    assert "DSF308" in _errors(_job(tmp_path, "mds", stack="megatron-deepspeed", training={"precision": "fp8"}))
+    assert "DSF308" in _errors(_job(tmp_path, "mds", stack="megatron-deepspeed",
+                                    training={"precision": "fp8"}))
 
 
 def test_megatron_deepspeed_prices_deepspeeds_zero_and_its_partition(tmp_path: Path) -> None:
     bloom = {"arch": "gpt2", "layers": 70, "hidden": 14336, "heads": 112, "vocab": 250880, "seq_len": 2048}
     result = _job(tmp_path, "bloom", stack="megatron-deepspeed", model=bloom, nodes=48,
-                  parallel={"tp": 4, "pp": 12, "cp": 1, "zero": 0, "pipeline": {"partition": "type:transformer"}},
+                  parallel={"tp": 4, "pp": 12, "cp": 1, "zero": 0,
+                            "pipeline": {"partition": "type:transformer"}},
                   training={"global_batch": 2048, "micro_batch": 2, "recompute": "full"})
     assert max(result.plan.stage_layers) == 6 and sum(result.plan.stage_layers) == 70
     assert "DSF109" not in _errors(result) and "DSF145" not in _errors(result)
     z3 = _job(tmp_path, "z3", stack="megatron-deepspeed", parallel={"cp": 1, "zero": 3})
     z1 = _job(tmp_path, "z1", stack="megatron-deepspeed", parallel={"cp": 1, "zero": 1})
-    assert _stage0(z3)["parameters"] < _stage0(z1)["parameters"] / 4  # DeepSpeed's ZeRO-3 partitions the weights
+    # DeepSpeed's ZeRO-3 partitions the weights
+    assert _stage0(z3)["parameters"] < _stage0(z1)["parameters"] / 4
 
 
 def test_megatron_keeps_fp16_gradients_in_fp16(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Step time: the breakdown adds up, the physics points the right way, and published runs land in their bands."""
+"""Step time: the breakdown adds up, the physics points the right way, and published runs land in their
+bands."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ def test_breakdown_adds_up_to_the_step(tmp_path: Path) -> None:
 
 
 def test_gpt3_example_mfu_lands_in_the_published_band() -> None:
-    # examples/gpt3-175b-cluster.yaml is Narayanan et al. 2021's layout (TP 8, PP 16, DP 8, batch 1,536 on 1,024
-    # A100s) with selective recompute and sequence parallelism (Korthikanti et al. 2022). Published bounds:
+    # examples/gpt3-175b-cluster.yaml is Narayanan et al. 2021's layout (TP 8, PP 16, DP 8, batch 1,536 on
+    # 1,024 A100s) with selective recompute and sequence parallelism (Korthikanti et al. 2022). Published
+    # bounds:
     #  - below: 2021's 138-140 TFLOP/s per GPU with full recompute is 44-45 % hardware / 33-34 % model FLOPs;
     #    dropping the recomputed forward is worth ~1.3x (Korthikanti et al.: 530B went 42.1 % -> 54.2 % MFU);
     #  - above: Megatron-LM reports 51.4 % MFU for 175B with selective recompute and SP at DP 1, i.e. without
@@ -44,12 +46,12 @@ def test_narayanan_2021_run_is_reproduced(tmp_path: Path) -> None:
 
 
 def test_llama3_405b_rows_are_reproduced(tmp_path: Path) -> None:
-    # Dubey et al. 2024, Table 4: 8,192 GPUs (DP 64) 43 % MFU, calibrated; 16,384 GPUs (DP 128, so 16 instead of
-    # 32 micro-batches per step and a larger bubble) 41 %, held out: the model must predict a drop of a few points.
-    # DSF301 allowed: with Megatron's interleaved warm-up (77 chunk micro-batches in flight on stage 1 at
-    # the assumed v=4) the memory estimate puts stage 1 over 80 GB; Meta reports fitting 8K sequences
-    # with its own schedule changes and early deallocation (Dubey et al. 2024 sec. 3.3.2), which
-    # dsforge does not model. This test is about step time only.
+    # Dubey et al. 2024, Table 4: 8,192 GPUs (DP 64) 43 % MFU, calibrated; 16,384 GPUs (DP 128, so 16 instead
+    # of 32 micro-batches per step and a larger bubble) 41 %, held out: the model must predict a drop of a few
+    # points. DSF301 allowed: with Megatron's interleaved warm-up (77 chunk micro-batches in flight on stage 1
+    # at the assumed v=4) the memory estimate puts stage 1 over 80 GB; Meta reports fitting 8K sequences with
+    # its own schedule changes and early deallocation (Dubey et al. 2024 sec. 3.3.2), which dsforge does not
+    # model. This test is about step time only.
     eight = estimate_step(make_plan(LLAMA3_405B_8K, tmp_path, allow=("DSF301",)))
     sixteen = estimate_step(make_plan(with_changes(LLAMA3_405B_8K, hardware={"nodes": 2048}), tmp_path,
                                       allow=("DSF301",)))
@@ -67,8 +69,8 @@ def test_more_micro_batches_shrink_the_bubble(tmp_path: Path) -> None:
 
 
 def test_tensor_parallelism_across_nodes_costs_more(tmp_path: Path) -> None:
-    job = with_changes(SMALL, hardware={"nodes": 2}, parallel={"tp": 8, "pp": 2}, launch={"launcher": "slurm"},
-                       training={"global_batch": 16})
+    job = with_changes(SMALL, hardware={"nodes": 2}, parallel={"tp": 8, "pp": 2},
+                       launch={"launcher": "slurm"}, training={"global_batch": 16})
     inside = estimate_step(make_plan(job, tmp_path))
     across = estimate_step(make_plan(with_changes(job, parallel={"order": "pp-tp-cp-ep-dp"}), tmp_path))
     assert across.comm_s["tp"] > 5 * inside.comm_s["tp"]
@@ -87,7 +89,8 @@ def test_compute_rates_come_from_the_preset_the_job_or_a_stated_default(tmp_path
     preset = estimate_step(make_plan(SMALL, tmp_path))
     assert preset.achievable_fraction == 0.59 and "gemm_efficiency" in preset.fraction_source
     acc = {"name": "custom", "memory_gb": 80, "bf16_tflops": 989, "hbm_gbs": 3350}
-    links = {"intra_node": {"bandwidth_gbs": 450, "latency_us": 3}, "inter_node": {"bandwidth_gbs": 50, "latency_us": 10}}
+    links = {"intra_node": {"bandwidth_gbs": 450, "latency_us": 3},
+             "inter_node": {"bandwidth_gbs": 50, "latency_us": 10}}
     job = {**SMALL, "hardware": {"gpus_per_node": 8, "accelerator": acc, **links}}
     inline = estimate_step(make_plan(job, tmp_path))
     # an accelerator given inline gets a stated GEMM efficiency, named with how to replace it
@@ -95,8 +98,12 @@ def test_compute_rates_come_from_the_preset_the_job_or_a_stated_default(tmp_path
     assert "dsforge default" in inline.fraction_source and "dsforge calibrate" in inline.fraction_source
     # achievable_fraction is an explicit override: every FLOP at that share of peak, nothing else
     def at(fraction: float) -> StepTime:
-        return estimate_step(make_plan(with_changes(job, hardware={"accelerator": {**acc, "achievable_fraction": fraction}}),
-                                       tmp_path))
+        return estimate_step(
+            make_plan(
+                with_changes(job, hardware={"accelerator": {**acc, "achievable_fraction": fraction}}),
+                tmp_path,
+            )
+        )
 
     full, half = at(1.0), at(0.5)
     assert "override" in full.fraction_source
@@ -109,7 +116,8 @@ def test_mfu_rises_with_model_width(tmp_path: Path) -> None:
     # to 163 at 1T); at one layout the roofline and the memory-bound share make a wider model reach more
     job = with_changes(SMALL, parallel={"tp": 8, "pp": 1}, training={"global_batch": 8})
     def shaped(h: int) -> dict[str, Any]:
-        return {**job, "model": {"arch": "llama", "layers": 8, "hidden": h, "heads": h // 128, "ffn_hidden": 4 * h,
+        return {**job,
+                "model": {"arch": "llama", "layers": 8, "hidden": h, "heads": h // 128, "ffn_hidden": 4 * h,
                                  "vocab": 32000, "seq_len": 2048}}
 
     mfus = [estimate_step(make_plan(shaped(h), tmp_path, allow=("DSF301",))).mfu for h in (1024, 4096, 16384)]

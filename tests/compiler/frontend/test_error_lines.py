@@ -21,9 +21,10 @@ from dsforge.diagnostics import InputError
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 6), st.integers(0, 5), st.sampled_from(["{preset: tiny-llama", "[tp, dp", "{a: [1, 2]"]),
-       st.integers(0, 4))
-def test_an_open_flow_collection_names_the_line_it_opened(before: int, blank: int, flow: str, indent: int) -> None:
+@given(st.integers(0, 6), st.integers(0, 5),
+       st.sampled_from(["{preset: tiny-llama", "[tp, dp", "{a: [1, 2]"]), st.integers(0, 4))
+def test_an_open_flow_collection_names_the_line_it_opened(before: int, blank: int, flow: str,
+                                                          indent: int) -> None:
     lines = [f"k{i}: {i}" for i in range(before)] + [f"opened:{' ' * (1 + indent)}{flow}"] + [""] * blank
     lines += ["hardware:", "  preset: cpu-local"]
     with pytest.raises(InputError) as info:
@@ -39,7 +40,9 @@ def test_an_open_flow_collection_names_the_line_it_opened(before: int, blank: in
 def test_a_closed_flow_collection_on_one_line_keeps_the_parsers_position() -> None:
     with pytest.raises(InputError) as info:
         load_yaml("a: {b: 1 c: 2}\n", "job.yaml")
-    assert info.value.diagnostics[0].location.line == 1 and "opened at" not in info.value.diagnostics[0].message
+    assert (
+        info.value.diagnostics[0].location.line == 1 and "opened at" not in info.value.diagnostics[0].message
+    )
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -54,7 +57,8 @@ def test_a_cycle_closed_in_an_included_file_names_the_job_files_own_line(
         head = "\n" * (pad if i == 0 else closes_at if i == length - 1 else 0)
         (folder / name).write_text(f"{head}extends: {parent}\nversion: 1\n", encoding="utf-8")
     if length == 2:  # f1 -> f1 is a self-extension, found in f1 itself
-        (folder / names[1]).write_text("\n" * closes_at + f"extends: {names[1]}\nversion: 1\n", encoding="utf-8")
+        (folder / names[1]).write_text("\n" * closes_at + f"extends: {names[1]}\nversion: 1\n",
+                                       encoding="utf-8")
     with pytest.raises(InputError) as info:
         load_document(Path(folder / names[0]))
     d = info.value.diagnostics[0]

@@ -33,11 +33,13 @@ def test_good_fixtures_validate_clean(path: Path) -> None:
 def test_chain_of_three_merges_mappings_and_replaces_lists() -> None:
     data, smap = load_document(GOOD / "chain-of-three.yaml")
     assert data["name"] == "chain-of-three"
-    assert data["model"] == {"preset": "tiny-gpt2", "arch": "custom", "factory": "my_models.tiny:build"}  # from the middle file
+    # from the middle file
+    assert data["model"] == {"preset": "tiny-gpt2", "arch": "custom", "factory": "my_models.tiny:build"}
     assert data["hardware"]["gpus_per_node"] == 4  # from the bottom file, two directories away
     opt = data["training"]["optimizer"]
     assert opt == {"name": "adamw", "lr": 5.0e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}
-    assert data["rewrite"] == [{"match": ".*\\.mlp\\.c_fc$", "as": "column"}]  # the list is replaced, not merged
+    # the list is replaced, not merged
+    assert data["rewrite"] == [{"match": ".*\\.mlp\\.c_fc$", "as": "column"}]
     assert "extends" not in data
     # positions follow the file each value came from
     assert Path(smap.locate(("training", "optimizer", "lr"), value=True).file).name == "chain-of-three.yaml"
@@ -67,7 +69,9 @@ def test_cycle_names_the_whole_chain(write_job) -> None:
     # The job file's own `extends:` line, and the included line that closes the cycle (issue 26).
     assert (rule, where, line) == ("DSF010", "a.yaml", 1)
     assert "a.yaml -> " in message and "b.yaml -> " in message and "c.yaml -> " in message
-    assert "a.yaml (closed by `extends:` at " in message and message.rstrip().endswith("c.yaml line 1, column 10)")
+    assert "a.yaml (closed by `extends:` at " in message and message.rstrip().endswith(
+        "c.yaml line 1, column 10)"
+    )
 
 
 def test_self_extends_is_a_cycle(write_job) -> None:
@@ -104,7 +108,8 @@ def test_error_inside_a_base_is_reported_there(write_job) -> None:
 _leaf = st.one_of(st.integers(-5, 5), st.text(max_size=3), st.booleans(), st.none(),
                   st.lists(st.integers(0, 3), max_size=3))
 _doc = st.recursive(st.dictionaries(st.sampled_from("abcd"), _leaf, max_size=4),
-                    lambda inner: st.dictionaries(st.sampled_from("abcd"), st.one_of(_leaf, inner), max_size=4),
+                    lambda inner: st.dictionaries(st.sampled_from("abcd"), st.one_of(_leaf, inner),
+                                                  max_size=4),
                     max_leaves=12)
 
 
@@ -138,7 +143,8 @@ def test_merge_keeps_every_top_leaf_and_every_untouched_base_leaf(base: dict, to
     written = _paths(top)
     for path, value in _leaves(base).items():
         # replaced if the including file writes this very key, or a non-mapping value above it
-        shadowed = path in written or any(not isinstance(written.get(path[:i], {}), dict) for i in range(1, len(path)))
+        shadowed = path in written or any(not isinstance(written.get(path[:i], {}),
+                                                         dict) for i in range(1, len(path)))
         if not shadowed:
             assert merged[path] == value  # what the including file does not mention survives
     assert (repr(base), repr(top)) == before  # inputs are not mutated

@@ -1,4 +1,5 @@
-"""Paths in a job file are relative to the job file's directory, resolved at load; missing files are DSF610/611.
+"""Paths in a job file are relative to the job file's directory, resolved at load; missing files are
+DSF610/611.
 
 What is checked: a relative `training.data.path` and `training.checkpoint.dir` become absolute against
 the directory of the file that wrote them (an `extends:` base: the base's), whatever the working
@@ -53,7 +54,8 @@ def loaded(path: Path) -> tuple[str | None, str]:
 
 
 def findings(path: Path, rule: str) -> list[tuple[Severity, int, str]]:
-    return [(d.severity, d.location.line, d.message) for d in validate_file(path).diagnostics if d.rule == rule]
+    return [(d.severity, d.location.line,
+             d.message) for d in validate_file(path).diagnostics if d.rule == rule]
 
 
 def test_relative_paths_resolve_against_the_job_files_directory(tmp_path: Path,
@@ -63,7 +65,8 @@ def test_relative_paths_resolve_against_the_job_files_directory(tmp_path: Path,
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    assert loaded(Path(os.path.relpath(path))) == (str(tmp_path / "jobs" / "data" / "train.bin"), str(tmp_path / "ckpt"))
+    assert loaded(Path(os.path.relpath(path))) == (str(tmp_path / "jobs" / "data" / "train.bin"),
+                                                   str(tmp_path / "ckpt"))
     assert findings(path, "DSF610") == [] and findings(path, "DSF611") == []
 
 
@@ -74,7 +77,8 @@ def test_a_path_in_an_extends_base_is_relative_to_the_base(tmp_path: Path) -> No
         HEAD + "training: {data: {kind: tokens, path: train.bin}}\n", encoding="utf-8")
     path = tmp_path / "team" / "job.yaml"
     path.parent.mkdir()
-    path.write_text("version: 1\nextends: ../common/base.yaml\ntraining: {checkpoint: {dir: ckpt}}\n", encoding="utf-8")
+    path.write_text("version: 1\nextends: ../common/base.yaml\ntraining: {checkpoint: {dir: ckpt}}\n",
+                    encoding="utf-8")
     assert loaded(path) == (str(tmp_path / "common" / "train.bin"), str(tmp_path / "team" / "ckpt"))
 
 
@@ -82,11 +86,13 @@ def test_absolute_home_and_default_paths_stay_as_written(tmp_path: Path) -> None
     data = tokens(tmp_path / "abs" / "train.bin")
     path = job(tmp_path / "jobs", f"{{data: {{kind: tokens, path: {data}}}, checkpoint: {{dir: ~/ckpt}}}}")
     assert loaded(path) == (str(data), "~/ckpt")
-    assert loaded(job(tmp_path / "jobs", "{steps: 3}", "plain.yaml"))[1] == "checkpoints"  # inside the job directory
+    # inside the job directory
+    assert loaded(job(tmp_path / "jobs", "{steps: 3}", "plain.yaml"))[1] == "checkpoints"
 
 
-def test_a_job_from_standard_input_resolves_against_the_working_directory(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_job_from_standard_input_resolves_against_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     raw, smap = load_yaml(HEAD + "training: {data: {kind: tokens, path: data/t.bin}}\n", "<stdin>")
     spec, diags = parse_job(raw, smap)
@@ -120,7 +126,8 @@ def test_missing_absolute_token_file_is_a_warning_and_a_directory_an_error(tmp_p
     [(severity, _, message)] = findings(path, "DSF610")
     assert severity == Severity.WARNING and "on this machine" in message  # may be a mount of the nodes only
     (tmp_path / "dir.bin").mkdir()
-    [(severity, _, message)] = findings(job(tmp_path, "{data: {kind: tokens, path: dir.bin}}", "d.yaml"), "DSF610")
+    [(severity, _, message)] = findings(job(tmp_path, "{data: {kind: tokens, path: dir.bin}}", "d.yaml"),
+                                        "DSF610")
     assert severity == Severity.ERROR and "is a directory" in message
     assert findings(job(tmp_path, "{data: {kind: synthetic, path: nowhere.bin}}", "s.yaml"), "DSF610") == []
 
@@ -131,10 +138,12 @@ def test_checkpoint_dir_that_is_a_file_is_dsf611(tmp_path: Path) -> None:
     assert severity == Severity.ERROR and line == 5 and "is a file" in message
     [(_, _, message)] = findings(job(tmp_path, "{checkpoint: {dir: notes.txt/run1}}", "b.yaml"), "DSF611")
     assert f"lies under {tmp_path / 'notes.txt'}" in message
-    assert findings(job(tmp_path, "{checkpoint: {dir: new/run1}}", "c.yaml"), "DSF611") == []  # created at the save
+    # created at the save
+    assert findings(job(tmp_path, "{checkpoint: {dir: new/run1}}", "c.yaml"), "DSF611") == []
 
 
-SEGMENT = st.text(st.sampled_from("abcXYZ019_-. "), min_size=1, max_size=8).filter(lambda s: s not in (".", ".."))
+SEGMENT = st.text(st.sampled_from("abcXYZ019_-. "), min_size=1,
+                  max_size=8).filter(lambda s: s not in (".", ".."))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -142,7 +151,8 @@ SEGMENT = st.text(st.sampled_from("abcXYZ019_-. "), min_size=1, max_size=8).filt
 def test_any_relative_path_becomes_the_job_directory_joined_with_it(tmp_path: Path, parts: list[str],
                                                                     absolute: bool) -> None:
     value = ("/" if absolute else "") + "/".join(parts)
-    raw, smap = load_yaml(HEAD + f"training: {{checkpoint: {{dir: {json.dumps(value)}}}}}\n", str(tmp_path / "j.yaml"))
+    raw, smap = load_yaml(HEAD + f"training: {{checkpoint: {{dir: {json.dumps(value)}}}}}\n",
+                          str(tmp_path / "j.yaml"))
     spec, _ = parse_job(raw, smap)
     assert spec is not None
     resolved = resolve_job_paths(spec, raw, smap).training.checkpoint.dir

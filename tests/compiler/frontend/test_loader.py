@@ -73,7 +73,8 @@ def test_recursive_alias_is_refused() -> None:
     assert _error(_load, "a: &m\n  self: *m\n")[0] == "DSF007"
 
 
-@pytest.mark.parametrize("levels", [MAX_DEPTH + 2, 990])  # 990: below libyaml's limit, above Python's recursion
+@pytest.mark.parametrize("levels", [MAX_DEPTH + 2, 990])  # 990: below libyaml's limit, above Python's
+                                                          # recursion
 @pytest.mark.parametrize("anchor", ["", "x: &x 1\n"])
 def test_deep_nesting_is_refused(levels: int, anchor: str) -> None:
     flow = anchor + "a: " + "[" * levels + "]" * levels + "\n"
@@ -115,7 +116,8 @@ def test_control_character_position() -> None:
     assert _error(_load, 'a: 1\nb: "x\x01y"\n') == ("DSF004", 2, 6)
 
 
-@pytest.mark.parametrize("text, rule", [("- 1\n- 2\n", "DSF009"), ("just text\n", "DSF009"), ("42\n", "DSF009"),
+@pytest.mark.parametrize("text, rule",
+                         [("- 1\n- 2\n", "DSF009"), ("just text\n", "DSF009"), ("42\n", "DSF009"),
                                         ("---\n", "DSF008"), ("a: 1\n---\nb: 2\n", "DSF004")])
 def test_top_level_must_be_one_mapping(text: str, rule: str) -> None:
     assert _error(_load, text)[0] == rule

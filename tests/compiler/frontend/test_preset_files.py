@@ -1,4 +1,5 @@
-"""`hardware.preset: <file>`: a calibrated hardware file used as a preset, and every way the file can be wrong."""
+"""`hardware.preset: <file>`: a calibrated hardware file used as a preset, and every way the file can be
+wrong."""
 
 from __future__ import annotations
 
@@ -16,19 +17,21 @@ from dsforge.runtime.calibrate import render
 
 HARDWARE = {"nodes": 1, "gpus_per_node": 2, "host_cores": 2,
             "accelerator": {"name": "cpu", "memory_gb": 8.0, "fp32_tflops": 0.05, "bf16_tflops": 0.001,
-                            "fp16_tflops": 0, "hbm_gbs": 5.0, "gemm_efficiency": 1.0, "memory_efficiency": 1.0,
-                            "op_overhead_us": 20.0},
+                            "fp16_tflops": 0, "hbm_gbs": 5.0, "gemm_efficiency": 1.0,
+                            "memory_efficiency": 1.0, "op_overhead_us": 20.0},
             "intra_node": {"bandwidth_gbs": 0.5, "latency_us": 200.0, "bus_efficiency": 1.0},
             "inter_node": {"bandwidth_gbs": 0.5, "latency_us": 200.0, "bus_efficiency": 1.0},
-            "engine_overhead": {"step_us": [100.0, 200.0, 300.0, 400.0], "micro_batch_us": [10.0, 20.0, 30.0, 40.0],
-                                "tensor_step_us": [1.0, 2.0, 3.0, 4.0], "tensor_micro_batch_us": [0.5, 1.0, 2.0, 4.0]}}
+            "engine_overhead": {"step_us": [100.0, 200.0, 300.0, 400.0],
+                                "micro_batch_us": [10.0, 20.0, 30.0, 40.0],
+                                "tensor_step_us": [1.0, 2.0, 3.0, 4.0],
+                                "tensor_micro_batch_us": [0.5, 1.0, 2.0, 4.0]}}
 
 
 def _calibrated(path: Path) -> Path:
     """A hardware file as `dsforge calibrate` writes it (its comments included)."""
-    measured = {"fp32_gemm_tflops": {64: 0.05}, "bf16_gemm_tflops": {64: 0.001}, "copy_gbs": 5.0, "bare_op_us": 10.0,
-                "op_overhead_us": 20.0, "all_reduce_seconds": [(1024, 1e-3)], "ranks": 2, "cores": 2, "host": "t",
-                "torch": "x", "when": "now"}
+    measured = {"fp32_gemm_tflops": {64: 0.05}, "bf16_gemm_tflops": {64: 0.001}, "copy_gbs": 5.0,
+                "bare_op_us": 10.0, "op_overhead_us": 20.0, "all_reduce_seconds": [(1024, 1e-3)], "ranks": 2,
+                "cores": 2, "host": "t", "torch": "x", "when": "now"}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render({"measured": measured, "hardware": HARDWARE}), encoding="utf-8")
     return path
@@ -52,7 +55,8 @@ def test_a_calibrated_file_as_preset_gives_the_plan_extends_gives(tmp_path: Path
     by_extends = validate_file(_job(tmp_path / "jobs" / "b.yaml", {}, extends="../hw/calibrated.yaml"))
     assert by_preset.plan is not None and by_extends.plan is not None, by_preset.diagnostics
     assert not _errors(tmp_path / "jobs" / "a.yaml")
-    assert by_preset.plan.spec.hardware.preset == str(hw.resolve())  # recorded absolute: plan.json stands alone
+    # recorded absolute: plan.json stands alone
+    assert by_preset.plan.spec.hardware.preset == str(hw.resolve())
     assert (by_preset.plan.spec.hardware.model_copy(update={"preset": None})
             == by_extends.plan.spec.hardware)
     assert estimate_step(by_preset.plan).step_s == estimate_step(by_extends.plan).step_s
@@ -96,7 +100,8 @@ def test_content_that_is_not_one_hardware_mapping_is_dsf304(tmp_path: Path, cont
                                                              says: str) -> None:
     (tmp_path / "hw.yaml").write_text(content, encoding="utf-8")
     errors = _errors(_job(tmp_path / "job.yaml", {"preset": "./hw.yaml"}))
-    assert [(e.rule, Path(e.location.file).name, e.location.line) for e in errors] == [("DSF304", "hw.yaml", line)]
+    assert [(e.rule, Path(e.location.file).name,
+             e.location.line) for e in errors] == [("DSF304", "hw.yaml", line)]
     assert says in errors[0].message and errors[0].fix
 
 
@@ -105,7 +110,8 @@ def test_a_missing_file_or_a_directory_is_dsf304_at_the_preset_line(tmp_path: Pa
     for name, says in (("./nothing.yaml", "does not exist"), ("adir.yaml", "not a regular file")):
         job = _job(tmp_path / "job.yaml", {"preset": name})
         errors = _errors(job)
-        assert [(e.rule, e.location.file, e.location.line) for e in errors] == [("DSF304", str(job), 5)]  # hardware.preset
+        # hardware.preset
+        assert [(e.rule, e.location.file, e.location.line) for e in errors] == [("DSF304", str(job), 5)]
         assert says in errors[0].message
 
 
@@ -122,10 +128,12 @@ def test_named_presets_are_unchanged(tmp_path: Path) -> None:
 
 @given(st.text(min_size=1, max_size=40))
 @settings(max_examples=60, deadline=None)
-def test_any_preset_value_is_a_plan_or_a_diagnostic(tmp_path_factory: pytest.TempPathFactory, name: str) -> None:
+def test_any_preset_value_is_a_plan_or_a_diagnostic(tmp_path_factory: pytest.TempPathFactory,
+                                                    name: str) -> None:
     folder = tmp_path_factory.mktemp("any")
     path = folder / "job.yaml"
-    path.write_text(yaml.safe_dump({"version": 1, "model": {"preset": "tiny-llama"}, "hardware": {"preset": name},
+    path.write_text(yaml.safe_dump({"version": 1, "model": {"preset": "tiny-llama"},
+                                    "hardware": {"preset": name},
                                     "training": {"global_batch": 8}}), encoding="utf-8")
     result = validate_file(path)
     assert result.plan is not None or result.diagnostics

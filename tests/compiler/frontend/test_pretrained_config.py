@@ -1,5 +1,6 @@
-"""`model.pretrained`: the model keys come from config.json alone; contradictions, missing weights, a checkpoint
-directory inside the input and padding are refused with their rule ids; compile and explain read no weight."""
+"""`model.pretrained`: the model keys come from config.json alone; contradictions, missing weights, a
+checkpoint directory inside the input and padding are refused with their rule ids; compile and explain read no
+weight."""
 
 from __future__ import annotations
 
@@ -24,15 +25,17 @@ TINY = ROOT / "tests" / "fixtures" / "pretrained" / "tiny-llama"
 
 def llama_config(**over: Any) -> dict[str, Any]:
     """A config.json of a small Llama as transformers writes it."""
-    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256,
-           "max_position_embeddings": 64, "tie_word_embeddings": False, "hidden_act": "silu", "dtype": "float32"}
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64,
+           "tie_word_embeddings": False, "hidden_act": "silu", "dtype": "float32"}
     cfg.update(over)
     return cfg
 
 
 def checkpoint_dir(tmp: Path, cfg: dict[str, Any], weights: str | None = "model.safetensors") -> Path:
-    """An HF-shaped directory: config.json and a weights file the compiler must never open (its bytes are junk)."""
+    """An HF-shaped directory: config.json and a weights file the compiler must never open (its bytes are
+    junk)."""
     d = tmp / "ckpt"
     d.mkdir(exist_ok=True)
     (d / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
@@ -42,8 +45,9 @@ def checkpoint_dir(tmp: Path, cfg: dict[str, Any], weights: str | None = "model.
 
 
 def job_file(tmp: Path, model: dict[str, Any], **training: Any) -> Path:
-    doc = {"version": 1, "name": "ft", "model": model, "hardware": {"preset": "cpu-local", "gpus_per_node": 2},
-           "parallel": {"tp": 2}, "training": {"global_batch": 4, "micro_batch": 1, "precision": "fp32", **training}}
+    doc = {"version": 1, "name": "ft", "model": model,
+           "hardware": {"preset": "cpu-local", "gpus_per_node": 2}, "parallel": {"tp": 2},
+           "training": {"global_batch": 4, "micro_batch": 1, "precision": "fp32", **training}}
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     return path
@@ -87,8 +91,8 @@ def test_a_preset_value_that_contradicts_points_at_the_preset(tmp_path: Path) ->
     (llama_config(head_dim=0), "model.safetensors", "DSF012", "head_dim is 0"),
     (llama_config(attention_bias=True), "model.safetensors", "DSF012", "attention_bias"),
     (llama_config(mlp_bias=True), "model.safetensors", "DSF012", "mlp_bias"),
-    (llama_config(model_type="qwen2", use_sliding_window=True, sliding_window=16), "model.safetensors", "DSF012",
-     "sliding_window 16 is shorter than model.seq_len 64 (config.json's max_position_embeddings"),
+    (llama_config(model_type="qwen2", use_sliding_window=True, sliding_window=16), "model.safetensors",
+     "DSF012", "sliding_window 16 is shorter than model.seq_len 64 (config.json's max_position_embeddings"),
     (llama_config(model_type="mistral", sliding_window=63), "model.safetensors", "DSF012",
      "sliding_window 63 is shorter than model.seq_len 64"),
     (llama_config(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.1),
@@ -103,7 +107,8 @@ def test_unusable_directories(tmp_path: Path, cfg: dict[str, Any] | None, weight
                               words: str) -> None:
     if cfg is not None:
         checkpoint_dir(tmp_path, cfg, weights)
-    assert [(r, words in m) for r, m in rules_of(job_file(tmp_path, {"pretrained": "ckpt"}))] == [(rule, True)]
+    assert [(r, words in m) for r,
+            m in rules_of(job_file(tmp_path, {"pretrained": "ckpt"}))] == [(rule, True)]
 
 
 def test_config_json_that_is_not_json(tmp_path: Path) -> None:
@@ -159,8 +164,9 @@ def test_compile_and_explain_read_no_weights(tmp_path: Path) -> None:
 
 
 def test_the_fixture_checkpoint_validates() -> None:
-    doc = {"version": 1, "model": {"pretrained": str(TINY)}, "hardware": {"preset": "cpu-local", "gpus_per_node": 2},
-           "parallel": {"tp": 2}, "training": {"global_batch": 4, "micro_batch": 1, "precision": "bf16"}}
+    doc = {"version": 1, "model": {"pretrained": str(TINY)},
+           "hardware": {"preset": "cpu-local", "gpus_per_node": 2}, "parallel": {"tp": 2},
+           "training": {"global_batch": 4, "micro_batch": 1, "precision": "bf16"}}
     from dsforge.compiler.frontend.parse import parse_job
     from dsforge.compiler.frontend.source import SourceMap
 
@@ -176,13 +182,15 @@ SIZES = st.integers(1, 64)
        ffn=st.integers(1, 50_000), vocab=st.integers(1, 300_000), positions=st.integers(1, 1 << 17),
        tied=st.booleans(), family=st.sampled_from(["llama", "mistral", "qwen2"]),
        width=st.none() | st.integers(1, 8192))
-def test_model_keys_describe_the_config(layers: int, kv: int, per_kv: int, head_dim: int, ffn: int, vocab: int,
-                                        positions: int, tied: bool, family: str, width: int | None) -> None:
-    # width None: config.json omits head_dim (hidden = heads x head_dim); else hidden is unrelated (Qwen3-style)
+def test_model_keys_describe_the_config(layers: int, kv: int, per_kv: int, head_dim: int, ffn: int,
+                                        vocab: int, positions: int, tied: bool, family: str,
+                                        width: int | None) -> None:
+    # width None: config.json omits head_dim (hidden = heads x head_dim); else hidden is unrelated
+    # (Qwen3-style)
     heads = kv * per_kv
     hidden = heads * head_dim if width is None else width
-    cfg = llama_config(model_type=family, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-                       hidden_size=hidden, intermediate_size=ffn, vocab_size=vocab,
+    cfg = llama_config(model_type=family, num_hidden_layers=layers, num_attention_heads=heads,
+                       num_key_value_heads=kv, hidden_size=hidden, intermediate_size=ffn, vocab_size=vocab,
                        max_position_embeddings=positions, tie_word_embeddings=tied,
                        **({} if width is None else {"head_dim": head_dim}))
     keys = model_keys(cfg, Path("config.json"))
@@ -203,11 +211,16 @@ def test_any_stated_value_is_kept_when_equal_and_refused_when_not(key: str, delt
     problems = _contradictions(stated, found, "config.json")
     assert (problems == []) == (delta == 0)
     if delta:
-        assert problems[0][0] == (key,) and str(found[key]) in problems[0][1] and str(found[key] + delta) in problems[0][1]
+        assert (
+            problems[0][0] == (key,)
+            and str(found[key]) in problems[0][1]
+            and str(found[key] + delta) in problems[0][1]
+        )
 
 
 def test_gpt2_config() -> None:
-    gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, "vocab_size": 256}
+    gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64,
+            "vocab_size": 256}
     keys = model_keys(gpt2, Path("c"))
     assert keys["arch"] == "gpt2" and keys["ffn_hidden"] == 256 and keys["tied_embeddings"] is True
     assert keys["position"] == "learned" and keys["seq_len"] == 64
@@ -220,7 +233,8 @@ def test_gpt2_config() -> None:
        aux=st.floats(0, 1), logits=st.booleans())
 def test_mixtral_config_fills_the_moe_section(experts: int, top_k: int, ffn: int, tied: bool, aux: float,
                                               logits: bool) -> None:
-    """Experts, top-k and the expert width come from config.json; the aux loss is refused only when HF adds it."""
+    """Experts, top-k and the expert width come from config.json; the aux loss is refused only when HF adds
+    it."""
     cfg = llama_config(model_type="mixtral", num_local_experts=experts, num_experts_per_tok=top_k,
                        intermediate_size=ffn, tie_word_embeddings=tied, router_aux_loss_coef=aux,
                        output_router_logits=logits, router_jitter_noise=0.0, sliding_window=None)
@@ -231,8 +245,8 @@ def test_mixtral_config_fills_the_moe_section(experts: int, top_k: int, ffn: int
         return
     keys = model_keys(cfg, Path("c"))
     assert keys == {"arch": "mixtral", "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16,
-                    "qkv_bias": False, "ffn_hidden": ffn, "vocab": 256, "seq_len": 64, "tied_embeddings": tied,
-                    "activation": "swiglu", "position": "rope",
+                    "qkv_bias": False, "ffn_hidden": ffn, "vocab": 256, "seq_len": 64,
+                    "tied_embeddings": tied, "activation": "swiglu", "position": "rope",
                     "moe": {"experts": experts, "top_k": top_k, "ffn_hidden": ffn, "every": 1}}
 
 
@@ -246,7 +260,8 @@ def test_a_mixtral_checkpoint_validates_under_expert_parallelism(tmp_path: Path)
     job, diags = load_job(path)
     assert job is not None, diags
     m = job.spec.model
-    assert m.arch == "mixtral" and m.moe is not None and (m.moe.experts, m.moe.top_k, m.moe.ffn_hidden) == (4, 2, 128)
+    assert m.arch == "mixtral" and m.moe is not None and (m.moe.experts, m.moe.top_k,
+                                                          m.moe.ffn_hidden) == (4, 2, 128)
     assert rules_of(path) == []
     path.write_text(path.read_text(encoding="utf-8").replace("seq_len: 32", "seq_len: 32\n  moe: {top_k: 1}"))
     found = rules_of(path)
@@ -256,8 +271,9 @@ def test_a_mixtral_checkpoint_validates_under_expert_parallelism(tmp_path: Path)
 @settings(max_examples=80, deadline=None)
 @given(window=st.integers(1, 256), seq_len=st.none() | st.integers(1, 128),
        family=st.sampled_from(["mistral", "mixtral", "qwen2", "qwen2-off", "qwen2-layer-types", "llama"]))
-def test_a_sliding_window_is_refused_only_where_it_bites(tmp_path_factory: pytest.TempPathFactory, window: int,
-                                                         seq_len: int | None, family: str) -> None:
+def test_a_sliding_window_is_refused_only_where_it_bites(tmp_path_factory: pytest.TempPathFactory,
+                                                         window: int, seq_len: int | None,
+                                                         family: str) -> None:
     """Accepted (a DSF016 note) when the window covers seq_len (config.json's 128 when unstated), DSF012 when
     shorter; Qwen2 windows only with use_sliding_window or a sliding layer, Llama never."""
     tmp = tmp_path_factory.mktemp("window")
@@ -270,13 +286,15 @@ def test_a_sliding_window_is_refused_only_where_it_bites(tmp_path_factory: pytes
     if mtype == "mixtral":
         extra |= {"num_local_experts": 4, "num_experts_per_tok": 2}
     checkpoint_dir(tmp, llama_config(model_type=mtype, **extra))
-    found = rules_of(job_file(tmp, {"pretrained": "ckpt", **({} if seq_len is None else {"seq_len": seq_len})}))
+    found = rules_of(job_file(tmp,
+                              {"pretrained": "ckpt", **({} if seq_len is None else {"seq_len": seq_len})}))
     applies = family not in ("qwen2-off", "llama")
     length = 128 if seq_len is None else seq_len
     if not applies:
         assert found == []
     elif window >= length:
-        assert [r for r, _ in found] == ["DSF016"] and f"sliding_window {window} covers model.seq_len {length}" \
+        assert [r for r,
+                _ in found] == ["DSF016"] and f"sliding_window {window} covers model.seq_len {length}" \
             in found[0][1]
     else:
         assert [r for r, _ in found] == ["DSF012"], found
@@ -285,8 +303,9 @@ def test_a_sliding_window_is_refused_only_where_it_bites(tmp_path_factory: pytes
 
 def _qwen_moe_config(mtype: str, **over: Any) -> dict[str, Any]:
     cfg = llama_config(model_type=mtype, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                       decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=False, output_router_logits=False,
-                       router_aux_loss_coef=0.001, use_sliding_window=False, sliding_window=None)
+                       decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=False,
+                       output_router_logits=False, router_aux_loss_coef=0.001, use_sliding_window=False,
+                       sliding_window=None)
     if mtype == "qwen2_moe":
         cfg |= {"shared_expert_intermediate_size": 48, "qkv_bias": True}
     cfg.update(over)
@@ -294,9 +313,11 @@ def _qwen_moe_config(mtype: str, **over: Any) -> dict[str, Any]:
 
 
 def test_qwen_families_fill_their_keys() -> None:
-    """Qwen3 (head_dim its own, no biases), Qwen2-MoE (a shared expert, q/k/v biases), Qwen3-MoE (routed only)."""
+    """Qwen3 (head_dim its own, no biases), Qwen2-MoE (a shared expert, q/k/v biases), Qwen3-MoE (routed
+    only)."""
     qwen3 = model_keys(llama_config(model_type="qwen3", head_dim=32, tie_word_embeddings=True), Path("c"))
-    assert (qwen3["arch"], qwen3["head_dim"], qwen3["qkv_bias"], qwen3["tied_embeddings"]) == ("qwen3", 32, False, True)
+    assert (qwen3["arch"], qwen3["head_dim"], qwen3["qkv_bias"],
+            qwen3["tied_embeddings"]) == ("qwen3", 32, False, True)
     assert "moe" not in qwen3
     q2 = model_keys(_qwen_moe_config("qwen2_moe"), Path("c"))
     assert (q2["arch"], q2["qkv_bias"], q2["ffn_hidden"]) == ("qwen2_moe", True, 128)
@@ -316,7 +337,8 @@ def test_qwen_families_fill_their_keys() -> None:
     (_qwen_moe_config("qwen3_moe", mlp_only_layers=[0]), "DSF012", "mlp_only_layers [0]"),
     (_qwen_moe_config("qwen3_moe", output_router_logits=True), "DSF015", "router_aux_loss_coef 0.001"),
     (llama_config(model_type="qwen3", attention_bias=True), "DSF012", "attention_bias"),
-    (_qwen_moe_config("qwen2_moe", use_sliding_window=True, sliding_window=16), "DSF012", "sliding_window 16"),
+    (_qwen_moe_config("qwen2_moe", use_sliding_window=True, sliding_window=16), "DSF012",
+     "sliding_window 16"),
 ])
 def test_qwen_refusals(tmp_path: Path, cfg: dict[str, Any], rule: str, words: str) -> None:
     checkpoint_dir(tmp_path, cfg)

@@ -1,4 +1,5 @@
-"""`model.pretrained` of a dense family only its HF plan places: keys from config.json, arch auto; refusals named."""
+"""`model.pretrained` of a dense family only its HF plan places: keys from config.json, arch auto; refusals
+named."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from tests.compiler.frontend.test_pretrained_config import checkpoint_dir, job_f
 def starcoder2_config(**over: Any) -> dict[str, Any]:
     """A config.json of a small StarCoder2 (no hand-written policy; its tp plan places it)."""
     cfg = {"model_type": "starcoder2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 128, "max_position_embeddings": 64,
-           "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True, "sliding_window": None}
+           "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 128,
+           "max_position_embeddings": 64, "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+           "sliding_window": None}
     cfg.update(over)
     return cfg
 
@@ -24,14 +26,15 @@ def starcoder2_config(**over: Any) -> dict[str, Any]:
 def test_a_dense_family_with_a_plan_gives_its_keys_under_arch_auto(tmp_path: Path) -> None:
     keys = model_keys(starcoder2_config(), tmp_path / "config.json")
     assert keys == {"arch": "auto", "hidden": 64, "layers": 2, "heads": 4, "ffn_hidden": 96, "seq_len": 64,
-                    "vocab": 128, "kv_heads": 2, "head_dim": 16, "tied_embeddings": True, "activation": "gelu",
-                    "position": "rope"}
+                    "vocab": 128, "kv_heads": 2, "head_dim": 16, "tied_embeddings": True,
+                    "activation": "gelu", "position": "rope"}
     checkpoint_dir(tmp_path, starcoder2_config())
     assert rules_of(job_file(tmp_path, {"pretrained": "ckpt", "seq_len": 32})) == []
 
 
 @pytest.mark.parametrize(("cfg", "said"), [
-    ({"model_type": "flex_olmo", "num_local_experts": 8}, "mixture of experts"),  # olmoe, granitemoe: PROVEN_MOE
+    # olmoe, granitemoe: PROVEN_MOE
+    ({"model_type": "flex_olmo", "num_local_experts": 8}, "mixture of experts"),
     ({"model_type": "bert"}, "no tensor- or expert-parallel plan"),
     ({"model_type": "longcat_flash"}, "'moe_identity_expert'"),
     ({"model_type": "not_a_model"}, "not a causal LM"),

@@ -1,4 +1,5 @@
-"""`model.pretrained` of a MoE type without a hand-written family: PROVEN_MOE is read by its plans, the others refused."""
+"""`model.pretrained` of a MoE type without a hand-written family: PROVEN_MOE is read by its plans, the others
+refused."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import pytest
 
 from dsforge.compiler.frontend.pretrained import PretrainedError, model_keys
 
-OLMOE: dict[str, Any] = {"model_type": "olmoe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                         "num_key_value_heads": 2, "intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
-                         "vocab_size": 256, "max_position_embeddings": 64, "hidden_act": "silu",
-                         "output_router_logits": False, "router_aux_loss_coef": 0.01, "tie_word_embeddings": False}
+OLMOE: dict[str, Any] = {"model_type": "olmoe", "hidden_size": 64, "num_hidden_layers": 2,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32,
+                         "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 256,
+                         "max_position_embeddings": 64, "hidden_act": "silu", "output_router_logits": False,
+                         "router_aux_loss_coef": 0.01, "tie_word_embeddings": False}
 
 
 def test_olmoe_gets_a_moe_section_from_config_json() -> None:
@@ -23,8 +25,9 @@ def test_olmoe_gets_a_moe_section_from_config_json() -> None:
 
 def test_llama4_text_has_its_shared_expert_and_granitemoe_its_local_experts() -> None:
     llama4 = {**OLMOE, "model_type": "llama4_text", "moe_layers": [0, 1], "interleave_moe_layer_step": 1}
-    assert model_keys(llama4, Path("config.json"))["moe"] == {"experts": 4, "top_k": 2, "ffn_hidden": 32, "every": 1,
-                                                              "shared_experts": 1, "shared_ffn_hidden": 32}
+    assert model_keys(llama4, Path("config.json"))["moe"] == {"experts": 4, "top_k": 2, "ffn_hidden": 32,
+                                                              "every": 1, "shared_experts": 1,
+                                                              "shared_ffn_hidden": 32}
     granite = {k: v for k, v in OLMOE.items() if k != "num_experts"} | {"model_type": "granitemoe",
                                                                         "num_local_experts": 8}
     assert model_keys(granite, Path("config.json"))["moe"]["experts"] == 8

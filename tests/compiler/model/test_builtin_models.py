@@ -1,5 +1,5 @@
-"""DSF145: validate refuses exactly the model specs dsforge's own HF families cannot build, and every spec it lets
-through builds (on the meta device) with the parameter count the compiler plans with."""
+"""DSF145: validate refuses exactly the model specs dsforge's own HF families cannot build, and every spec it
+lets through builds (on the meta device) with the parameter count the compiler plans with."""
 
 from __future__ import annotations
 
@@ -22,10 +22,11 @@ def specs(draw: st.DrawFn) -> ModelSpec:
     kv = draw(st.sampled_from([None, 1, 2, heads]))
     moe = draw(st.sampled_from([None, {"experts": 4, "top_k": 2, "ffn_hidden": 32},
                                 {"experts": 4, "top_k": 2, "ffn_hidden": 32, "every": 2}]))
-    return ModelSpec(arch=draw(st.sampled_from(["gpt2", "llama", "mixtral", "auto", "custom", "qwen3"])), layers=2,
-                     hidden=32, heads=heads, kv_heads=kv if kv is None or kv <= heads else heads,
-                     head_dim=draw(st.sampled_from([None, 8, 16])), qkv_bias=draw(st.sampled_from([None, True, False])),
-                     ffn_hidden=64, vocab=64, seq_len=16, activation=draw(st.sampled_from([None, "gelu", "swiglu"])),
+    return ModelSpec(arch=draw(st.sampled_from(["gpt2", "llama", "mixtral", "auto", "custom", "qwen3"])),
+                     layers=2, hidden=32, heads=heads, kv_heads=kv if kv is None or kv <= heads else heads,
+                     head_dim=draw(st.sampled_from([None, 8, 16])),
+                     qkv_bias=draw(st.sampled_from([None, True, False])), ffn_hidden=64, vocab=64, seq_len=16,
+                     activation=draw(st.sampled_from([None, "gelu", "swiglu"])),
                      position=draw(st.sampled_from([None, "learned", "rope"])), moe=moe)
 
 

@@ -41,10 +41,12 @@ def test_count_equals_the_checkpoints_tensors(name: str) -> None:
 
 
 _LLAMA_LIKE = st.fixed_dictionaries({
-    "model_type": st.sampled_from(["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "qwen2_moe"]),
+    "model_type": st.sampled_from(["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe",
+                                   "qwen2_moe"]),
     "heads": st.integers(1, 8), "group": st.integers(1, 4), "head_dim": st.sampled_from([4, 8, 12]),
     "hidden": st.sampled_from([16, 24, 32]), "layers": st.integers(1, 4), "ffn": st.integers(1, 64),
-    "vocab": st.integers(2, 300), "tied": st.booleans(), "experts": st.integers(2, 6), "moe_ffn": st.integers(1, 32)})
+    "vocab": st.integers(2, 300), "tied": st.booleans(), "experts": st.integers(2, 6),
+    "moe_ffn": st.integers(1, 32)})
 
 
 @settings(max_examples=60, deadline=None)
@@ -108,10 +110,12 @@ def test_mla_and_linear_attention_layers_are_named_with_their_flop_gap(tmp_path:
     from dsforge.compiler.frontend.pretrained_params import attention_core_gaps
 
     (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "minicpm3", "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 24,
-        "layer_types": ["linear_attention", "full_attention", "full_attention"]}))
-    (mla, mla_gap), (linear, linear_gap) = attention_core_gaps(str(tmp_path), seq_len=32, heads=4, head_dim=8, layers=3)
-    # per token and head, scores cost 2 x seq x (q.k width) and the weighted sum 2 x seq x v width; x3 for backward
+        "model_type": "minicpm3", "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+        "v_head_dim": 24, "layer_types": ["linear_attention", "full_attention", "full_attention"]}))
+    (mla, mla_gap), (linear, linear_gap) = attention_core_gaps(str(tmp_path), seq_len=32, heads=4, head_dim=8,
+                                                               layers=3)
+    # per token and head, scores cost 2 x seq x (q.k width) and the weighted sum 2 x seq x v width; x3 for
+    # backward
     per_layer = sum(3 * 2 * 32 * 4 * w for w in (16, 24)) - sum(3 * 2 * 32 * 4 * w for w in (8, 8))
     assert mla_gap == 3 * per_layer and "16 channels" in mla and "over 24" in mla
     assert linear_gap == -(3 * 2 * 32 * 4 * 8 * 2) and linear.startswith("1 of 3 layers")

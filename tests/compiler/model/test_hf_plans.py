@@ -27,10 +27,11 @@ from dsforge.compiler.rules.registry import all_rules
 
 ROOT = Path(__file__).resolve().parents[3]
 #: The styles transformers 5.24 registers (transformers/distributed/tensor_parallel.py, expert_parallel.py).
-HF_STYLES = {"colwise", "rowwise", "colwise_gather_output", "colwise_rep", "rowwise_split_input", "rowwise_rep",
-             "packed_colwise", "packed_rowwise", "embedding_rowwise", "embedding_colwise",
-             "replicated_with_grad_allreduce", "sequence_parallel", "mla_kv_a_proj", "all_reduce", "moe_tp_experts",
-             "moe_identity_expert", "local_params", "replicate", "grouped_gemm", "ep_dispatch_experts"}
+HF_STYLES = {"colwise", "rowwise", "colwise_gather_output", "colwise_rep", "rowwise_split_input",
+             "rowwise_rep", "packed_colwise", "packed_rowwise", "embedding_rowwise", "embedding_colwise",
+             "replicated_with_grad_allreduce", "sequence_parallel", "mla_kv_a_proj", "all_reduce",
+             "moe_tp_experts", "moe_identity_expert", "local_params", "replicate", "grouped_gemm",
+             "ep_dispatch_experts"}
 
 
 def _with_plans() -> list[str]:
@@ -42,7 +43,8 @@ def test_every_style_the_table_uses_is_placed_or_refused_with_a_reason():
             for s in (*p.tp.values(), *p.ep.values(), *p.head_tp.values())}
     assert used <= HF_STYLES
     for path, style, placed in (row for t in known_types() for row in placements(plans_for_type(t))):
-        assert placed.split(":")[0].split(" ")[0] in {"column", "row", "vocab", "head_norm", "norm", "replicate",
+        assert placed.split(":")[0].split(" ")[0] in {"column", "row", "vocab", "head_norm", "norm",
+                                                      "replicate",
                                                        "expert", "folded", "refused"}, (path, style, placed)
 
 
@@ -70,7 +72,9 @@ def test_each_plan_derives_a_policy_or_a_refusal_naming_module_and_style(mtype):
 def test_plan_paths_become_whole_name_regexes():
     rx = path_regex("layers.*.mlp.up_proj")
     assert re.fullmatch(rx, "model.layers.12.mlp.up_proj") and re.fullmatch(rx, "layers.0.mlp.up_proj")
-    assert not re.fullmatch(rx, "model.layers.x.mlp.up_proj") and not re.fullmatch(rx, "model.layers.0.mlp.up_projx")
+    assert not re.fullmatch(rx, "model.layers.x.mlp.up_proj") and not re.fullmatch(
+        rx, "model.layers.0.mlp.up_projx"
+    )
 
 
 def test_a_model_without_plans_and_an_unplaceable_style_are_refused_with_their_rules():
@@ -118,4 +122,5 @@ def test_the_table_matches_the_installed_transformers():
     pytest.importorskip("transformers")
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "update_hf_plans.py"), "--check"],
                          capture_output=True, text=True, timeout=600, check=False)
-    assert out.returncode == 0, "stale: run python scripts/update_hf_plans.py\n" + out.stdout[-3000:] + out.stderr[-2000:]
+    assert out.returncode == 0, ("stale: run python "
+                                 "scripts/update_hf_plans.py\n") + out.stdout[-3000:] + out.stderr[-2000:]

@@ -21,13 +21,15 @@ DERIVED = ("kv_heads", "ffn_hidden", "activation", "position")
 
 models = st.fixed_dictionaries(
     {"arch": st.sampled_from(["gpt2", "llama", "mixtral", "custom", "auto"]), "layers": st.integers(1, 8),
-     "hidden": st.sampled_from([64, 96, 128]), "heads": st.sampled_from([1, 2, 4]), "vocab": st.integers(1, 512),
-     "seq_len": st.integers(1, 256)},
+     "hidden": st.sampled_from([64, 96, 128]), "heads": st.sampled_from([1, 2, 4]),
+     "vocab": st.integers(1, 512), "seq_len": st.integers(1, 256)},
     optional={"kv_heads": st.sampled_from([1, 2, 4]), "ffn_hidden": st.integers(1, 512),
-              "activation": st.sampled_from(["gelu", "swiglu"]), "position": st.sampled_from(["learned", "rope"]),
-              "tied_embeddings": st.booleans(), "vocab_multiple_of": st.sampled_from([8, 64, 128]),
+              "activation": st.sampled_from(["gelu", "swiglu"]),
+              "position": st.sampled_from(["learned", "rope"]), "tied_embeddings": st.booleans(),
+              "vocab_multiple_of": st.sampled_from([8, 64, 128]),
               "moe": st.fixed_dictionaries({"experts": st.integers(1, 8)},
-                                           optional={"ffn_hidden": st.integers(1, 512), "every": st.integers(1, 4),
+                                           optional={"ffn_hidden": st.integers(1, 512),
+                                                     "every": st.integers(1, 4),
                                                      "top_k": st.integers(1, 2)})})
 
 
@@ -92,7 +94,8 @@ def test_cached_layer_weights_are_the_layer_counts(model: dict[str, Any], tp: in
 
 
 def test_plan_model_is_resolved_from_an_unfilled_spec() -> None:
-    spec, _ = parse_job({"version": 1, "model": {"preset": "gpt2-small"}, "hardware": {"preset": "cpu-local"}},
+    spec, _ = parse_job({"version": 1, "model": {"preset": "gpt2-small"},
+                         "hardware": {"preset": "cpu-local"}},
                         SourceMap("job.yaml"))
     assert spec is not None
     unfilled = spec.model_copy(update={"model": spec.model.model_copy(update={n: None for n in DERIVED})})

@@ -39,7 +39,8 @@ def test_order_changes_which_axis_is_contiguous() -> None:
 
 
 @pytest.mark.parametrize("order, words", [
-    ("tp-xx-dp", "unknown axis"), ("tp-tp-dp-pp", "twice"), ("tp-pp", "omits"), ("tp-ep-pp-dp", "pp-last"), ("tp--dp-pp", "empty")])
+    ("tp-xx-dp", "unknown axis"), ("tp-tp-dp-pp", "twice"), ("tp-pp", "omits"), ("tp-ep-pp-dp", "pp-last"),
+    ("tp--dp-pp", "empty")])
 def test_bad_orders(order: str, words: str) -> None:
     with pytest.raises(OrderError, match=words):
         place(tp=2, pp=2, dp=2, cp=1, ep=2, gpus_per_node=8, order=order)

@@ -72,13 +72,15 @@ def compare(case: Case) -> str:
     if len(set(tokens)) < len(tokens):  # the deliberate difference: any repeated axis, checked first
         ref, refusal = None, MegatronRefusal(DUPLICATE_AXIS, "dsforge refuses any repeated axis")
     try:
-        got: Placement | None = place(case.tp, case.pp, case.dp, case.cp, case.ep, case.gpus_per_node, case.order)
+        got: Placement | None = place(case.tp, case.pp, case.dp, case.cp, case.ep, case.gpus_per_node,
+                                      case.order)
         error = None
     except OrderError as exc:
         got, error = None, exc
     if refusal is not None:
         assert error is not None, f"{case}: Megatron refuses ({refusal}) but place() accepts"
-        assert error.rule == RULE_OF[refusal.kind], f"{case}: {error.rule} for Megatron's {refusal.kind}: {error}"
+        assert error.rule == RULE_OF[refusal.kind], (f"{case}: {error.rule} for "
+                                                     f"Megatron's {refusal.kind}: {error}")
         return f"refused {error.rule}"
     assert ref is not None
     folded = case.tp > 1 and ref.experts("tp") != ref.dense("tp")
@@ -117,7 +119,8 @@ def _check_nodes(case: Case, got: Placement, kind: str, groups: list[list[int]])
 
 
 def _check_expert_carving(case: Case, got: Placement) -> None:
-    """edp holds the dense dp x cp ranks of one (tp, pp) position that hold the same experts, whatever the order."""
+    """edp holds the dense dp x cp ranks of one (tp, pp) position that hold the same experts, whatever the
+    order."""
     home = {r: i for i, g in enumerate(got.groups["dp-cp"]) for r in g}
     edp_of = {r: i for i, g in enumerate(got.groups["edp"]) for r in g}
     assert all(len(g) == case.dp * case.cp // case.ep for g in got.groups["edp"]), case
@@ -183,8 +186,8 @@ def test_place_equals_megatron_over_random_layouts(record_property: Callable[[st
     print(f"\nplace() vs Megatron reference: {total} (layout, order) cases: {dict(sorted(seen.items()))}")
     assert total >= 2500
     # the generator reaches every outcome, or the comparison proves less than it claims
-    for outcome in ("accepted", "accepted, expert grid folded (MoE refused)", "refused DSF117", "refused DSF114",
-                    "refused DSF124", "refused DSF125", "refused DSF126"):
+    for outcome in ("accepted", "accepted, expert grid folded (MoE refused)", "refused DSF117",
+                    "refused DSF114", "refused DSF124", "refused DSF125", "refused DSF126"):
         assert seen[outcome] > 0, (outcome, seen)
 
 
@@ -198,10 +201,13 @@ def _every_order(names: tuple[str, ...] = AXES) -> Iterator[str]:
 def test_every_order_of_small_layouts() -> None:
     """Exhaustive over every order naming 1 to 5 distinct axes for a few small layouts with every axis > 1."""
     seen: Counter[str] = Counter()
-    for tp, pp, dp, cp, ep in [(2, 2, 2, 2, 2), (2, 2, 2, 2, 4), (2, 2, 3, 2, 3), (2, 3, 1, 2, 2), (1, 2, 2, 2, 1)]:
+    for tp, pp, dp, cp, ep in [(2, 2, 2, 2, 2), (2, 2, 2, 2, 4), (2, 2, 3, 2, 3), (2, 3, 1, 2, 2),
+                               (1, 2, 2, 2, 1)]:
         for order in _every_order():
             seen[compare(Case(tp, pp, dp, cp, ep, order, 4))] += 1
-    assert seen["accepted"] and seen["refused DSF124"] and seen["refused DSF125"] and seen["refused DSF126"], seen
+    assert (
+        seen["accepted"] and seen["refused DSF124"] and seen["refused DSF125"] and seen["refused DSF126"]
+    ), seen
 
 
 # --- Megatron's published cases ---------------------------------------------------------------------------
@@ -226,11 +232,12 @@ def test_megatron_docstring_context_parallel() -> None:
 # tests/unit_tests/test_parallel_state.py test_rank_generator_for_tp_dp_pp: (nodes, gpus, tp, pp, cp, ep)
 GOLDEN = [(1, 1, 1, 1, 1, 1), (1, 8, 8, 1, 1, 1), (1, 8, 2, 2, 1, 1), (1, 8, 2, 4, 1, 1), (3, 8, 8, 3, 1, 1),
           (4, 8, 2, 4, 1, 1), (8, 8, 8, 8, 1, 1), (8, 8, 2, 1, 1, 4), (8, 8, 2, 2, 2, 4), (8, 8, 2, 1, 4, 8),
-          (8, 8, 2, 2, 2, 8), (16, 8, 4, 8, 1, 1), (16, 8, 4, 8, 1, 4), (16, 8, 4, 8, 4, 1), (16, 8, 8, 8, 1, 1),
-          (32, 8, 4, 8, 1, 1), (32, 8, 8, 8, 1, 1), (32, 8, 4, 8, 1, 4), (32, 8, 8, 8, 4, 1), (64, 8, 4, 2, 8, 8),
-          (64, 8, 4, 8, 1, 1), (64, 8, 8, 8, 1, 1), (96, 8, 4, 8, 1, 1), (128, 8, 4, 2, 8, 8), (128, 8, 4, 8, 1, 1),
-          (256, 8, 4, 8, 1, 1), (316, 8, 4, 8, 1, 1), (384, 8, 4, 8, 1, 1), (512, 8, 4, 8, 1, 1),
-          (768, 8, 4, 8, 1, 1), (1024, 8, 4, 8, 1, 1), (1280, 8, 4, 8, 1, 1), (1344, 8, 4, 8, 1, 1)]
+          (8, 8, 2, 2, 2, 8), (16, 8, 4, 8, 1, 1), (16, 8, 4, 8, 1, 4), (16, 8, 4, 8, 4, 1),
+          (16, 8, 8, 8, 1, 1), (32, 8, 4, 8, 1, 1), (32, 8, 8, 8, 1, 1), (32, 8, 4, 8, 1, 4),
+          (32, 8, 8, 8, 4, 1), (64, 8, 4, 2, 8, 8), (64, 8, 4, 8, 1, 1), (64, 8, 8, 8, 1, 1),
+          (96, 8, 4, 8, 1, 1), (128, 8, 4, 2, 8, 8), (128, 8, 4, 8, 1, 1), (256, 8, 4, 8, 1, 1),
+          (316, 8, 4, 8, 1, 1), (384, 8, 4, 8, 1, 1), (512, 8, 4, 8, 1, 1), (768, 8, 4, 8, 1, 1),
+          (1024, 8, 4, 8, 1, 1), (1280, 8, 4, 8, 1, 1), (1344, 8, 4, 8, 1, 1)]
 
 
 def _strided(start: int, stop: int, step: int) -> list[int]:
@@ -239,7 +246,8 @@ def _strided(start: int, stop: int, step: int) -> list[int]:
 
 @pytest.mark.parametrize("nodes, gpus, tp, pp, cp, ep", GOLDEN)
 def test_megatron_golden_layouts(nodes: int, gpus: int, tp: int, pp: int, cp: int, ep: int) -> None:
-    """The layouts of Megatron's rank-generator test, with the groups its closed forms give (default order)."""
+    """The layouts of Megatron's rank-generator test, with the groups its closed forms give (default
+    order)."""
     world = nodes * gpus
     dp, stage = world // (tp * pp * cp), world // pp
     p = place(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, gpus_per_node=gpus)
@@ -247,7 +255,8 @@ def test_megatron_golden_layouts(nodes: int, gpus: int, tp: int, pp: int, cp: in
     assert p.groups["pp"] == [_strided(i, world, stage) for i in range(stage)]
     assert p.groups["dp"] == [_strided(s * stage + j, (s + 1) * stage, tp * cp) for s in range(pp)
                               for j in range(tp * cp)]
-    assert p.groups["dp-cp"] == [_strided(s * stage + j, (s + 1) * stage, tp) for s in range(pp) for j in range(tp)]
+    assert p.groups["dp-cp"] == [_strided(s * stage + j, (s + 1) * stage,
+                                          tp) for s in range(pp) for j in range(tp)]
     assert p.groups["cp"] == [_strided(s * stage + d * tp * cp + k, s * stage + (d + 1) * tp * cp, tp)
                               for s in range(pp) for d in range(dp) for k in range(tp)]
     edp = world // (tp * ep * pp)  # the expert grid as (pp, edp, ep, tp), tp fastest
@@ -258,7 +267,8 @@ def test_megatron_golden_layouts(nodes: int, gpus: int, tp: int, pp: int, cp: in
 
 
 # test_different_initialize_order_consistency: tp-ep-dp-pp and tp-pp-ep-dp give the same groups
-@pytest.mark.parametrize("tp, pp, ep", [(1, 8, 1), (2, 4, 1), (4, 2, 1), (8, 1, 1), (4, 1, 2), (1, 1, 8), (1, 1, 2),
+@pytest.mark.parametrize("tp, pp, ep",
+                         [(1, 8, 1), (2, 4, 1), (4, 2, 1), (8, 1, 1), (4, 1, 2), (1, 1, 8), (1, 1, 2),
                                         (2, 1, 4)])
 def test_megatron_orders_consistent(tp: int, pp: int, ep: int) -> None:
     a = place(tp=tp, pp=pp, dp=8 // (tp * pp), cp=1, ep=ep, gpus_per_node=8, order="tp-ep-dp-pp")

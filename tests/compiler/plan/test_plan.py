@@ -53,7 +53,8 @@ def test_resolve_gives_every_derived_value_of_the_lazy_plan() -> None:
     plan = _plan({"tp": 2, "pp": 2}, {"global_batch": 32, "micro_batch": 2})
     resolved = plan.resolve()
     assert isinstance(resolved, ResolvedPlan)
-    assert (resolved.degrees, resolved.grad_accum, resolved.stage_layers, resolved.placement, resolved.model) == (
+    assert (resolved.degrees, resolved.grad_accum, resolved.stage_layers, resolved.placement,
+            resolved.model) == (
         plan.degrees, plan.grad_accum, plan.stage_layers, plan.placement, plan.model)
     assert (resolved.world_size, resolved.zero, resolved.virtual_stages, resolved.nodes) == (
         plan.world_size, plan.zero, plan.virtual_stages, plan.nodes)
@@ -92,7 +93,8 @@ def test_stage_layers_uniform_parameters_and_explicit() -> None:
     assert _plan({"pp": 2, "pipeline": {"partition": [2, 3]}}, model=model).stage_layers == []  # sums to 5
     params = _plan({"pp": 2}, model=model).stage_layers
     assert sum(params) == 6 and len(params) == 2
-    # the embedding (vocab 256 x 64) weighs on stage 0 and the head on the last: neither gets fewer than 2 layers
+    # the embedding (vocab 256 x 64) weighs on stage 0 and the head on the last: neither gets fewer than 2
+    # layers
     interleaved = _plan({"pp": 2, "pipeline": {"schedule": "interleaved", "virtual_stages": 3}}, model=model)
     assert len(interleaved.stage_layers) == 6 and sum(interleaved.stage_layers) == 6
 
@@ -159,7 +161,8 @@ def test_every_rank_is_in_exactly_one_group_of_each_kind(layout, gpus_per_node: 
     tp, pp, dp, cp, ep, order = layout
     try:
         p = place(tp, pp, dp, cp, ep, gpus_per_node, order)
-    except OrderError as exc:  # Megatron's refusals (tests/compiler/plan/test_placement_megatron.py says which, exactly)
+    except OrderError as exc:  # Megatron's refusals (tests/compiler/plan/test_placement_megatron.py says
+                               # which, exactly)
         assert exc.rule in ("DSF124", "DSF125", "DSF126"), exc
         return
     world = tp * pp * dp * cp

@@ -1,4 +1,5 @@
-"""Resuming under another layout, decided without torch: which compiles may continue a checkpoint, and why not.
+"""Resuming under another layout, decided without torch: which compiles may continue a checkpoint, and why
+not.
 
 The documents are a real compile's (tests/golden/tiny-3d: tiny-llama, tp2 x pp2 x dp2, ZeRO-1, fp32
 AdamW), changed as a second compile of the job would change them. `dsforge run`'s decision
@@ -32,8 +33,10 @@ PLAN: dict[str, Any] = json.loads((GOLDEN / "plan.json").read_text(encoding="utf
 DS: dict[str, Any] = json.loads((GOLDEN / "ds_config.json").read_text(encoding="utf-8"))
 
 
-def relaid(tp: int = 1, pp: int = 1, dp: int = 2, zero: int = 1, micro: int = 1, **job: Any) -> dict[str, Any]:
-    """The golden plan as a compile under another layout would write it (``job``: dotted job keys to change)."""
+def relaid(tp: int = 1, pp: int = 1, dp: int = 2, zero: int = 1, micro: int = 1,
+           **job: Any) -> dict[str, Any]:
+    """The golden plan as a compile under another layout would write it (``job``: dotted job keys to
+    change)."""
     doc = copy.deepcopy(PLAN)
     doc["degrees"].update(tp=tp, pp=pp, dp=dp)
     doc["zero"], doc["world_size"] = zero, tp * pp * dp
@@ -74,7 +77,8 @@ def test_what_a_checkpoint_holds_must_stay(key: str, value: Any, shown: str) -> 
 
 def test_fp16_and_another_optimizer_implementation_are_refused() -> None:
     fp16 = relaid(training__precision="fp16")
-    assert "DSF166" in [r.rule for r in resume_refusals(fp16, fp16 | {"degrees": PLAN["degrees"]} | {"zero": 3})]
+    assert "DSF166" in [r.rule for r in resume_refusals(fp16,
+                                                        fp16 | {"degrees": PLAN["degrees"]} | {"zero": 3})]
     other = copy.deepcopy(DS)
     other["optimizer"]["type"] = "FusedAdam"
     refusals = resume_refusals(PLAN, relaid(), DS, other)
@@ -83,7 +87,8 @@ def test_fp16_and_another_optimizer_implementation_are_refused() -> None:
 
 @given(vocab=st.integers(1, 300_000), multiple=st.sampled_from([None, 1, 8, 64, 128]),
        tp=st.sampled_from([1, 2, 3, 4, 8]), tp2=st.sampled_from([1, 2, 4, 8]))
-def test_padding_refusal_follows_the_compilers_padding(vocab: int, multiple: int | None, tp: int, tp2: int) -> None:
+def test_padding_refusal_follows_the_compilers_padding(vocab: int, multiple: int | None, tp: int,
+                                                       tp2: int) -> None:
     from types import SimpleNamespace
 
     old = relaid(tp=tp, model__vocab=vocab, model__vocab_multiple_of=multiple)
@@ -117,4 +122,5 @@ def test_run_continues_a_relaid_job_and_refuses_a_changed_one(tmp_path: Path) ->
     assert json.loads((target / "plan.json").read_text())["degrees"]["tp"] == 1
     assert (target / "checkpoints" / "latest").read_text() == "step2"  # the checkpoints stay
     with pytest.raises(RunError, match=r"error\[DSF164\].*training.optimizer.lr 0.003 -> 0.1"):
-        _continue(target, _job_dir(tmp_path / "lr", relaid(tp=2, pp=2, dp=1, training__optimizer__lr=0.1)), "")
+        _continue(target, _job_dir(tmp_path / "lr", relaid(tp=2, pp=2, dp=1, training__optimizer__lr=0.1)),
+                  "")

@@ -42,15 +42,18 @@ def test_good_text_and_chat_data_pass(tmp_path: Path) -> None:
     assert rules(job(tmp_path, {"kind": "text", "path": "data/train.jsonl", "tokenizer": "data/tok"})) == []
     assert rules(job(tmp_path, {"kind": "text", "path": "data/chat.jsonl", "tokenizer": "data/chattok",
                                 "format": "chat", "valid": {"path": "data/chat.jsonl", "every": 2}})) == []
-    assert rules(job(tmp_path, {"kind": "text", "path": "data/*.jsonl", "tokenizer": "data/tok", "field": "text",
-                                "packing": "concat"}, parallel={"pp": 2})) == ["DSF621"]  # records.jsonl has body
+    assert rules(job(tmp_path,
+                     {"kind": "text", "path": "data/*.jsonl", "tokenizer": "data/tok", "field": "text",
+                                # records.jsonl has body
+                                "packing": "concat"}, parallel={"pp": 2})) == ["DSF621"]
 
 
 def test_a_missing_reader_package_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "pq").mkdir()
     (tmp_path / "pq" / "train.parquet").write_bytes(b"PAR1 not really")
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name,
+                        *a: None if name == "pyarrow" else real(name, *a))
     path = job(tmp_path, {"kind": "text", "path": "pq/train.parquet", "tokenizer": "data/tok"})
     result = validate_file(path)
     assert [d.rule for d in result.diagnostics] == ["DSF626"]
@@ -59,7 +62,8 @@ def test_a_missing_reader_package_is_named(tmp_path: Path, monkeypatch: pytest.M
 
 def test_empty_files_and_absolute_paths(tmp_path: Path) -> None:
     (tmp_path / "empty.jsonl").write_text("", encoding="utf-8")
-    assert rules(job(tmp_path, {"kind": "text", "path": "empty.jsonl", "tokenizer": "data/tok"})) == ["DSF620"]
+    assert rules(job(tmp_path,
+                     {"kind": "text", "path": "empty.jsonl", "tokenizer": "data/tok"})) == ["DSF620"]
     elsewhere = validate_file(job(tmp_path, {"kind": "text", "path": "/no/such/mount/train.jsonl",
                                              "tokenizer": "data/tok"})).diagnostics
     assert [(d.rule, d.severity.value) for d in elsewhere] == [("DSF620", "warning")]
@@ -81,7 +85,8 @@ def test_text_files_of_a_directory_skip_the_cache(tmp_path: Path) -> None:
     (tmp_path / ".dsforge-cache" / "c.jsonl").write_text("{}\n", encoding="utf-8")
     assert [p.name for p in text_files(str(tmp_path)).files] == ["a.txt", "b.jsonl"]
     (tmp_path / "notes.md").write_text("x", encoding="utf-8")
-    assert [p.name for p in text_files(str(tmp_path)).files] == ["a.txt", "b.jsonl"]  # other files are not data
+    # other files are not data
+    assert [p.name for p in text_files(str(tmp_path)).files] == ["a.txt", "b.jsonl"]
     with pytest.raises(DataFileError, match="holds no"):
         text_files(str(tmp_path / ".dsforge-cache" / "*.txt"))
 
@@ -92,7 +97,8 @@ def test_any_index_header_is_diagnosed_not_raised(tmp_path_factory: pytest.TempP
                                                   version: int, code: int, count: int) -> None:
     tmp = tmp_path_factory.mktemp("idx")
     (tmp / "d.bin").write_bytes(b"\0" * 8)
-    (tmp / "d.idx").write_bytes(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", version, code, count, count + 1) + tail)
+    (tmp / "d.idx").write_bytes(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", version, code, count,
+                                                                 count + 1) + tail)
     try:
         header = read_idx_header(str(tmp / "d"))
     except DataFileError as exc:

@@ -27,7 +27,8 @@ MHA = TINY.replace("kv_heads: 2", "kv_heads: 4")  # GPT-2 and NeoX: no grouped-q
 
 def job(model: str, parallel: str = "tp: 2", kernels: str = "", stack: str = "") -> str:
     return (f"version: 1\n{stack}model: {{{model}}}\nhardware: {{preset: cpu-local, gpus_per_node: 4}}\n"
-            f"parallel: {{{parallel}}}\ntraining: {{global_batch: 8{', kernels: ' + kernels if kernels else ''}}}\n")
+            f"parallel: {{{parallel}}}\ntraining: {{global_batch: "
+            f"8{', kernels: ' + kernels if kernels else ''}}}\n")
 
 
 def family(arch: str) -> str:
@@ -60,7 +61,8 @@ EXPECTED = {
 @pytest.mark.parametrize("arch", sorted(EXPECTED))
 def test_auto_runs_each_kernel_where_it_is_exact(arch: str, write_job: WriteJob) -> None:
     plan = plan_of(write_job, job(f"arch: {arch}, {MHA}" if arch in ("gpt2", "gpt_neox")
-                                  else family(arch) if arch not in ("llama", "mixtral") else f"arch: {arch}, {TINY}"
+                                  else family(arch) if arch not in ("llama",
+                                                                    "mixtral") else f"arch: {arch}, {TINY}"
                                   + (", moe: {experts: 4, top_k: 2}" if arch == "mixtral" else "")))
     assert set(lk.lean_kernels(plan.model, {}, 1)) == EXPECTED[arch]
     assert not set(lk.lean_kernels(plan.model, dict.fromkeys(lk.KERNELS, False), 1))
@@ -108,8 +110,8 @@ def test_bad_kernel_values_are_input_errors(write_job: WriteJob, kernels: str) -
 def test_the_estimate_prices_each_kernel_term_by_term(write_job: WriteJob) -> None:
     # llama3-8b-shaped at tp 2 with SP, bf16: each kernel changes its own terms, nothing else
     base = ("version: 1\nmodel: {preset: llama3-8b}\nhardware: {preset: dgx-h100}\n"
-            "parallel: {tp: 2, dp: auto, sequence_parallel: true}\ntraining: {global_batch: 64, micro_batch: 1, "
-            "precision: bf16%s}\n")
+            "parallel: {tp: 2, dp: auto, sequence_parallel: true}\ntraining: {global_batch: 64, micro_batch: "
+            "1, precision: bf16%s}\n")
     lean = plan_of(write_job, base % "")
     plain = plan_of(write_job, base % ", kernels: {fused_loss: false, swiglu: false, norm: false}")
     a, p = activation_shape(lean), activation_shape(plain)

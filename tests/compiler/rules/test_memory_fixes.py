@@ -86,7 +86,8 @@ def test_every_plan_is_estimated_once(write_job: WriteJob, monkeypatch: pytest.M
     path = write_job(MULTINODE_24GB.format(batch=128))
     result = validate_file(path)
     assert "together" in next(d.fix for d in result.diagnostics if d.rule == "DSF301")
-    assert result.plan is not None and sum(p is result.plan.priced() for p in estimated) == 1  # what the rule prices
+    # what the rule prices
+    assert result.plan is not None and sum(p is result.plan.priced() for p in estimated) == 1
     assert len({id(p) for p in estimated}) == len(estimated), "a plan was estimated twice"
 
 

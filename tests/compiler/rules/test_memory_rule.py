@@ -108,7 +108,8 @@ def test_invalid_layout_is_left_to_other_rules(write_job: WriteJob) -> None:
 # --- robustness: any well-typed layout is estimated without crashing, with sane numbers -------------
 
 LAYOUT = st.fixed_dictionaries({
-    "model": st.sampled_from(["tiny-llama", "tiny-mixtral", "tiny-gpt2", "llama3-8b", "mixtral-8x7b", "gpt2-small"]),
+    "model": st.sampled_from(["tiny-llama", "tiny-mixtral", "tiny-gpt2", "llama3-8b", "mixtral-8x7b",
+                              "gpt2-small"]),
     "nodes": st.sampled_from([1, 2]),
     "tp": st.sampled_from([1, 2, 4]), "pp": st.sampled_from([1, 2]), "cp": st.sampled_from([1, 2]),
     "ep": st.sampled_from([1, 2]), "zero": st.integers(0, 3), "sp": st.booleans(),
@@ -127,8 +128,9 @@ def test_any_layout_is_estimated_or_skipped(write_job: WriteJob, layout: dict) -
             f"parallel: {{tp: {layout['tp']}, pp: {layout['pp']}, cp: {layout['cp']}, ep: {layout['ep']}, "
             f"zero: {layout['zero']}, sequence_parallel: {str(layout['sp']).lower()}, "
             f"pipeline: {{schedule: {layout['schedule']}, virtual_stages: {layout['vs']}}}}}\n"
-            f"training: {{global_batch: 64, micro_batch: {layout['micro']}, precision: {layout['precision']}, "
-            f"recompute: {layout['recompute']}, optimizer: {{offload: {layout['offload']}}}}}\n")
+            f"training: {{global_batch: 64, micro_batch: {layout['micro']}, precision: "
+            f"{layout['precision']}, recompute: {layout['recompute']}, "
+            f"optimizer: {{offload: {layout['offload']}}}}}\n")
     path = write_job(body)
     diags = validate_file(path).diagnostics
     assert not [d for d in diags if d.rule == "DSF900"], [d.message for d in diags if d.rule == "DSF900"]

@@ -1,4 +1,5 @@
-"""One registry for every stage: every id the code can report is registered, documented and in its stage's range."""
+"""One registry for every stage: every id the code can report is registered, documented and in its stage's
+range."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ def test_every_id_the_code_can_report_is_registered_and_documented() -> None:
 
 
 def test_ids_in_the_docs_are_registered() -> None:
-    text = (ROOT / "docs" / "rules.md").read_text(encoding="utf-8") + (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "rules.md").read_text(encoding="utf-8") + (ROOT / "README.md").read_text(
+        encoding="utf-8"
+    )
     registered = {r.id for r in all_rules()}
     assert _ids(text) <= registered
 

@@ -29,7 +29,12 @@ def test_the_runtime_rules_name_their_stack() -> None:
     # estimate assumes the experts share the dense tensor-parallel groups
     every_stack = {"DSF126"}
     for r in all_rules():
-        if r.id not in every_stack and r.check is not None and r.origin == "dsforge" and about_runtime.search(r.summary + " " + r.source):
+        if (
+            r.id not in every_stack
+            and r.check is not None
+            and r.origin == "dsforge"
+            and about_runtime.search(r.summary + " " + r.source)
+        ):
             assert r.stacks, f"{r.id} is about dsforge's runtime but applies to every stack"
 
 

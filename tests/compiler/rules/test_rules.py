@@ -62,7 +62,8 @@ def test_a_crashing_rule_becomes_dsf900_and_the_others_still_run(write_job) -> N
 
 def test_kv_heads_message_and_fix(write_job) -> None:
     (found,) = _diags(write_job, BASE + "parallel:\n  tp: 4\n  zero: 1\n")
-    assert found == ("DSF104", 8, "tp=4 does not divide kv_heads=2: each tensor-parallel rank must own whole KV heads",
+    assert found == ("DSF104", 8, ("tp=4 does not divide kv_heads=2: each "
+                                   "tensor-parallel rank must own whole KV heads"),
                      "use tp in {1, 2}, or set kv_heads to a multiple of 4")
     replicated = "parallel:\n  tp: 4\n  zero: 1\n  replicate_kv_heads: true\n"
     # DSF104 accepts the stated replication; dsforge's own runtime cannot build it (DSF143), another stack can
@@ -71,11 +72,13 @@ def test_kv_heads_message_and_fix(write_job) -> None:
         assert not _diags(write_job, "stack: megatron-te\n" + BASE + replicated)
         # so only there does the fix offer the replication
         (other,) = _diags(write_job, "stack: megatron-te\n" + BASE + "parallel:\n  tp: 4\n  zero: 1\n")
-        assert other[3] == "use tp in {1, 2}, or set kv_heads to a multiple of 4, or set parallel.replicate_kv_heads: true"
+        assert other[3] == ("use tp in {1, 2}, or set kv_heads to a multiple of 4, or set "
+                            "parallel.replicate_kv_heads: true")
 
 
 def test_value_from_a_preset_points_at_the_preset(write_job) -> None:
-    found = _diags(write_job, "version: 1\nmodel:\n  preset: tiny-llama\n  heads: 3\nhardware: {preset: cpu-local}\n")
+    found = _diags(write_job, "version: 1\nmodel:\n  preset: tiny-llama\n  "
+                              "heads: 3\nhardware: {preset: cpu-local}\n")
     # heads=3 was written (line 4); kv_heads=2 and hidden=64 come from the preset (line 3)
     assert [(r, line) for r, line, *_ in found] == [("DSF122", 3), ("DSF121", 4)]
     found = _diags(write_job, "version: 1\nmodel:\n  preset: tiny-llama\nhardware: {preset: cpu-local}\n"
@@ -87,7 +90,8 @@ def test_value_from_a_preset_points_at_the_preset(write_job) -> None:
 
 
 def test_batch_rules_wait_until_the_layout_fills_the_world(write_job) -> None:
-    found = _diags(write_job, BASE + "parallel: {tp: 2, dp: 4}\ntraining: {global_batch: 7, micro_batch: 1}\n")
+    found = _diags(write_job,
+                   BASE + "parallel: {tp: 2, dp: 4}\ntraining: {global_batch: 7, micro_batch: 1}\n")
     assert [r for r, *_ in found] == ["DSF101"]  # not also DSF201 against a dp that cannot exist
 
 
@@ -100,10 +104,12 @@ def test_global_batch_fix_offers_valid_neighbours(write_job) -> None:
 
 
 def test_bubble_warning_states_the_fraction_and_the_cure(write_job) -> None:
-    (found,) = _diags(write_job, BASE + "parallel: {pp: 4, zero: 1}\ntraining: {global_batch: 5, micro_batch: 1}\n")
+    (found,) = _diags(write_job, BASE + "parallel: {pp: 4, zero: 1}\ntraining: "
+                                        "{global_batch: 5, micro_batch: 1}\n")
     assert found[0] == "DSF204" and "38% of each step (p=4, m=5)" in found[2]
     assert ">= 9 micro-batches" in found[3]  # (p-1)/(m+p-1) <= 1/4  <=>  m >= 3(p-1)
-    assert not _diags(write_job, BASE + "parallel: {pp: 4, zero: 1}\ntraining: {global_batch: 9, micro_batch: 1}\n")
+    assert not _diags(write_job, BASE + "parallel: {pp: 4, zero: 1}\ntraining: "
+                                        "{global_batch: 9, micro_batch: 1}\n")
 
 
 def test_tp_across_nodes_names_both_bandwidths(write_job) -> None:
@@ -116,8 +122,8 @@ def test_tp_across_nodes_names_both_bandwidths(write_job) -> None:
 
 def test_ulysses_allows_replicated_kv_heads(write_job) -> None:
     def job(heads: int, kv_heads: int) -> str:
-        return (f"version: 1\nmodel: {{preset: tiny-llama, hidden: 96, heads: {heads}, kv_heads: {kv_heads}}}\n"
-                "hardware: {preset: cpu-local, gpus_per_node: 4}\n"
+        return (f"version: 1\nmodel: {{preset: tiny-llama, hidden: 96, heads: {heads}, kv_heads: "
+                f"{kv_heads}}}\nhardware: {{preset: cpu-local, gpus_per_node: 4}}\n"
                 "parallel: {cp: 4, zero: 1, context_parallel: {kind: ulysses}}\n")
 
     assert not _diags(write_job, job(8, 2))  # 2 KV heads replicated over cp=4
@@ -127,7 +133,8 @@ def test_ulysses_allows_replicated_kv_heads(write_job) -> None:
 
 
 def test_deepspeed_override_typo_suggests_the_key(write_job) -> None:
-    found = _diags(write_job, BASE + "deepspeed:\n  bf16: {enabeld: true}\n  tensor_paralel: {autotp_size: 2}\n")
+    found = _diags(write_job, BASE + "deepspeed:\n  bf16: {enabeld: true}\n  "
+                                     "tensor_paralel: {autotp_size: 2}\n")
     assert [(r, line) for r, line, *_ in found] == [("DSF507", 8), ("DSF507", 9)]
     assert "did you mean `enabled`" in found[0][2] and "rejects it at parse" in found[0][2]
     assert "did you mean `tensor_parallel`" in found[1][2] and "ignored" in found[1][2]
@@ -150,17 +157,19 @@ _ds_value = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2, 9),
                                    st.sampled_from(["sum", "fp8", "bf16", "autosp", "autotp", "z1"])),
                          lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                  st.dictionaries(st.sampled_from(
-                                                     ["enabled", "stage", "autotp_size", "tp", "tp_size", "passes",
-                                                      "loss_scale", "overlap_comm", "bf16_optimizer_states",
-                                                      "autoep_size", "x"]), inner, max_size=3)), max_leaves=6)
+                                                     ["enabled", "stage", "autotp_size", "tp", "tp_size",
+                                                      "passes", "loss_scale", "overlap_comm",
+                                                      "bf16_optimizer_states", "autoep_size",
+                                                      "x"]), inner, max_size=3)), max_leaves=6)
 
 
 @st.composite
 def _jobs(draw: st.DrawFn) -> dict[str, Any]:
     model: dict[str, Any] = {"preset": draw(st.sampled_from(["tiny-llama", "tiny-mixtral", "tiny-gpt2"]))}
-    for key, values in (("layers", st.integers(1, 9)), ("heads", st.integers(1, 9)), ("kv_heads", st.integers(1, 9)),
-                        ("hidden", st.sampled_from([32, 48, 64, 96])), ("vocab", st.integers(8, 300)),
-                        ("seq_len", st.integers(1, 130)), ("ffn_hidden", st.integers(8, 200))):
+    for key, values in (("layers", st.integers(1, 9)), ("heads", st.integers(1, 9)),
+                        ("kv_heads", st.integers(1, 9)), ("hidden", st.sampled_from([32, 48, 64, 96])),
+                        ("vocab", st.integers(8, 300)), ("seq_len", st.integers(1, 130)),
+                        ("ffn_hidden", st.integers(8, 200))):
         if draw(st.booleans()):
             model[key] = draw(values)
     parallel = {k: draw(_deg) for k in ("tp", "pp", "dp", "cp", "ep") if draw(st.booleans())}
@@ -171,7 +180,8 @@ def _jobs(draw: st.DrawFn) -> dict[str, Any]:
                             "virtual_stages": draw(st.integers(1, 3)),
                             "partition": draw(st.one_of(st.sampled_from(["parameters", "uniform"]),
                                                         st.lists(st.integers(1, 4), min_size=1, max_size=4)))}
-    parallel["order"] = draw(st.sampled_from(["tp-cp-ep-dp-pp", "tp-pp-dp", "dp-tp-cp-ep-pp", "pp-cp-ep-dp-tp"]))
+    parallel["order"] = draw(st.sampled_from(["tp-cp-ep-dp-pp", "tp-pp-dp", "dp-tp-cp-ep-pp",
+                                              "pp-cp-ep-dp-tp"]))
     training = {"global_batch": draw(st.integers(1, 64)), "micro_batch": draw(st.integers(1, 8)),
                 "precision": draw(st.sampled_from(["bf16", "fp16", "fp32"])),
                 "optimizer": {"name": draw(st.sampled_from(["adamw", "sgd", "lamb"])),

@@ -1,4 +1,5 @@
-"""Choosing findings: --select/--ignore, inline `# dsforge: ignore[...]`, [tool.dsforge] / dsforge.toml, --format gcc."""
+"""Choosing findings: --select/--ignore, inline `# dsforge: ignore[...]`, [tool.dsforge] / dsforge.toml,
+--format gcc."""
 
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ def test_unknown_or_missing_ids_in_a_comment_are_reported(write_job) -> None:
 
 
 def test_comments_in_an_extended_base_apply_to_its_lines(tmp_path: Path) -> None:
-    (tmp_path / "base.yaml").write_text(BUBBLE.format(pp_comment="  # dsforge: ignore[DSF204]"), encoding="utf-8")
+    (tmp_path / "base.yaml").write_text(BUBBLE.format(pp_comment="  # dsforge: ignore[DSF204]"),
+                                        encoding="utf-8")
     child = tmp_path / "job.yaml"
     child.write_text("extends: base.yaml\nname: child\n", encoding="utf-8")
     assert _rules(child) == []
@@ -135,8 +137,12 @@ def test_project_settings_apply_to_jobs_below_them(tmp_path: Path, name: str) ->
     result = validate_file(job)
     assert result.diagnostics == [] and result.strict and result.silenced == 1
     # strict from the settings makes a warning fail the command
-    job.write_text(BUBBLE.format(pp_comment="").replace("global_batch: 4", "global_batch: 4\n  steps: 2\n  "
-                                                        "scheduler: {name: cosine, warmup_steps: 5}"), encoding="utf-8")
+    job.write_text(
+        BUBBLE.format(pp_comment="").replace(
+            "global_batch: 4", "global_batch: 4\n  steps: 2\n  scheduler: {name: cosine, warmup_steps: 5}"
+        ),
+        encoding="utf-8",
+    )
     assert _run("validate", str(job)).exit_code == 1
 
 
@@ -144,7 +150,8 @@ def test_the_nearest_settings_file_wins_and_dsforge_toml_beats_pyproject(tmp_pat
     (tmp_path / "pyproject.toml").write_text('[tool.dsforge]\nignore = ["DSF204"]\n', encoding="utf-8")
     sub = tmp_path / "sub"
     sub.mkdir()
-    (sub / "pyproject.toml").write_text("[project]\nname = 'x'\n", encoding="utf-8")  # no dsforge table: skipped
+    # no dsforge table: skipped
+    (sub / "pyproject.toml").write_text("[project]\nname = 'x'\n", encoding="utf-8")
     job = sub / "job.yaml"
     job.write_text(BUBBLE.format(pp_comment=""), encoding="utf-8")
     assert _rules(job) == []
@@ -169,7 +176,10 @@ def test_a_settings_file_that_cannot_be_used_is_dsf027(tmp_path: Path, text: str
     job.write_text(BUBBLE.format(pp_comment=""), encoding="utf-8")
     result = validate_file(job)
     assert result.unusable and [d.rule for d in result.diagnostics] == ["DSF027"]
-    assert message in result.diagnostics[0].message and str(tmp_path / "pyproject.toml") in result.diagnostics[0].message
+    assert (
+        message in result.diagnostics[0].message
+        and str(tmp_path / "pyproject.toml") in result.diagnostics[0].message
+    )
     cli_result = _run("validate", "--format", "json", str(job))
     assert cli_result.exit_code == 2 and json.loads(cli_result.output)["diagnostics"][0]["rule"] == "DSF027"
 
@@ -187,7 +197,8 @@ def test_gcc_format_matches_the_editors_problem_matcher(write_job) -> None:
 @given(st.lists(st.sampled_from(["DSF", "DSF1", "DSF20", "DSF204", "DSF301", "DSF0"]), max_size=4),
        st.lists(st.sampled_from(["DSF", "DSF2", "DSF204", "DSF3", "DSF0"]), max_size=4),
        st.sampled_from(["DSF001", "DSF020", "DSF101", "DSF204", "DSF301", "DSF609"]))
-def test_selection_is_prefix_select_minus_prefix_ignore(select: list[str], ignore: list[str], rule_id: str) -> None:
+def test_selection_is_prefix_select_minus_prefix_ignore(select: list[str], ignore: list[str],
+                                                        rule_id: str) -> None:
     wanted = Selection.of(select, ignore).wants(rule_id)
     if rule_id.startswith("DSF0"):
         assert wanted

@@ -1,5 +1,5 @@
-"""`auto` resolved by the layout search in validate, explain, compile and `dsforge search` (text, JSON, --write,
---plot, --compare), on tiny jobs of this machine's CPU processes and small GPU jobs."""
+"""`auto` resolved by the layout search in validate, explain, compile and `dsforge search` (text, JSON,
+--write, --plot, --compare), on tiny jobs of this machine's CPU processes and small GPU jobs."""
 
 from __future__ import annotations
 
@@ -45,13 +45,14 @@ training:
   precision: fp32
   steps: 10
 """
-FIXED = {"TP": "1", "PP": "1", "CP": "1", "ZERO": "1", "SP": "false", "KIND": "ring", "SCHED": "1f1b", "VS": "1",
-         "MB": "1", "RC": "none"}
+FIXED = {"TP": "1", "PP": "1", "CP": "1", "ZERO": "1", "SP": "false", "KIND": "ring", "SCHED": "1f1b",
+         "VS": "1", "MB": "1", "RC": "none"}
 #: The placeholder of each key the search resolves.
-KEYS = {("parallel", "tp"): "TP", ("parallel", "pp"): "PP", ("parallel", "cp"): "CP", ("parallel", "zero"): "ZERO",
-        ("parallel", "sequence_parallel"): "SP", ("parallel", "context_parallel", "kind"): "KIND",
-        ("parallel", "pipeline", "schedule"): "SCHED", ("parallel", "pipeline", "virtual_stages"): "VS",
-        ("training", "micro_batch"): "MB", ("training", "recompute"): "RC"}
+KEYS = {("parallel", "tp"): "TP", ("parallel", "pp"): "PP", ("parallel", "cp"): "CP",
+        ("parallel", "zero"): "ZERO", ("parallel", "sequence_parallel"): "SP",
+        ("parallel", "context_parallel", "kind"): "KIND", ("parallel", "pipeline", "schedule"): "SCHED",
+        ("parallel", "pipeline", "virtual_stages"): "VS", ("training", "micro_batch"): "MB",
+        ("training", "recompute"): "RC"}
 
 
 def job_text(auto: set[str], extra: dict[str, str] | None = None) -> str:
@@ -64,8 +65,10 @@ def job_text(auto: set[str], extra: dict[str, str] | None = None) -> str:
 
 @pytest.mark.parametrize("key", sorted(KEYS, key=str), ids=lambda k: ".".join(k))
 def test_each_auto_field_resolves_in_validate_explain_and_compile(write_job, tmp_path: Path, key) -> None:
-    # the fields a choice of its own needs (cp for the CP kind, tp for SP, pp for the schedule) stay auto with it
-    with_it = {KEYS[key]} | {"KIND": {"CP"}, "SP": {"TP"}, "SCHED": {"PP"}, "VS": {"PP", "SCHED"}}.get(KEYS[key], set())
+    # the fields a choice of its own needs (cp for the CP kind, tp for SP, pp for the schedule) stay auto with
+    # it
+    with_it = {KEYS[key]} | {"KIND": {"CP"}, "SP": {"TP"}, "SCHED": {"PP"},
+                             "VS": {"PP", "SCHED"}}.get(KEYS[key], set())
     path = write_job(job_text(with_it))
     result = validate_file(path)
     assert result.plan is not None and result.search is not None and result.search.winner is not None
@@ -147,7 +150,9 @@ def test_compare_ranks_the_written_layout_among_all(write_job) -> None:
     assert {"parallel.tp", "parallel.zero", "parallel.pipeline.schedule", "training.micro_batch",
             "training.recompute"} <= set(doc["auto"]) and "hardware.nodes" not in doc["auto"]
     assert rank >= 1 and doc["winner"]["value"] <= doc["written"]["value"]
-    assert sum(1 for r in doc["ranked"] if r["value"] < doc["written"]["value"]) == min(rank - 1, len(doc["ranked"]))
+    assert sum(1 for r in doc["ranked"] if r["value"] < doc["written"]["value"]) == min(
+        rank - 1, len(doc["ranked"])
+    )
     from dsforge.commands.search import all_auto
     from dsforge.compiler.search.space import written_layout
     from dsforge.explain.search_report import render
@@ -159,7 +164,8 @@ def test_compare_ranks_the_written_layout_among_all(write_job) -> None:
 
 
 def test_no_fitting_layout_names_the_closest_misses(write_job) -> None:
-    text = job_text({"TP", "PP", "ZERO"}).replace("gpus_per_node: 4", "gpus_per_node: 4\n  accelerator: {memory_gb: 0.02}")
+    text = job_text({"TP", "PP", "ZERO"}).replace("gpus_per_node: 4",
+                                                  "gpus_per_node: 4\n  accelerator: {memory_gb: 0.02}")
     result = CliRunner().invoke(cli, ["search", str(write_job(text))])
     assert result.exit_code == 1
     assert "DSF130" in result.output and "closest misses:" in result.output and "DSF301" in result.output
@@ -172,7 +178,9 @@ def test_plot_draws_every_fitting_candidate_and_the_frontier(write_job, tmp_path
     path = write_job(job_text({"TP", "ZERO"}))
     result = CliRunner().invoke(cli, ["search", str(path), "--plot", str(tmp_path / "plots")])
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "plots" / "search.png").stat().st_size > 1000 and (tmp_path / "plots" / "search.svg").exists()
+    assert (tmp_path / "plots" / "search.png").stat().st_size > 1000 and (
+        tmp_path / "plots" / "search.svg"
+    ).exists()
     assert frontier([(1, 5), (2, 4), (3, 9), (0.5, 1)]) == [3, 0, 2]
 
 
@@ -207,7 +215,10 @@ def test_every_ranked_candidate_written_out_validates_clean(write_job, which: di
         text = rewrite_text(path.read_text(), job, e.layout)
         out = write_job(text, "written.yaml")
         checked = validate_file(out)
-        assert not [d for d in checked.diagnostics if d.severity is Severity.ERROR], (e.layout, checked.diagnostics)
+        assert not [d for d in checked.diagnostics if d.severity is Severity.ERROR], (
+            e.layout,
+            checked.diagnostics,
+        )
         assert checked.plan is not None and checked.plan.spec.parallel.tp == e.layout.tp
 
 
@@ -226,7 +237,8 @@ def test_a_global_batch_range_is_searched_and_written(write_job, tmp_path: Path)
     r = search(job, exhaustive=True)
     assert {e.layout.global_batch for e in r.fitting} == {4, 8, 16}
     best = r.winner
-    assert best is not None and best.layout.global_batch == 16  # more tokens per step, at least as fast per token
+    # more tokens per step, at least as fast per token
+    assert best is not None and best.layout.global_batch == 16
     target = tmp_path / "chosen.yaml"
     assert CliRunner().invoke(cli, ["search", str(path), "--write", str(target)]).exit_code == 0
     written = validate_file(target)
@@ -250,7 +262,8 @@ def _section(name: str, keys: list[tuple[str, ...]], fixed: dict[str, str], styl
     tree.update(fixed)
 
     def flow(v) -> str:
-        return "{" + ", ".join(f"{k}: {flow(x)}" for k, x in v.items()) + "}" if isinstance(v, dict) else str(v)
+        return "{" + ", ".join(f"{k}: {flow(x)}" for k,
+                               x in v.items()) + "}" if isinstance(v, dict) else str(v)
 
     def block(v: dict, indent: int) -> str:
         return "".join(f"{' ' * indent}{k}:\n{block(x, indent + 2)}" if isinstance(x, dict)
@@ -264,7 +277,8 @@ def _section(name: str, keys: list[tuple[str, ...]], fixed: dict[str, str], styl
 @example(where={"tp": "job", "pp": "base", "zero": "job", "schedule": "base", "mb": "job", "rc": "base"},
          styles={"parallel": "flow", "training": "block"})
 @given(where=st.fixed_dictionaries({k: st.sampled_from(["base", "job"]) for k in _EXT_KEYS}),
-       styles=st.fixed_dictionaries({s: st.sampled_from(["block", "flow", "absent"]) for s in ("parallel", "training")}))
+       styles=st.fixed_dictionaries({s: st.sampled_from(["block", "flow",
+                                                         "absent"]) for s in ("parallel", "training")}))
 def test_an_auto_from_an_extended_file_is_written_into_the_job_file(write_job, where, styles) -> None:
     """--write sets an `auto` that a file named in `extends:` writes as an override in the job file (comments,
     order and style of the job file kept, the extended file untouched); every ranked candidate written so
@@ -290,10 +304,14 @@ def test_an_auto_from_an_extended_file_is_written_into_the_job_file(write_job, w
     for e in result.ranked:
         out = write_job(rewrite_text(text, job, e.layout), "written.yaml")
         written = out.read_text()
-        assert [line.split("#", 1)[1] for line in written.splitlines() if "#" in line] == comments  # kept, in order
+        # kept, in order
+        assert [line.split("#", 1)[1] for line in written.splitlines() if "#" in line] == comments
         assert written.startswith(text.splitlines()[0]) and (out.parent / "base.yaml").read_text() == base
         checked = validate_file(out)
-        assert not [d for d in checked.diagnostics if d.severity is Severity.ERROR], (written, checked.diagnostics)
+        assert not [d for d in checked.diagnostics if d.severity is Severity.ERROR], (
+            written,
+            checked.diagnostics,
+        )
         assert checked.plan is not None and checked.search is None, written  # nothing left `auto`
         for path_key, attr in (("parallel", "tp"), ("parallel", "pp"), ("parallel", "zero")):
             assert value_at(checked.plan.spec, (path_key, attr)) == getattr(e.layout, attr)

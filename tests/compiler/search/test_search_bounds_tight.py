@@ -38,7 +38,9 @@ def _plans(write_job, text: str):
 
 
 @pytest.mark.parametrize("name", sorted(SPACES))
-def test_the_data_parallel_floor_lies_below_the_step_and_is_one_per_degree_combination(write_job, name: str) -> None:
+def test_the_data_parallel_floor_lies_below_the_step_and_is_one_per_degree_combination(
+    write_job, name: str
+) -> None:
     per_class: dict[tuple, set[float]] = defaultdict(set)
     tighter = checked = 0
     for lay, plan in _plans(write_job, SPACES[name]):
@@ -49,7 +51,8 @@ def test_the_data_parallel_floor_lies_below_the_step_and_is_one_per_degree_combi
         step = estimate_step(plan).step_s
         assert 0 < floor <= step * (1 + 1e-9), lay
         tighter += floor > compute_floor_s(plan)
-        per_class[(lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.zero, lay.virtual_stages)].add(micro_batch_dp_s(plan))
+        per_class[(lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.zero,
+                   lay.virtual_stages)].add(micro_batch_dp_s(plan))
         checked += 1
     assert checked >= 40 and tighter > 0
     assert all(len(v) == 1 for v in per_class.values()), per_class  # the engine computes it once per class
@@ -74,9 +77,9 @@ def test_the_pass_floor_is_the_step_without_a_pipeline(write_job) -> None:
 
 
 def test_model_states_by_classes_of_alike_stages_equal_every_stage_on_its_own(write_job) -> None:
-    """`model_state_bytes` prices one stage per class of alike ones (`bounds.stage_classes`): the busiest stage
-    is the same as over every stage, the mean the same up to rounding, with MoE layers every other layer,
-    uneven and interleaved splits."""
+    """`model_state_bytes` prices one stage per class of alike ones (`bounds.stage_classes`): the busiest
+    stage is the same as over every stage, the mean the same up to rounding, with MoE layers every other
+    layer, uneven and interleaved splits."""
     from dsforge.compiler.estimate.shares import stage_share
     from dsforge.compiler.search.bounds import model_state_bytes, stage_classes
 
@@ -95,8 +98,13 @@ training: {global_batch: 16, precision: fp32, steps: 10}
         assert len({(s.total, s.dense, s.expert) for s in shares}) <= len(classes), lay
         per_stage = []
         for share in shares:
-            part = share.total if lay.zero == 0 else share.dense / (d.dp * d.cp) + share.expert / max(1, d.expert_dp)
-            per_stage.append(4 * (part if lay.zero == 3 else share.total) + 8 * part)  # fp32 weights, Adam moments
+            part = (
+                share.total
+                if lay.zero == 0
+                else share.dense / (d.dp * d.cp) + share.expert / max(1, d.expert_dp)
+            )
+            # fp32 weights, Adam moments
+            per_stage.append(4 * (part if lay.zero == 3 else share.total) + 8 * part)
         assert model_state_bytes(plan) == max(per_stage), lay
         assert model_state_bytes(plan, average=True) == pytest.approx(sum(per_stage) / d.pp, rel=1e-12), lay
         seen.add((d.pp, lay.virtual_stages, len(classes)))

@@ -1,4 +1,5 @@
-"""The pruned search ranks exactly as the exhaustive one, and every bound it prunes with lies below the estimate."""
+"""The pruned search ranks exactly as the exhaustive one, and every bound it prunes with lies below the
+estimate."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from dsforge.compiler.search.bounds import compute_floor_s, edge_memory_bytes, m
 from dsforge.compiler.search.engine import _model_seeded, search
 from dsforge.compiler.search.space import apply_layout, layouts, skeletons
 
-#: Small spaces over the axes that matter: pipelines and their schedules, ZeRO, micro-batches, recompute, SP, CP,
-#: EP, the objectives and a deadline.
+#: Small spaces over the axes that matter: pipelines and their schedules, ZeRO, micro-batches, recompute, SP,
+#: CP, EP, the objectives and a deadline.
 SPACES = {
     "dense-gpus": """version: 1
 model: {preset: llama3-8b, layers: 4}
@@ -84,7 +85,12 @@ def test_every_bound_lies_below_what_it_bounds(write_job, name: str) -> None:
     for skel in skeletons(job.spec, model, job.spec.hardware.nodes):
         for lay in layouts(job.spec, model, skel, job.spec.hardware.nodes):
             plan = _model_seeded(apply_layout(job.spec, lay), model)
-            if not plan.layout_ok or plan.placement is None or not plan.stage_layers or plan.grad_accum is None:
+            if (
+                not plan.layout_ok
+                or plan.placement is None
+                or not plan.stage_layers
+                or plan.grad_accum is None
+            ):
                 continue
             est = estimate_memory(plan)
             peak = est.peak.device_bytes
@@ -134,7 +140,8 @@ def test_a_bound_above_the_estimate_makes_the_search_exhaustive(write_job, monke
     assert r.exhaustive and [e.layout for e in r.ranked] == [e.layout for e in honest.ranked]
 
 
-LARGE = ["llama3-8b-dgx-h100.yaml", "llama3-70b-multinode.yaml", "mixtral-8x7b-ep.yaml", "gpt3-175b-cluster.yaml"]
+LARGE = ["llama3-8b-dgx-h100.yaml", "llama3-70b-multinode.yaml", "mixtral-8x7b-ep.yaml",
+         "gpt3-175b-cluster.yaml"]
 
 
 @pytest.mark.slow
@@ -187,6 +194,8 @@ def test_the_memory_staircase_bounds_fewer_candidates_than_it_rules_out(write_jo
     job = _job(write_job, SPACES["memory-groups"])
     pruned, full = search(job), search(job, exhaustive=True)
     assert not pruned.exhaustive
-    assert [(e.layout, e.value) for e in pruned.ranked] == [(e.layout, e.value) for e in full.ranked[:len(pruned.ranked)]]
+    assert [(e.layout, e.value) for e in pruned.ranked] == [
+        (e.layout, e.value) for e in full.ranked[: len(pruned.ranked)]
+    ]
     removed = pruned.funnel.removed["memory"] + pruned.funnel.removed["DSF301"]
     assert removed > 0 and pruned.funnel.bounded < pruned.funnel.considered

@@ -1,6 +1,7 @@
 """The search asks a check once per class of candidates that agree on the layout fields the check declares it
-reads (`Rule.reads`, `engine.rule_tier`): each declaration is tested here on whole small spaces (one verdict per
-class), a wrong one is caught, and the search that asks per class ranks as the one that asks every candidate."""
+reads (`Rule.reads`, `engine.rule_tier`): each declaration is tested here on whole small spaces (one verdict
+per class), a wrong one is caught, and the search that asks per class ranks as the one that asks every
+candidate."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def _declared() -> list[Rule]:
 
 
 def _split_verdicts(write_job, rules: list[Rule]) -> tuple[list[str], int, set[str]]:
-    """(the classes with more than one verdict, classes checked, the ids that refuse a class) of ``rules`` over
-    SPACES."""
+    """(the classes with more than one verdict, classes checked, the ids that refuse a class) of ``rules``
+    over SPACES."""
     verdicts: dict[tuple, set[bool]] = defaultdict(set)
     for name, text in SPACES.items():
         for job, lay, plan in candidates(write_job, text):
@@ -68,7 +69,8 @@ def test_every_declared_check_gives_one_verdict_per_class(write_job) -> None:
     assert {"DSF140", "DSF142", "DSF501", "DSF502", "DSF609", "DSF103"} <= {r.id for r in rules}
     split, classes, refused = _split_verdicts(write_job, rules)
     assert not split, split[:5]
-    assert classes > 200 and {"DSF140", "DSF142", "DSF143", "DSF501", "DSF502", "DSF609", "DSF109"} <= refused, refused
+    assert classes > 200 and {"DSF140", "DSF142", "DSF143", "DSF501", "DSF502", "DSF609",
+                              "DSF109"} <= refused, refused
     # every check the search asks early has declared only fields that a skeleton or a memory group fixes; one
     # that reads the micro-batch, or names no search field, is asked per candidate
     assert all(set(r.reads or ()) <= GROUP_FIELDS for r in rules if rule_tier(r) is not None)
@@ -84,7 +86,8 @@ def test_a_declaration_that_omits_a_field_it_reads_is_caught(write_job) -> None:
     import dataclasses
 
     rules = {r.id: r for r in checks("validate")}
-    wrong = [dataclasses.replace(rules["DSF140"], reads=("pp",)), dataclasses.replace(rules["DSF142"], reads=("pp",))]
+    wrong = [dataclasses.replace(rules["DSF140"], reads=("pp",)),
+             dataclasses.replace(rules["DSF142"], reads=("pp",))]
     split, _, _ = _split_verdicts(write_job, wrong)
     assert {s.split(",")[1].strip(" '") for s in split} == {"DSF140", "DSF142"}
 

@@ -112,7 +112,9 @@ def test_json_schema_documents_every_section() -> None:
     assert schema["required"] == ["version"] and "extends" in schema["properties"]
     defs = schema["definitions"]
     for name in ("ModelSpec", "HardwareSpec", "ParallelSpec", "TrainingSpec"):
-        assert all(p.get("description") or "$ref" in p or "allOf" in p for p in defs[name]["properties"].values()), name
+        assert all(
+            p.get("description") or "$ref" in p or "allOf" in p for p in defs[name]["properties"].values()
+        ), name
     assert "required" not in defs["ModelSpec"]  # presets may supply any model key
     assert defs["ParallelSpec"]["properties"]["tp"]["anyOf"][1] == {"const": "auto"}
 
@@ -127,13 +129,14 @@ def test_model_copy_is_frozen() -> None:
 
 # ---- property test: arbitrary JSON-like data never makes parse_job (or the rules) raise ----
 
-_KEYS = st.sampled_from(["version", "model", "hardware", "parallel", "training", "deepspeed", "preset", "tp", "pp",
-                         "dp", "cp", "ep", "zero", "layers", "heads", "kv_heads", "moe", "experts", "pipeline",
-                         "partition", "optimizer", "name", "global_batch", "micro_batch", "bf16", "fp16",
-                         "zero_optimization", "stage", "tensor_parallel", "autotp_size", "x"])
+_KEYS = st.sampled_from(["version", "model", "hardware", "parallel", "training", "deepspeed", "preset", "tp",
+                         "pp", "dp", "cp", "ep", "zero", "layers", "heads", "kv_heads", "moe", "experts",
+                         "pipeline", "partition", "optimizer", "name", "global_batch", "micro_batch", "bf16",
+                         "fp16", "zero_optimization", "stage", "tensor_parallel", "autotp_size", "x"])
 _json = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(-3, 70), st.floats(allow_nan=True), st.text(max_size=6),
-              st.sampled_from(["auto", "tiny-llama", "cpu-local", "bf16", "interleaved", "ulysses", "tokens"])),
+              st.sampled_from(["auto", "tiny-llama", "cpu-local", "bf16", "interleaved", "ulysses",
+                               "tokens"])),
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_KEYS, inner, max_size=4)),
     max_leaves=10)
 _paths = st.lists(_KEYS, min_size=1, max_size=3)

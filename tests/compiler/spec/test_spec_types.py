@@ -64,7 +64,8 @@ def test_int_refuses_everything_but_whole_numbers(value: Any) -> None:
     assert [i.kind for i in issues] == ["type"]
 
 
-@pytest.mark.parametrize("text, number", [("3e-4", 3e-4), ("1E+3", 1000.0), (" .5 ", 0.5), ("-2", -2.0), ("7", 7.0)])
+@pytest.mark.parametrize("text, number",
+                         [("3e-4", 3e-4), ("1E+3", 1000.0), (" .5 ", 0.5), ("-2", -2.0), ("7", 7.0)])
 def test_float_takes_numbers_yaml_reads_as_strings(text: str, number: float) -> None:
     out, issues = _check(Float(), text)
     assert not issues and out == number and isinstance(out, float)
@@ -133,7 +134,8 @@ def test_section_reports_every_mistake_at_once() -> None:
 def test_defaults_copies_and_fields_set() -> None:
     a = _Outer.model_validate({"name": "a", "inner": {}})
     b = _Outer.model_validate({"name": "a", "inner": {}})
-    assert a.inner.n == 1 and a.as_ == "x" and a.tags == {} and a.tags is not b.tags  # factories run per section
+    # factories run per section
+    assert a.inner.n == 1 and a.as_ == "x" and a.tags == {} and a.tags is not b.tags
     assert a.model_fields_set == {"name", "inner"}
     c = a.model_copy(update={"as_": "y"})
     assert c.as_ == "y" and a.as_ == "x" and c.model_fields_set == {"name", "inner", "as_"}
@@ -165,7 +167,8 @@ def test_keyword_construction_checks_values() -> None:
 def test_every_example_round_trips_through_its_dump(path) -> None:
     job, diags = load_job(path)
     assert job is not None, diags
-    dumped = job.spec.model_dump(mode="json", by_alias=True)  # what plan.json stores and `dsforge run` reads back
+    # what plan.json stores and `dsforge run` reads back
+    dumped = job.spec.model_dump(mode="json", by_alias=True)
     again = JobSpec.model_validate(copy.deepcopy(dumped))
     assert again == job.spec and pickle.loads(pickle.dumps(job.spec)) == job.spec
 
@@ -235,8 +238,10 @@ def _leaves(section: type[Section], prefix: tuple[str, ...] = ()) -> list[tuple[
 
 
 LEAVES = _leaves(JobSpec)
-_values = st.one_of(st.none(), st.booleans(), st.integers(-3, 70000), st.floats(allow_nan=False, allow_infinity=False),
-                    st.sampled_from(["auto", "bf16", "ring", "uniform", "x:y", "a.b:c", "node-1", "", "cpu", "tokens"]),
+_values = st.one_of(st.none(), st.booleans(), st.integers(-3, 70000),
+                    st.floats(allow_nan=False, allow_infinity=False),
+                    st.sampled_from(["auto", "bf16", "ring", "uniform", "x:y", "a.b:c", "node-1", "", "cpu",
+                                     "tokens"]),
                     st.lists(st.integers(-1, 3), max_size=3), st.lists(st.floats(-1, 2), max_size=3),
                     st.dictionaries(st.sampled_from(["A", "B"]), st.sampled_from(["1", 2]), max_size=2))
 
@@ -266,7 +271,8 @@ def test_json_schema_refuses_what_the_corpus_pins_as_schema_errors() -> None:
     bad = ROOT / "tests" / "fixtures" / "bad"
     pinned = json.loads((bad / "expected.json").read_text(encoding="utf-8"))["files"]
     # DSF020-023 are what a file says wrongly in itself; DSF024 (missing keys) depends on presets and bases
-    names = [n for n, diags in pinned.items() if any(d[0] in {"DSF020", "DSF021", "DSF022", "DSF023"} for d in diags)]
+    names = [n for n,
+             diags in pinned.items() if any(d[0] in {"DSF020", "DSF021", "DSF022", "DSF023"} for d in diags)]
     assert len(names) >= 9
     # a bound on a product of two keys (nodes x gpus_per_node <= 2^20 ranks) has no JSON Schema keyword
     across_keys = {"dsf022-world-over-2-20-ranks.yaml"}

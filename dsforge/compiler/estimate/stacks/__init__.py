@@ -17,8 +17,8 @@ __all__ = ["StackProfile", "profile_of"]
 
 @lru_cache(maxsize=8)
 def profile_of(stack: str) -> StackProfile:
-    """The profile of a `stack:` value (the schema admits only known names); the profiles' modules are imported
-    on first use only."""
+    """The profile of a `stack:` value (the schema admits only known names); the profiles' modules are
+    imported on first use only."""
     from dsforge.compiler.estimate.stacks import dsforge_runtime, megatron_deepspeed, megatron_te
 
     return {"dsforge": dsforge_runtime.PROFILE, "megatron-te": megatron_te.PROFILE,

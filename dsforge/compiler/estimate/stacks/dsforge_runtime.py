@@ -24,7 +24,8 @@ PROFILE = StackProfile(
     # backward 138 per layer; tiny-gpt2 37 and 72): `benchmarks/predict_vs_measure.py --count-ops`
     ops_forward=73,
     ops_backward=138,
-    sources=("activations: tests/compiler/estimate/test_memory_measured.py (saved tensors of dsforge's HF models)",
+    sources=(("activations: tests/compiler/estimate/test_memory_measured.py "
+              "(saved tensors of dsforge's HF models)"),
              "pipeline outputs: DeepSpeed PipelineEngine pipe_buffers['outputs']",
              "experts whole per TP rank: dsforge/runtime (DeepSpeed MoE has no expert tensor parallelism)",
              "optimizer: DeepSpeed ZeRO as configured (zero_config.py)",

@@ -37,7 +37,8 @@ PROFILE = StackProfile(
     ops_forward=30,  # the fused kernels, GEMMs, the softmax and dropout per layer; backward about twice
     ops_backward=60,
     sources=(("kernels: Megatron-DeepSpeed megatron/arguments.py:903-933 (fused softmax and bias-GELU on, "
-              "flash attention off by default); Korthikanti et al. 2022 Table 2 (34 sbh + 5 a s^2 b per layer)"),
+              "flash attention off by default); Korthikanti et "
+              "al. 2022 Table 2 (34 sbh + 5 a s^2 b per layer)"),
              ("pipeline: megatron/model/gpt_model.py:463 partition_method='type:transformer'; DeepSpeed "
               "PipelineEngine pipe_buffers['outputs']"),
              "optimizer: DeepSpeed ZeRO as configured (zero_config.py)"),

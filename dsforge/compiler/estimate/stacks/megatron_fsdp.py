@@ -15,7 +15,8 @@ one scale per 32 elements per copy for MXFP8 (transformer_engine/pytorch/tensor/
 from __future__ import annotations
 
 #: bytes per parameter of TE's cached FP8 weights (the row-wise copy and the column-wise/transposed one)
-FP8_WEIGHT_CACHE = {"delayed": 2.0, "current": 2.0, "blockwise": 2.0 + 2 * 4 / 128 / 128, "mxfp8": 2.0 + 2 / 32}
+FP8_WEIGHT_CACHE = {"delayed": 2.0, "current": 2.0, "blockwise": 2.0 + 2 * 4 / 128 / 128,
+                    "mxfp8": 2.0 + 2 / 32}
 
 
 def fsdp_parts(stage: int, weight_bytes: int, grad_bytes: int, params: float, partition: float,

@@ -1,4 +1,5 @@
-"""The job keys, beyond `stack:`, that change a stack's model states: the gradient dtype and the FP8 recipe."""
+"""The job keys, beyond `stack:`, that change a stack's model states: the gradient dtype and the FP8
+recipe."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""What a stack profile states (the fields of `StackProfile`); the profiles themselves are its sibling modules."""
+"""What a stack profile states (the fields of `StackProfile`); the profiles themselves are its sibling
+modules."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ class StackProfile:
 
     name: str
     kernels: Kernels
-    pipeline_output_buffers: bool  # the pipeline engine keeps each in-flight chunk's output until its backward
-    experts_split_over_tp: bool  # expert matrices split over the tensor-parallel group (else whole per TP rank)
+    pipeline_output_buffers: bool  # the pipeline engine keeps each in-flight chunk's output until its
+                                   # backward
+    experts_split_over_tp: bool  # expert matrices split over the tensor-parallel group (else whole per TP
+                                 # rank)
     distributed_optimizer: bool  # fp32 master weights and moments sharded over data parallelism at any zero
     fp32_main_grads: bool  # gradients accumulate and reduce in an fp32 buffer next to the 16-bit weights
     # bytes one token moves through memory-bound kernels per layer forward: (h_bytes x e + h_fp32_bytes) x h
