@@ -110,7 +110,7 @@ class DsforgeStrategy(DeepSpeedStrategy):  # type: ignore[misc]
 
     def setup(self, trainer: Any) -> None:
         """Check the Trainer against the plan, then the parent's setup (deepspeed.initialize)."""
-        from dsforge.plugins.lightning import check_trainer
+        from dsforge.plugins.lightning_checks import check_trainer
 
         check_trainer(self.job, trainer)
         super().setup(trainer)
