@@ -180,3 +180,22 @@ def test_a_derived_policy_refuses_tp_above_the_kv_heads_naming_each_projection(j
     for proj in ("k_proj", "v_proj"):
         assert f"model.layers.0.self_attn.{proj} (hf:starcoder2" in text
     assert "tp=4 does not divide its 2 key/value heads" in text
+
+
+def _nanochat(m):
+    from transformers import NanoChatConfig
+
+    from tests.runtime_rewrite.families import _build, _common
+    return _build(NanoChatConfig(**_common(m, head_dim=m.hidden // m.heads)))
+
+
+def test_a_weightless_qk_norm_stays_a_plain_norm(job, monkeypatch):
+    # NanoChat's q/k norms hold no weight: nothing to sum over TP, so no head_norm row (which would refuse it)
+    import tests.runtime_rewrite.families as fam
+
+    monkeypatch.setattr(fam, "nanochat", _nanochat, raising=False)
+    keys = {**FAMILY_JOBS["qwen3"], "arch": "auto", "factory": "tests.runtime_rewrite.families:nanochat"}
+    spec, plan = job(keys, {"tp": 2})
+    rp = plan_rewrite(spec.model, plan)
+    assert rp.arch == "hf:nanochat"
+    assert rp.module("model.layers.0.self_attn.q_norm").variant != "head_norm"

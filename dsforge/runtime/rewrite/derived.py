@@ -66,7 +66,7 @@ def derived_arch(model: nn.Module) -> str:
                           "would be partial (HF's plan has the same gap)",
                           "run it at tp=1, or place that module with "
                           "`rewrite:` rules under model.arch: custom")
-    policy = complete_rows(_head_norms(derived.policy, walk), walk.leftover)
+    policy = complete_rows(_head_norms(derived.policy, walk, model), walk.leftover)
     POLICIES[policy.arch] = policy  # replaced on every build: the leftovers depend on the model's widths
     return policy.arch
 
@@ -75,7 +75,7 @@ def derived_arch(model: nn.Module) -> str:
 _QK_NORM = re.compile(r"(?:q|k|query|key)_(?:norm|layernorm|ln)")
 
 
-def _head_norms(policy: Policy, walk: object) -> Policy:
+def _head_norms(policy: Policy, walk: object, model: nn.Module) -> Policy:
     """The policy with a ``head_norm`` row for each q/k norm beside a column split the plan leaves a plain
     norm.
 
@@ -86,7 +86,9 @@ def _head_norms(policy: Policy, walk: object) -> Policy:
     claims = getattr(walk, "claims", [])
     columns = {c.name.rpartition(".")[0] for c in claims if c.row.variant == "column"}
     names = [c.name for c in claims if c.row.variant == "norm" and c.name.rpartition(".")[0] in columns
-             and _QK_NORM.fullmatch(c.name.rpartition(".")[2])]
+             and _QK_NORM.fullmatch(c.name.rpartition(".")[2])
+             and any(True for _ in model.get_submodule(c.name).parameters(recurse=False))]
+    # a norm without a weight (NanoChat's) has no gradient to sum: it stays a plain norm
     if not names:
         return policy
     rows = tuple(PolicyRow(re.escape(n), "head_norm", why="per-head q/k norm beside a head split (HF: "
