@@ -305,19 +305,10 @@ class UnresolvedPlan(ValueError):
     """`Plan.resolve()` of a plan whose layout does not resolve (the rules say why)."""
 
 
-@dataclass(frozen=True)
-class ResolvedPlan:
-    """A plan whose layout resolved: degrees that fill the world, a batch that splits, a stage partition and a
-    rank placement, none of them optional (`Plan.resolve()`). Equal when their specs are; ``search``: the
-    layout search's record ({} when none ran)."""
+class _JobFacts:
+    """What a resolved or priced plan reads straight from its job (a plain base: no dataclass fields)."""
 
     spec: JobSpec
-    model: ResolvedModel = field(compare=False, repr=False)
-    degrees: Degrees = field(compare=False)
-    grad_accum: int = field(compare=False)
-    stage_layers: list[int] = field(compare=False, repr=False)
-    placement: Placement = field(compare=False, repr=False)
-    search: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def nodes(self) -> int:
@@ -344,6 +335,21 @@ class ResolvedPlan:
         """Model chunks per pipeline rank (1 unless the interleaved schedule is chosen)."""
         return self.spec.parallel.pipeline.virtual_stages
 
+
+@dataclass(frozen=True)
+class ResolvedPlan(_JobFacts):
+    """A plan whose layout resolved: degrees that fill the world, a batch that splits, a stage partition and a
+    rank placement, none of them optional (`Plan.resolve()`). Equal when their specs are; ``search``: the
+    layout search's record ({} when none ran)."""
+
+    spec: JobSpec
+    model: ResolvedModel = field(compare=False, repr=False)
+    degrees: Degrees = field(compare=False)
+    grad_accum: int = field(compare=False)
+    stage_layers: list[int] = field(compare=False, repr=False)
+    placement: Placement = field(compare=False, repr=False)
+    search: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
     @property
     def layout_ok(self) -> bool:
         """Always True: the degrees fill the world (kept for code that reads either kind of plan)."""
@@ -351,7 +357,7 @@ class ResolvedPlan:
 
 
 @dataclass(frozen=True)
-class PricedPlan:
+class PricedPlan(_JobFacts):
     """What the estimates read of a plan whose degrees resolved (`Plan.priced`), before the rules have judged
     it: DSF301's fixes and the search's bounds price such plans. ``stage_layers``: [] when the layers do not
     split; ``placement``: None when the degrees do not fill the world or cannot be ordered (every link then
@@ -366,31 +372,6 @@ class PricedPlan:
     placement: Placement | None = field(compare=False, repr=False)
     grad_accum: int | None = field(compare=False)
     layout_ok: bool = field(compare=False)
-
-    @property
-    def nodes(self) -> int:
-        """Number of nodes."""
-        return self.spec.hardware.nodes
-
-    @property
-    def gpus_per_node(self) -> int:
-        """Ranks per node."""
-        return self.spec.hardware.gpus_per_node
-
-    @property
-    def world_size(self) -> int:
-        """Ranks in the job: nodes x gpus_per_node."""
-        return self.nodes * self.gpus_per_node
-
-    @property
-    def zero(self) -> int:
-        """ZeRO stage (`auto` counts as 0 until the search picks one)."""
-        return self.spec.parallel.zero if isinstance(self.spec.parallel.zero, int) else 0
-
-    @property
-    def virtual_stages(self) -> int:
-        """Model chunks per pipeline rank (1 unless the interleaved schedule is chosen)."""
-        return self.spec.parallel.pipeline.virtual_stages
 
 
 #: What the estimates price: a plan with its degrees (DSF301's fixes and the search's bounds), or a resolved
