@@ -68,7 +68,7 @@ def collect() -> tuple[str, dict[str, dict[str, Any]]]:
 
 def render(version: str, table: dict[str, dict[str, Any]]) -> str:
     """The table module's source text."""
-    body = pprint.pformat(table, width=118, sort_dicts=True)
+    body = pprint.pformat(table, width=108, sort_dicts=True)
     return (
         '"""The tensor-, pipeline- and expert-parallel plans of '
         'transformers\' causal LMs, as plain data (generated).\n\n'
