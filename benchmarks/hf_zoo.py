@@ -211,6 +211,57 @@ def run_one(model_type: str) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def _pp_worker(rank: int, world: int, keys: dict[str, Any], tmp: str) -> None:
+    import contextlib
+    import io
+
+    import deepspeed
+
+    from tests.runtime_rewrite.test_derived_pipeline import _parity
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    with contextlib.redirect_stdout(io.StringIO()):
+        _parity(rank, keys, {"pp": 2}, tmp)
+
+
+def run_one_pp(model_type: str) -> dict[str, Any]:
+    """`--mode pp`: plan one type at pp=2 (the glue check refuses with DSF607) and run it on 2 gloo ranks
+    for 2 SGD steps against one process (tests/runtime_rewrite/test_derived_pipeline.py's comparison)."""
+    import tempfile
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import torch
+
+    t0 = time.perf_counter()
+    try:
+        torch.manual_seed(0)
+        model = _factory(model_type)()
+    except Exception as exc:  # noqa: BLE001 - any failure to build tiny is a row of the table
+        return {"type": model_type, "result": "no build", "why": f"{type(exc).__name__}: {exc}"[:200]}
+    from dsforge.compiler.plan.plan import build_plan
+    from dsforge.runtime.rewrite import plan_rewrite
+    from dsforge.runtime.rewrite.planner import RewriteError
+    from tests.runtime.launcher import run
+    from tests.runtime_rewrite.conftest import make_job
+
+    tmp = tempfile.mkdtemp(prefix="hf-zoo-pp-")
+    keys = {**_job_keys(model, model_type), "seq_len": 64}
+    try:
+        rp = plan_rewrite(make_job(Path(tmp), keys, {"pp": 2}).model,
+                          build_plan(make_job(Path(tmp), keys, {"pp": 2})))
+        run(_pp_worker, 2, keys, tmp)
+    except RewriteError as exc:
+        return {"type": model_type, "result": "refused", "rule": "DSF607",
+                "why": "; ".join(exc.problems)[:300], "seconds": round(time.perf_counter() - t0, 1)}
+    except Exception as exc:  # noqa: BLE001 - classified below
+        text = str(exc)
+        last = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or [type(exc).__name__]
+        return {"type": model_type, "result": "differs" if "of the reference's scale" in text else "crash",
+                "why": last[0][:300], "seconds": round(time.perf_counter() - t0, 1)}
+    return {"type": model_type, "result": "exact", "arch": rp.arch,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
 def zoo_types() -> list[str]:
     """The model types whose transformers plans state a tp or ep plan."""
     from dsforge.compiler.model.hf_plans import known_types, plans_for_type
@@ -237,11 +288,18 @@ def main() -> int:
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                     help="the models' dtype, reference and rewritten "
                          "alike (float64: rounding out of the way)")
+    ap.add_argument("--mode", choices=("tp", "pp"), default="tp",
+                    help="tp: tp=2 against one rank; pp: pp=2 (types with a base_model_pp_plan)")
     args = ap.parse_args()
     if args.one:
-        print("ZOO " + json.dumps(run_one(args.one)), flush=True)
+        one = run_one_pp if args.mode == "pp" else run_one
+        print("ZOO " + json.dumps(one(args.one)), flush=True)
         return 0
     types = [t for t in args.only.split(",") if t] or zoo_types()
+    if args.mode == "pp" and not args.only:
+        from dsforge.compiler.model.hf_plans import plans_for_type
+
+        types = [t for t in types if (p := plans_for_type(t)) is not None and p.pp]
     rows = []
     start = time.perf_counter()
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
@@ -249,7 +307,8 @@ def main() -> int:
     for t in types:
         t0 = time.perf_counter()
         try:
-            out = subprocess.run([sys.executable, __file__, "--one", t], capture_output=True, text=True,
+            out = subprocess.run([sys.executable, __file__, "--one", t, "--mode", args.mode],
+                                 capture_output=True, text=True,
                                  timeout=args.timeout, env=env, cwd=ROOT, check=False)
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("ZOO ")), None)
             row = (

@@ -144,6 +144,8 @@ def layer_list(model: nn.Module, rp: RewritePlan) -> tuple[list[Any], int, int]:
     layers."""
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
+    if rp.arch not in STRUCTURES and derived_pipeline(rp.arch, model):
+        return _derived_layer_list(model, rp)
     s = STRUCTURES.get(rp.arch)
     if s is None:
         raise RewriteError(rp.arch, [(f"pipeline stages know the HF families {sorted(STRUCTURES)}; a "
@@ -161,6 +163,31 @@ def layer_list(model: nn.Module, rp: RewritePlan) -> tuple[list[Any], int, int]:
     decoders = [DecoderStage(layer, rotary, rp.tp if sp and not isinstance(layer, SequenceEntry) else 1)
                 for layer in cast(nn.ModuleList, get(s.layers))]
     tail: list[Any] = [LayerSpec(HeadStage, get(s.norm), None if tied else get(s.head))]
+    if tied:
+        tail.append(TiedLayerSpec("embed", EmbeddingStage, embed, forward_fn=tied_logits,
+                                  tied_weight_attr="embed.weight"))
+    return [*lead, *decoders, *tail], len(lead), len(tail)
+
+
+def derived_pipeline(arch: str, model: nn.Module) -> bool:
+    """True for an HF model (it has a config.model_type) whose family has no hand-written stage structure."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    return arch not in STRUCTURES and isinstance(model_type, str)
+
+
+def _derived_layer_list(model: nn.Module, rp: RewritePlan) -> tuple[list[Any], int, int]:
+    """The layer list of a model placed by its HF plans: the pieces its base_model_pp_plan names
+    (dsforge.runtime.hf_pipeline), the planner having checked that their glue reproduces its forward."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+
+    from dsforge.runtime.hf_pipeline import base_prefix, hf_pieces
+
+    embed, decoders, norm, head = hf_pieces(model)
+    embed_name = f"{base_prefix(model)}.embed_tokens"
+    tied = rp.module("lm_head").tied_to == embed_name
+    lead: list[Any] = [TiedLayerSpec("embed", EmbeddingStage, embed, tied_weight_attr="embed.weight") if tied
+                       else LayerSpec(EmbeddingStage, embed)]
+    tail: list[Any] = [LayerSpec(HeadStage, norm, None if tied else head)]
     if tied:
         tail.append(TiedLayerSpec("embed", EmbeddingStage, embed, forward_fn=tied_logits,
                                   tied_weight_attr="embed.weight"))

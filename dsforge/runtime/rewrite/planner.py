@@ -299,15 +299,19 @@ def _owners(claim: Claim, seen: dict[int, str]) -> dict[str, str]:
     return out
 
 
-def _derived_pipeline_refusal(arch: str, model: nn.Module) -> str:
+def _derived_stages(arch: str, model: nn.Module) -> bool:
+    from dsforge.runtime.pipeline_stages import derived_pipeline
+
+    return derived_pipeline(arch, model)
+
+
+def _derived_pipeline_refusal(arch: str, model: nn.Module) -> str | None:
     """Why a policy derived from an HF plan cannot run at pp > 1 (refused at compile, not at each rank's
-    start)."""
-    pp_plan = getattr(getattr(model, "config", None), "base_model_pp_plan", None)
-    if not pp_plan:
-        return (f"pp > 1: transformers states no base_model_pp_plan for `{arch}`, so its stages (embedding, "
-                f"layers, final norm, head) are not known; use pp: 1")
-    return (f"pp > 1: the pipeline stages of `{arch}` from its base_model_pp_plan ({', '.join(pp_plan)}) are "
-            f"not built yet (dsforge/runtime/pipeline_stages.py cuts gpt2, llama and mixtral); use pp: 1")
+    start): no pp plan of the built shape, or a forward whose glue the stages do not reproduce."""
+    from dsforge.runtime.hf_pipeline import glue_problem
+
+    problem = glue_problem(model)
+    return None if problem is None else f"pp > 1 ({arch}): {problem}; use pp: 1"
 
 
 def _layer_regex(arch: str, model: nn.Module, layers: int) -> tuple[re.Pattern[str] | None, str | None]:
@@ -384,8 +388,10 @@ def plan_module(model: nn.Module, plan: AnyPlan, arch: str) -> RewritePlan:
     if found and len(found) != plan.model.layers:
         problems.append(f"the model has {len(found)} decoder layers but the job says "
                         f"layers={plan.model.layers}")
-    if d.pp > 1 and arch.startswith("hf:"):
-        problems.append(_derived_pipeline_refusal(arch, model))
+    refusal = _derived_pipeline_refusal(arch, model) if d.pp > 1 and _derived_stages(arch, model) \
+        else None
+    if refusal is not None:
+        problems.append(refusal)
     if not problems:
         _assign_stages(entries, model, plan, problems)
     if problems:
