@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -27,29 +26,7 @@ from dsforge.runtime.layers import VocabParallelEmbedding, VocabParallelLMHead
 from dsforge.runtime.rewrite.apply import apply_rewrite
 from dsforge.runtime.rewrite.planner import RewriteError, RewritePlan
 from dsforge.runtime.rewrite.sequence import SequenceEntry
-
-
-@dataclass(frozen=True)
-class Structure:
-    """Where a family keeps its pipeline pieces, relative to the causal-LM root."""
-
-    embed: str
-    layers: str
-    norm: str
-    head: str
-    pos: str | None = None
-    drop: str | None = None
-    rotary: str | None = None
-
-
-STRUCTURES: dict[str, Structure] = {
-    "gpt2": Structure("transformer.wte", "transformer.h", "transformer.ln_f", "lm_head",
-                      pos="transformer.wpe", drop="transformer.drop"),
-    "llama": Structure("model.embed_tokens", "model.layers", "model.norm", "lm_head",
-                       rotary="model.rotary_emb"),
-    "mixtral": Structure("model.embed_tokens", "model.layers", "model.norm", "lm_head",
-                         rotary="model.rotary_emb"),
-}
+from dsforge.runtime.stage_structures import STRUCTURES, derived_pipeline
 
 
 class EmbeddingStage(nn.Module):
@@ -167,12 +144,6 @@ def layer_list(model: nn.Module, rp: RewritePlan) -> tuple[list[Any], int, int]:
         tail.append(TiedLayerSpec("embed", EmbeddingStage, embed, forward_fn=tied_logits,
                                   tied_weight_attr="embed.weight"))
     return [*lead, *decoders, *tail], len(lead), len(tail)
-
-
-def derived_pipeline(arch: str, model: nn.Module) -> bool:
-    """True for an HF model (it has a config.model_type) whose family has no hand-written stage structure."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    return arch not in STRUCTURES and isinstance(model_type, str)
 
 
 def _derived_layer_list(model: nn.Module, rp: RewritePlan) -> tuple[list[Any], int, int]:

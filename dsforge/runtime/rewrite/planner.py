@@ -300,7 +300,7 @@ def _owners(claim: Claim, seen: dict[int, str]) -> dict[str, str]:
 
 
 def _derived_stages(arch: str, model: nn.Module) -> bool:
-    from dsforge.runtime.pipeline_stages import derived_pipeline
+    from dsforge.runtime.stage_structures import derived_pipeline
 
     return derived_pipeline(arch, model)
 
