@@ -45,7 +45,8 @@ def cp_with_pp(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("DSF141", "pipeline parallelism needs a family the runtime can cut into stages",
-      source="dsforge/runtime/stage_structures.py STRUCTURES, pipeline_stages.py layer_list; " + DS + "runtime/pipe/module.py",
+      source="dsforge/runtime/stage_structures.py STRUCTURES, pipeline_stages.py layer_list; "
+             + DS + "runtime/pipe/module.py",
       reads=("pp",), stacks=DSFORGE_RUNTIME)
 def pipeline_family(ctx: Context) -> Iterator[Finding]:
     """For pp > 1 the runtime hands DeepSpeed a flat layer list (embedding, one entry per decoder layer,
