@@ -47,6 +47,18 @@ def base_prefix(model: nn.Module) -> str:
     return prefix if hasattr(model, prefix) else "model"
 
 
+def layer_mask(config: Any, hidden: Tensor, position_ids: Tensor, sliding: bool) -> Any:
+    """The attention mask HF's base model gives a layer over ``position_ids`` (causal, or sliding-window
+    causal): None where the attention kernel is causal by itself (sdpa, flash), a tensor where it is not
+    (eager attends everywhere when given no mask)."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    make = create_sliding_window_causal_mask if sliding else create_causal_mask
+    shaped = hidden.new_empty(hidden.shape[0], position_ids.shape[-1], 1)  # the mask's batch, length, dtype
+    return make(config=config, inputs_embeds=shaped, attention_mask=None, cache=None,
+                position_ids=position_ids)
+
+
 class HfDecoderStage(nn.Module):
     """One HF decoder layer on hidden states, given its mask and rotary positions as the base model would."""
 
@@ -59,13 +71,8 @@ class HfDecoderStage(nn.Module):
 
     def forward(self, hidden: Tensor) -> Tensor:
         """The layer's output hidden states (contiguous: DeepSpeed sends them point to point)."""
-        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-
         position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        sliding = self.layer_type == "sliding_attention"
-        make = create_sliding_window_causal_mask if sliding else create_causal_mask
-        mask = make(config=self.config, inputs_embeds=hidden, attention_mask=None, cache=None,
-                    position_ids=position_ids)
+        mask = layer_mask(self.config, hidden, position_ids, self.layer_type == "sliding_attention")
         kwargs: dict[str, Any] = {"attention_mask": mask, "position_ids": position_ids}
         if self.rotary is not None:
             kwargs["position_embeddings"] = (self.rotary(hidden, position_ids, self.layer_type)
@@ -121,7 +128,9 @@ def _tiny_copy(model: nn.Module) -> nn.Module:
             setattr(config, name, 0)
     torch.manual_seed(0)
     with torch.device("cpu"):
-        tiny = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        # experts by HF's eager loop: torch's grouped matmul takes no float64, and the loop is the same sum
+        tiny = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
+                                                experts_implementation="eager")
     return tiny.double().eval()
 
 

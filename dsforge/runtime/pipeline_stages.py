@@ -71,23 +71,30 @@ class PositionStage(nn.Module):
 
 
 class DecoderStage(nn.Module):
-    """One decoder layer on hidden states; rotary positions recomputed here since only hidden crosses
-    stages."""
+    """One decoder layer on hidden states; rotary positions and the attention mask recomputed here since only
+    hidden crosses stages."""
 
-    def __init__(self, layer: nn.Module, rotary: nn.Module | None = None, seq_factor: int = 1) -> None:
+    def __init__(self, layer: nn.Module, rotary: nn.Module | None = None, seq_factor: int = 1,
+                 config: Any = None) -> None:
         super().__init__()
         # The rotary module (shared by every layer) holds only a non-persistent buffer.
         self.layer, self.rotary, self.seq_factor = layer, rotary, seq_factor
+        # Mistral-style configs (Mixtral's) slide every layer's window when they state one.
+        self.config, self.sliding = config, getattr(config, "sliding_window", None) is not None
 
     def forward(self, hidden: Tensor) -> Tensor:
-        """Causal self-attention and MLP (sdpa with no mask is causal); returns hidden states."""
-        if self.rotary is None:
-            out = self.layer(hidden)
-        else:
-            seq = hidden.shape[1] * self.seq_factor  # sequence-parallel hidden holds 1/tp of the positions
-            position_ids = torch.arange(seq, device=hidden.device).unsqueeze(0)
-            out = self.layer(hidden, position_ids=position_ids,
-                             position_embeddings=self.rotary(hidden, position_ids))
+        """Causal self-attention and MLP, masked as HF's base model masks it; returns hidden states."""
+        from dsforge.runtime.hf_pipeline import layer_mask
+
+        seq = hidden.shape[1] * self.seq_factor  # sequence-parallel hidden holds 1/tp of the positions
+        position_ids = torch.arange(seq, device=hidden.device).unsqueeze(0)
+        kwargs: dict[str, Any] = {}
+        if self.config is not None:  # eager attention attends everywhere without a mask
+            kwargs["attention_mask"] = layer_mask(self.config, hidden, position_ids, self.sliding)
+        if self.rotary is not None:
+            kwargs.update(position_ids=position_ids, position_embeddings=self.rotary(hidden, position_ids))
+        out = self.layer(hidden, **kwargs)
+        out = out[0] if isinstance(out, tuple) else out
         return out.contiguous()  # DeepSpeed sends stage outputs point-to-point, which needs contiguous memory
 
 
@@ -137,8 +144,9 @@ def layer_list(model: nn.Module, rp: RewritePlan) -> tuple[list[Any], int, int]:
         lead.append(LayerSpec(PositionStage, get(s.pos), get(s.drop) if s.drop else None))
     rotary = get(s.rotary) if s.rotary else None
     # Under sequence parallelism a layer's input holds 1/tp of the positions, except the entry layer's.
-    decoders = [DecoderStage(layer, rotary, rp.tp if sp and not isinstance(layer, SequenceEntry) else 1)
-                for layer in cast(nn.ModuleList, get(s.layers))]
+    config = getattr(model, "config", None)
+    decoders = [DecoderStage(layer, rotary, rp.tp if sp and not isinstance(layer, SequenceEntry) else 1,
+                             config) for layer in cast(nn.ModuleList, get(s.layers))]
     tail: list[Any] = [LayerSpec(HeadStage, get(s.norm), None if tied else get(s.head))]
     if tied:
         tail.append(TiedLayerSpec("embed", EmbeddingStage, embed, forward_fn=tied_logits,

@@ -61,10 +61,29 @@ def gemma3_tied() -> Any:
 FAMILIES = {"olmo2": "olmo2", "smollm3": "smollm3_tied", "gemma3_text": "gemma3_tied"}
 
 
+def llama_eager() -> Any:
+    """Llama (a hand-written family's stages) with eager attention, which attends everywhere unless masked."""
+    return _tiny("llama")
+
+
+def mixtral_sliding() -> Any:
+    """Mixtral with a 4-token sliding window on 12 tokens: every layer slides, as Mistral-style configs do."""
+    return _tiny("mixtral", sliding_window=4)
+
+
+def gpt2_eager() -> Any:
+    """GPT-2 (Conv1D layers, learned positions) with eager attention."""
+    return _tiny("gpt2")
+
+
+#: hand-written families' stages (dsforge.runtime.stage_structures), each given HF's mask for its layers
+HAND_WRITTEN = {"llama": "llama_eager", "mixtral": "mixtral_sliding", "gpt2": "gpt2_eager"}
+
+
 def _keys(name: str) -> dict[str, Any]:
     from benchmarks.hf_zoo import _job_keys
 
-    fn = FAMILIES[name]
+    fn = {**FAMILIES, **HAND_WRITTEN}[name]
     model = globals()[fn]()
     return {**_job_keys(model, name), "factory": f"tests.runtime_rewrite.test_derived_pipeline:{fn}",
             "seq_len": 64}
@@ -135,6 +154,10 @@ def _parity(rank: int, keys: dict[str, Any], parallel: dict[str, Any], tmp: str)
         for p in pipe.parameters():
             name = names[id(p)]
             grad, want = opt.seen[id(p)], ref_grads[step][name]
+            owner = name.rpartition(".")[0]
+            if (name.endswith(".weight") and type(dense.get_submodule(owner)).__name__ == "Conv1D"
+                    and type(model.get_submodule(owner)).__name__ != "Conv1D"):
+                want = want.t()  # GPT-2's Conv1D keeps [in, out]; the rewritten layer is a Linear [out, in]
             if grad.shape != want.shape:  # a TP shard: this rank's slice of the dense gradient
                 dim = next(d for d in range(want.dim()) if grad.shape[d] != want.shape[d])
                 want = want.narrow(dim, tp_rank * grad.shape[dim], grad.shape[dim])
@@ -157,6 +180,15 @@ def test_derived_pp2_matches_one_process(tmp_path: Path) -> None:
     from tests.runtime.launcher import run
 
     run(_worker, 2, [(_keys(name), {"pp": 2}) for name in FAMILIES], str(tmp_path))
+
+
+@pytest.mark.slow
+def test_hand_written_stages_mask_as_hf_does(tmp_path: Path) -> None:
+    """Stages of gpt2, llama and mixtral models built with eager attention (and a sliding window) at pp=2:
+    a stage that called its layer without HF's mask trained a bidirectional (or unwindowed) model."""
+    from tests.runtime.launcher import run
+
+    run(_worker, 2, [(_keys(name), {"pp": 2}) for name in HAND_WRITTEN], str(tmp_path))
 
 
 @pytest.mark.slow
