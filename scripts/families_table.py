@@ -4,8 +4,9 @@
     python scripts/families_table.py --check  # exit 1 when either differs from what the result file gives
 
 The result file is what `python benchmarks/hf_zoo.py --json benchmarks/results/hf_zoo.json` writes (a
-list of rows: type, result, rule, arch, why, seconds; a row re-run after a fix carries ``run``). Nothing
-in the tables is typed by hand: a type's row says what the zoo measured for it.
+list of rows: type, result, rule, arch, why, seconds; a row re-run after a fix carries ``run``; a
+float32 difference re-checked in float64 carries ``dtype``/``float32`` when exact there, ``float64`` when
+not). Nothing in the tables is typed by hand: a type's row says what the zoo measured for it.
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ def _cell(text: object) -> str:
     return str(text or "").replace("|", "\\|").replace("\n", " ")[:160]
 
 
+def _why(row: dict[str, Any]) -> str:
+    """The row's reason, with what the other dtype gave when the zoo re-checked it in float64."""
+    if row.get("float32"):
+        return f"float32 rounding: {row['float32']}"
+    return str(row.get("why") or "") + (f" (float64: {row['float64']})" if row.get("float64") else "")
+
+
 def document(data: dict[str, Any]) -> str:
     """docs/families.md: the summary and one row per type."""
     head = ["# Model families: the HF zoo", "",
@@ -73,8 +81,9 @@ def document(data: dict[str, Any]) -> str:
             .strip(), "",
             "| type | result | rule | policy | s | why |", "|---|---|---|---|---|---|"]
     body = [
-        f"| {r['type']} | {r['result']} | {r.get('rule', '')} | {r.get('arch', '')} | {r.get('seconds', '')} "
-        f"| {_cell(r.get('why'))}{' (re-run: ' + r['run'] + ')' if r.get('run') else ''} |"
+        f"| {r['type']} | {r['result']}{' (' + r['dtype'] + ')' if r.get('dtype') else ''} "
+        f"| {r.get('rule', '')} | {r.get('arch', '')} | {r.get('seconds', '')} "
+        f"| {_cell(_why(r))}{' (re-run: ' + r['run'] + ')' if r.get('run') else ''} |"
         for r in data["rows"]
     ]
     return "\n".join(head + body) + "\n"

@@ -49,15 +49,23 @@ def _worker(rank: int, world: int, specs: list[Any]) -> None:
         tp_parity(rank, spec, tag=f"zoo sample {model_type}")
 
 
+def _dtypes() -> dict[str, str]:
+    """Each exact type's dtype as the zoo found it exact (float64 where float32's rounding differed)."""
+    rows = json.loads(RESULTS.read_text(encoding="utf-8"))["rows"]
+    return {r["type"]: r.get("dtype", "float32") for r in rows if r["result"] == "exact"}
+
+
 def worker_args(tmp: Path) -> tuple[Any, ...]:
-    """The sample's tp=2 jobs, made here so both ranks read the same files."""
+    """The sample's tp=2 jobs, made here so both ranks read the same files; each type in the dtype the zoo
+    found it exact in."""
     import benchmarks.hf_zoo as zoo
     from tests.runtime_rewrite.conftest import make_job
 
     specs = []
+    dtypes = _dtypes()
     for t in sample_types():
-        model = zoo._factory(t)()
-        specs.append((t, make_job(tmp, zoo._job_keys(model, t), {"tp": 2})))
+        model = zoo._factory(t, dtypes[t])()
+        specs.append((f"{t} {dtypes[t]}", make_job(tmp, zoo._job_keys(model, t, dtypes[t]), {"tp": 2})))
     return (specs,)
 
 
