@@ -39,6 +39,16 @@ def counts(rows: list[dict[str, Any]]) -> dict[str, int]:
     return out
 
 
+def _wide_line(rows: list[dict[str, Any]]) -> list[str]:
+    """The line saying how many exact types were found exact in float64 only (none: no line)."""
+    wide = sorted(r["type"] for r in rows if r["result"] == "exact" and r.get("dtype") == "float64")
+    if not wide:
+        return []
+    return [(f"{len(wide)} of the exact types ({', '.join(wide)}) differ in float32 by more than the "
+             f"tolerance and are exact in float64: float32's summation order, on gradients whose scale is "
+             f"near zero (each row gives the float32 figure)."), ""]
+
+
 def summary(data: dict[str, Any]) -> str:
     """README's block: one line per mode with the counts and where the rows are."""
     rows = data["rows"]
@@ -51,6 +61,7 @@ def summary(data: dict[str, Any]) -> str:
              "| mode | types built | exact | refused | differs | crash | run time |",
              "|---|---|---|---|---|---|---|", (f"| {data['mode']} | {built} | {c['exact']} ({share}) | "
               f"{c['refused']} | {c['differs']} | {c['crash']} | {data['seconds']} s |"), "",
+             *_wide_line(rows),
              ("Every type, its policy and the reason of each refusal or difference: "
               "[docs/families.md](docs/families.md)."),
              "", END]
@@ -65,7 +76,9 @@ def _why(row: dict[str, Any]) -> str:
     """The row's reason, with what the other dtype gave when the zoo re-checked it in float64."""
     if row.get("float32"):
         return f"float32 rounding: {row['float32']}"
-    return str(row.get("why") or "") + (f" (float64: {row['float64']})" if row.get("float64") else "")
+    if row.get("float64"):  # the float64 figure first: it is the one rounding cannot explain
+        return f"float64: {row['float64']}; float32: {row.get('why', '')}"
+    return str(row.get("why") or "")
 
 
 def document(data: dict[str, Any]) -> str:
