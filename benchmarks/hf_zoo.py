@@ -82,6 +82,10 @@ def _shrink(cfg: Any) -> Any:
     if isinstance(getattr(cfg, "qk_rope_head_dim", None), int):  # MLA: head_dim is the rotary part's width
         try:
             cfg.head_dim = cfg.qk_rope_head_dim
+            # MLA expands its compressed keys and values to every query head (its configs state kv heads =
+            # heads); fewer would repeat them again, which the attention cannot take
+            if getattr(cfg, "kv_lora_rank", None) and hasattr(cfg, "num_key_value_heads"):
+                cfg.num_key_value_heads = cfg.num_attention_heads
         except Exception:  # noqa: BLE001, S110 - a config that refuses the value keeps its own
             pass
     layers = getattr(cfg, "num_hidden_layers", 2)
