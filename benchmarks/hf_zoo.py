@@ -50,6 +50,9 @@ _SIZES: dict[str, Any] = {
     "topk_group": 1, "first_k_dense_replace": 1, "sliding_window": 64, "use_cache": False,
     "output_router_logits": False, "router_jitter_noise": 0.0, "tie_word_embeddings": False,
     "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "rotary_dim": 8,
+    # Mamba-2 layers: heads x head width = expand (2) x hidden; the default head width was derived from the
+    # default hidden size
+    "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_ssm": 128,
 }
 
 
@@ -63,6 +66,12 @@ def tiny_config(model_type: str) -> Any:
                                               # text part
         _shrink(text)
     return _shrink(cfg)
+
+
+def _settable(cfg: Any, key: str) -> bool:
+    """False for a config attribute that is a property without a setter (derived from other fields)."""
+    prop = getattr(type(cfg), getattr(cfg, "attribute_map", {}).get(key, key), None)
+    return not isinstance(prop, property) or prop.fset is not None
 
 
 def _shrink(cfg: Any) -> Any:
@@ -91,7 +100,7 @@ def _shrink(cfg: Any) -> Any:
     layers = getattr(cfg, "num_hidden_layers", 2)
     for key in ("layer_types", "mlp_layer_types", "layers_block_type"):
         value = getattr(cfg, key, None)
-        if isinstance(value, list) and value:
+        if isinstance(value, list) and value and _settable(cfg, key):  # a read-only one derives from others
             setattr(cfg, key, (value * layers)[:layers])
     cfg._attn_implementation = "eager"
     return cfg
