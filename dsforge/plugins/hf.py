@@ -109,9 +109,10 @@ def save_model(trainer: Any, output_dir: str) -> None:
     """Write the Trainer's model as a plain HF directory (config.json, model.safetensors) that
     ``from_pretrained`` loads; every rank calls it.
 
-    At tp > 1 the slices are gathered as `dsforge export` does (parallel_model.save_hf); ``trainer.save_model``
-    cannot do that there (DeepSpeed's consolidation knows only its own AutoTP layers, so the Trainer writes
-    DeepSpeed's sharded checkpoint instead). At tp 1 it is ``trainer.save_model(output_dir)``.
+    At tp > 1 the slices are gathered as `dsforge export` does (save_hf). ``trainer.save_model``
+    cannot do that there: DeepSpeed's consolidation (engine._consolidated_16bit_state_dict) gathers only its
+    own AutoTP layers, and without stage3_gather_16bit_weights_on_model_save the Trainer writes DeepSpeed's
+    sharded checkpoint instead. At tp 1 it is ``trainer.save_model(output_dir)``.
     """
     from dsforge.plugins import parallel_model
 
@@ -155,7 +156,7 @@ def _loader_shard(loader: Any) -> tuple[int, int] | None:
     return None
 
 
-def check_data_shard(job: TrainerJob, loader: Any) -> None:
+def check_data_shard(job: TrainerJob, loader: Any, rank: int | None = None) -> None:
     """PlanMismatchError before the first step when the loader does not shard the data over the dp ranks.
 
     At tp > 1 accelerate shards a prepared loader by DeepSpeed's TP mesh (``torch_device_mesh`` from
@@ -165,15 +166,16 @@ def check_data_shard(job: TrainerJob, loader: Any) -> None:
     shard = _loader_shard(loader)
     if shard is None or job.plan.degrees.tp == 1:
         return
-    import torch.distributed as dist
+    if rank is None:
+        import torch.distributed as dist
 
-    from dsforge.plugins.parallel_model import data_shard
-
-    want = data_shard(job)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+    dp = job.plan.placement.group_of("dp", rank)
+    want = (dp.index(rank), len(dp))
     if shard != want:
         raise PlanMismatchError(
             f"the run does not match the job file {job.file}:\n  - data shards: the training data loader "
-            f"reads part {shard[0]} of {shard[1]} on rank {dist.get_rank()}, the job file plans "
+            f"reads part {shard[0]} of {shard[1]} on rank {rank}, the job file plans "
             f"{want[1]} data-parallel ranks and this rank is dp rank {want[0]} (parallel.tp="
             f"{job.plan.degrees.tp} at {job.where('parallel', 'tp')}: the ranks of one TP group must read "
             f"the same batch)\n  fix: give the Trainer a map-style train_dataset and let it build the "

@@ -121,6 +121,22 @@ def test_tensor_parallel_gets_deepspeeds_tp_section_and_passes_hf_checks(tmp_pat
     assert hf_fill_in(kwargs, 2) == json.loads(json.dumps(ds))
 
 
+def test_a_loader_sharded_over_the_whole_world_is_named_before_the_first_step(tmp_path: Path) -> None:
+    """accelerate's sampler shard (BatchSamplerShard's process_index/num_processes) against the plan's dp
+    rank: at tp=2 x dp=2 rank 3 is dp rank 1 of 2; a loader split 4 ways gives its TP group two batches."""
+    from dsforge.plugins.hf import check_data_shard
+    from dsforge.plugins.job import load_job
+
+    job = load_job(job_file(tmp_path, hardware="cpu-local", ranks=4, tp=2, zero=1, precision="fp32"))
+    check_data_shard(job, SimpleNamespace(batch_sampler=SimpleNamespace(process_index=1, num_processes=2)), 3)
+    check_data_shard(job, SimpleNamespace(batch_size=2), 3)  # one process per dp rank: nothing to compare
+    with pytest.raises(PlanMismatchError) as err:
+        world_split = SimpleNamespace(batch_sampler=SimpleNamespace(process_index=3, num_processes=4))
+        check_data_shard(job, world_split, 3)
+    assert ("data shards: the training data loader reads part 3 of 4 on rank 3, the job file plans 2 "
+            "data-parallel ranks and this rank is dp rank 1 (parallel.tp=2 at") in str(err.value)
+
+
 def test_tp_groups_deepspeed_would_not_build_are_refused(tmp_path: Path) -> None:
     """DSF706: with dp the fastest axis the plan's TP groups are {0, 2} and {1, 3}; DeepSpeed's mesh would
     split the model over {0, 1} and {2, 3}."""
@@ -129,7 +145,8 @@ def test_tp_groups_deepspeed_would_not_build_are_refused(tmp_path: Path) -> None
 
     assert deepspeed_mesh(4, 2) == {"tp": [[0, 1], [2, 3]], "dp": [[0, 2], [1, 3]]}
     path = tmp_path / "order.yaml"
-    path.write_text("version: 1\nmodel: {preset: tiny-llama}\nhardware: {preset: cpu-local, gpus_per_node: 4}\n"
+    path.write_text("version: 1\nmodel: {preset: tiny-llama}\n"
+                    "hardware: {preset: cpu-local, gpus_per_node: 4}\n"
                     "parallel: {tp: 2, order: dp-tp-cp-ep-pp}\ntraining: {global_batch: 8, micro_batch: 1, "
                     "precision: fp32, steps: 2}\n", encoding="utf-8")
     for call in (training_args_kwargs, prepare_model):
@@ -153,7 +170,8 @@ def _torchrun(args: list[str], tmp: Path, port: int, job: Path = EXAMPLE / "job.
               nproc: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-           str(port), str(EXAMPLE / "train_hf.py"), str(job), "--output-dir", str(tmp / f"out-{job.stem}"), *args]
+           str(port), str(EXAMPLE / "train_hf.py"), str(job), "--output-dir", str(tmp / f"out-{job.stem}"),
+           *args]
     return subprocess.run(cmd, check=False, env=env, cwd=tmp, capture_output=True, text=True, timeout=300)
 
 

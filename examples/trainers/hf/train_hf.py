@@ -1,7 +1,8 @@
 """Train with the HF Transformers Trainer under DeepSpeed, every setting taken from a dsforge job file.
 
     torchrun --nproc_per_node 2 examples/trainers/hf/train_hf.py examples/trainers/hf/job.yaml
-    torchrun --nproc_per_node 2 examples/trainers/hf/train_hf.py examples/trainers/hf/job_tp.yaml --save out/hf
+    torchrun --nproc_per_node 2 examples/trainers/hf/train_hf.py examples/trainers/hf/job_tp.yaml \
+        --save out/hf
 
 The job file gives the DeepSpeed config, batch split, precision, clipping and schedule
 (`training_arguments`) and the model (`prepare_model(job)`: this rank's model built from the job's model
