@@ -202,12 +202,13 @@ def test_batch_mismatch_stops_the_run_before_step_one(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_trainer_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ranks", [2, 4], ids=["tp2", "tp2xdp2"])
+def test_trainer_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path, ranks: int) -> None:
     """The example (standard Trainer code plus the documented dsforge lines: training_arguments,
     prepare_model(job, model), DsforgeCallback, save_model) at tp=2 with sequence parallelism and ZeRO-1 on 2
-    CPU ranks, from an HF model directory, against the same script on one process at tp=1: every step's loss
-    and gradient norm (DeepSpeed's, as the Trainer logs it) agree, each rank holds half of the model, and the
-    saved plain HF directory gives the one-process model's weights and logits."""
+    CPU ranks (and tp=2 x dp=2 on 4), from an HF model directory, against the same script on one process at
+    tp=1: every step's loss and gradient norm (DeepSpeed's, as the Trainer logs it) agree, each rank holds
+    half of the model, and the saved plain HF directory gives the one-process model's weights and logits."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -216,13 +217,17 @@ def test_trainer_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path) 
     from tests.runtime_e2e.harness import compare
 
     tp_job = EXAMPLE / "job_tp.yaml"
+    if ranks != 2:  # the same global batch over dp = ranks / 2
+        tp_job = tmp_path / "tp.yaml"
+        tp_job.write_text((EXAMPLE / "job_tp.yaml").read_text().replace("gpus_per_node: 2",
+                                                                       f"gpus_per_node: {ranks}"))
     one = tmp_path / "one.yaml"
-    one.write_text(tp_job.read_text().replace("gpus_per_node: 2", "gpus_per_node: 1")
+    one.write_text((EXAMPLE / "job_tp.yaml").read_text().replace("gpus_per_node: 2", "gpus_per_node: 1")
                    .replace("  tp: 2\n", "").replace("  sequence_parallel: true\n", ""), encoding="utf-8")
     spec = load_job(one).plan.spec
     build_model(spec.model, "cpu", 1, seed=3).save_pretrained(tmp_path / "init")  # the user's own model
     summaries = {}
-    for name, job, nproc, port in (("tp", tp_job, 2, 29645), ("ref", one, 1, 29647)):
+    for name, job, nproc, port in (("tp", tp_job, ranks, 29645 + ranks), ("ref", one, 1, 29647 + ranks)):
         proc = _torchrun(["--from-pretrained", str(tmp_path / "init"), "--save", str(tmp_path / name),
                           "--summary", str(tmp_path / f"{name}.json")], tmp_path, port, job, nproc)
         out = proc.stdout + proc.stderr
@@ -231,11 +236,11 @@ def test_trainer_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path) 
         summaries[name] = json.loads((tmp_path / f"{name}.json").read_text())
     tp, ref = summaries["tp"], summaries["ref"]
     assert tp["steps"] == ref["steps"] == 4 and len(tp["losses"]) == 4
-    compare("hf trainer tp2 sp zero1", "losses", tp["losses"], ref["losses"])
-    compare("hf trainer tp2 sp zero1", "grad norms", tp["grad_norms"], ref["grad_norms"])
+    compare(f"hf trainer tp2 sp zero1 {ranks} ranks", "losses", tp["losses"], ref["losses"])
+    compare(f"hf trainer tp2 sp zero1 {ranks} ranks", "grad norms", tp["grad_norms"], ref["grad_norms"])
     assert tp["losses"][3] != tp["losses"][0]  # it trained
     whole = ref["memory"][0]["measured"]["parameters"]
-    assert [r["measured"]["parameters"] < 0.6 * whole for r in tp["memory"]] == [True, True]  # split by TP
+    assert [r["measured"]["parameters"] < 0.6 * whole for r in tp["memory"]] == [True] * ranks  # split by TP
     models = {n: AutoModelForCausalLM.from_pretrained(tmp_path / n).eval() for n in ("tp", "ref")}
     start = AutoModelForCausalLM.from_pretrained(tmp_path / "init")
     weights = {n: m.state_dict() for n, m in models.items()}
@@ -247,5 +252,5 @@ def test_trainer_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path) 
     with torch.no_grad():
         logits = {n: m(input_ids=tokens).logits for n, m in models.items()}
     err = float((logits["tp"] - logits["ref"]).abs().max() / logits["ref"].abs().max())
-    print(f"PARITY hf trainer tp2 saved logits rel {err:.2e}", flush=True)
+    print(f"PARITY hf trainer {ranks} ranks saved logits rel {err:.2e}", flush=True)
     torch.testing.assert_close(logits["tp"], logits["ref"], rtol=1e-4, atol=1e-5)
