@@ -48,13 +48,16 @@ def main() -> int:
     p.add_argument("--summary", help="write the losses and the memory report here (JSON, rank 0)")
     p.add_argument("--from-pretrained", help="start from this HF model directory (prepare_model(job, model))")
     p.add_argument("--save", help="after training, write the model here as a plain HF directory")
+    p.add_argument("--save-steps", type=int, help="the Trainer's own checkpoint every N steps")
+    p.add_argument("--resume", help="resume from this Trainer checkpoint (resume_from_checkpoint)")
     a = p.parse_args()
     try:
         job = load_job(a.job)
-        extra = {"per_device_train_batch_size": a.batch_size} if a.batch_size else {}
+        extra: dict = {"per_device_train_batch_size": a.batch_size} if a.batch_size else {}
+        extra.update({"save_strategy": "steps", "save_steps": a.save_steps} if a.save_steps else
+                     {"save_strategy": "no"})
         # TrainingArguments first: with ZeRO-3 it must exist before the model is built (HfDeepSpeedConfig).
-        args = training_arguments(job, a.output_dir, report_to=[], logging_steps=1, save_strategy="no",
-                                  **extra)
+        args = training_arguments(job, a.output_dir, report_to=[], logging_steps=1, **extra)
         spec = job.plan.spec
         if a.from_pretrained:  # your own HF model, rewritten by the job's plan (the job's model section)
             model = prepare_model(job, AutoModelForCausalLM.from_pretrained(a.from_pretrained))
@@ -64,7 +67,7 @@ def main() -> int:
                             spec.model.vocab)
         callback = DsforgeCallback(job)
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
-        trainer.train()
+        trainer.train(resume_from_checkpoint=a.resume)
         if a.save:
             save_model(trainer, a.save)  # every rank calls it; rank 0 writes
     except PluginError as exc:  # a job that cannot drive this run: a message, not a traceback
