@@ -158,6 +158,17 @@ def test_tp_groups_deepspeed_would_not_build_are_refused(tmp_path: Path) -> None
         assert "`dsforge compile`" in text
 
 
+def test_zero3_with_tensor_parallelism_is_refused_before_start(tmp_path: Path) -> None:
+    from dsforge.plugins.hf import prepare_model
+
+    path = job_file(tmp_path, hardware="cpu-local", ranks=2, tp=2, zero=3, precision="fp32")
+    for call in (training_args_kwargs, prepare_model):
+        with pytest.raises(PluginError) as err:
+            call(path)
+        assert str(err.value).startswith(f"DSF707: {path}: parallel.zero=3 with tp=2 at {path}:4:")
+        assert "`dsforge compile`" in str(err.value)
+
+
 def test_layouts_the_trainer_cannot_run_and_bad_jobs_are_clear_errors(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nmodel: {preset: tiny-llama}\nhardware: "

@@ -53,6 +53,13 @@ report_id("DSF706", "DeepSpeed's own tensor-parallel groups would not be the pla
           "so DeepSpeed's engine makes a (dp, tp) mesh with TP groups on consecutive ranks): the model would "
           "be reduced over other ranks than it is split across. Keep tp the fastest-varying axis of "
           "parallel.order, followed by dp, or run the job with `dsforge compile`.", _TRAINERS)
+report_id("DSF707", "ZeRO-3 with tensor parallelism through the HF Trainer is refused",
+          "Raised by the HF Trainer plugin before start when parallel.tp > 1 and parallel.zero is 3: "
+          "with the tensor_parallel section in HF's DeepSpeed config, transformers' from_pretrained "
+          "refuses the load under zero.Init (its weight conversions are not implemented for DeepSpeed "
+          "TP) and the rank's shard is not filled from the skeleton, so no exact run was seen; ZeRO-1 "
+          "and ZeRO-2 with tp were tested equal to one process. Use zero 1 or 2, or run the job with "
+          "`dsforge compile`.", _TRAINERS)
 report_id("DSF716", "Lightning's resume from ckpt_path is refused: it is not the uninterrupted run",
           "Raised by DsforgeStrategy.load_checkpoint: from an epoch-end checkpoint Lightning 2.6 replays one "
           "batch of the finished epoch (measured: the third step's loss 5.5494 against 5.5573 uninterrupted, "
