@@ -11,9 +11,15 @@ scheduler warmup_max_lr = learning_rate, total_num_steps = max_steps, warmup_num
 max(1, warmup_steps), fp16/bf16.enabled = fp16/bf16. dsforge writes concrete values (no "auto"), so
 each of those keywords is set to the value HF would fill in, and HF's own mismatch check passes.
 
+At tp > 1 (with sequence parallelism, ZeRO 1-2) the config also carries DeepSpeed's
+``tensor_parallel.autotp_size`` (parallel_model.autotp_config): the Trainer calls deepspeed.initialize without
+an mpu, and with that section the engine builds its own (dp, tp) groups, which are the plan's (else DSF706),
+and accelerate shards the data loader over dp; the model prepare_model rewrote is marked ``ds_autotp_parsed``
+so DeepSpeed does not split it again. ``save_model(trainer, dir)`` writes the plain HF directory.
+
 ``DsforgeCallback`` checks world size, batch and precision against the plan when the Trainer is
-built (before HF's own, less specific, check) and again when training starts, and at the end logs
-the cost model's memory next to the measured one.
+built (before HF's own, less specific, check) and again when training starts (also the loader's data
+shard), and at the end logs the cost model's memory next to the measured one.
 """
 
 from __future__ import annotations
