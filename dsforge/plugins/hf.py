@@ -233,9 +233,24 @@ class DsforgeCallback(TrainerCallback):  # type: ignore[misc]
                    "the training data loader", _FIX)
         check_data_shard(self.job, train_dataloader)
 
+    def check_model(self, model: Any) -> None:
+        """At tp > 1: PlanMismatchError when the Trainer's model is not the one prepare_model split (DeepSpeed
+        would apply its own AutoTP to a whole model, with other layers and no sequence parallelism)."""
+        from dsforge.plugins.parallel_model import ATTR
+
+        j = self.job
+        if model is None or j.plan.degrees.tp == 1 or getattr(getattr(model, "module", model), ATTR, None):
+            return
+        raise PlanMismatchError(
+            f"the run does not match the job file {j.file}:\n  - model: the Trainer's model was not made by "
+            f"dsforge.plugins.hf.prepare_model, while parallel.tp={j.plan.degrees.tp} (at "
+            f"{j.where('parallel', 'tp')}) splits it by the job's plan\n  fix: "
+            f"model = dsforge.plugins.hf.prepare_model(job, model) before building the Trainer")
+
     def on_init_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
-        """The Trainer is built: check its arguments (HF's own check runs only inside train())."""
+        """The Trainer is built: check its arguments (HF's own check runs only inside train()) and model."""
         self.check_arguments(args)
+        self.check_model(kwargs.get("model"))
 
     def on_train_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         """DeepSpeed is initialised, no step has run: check the engine and arm the memory probes."""

@@ -137,6 +137,17 @@ def test_a_loader_sharded_over_the_whole_world_is_named_before_the_first_step(tm
             "data-parallel ranks and this rank is dp rank 1 (parallel.tp=2 at") in str(err.value)
 
 
+def test_a_model_prepare_model_did_not_split_is_named_at_tp2(tmp_path: Path) -> None:
+    import torch
+
+    callback = DsforgeCallback(job_file(tmp_path, hardware="cpu-local", ranks=2, tp=2, zero=1,
+                                        precision="fp32"))
+    with pytest.raises(PlanMismatchError, match=r"model: the Trainer's model was not made by "
+                                                r"dsforge.plugins.hf.prepare_model, while parallel.tp=2"):
+        callback.check_model(torch.nn.Linear(2, 2))
+    DsforgeCallback(job_file(tmp_path)).check_model(torch.nn.Linear(2, 2))  # tp 1: any model
+
+
 def test_tp_groups_deepspeed_would_not_build_are_refused(tmp_path: Path) -> None:
     """DSF706: with dp the fastest axis the plan's TP groups are {0, 2} and {1, 3}; DeepSpeed's mesh would
     split the model over {0, 1} and {2, 3}."""
