@@ -21,8 +21,8 @@ the launcher's exit: the teardown, the interpreter's exit and torchrun's own shu
 teardown: the plugin owns the clean exit; a run has trained when rank 0 printed the trainer's last line.
 
 Run: ``python benchmarks/exit_stress.py [--n 30] [--steps 2] [--timeout 600] [--trainer
-hf|accelerate|lightning]`` (needs the runtime extra; the trainers also the trainers extra). Exit code: 0 when
-every run was ``ok``, 1 otherwise.
+hf|accelerate|lightning [--job job_tp.yaml]]`` (needs the runtime extra; the trainers also the trainers
+extra). Exit code: 0 when every run was ``ok``, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -78,14 +78,14 @@ DONE = {"runtime": "final loss", "hf": "'train_runtime'", "accelerate": "optimiz
         "lightning": "`Trainer.fit` stopped"}
 
 
-def trainer_command(trainer: str, tmp: Path) -> list[str]:
-    """torchrun on the example script of a trainer plugin, 2 CPU ranks."""
+def trainer_command(trainer: str, tmp: Path, job: str = "job.yaml") -> list[str]:
+    """torchrun on the example script of a trainer plugin, 2 CPU ranks (``job``: the example's job file)."""
     example = ROOT / "examples" / "trainers" / trainer
     script = example / {"hf": "train_hf.py", "accelerate": "train_accelerate.py",
                         "lightning": "train_lightning.py"}[trainer]
     extra = ["--output-dir", str(tmp / "hf-out")] if trainer == "hf" else []
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            str(script), str(example / "job.yaml"), *extra]
+            str(script), str(example / job), *extra]
 
 
 def classify(code: int | None, output: str, done: str = DONE["runtime"]) -> str:
@@ -145,13 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trainer", choices=sorted(DONE), default="runtime",
                     help="runtime: dsforge's own launcher (default); "
                          "hf, accelerate: that plugin's example script")
+    ap.add_argument("--job", default="job.yaml",
+                    help="with --trainer: the example's job file (job_tp.yaml: the HF Trainer at tp=2)")
     ap.add_argument("--show", type=int, default=3000, help="characters of a bad run's output to print")
     args = ap.parse_args(argv)
     counts: collections.Counter[str] = collections.Counter()
     exits: list[float] = []
     with tempfile.TemporaryDirectory(prefix="dsforge-exit-stress-") as tmp:
         job_dir = compile_job(Path(tmp), args.steps)
-        command = None if args.trainer == "runtime" else trainer_command(args.trainer, Path(tmp))
+        command = None if args.trainer == "runtime" else trainer_command(args.trainer, Path(tmp), args.job)
         for i in range(1, args.n + 1):
             outcome, seconds, exit_s, out = run_once(job_dir, args.timeout, command, DONE[args.trainer])
             counts[outcome] += 1

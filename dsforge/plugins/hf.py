@@ -11,9 +11,15 @@ scheduler warmup_max_lr = learning_rate, total_num_steps = max_steps, warmup_num
 max(1, warmup_steps), fp16/bf16.enabled = fp16/bf16. dsforge writes concrete values (no "auto"), so
 each of those keywords is set to the value HF would fill in, and HF's own mismatch check passes.
 
+At tp > 1 (with sequence parallelism, ZeRO 1-2) the config also carries DeepSpeed's
+``tensor_parallel.autotp_size`` (parallel_model.autotp_config): the Trainer calls deepspeed.initialize without
+an mpu, and with that section the engine builds its own (dp, tp) groups, which are the plan's (else DSF706),
+and accelerate shards the data loader over dp; the model prepare_model rewrote is marked ``ds_autotp_parsed``
+so DeepSpeed does not split it again. ``save_model(trainer, dir)`` writes the plain HF directory.
+
 ``DsforgeCallback`` checks world size, batch and precision against the plan when the Trainer is
-built (before HF's own, less specific, check) and again when training starts, and at the end logs
-the cost model's memory next to the measured one.
+built (before HF's own, less specific, check) and again when training starts (also the loader's data
+shard), and at the end logs the cost model's memory next to the measured one.
 """
 
 from __future__ import annotations
@@ -25,13 +31,8 @@ from typing import Any
 from transformers import TrainerCallback, TrainingArguments
 
 from dsforge.compiler.deepspeed.ds_settings import on_cpu
-from dsforge.plugins.job import JobLike, TrainerJob, check_live, load_job, precision_of
-from dsforge.plugins.parallel_model import own_exit, refuse_without_mpu, require_trainer_layout
-
-#: Where the Trainer builds its engine: Trainer -> deepspeed_init -> Accelerator._prepare_deepspeed, whose
-#: deepspeed.initialize gets an mpu only from Ulysses sequence parallelism (ParallelismConfig sp_size).
-_NO_MPU = ("transformers' deepspeed_init and accelerate's "
-           "_prepare_deepspeed take no mpu, only Ulysses' for sp_size")
+from dsforge.plugins.job import JobLike, PlanMismatchError, TrainerJob, check_live, load_job, precision_of
+from dsforge.plugins.parallel_model import autotp_config, own_exit, require_trainer_layout
 
 log = logging.getLogger("dsforge.plugins.hf")
 
@@ -43,11 +44,11 @@ _FIX = ("build the arguments with dsforge.plugins.hf.training_arguments(job, ...
 def training_args_kwargs(job: JobLike) -> dict[str, Any]:
     """TrainingArguments keywords for the job: its ds_config and the values HF checks it against."""
     j = require_trainer_layout(job, "the HF Trainer")
-    refuse_without_mpu(j, "the HF Trainer", _NO_MPU)
     t = j.plan.spec.training
     opt, sched = t.optimizer, t.scheduler
     kwargs: dict[str, Any] = {
-        "deepspeed": j.ds_config(),
+        # tp > 1: DeepSpeed's tensor_parallel section (the Trainer passes no mpu; see autotp_config)
+        "deepspeed": autotp_config(j, j.ds_config(), "the HF Trainer"),
         "per_device_train_batch_size": t.micro_batch,
         "gradient_accumulation_steps": j.grad_accum,
         "max_steps": t.steps,
@@ -106,8 +107,27 @@ def prepare_model(job: JobLike, model: Any = None) -> Any:
     from dsforge.plugins import parallel_model
 
     j = require_trainer_layout(job, "the HF Trainer")
-    refuse_without_mpu(j, "the HF Trainer", _NO_MPU)
+    autotp_config(j, {}, "the HF Trainer")  # DSF706 before any rank builds its shard
     return parallel_model.prepare_model(j, model)
+
+
+def save_model(trainer: Any, output_dir: str) -> None:
+    """Write the Trainer's model as a plain HF directory (config.json, model.safetensors) that
+    ``from_pretrained`` loads; every rank calls it.
+
+    At tp > 1 the slices are gathered as `dsforge export` does (save_hf). ``trainer.save_model``
+    cannot do that there: DeepSpeed's consolidation (engine._consolidated_16bit_state_dict) gathers only its
+    own AutoTP layers, and without stage3_gather_16bit_weights_on_model_save the Trainer writes DeepSpeed's
+    sharded checkpoint instead. At tp 1 it is ``trainer.save_model(output_dir)``.
+    """
+    from dsforge.plugins import parallel_model
+
+    model = trainer.model
+    found = getattr(getattr(model, "module", model), parallel_model.ATTR, None)
+    if found is not None and found[0].job.plan.degrees.tp > 1:
+        parallel_model.save_hf(model, output_dir)
+    else:
+        trainer.save_model(output_dir)
 
 
 def _args_precision(args: TrainingArguments) -> str:
@@ -131,6 +151,41 @@ def _per_rank_batch(loader: Any) -> int | None:
         if size is not None and getattr(sampler, "split_batches", False):
             size //= max(1, getattr(sampler, "num_processes", 1))
     return size
+
+
+def _loader_shard(loader: Any) -> tuple[int, int] | None:
+    """(part, parts) an accelerate-prepared loader reads (its batch sampler's shard), or None."""
+    for holder in (getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
+        index, count = getattr(holder, "process_index", None), getattr(holder, "num_processes", None)
+        if isinstance(index, int) and isinstance(count, int):
+            return index, count
+    return None
+
+
+def check_data_shard(job: TrainerJob, loader: Any, rank: int | None = None) -> None:
+    """PlanMismatchError before the first step when the loader does not shard the data over the dp ranks.
+
+    At tp > 1 accelerate shards a prepared loader by DeepSpeed's TP mesh (``torch_device_mesh`` from
+    ``tensor_parallel.autotp_size``: part = rank // tp of world // tp), so the ranks of one TP group read
+    one batch; a loader built around that (or an accelerate that does not do it) is named here.
+    """
+    shard = _loader_shard(loader)
+    if shard is None or job.plan.degrees.tp == 1:
+        return
+    if rank is None:
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_initialized() else 0
+    dp = job.plan.placement.group_of("dp", rank)
+    want = (dp.index(rank), len(dp))
+    if shard != want:
+        raise PlanMismatchError(
+            f"the run does not match the job file {job.file}:\n  - data shards: the training data loader "
+            f"reads part {shard[0]} of {shard[1]} on rank {rank}, the job file plans "
+            f"{want[1]} data-parallel ranks and this rank is dp rank {want[0]} (parallel.tp="
+            f"{job.plan.degrees.tp} at {job.where('parallel', 'tp')}: the ranks of one TP group must read "
+            f"the same batch)\n  fix: give the Trainer a map-style train_dataset and let it build the "
+            f"loader (accelerate shards it over the dp ranks)")
 
 
 class DsforgeCallback(TrainerCallback):  # type: ignore[misc]
@@ -164,18 +219,38 @@ class DsforgeCallback(TrainerCallback):  # type: ignore[misc]
         live: dict[str, Any] = {"world size": dist.get_world_size() if dist.is_initialized() else 1}
         if ds_config is not None:
             zero = ds_config.get("zero_optimization", {})
+            batch = ds_config.get("train_batch_size")
+            tp = ds_config.get("tensor_parallel", {}).get("autotp_size", 1)
+            if isinstance(batch, int) and isinstance(tp, int) and tp > 1:
+                batch //= tp  # DeepSpeed's batch rule counts the TP ranks too (parallel_model.autotp_config)
             live.update({"micro-batch per rank": ds_config.get("train_micro_batch_size_per_gpu"),
                          "gradient accumulation steps": ds_config.get("gradient_accumulation_steps"),
-                         "global batch": ds_config.get("train_batch_size"),
+                         "global batch": batch,
                          "ZeRO stage": zero.get("stage", 0) if isinstance(zero, dict) else None,
                          "precision": precision_of(ds_config)})
         check_live(self.job, live, "the DeepSpeed engine", _FIX)
         check_live(self.job, {"micro-batch per rank": _per_rank_batch(train_dataloader)},
                    "the training data loader", _FIX)
+        check_data_shard(self.job, train_dataloader)
+
+    def check_model(self, model: Any) -> None:
+        """At tp > 1: PlanMismatchError when the Trainer's model is not the one prepare_model split (DeepSpeed
+        would apply its own AutoTP to a whole model, with other layers and no sequence parallelism)."""
+        from dsforge.plugins.parallel_model import ATTR
+
+        j = self.job
+        if model is None or j.plan.degrees.tp == 1 or getattr(getattr(model, "module", model), ATTR, None):
+            return
+        raise PlanMismatchError(
+            f"the run does not match the job file {j.file}:\n  - model: the Trainer's model was not made by "
+            f"dsforge.plugins.hf.prepare_model, while parallel.tp={j.plan.degrees.tp} (at "
+            f"{j.where('parallel', 'tp')}) splits it by the job's plan\n  fix: "
+            f"model = dsforge.plugins.hf.prepare_model(job, model) before building the Trainer")
 
     def on_init_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
-        """The Trainer is built: check its arguments (HF's own check runs only inside train())."""
+        """The Trainer is built: check its arguments (HF's own check runs only inside train()) and model."""
         self.check_arguments(args)
+        self.check_model(kwargs.get("model"))
 
     def on_train_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
         """DeepSpeed is initialised, no step has run: check the engine and arm the memory probes."""

@@ -22,9 +22,13 @@ Stable API (each function takes a job file path or a loaded ``TrainerJob``):
   the gathered slices, as `dsforge export` writes it; ``from_pretrained`` loads it (collective).
 * ``require_trainer_layout(job, trainer)``: PluginError DSF702-DSF704 for what a trainer cannot feed exactly.
 * ``refuse_without_mpu(job, trainer, why)``: PluginError DSF705 for tp > 1 where the trainer's own
-  ``deepspeed.initialize`` has no documented way to receive the mpu (HF Trainer, Accelerate 1.15).
+  ``deepspeed.initialize`` gets no mpu by any documented way (Accelerate; the HF Trainer: autotp_config).
 * ``own_exit(job)``: for a trainer that joins the world itself: the plan's groups and the clean exit
   (start()).
+* ``autotp_config(job, ds_config)``: for a trainer that calls deepspeed.initialize without an mpu (HF
+  Trainer): the ds_config with DeepSpeed's ``tensor_parallel.autotp_size`` section, so the engine builds its
+  own (dp, tp) groups, which must be the plan's (PluginError DSF706 where they are not), and the batch rule
+  DeepSpeed checks before it has them (every rank counted).
 """
 
 from __future__ import annotations
@@ -108,6 +112,55 @@ def refuse_without_mpu(job: JobLike, trainer: str, why: str) -> TrainerJob:
             f"compile` and its launcher, or pass "
             f"dsforge.plugins.parallel_model.mpu(job) to your own deepspeed.initialize.")
     return j
+
+
+def deepspeed_mesh(world: int, tp: int) -> dict[str, list[list[int]]]:
+    """The tp and dp groups DeepSpeed's engine builds for ``tensor_parallel.autotp_size`` without an mpu
+    (deepspeed/utils/groups.py ``_init_tp_mesh_device``: a (dp, tp) mesh, TP groups on consecutive ranks)."""
+    return {"tp": [list(range(start, start + tp)) for start in range(0, world, tp)],
+            "dp": [list(range(first, world, tp)) for first in range(tp)]}
+
+
+def autotp_config(job: JobLike, ds_config: dict[str, Any], trainer: str) -> dict[str, Any]:
+    """``ds_config`` for a trainer whose deepspeed.initialize gets no mpu, at tp > 1 (unchanged at tp 1).
+
+    ``tensor_parallel.autotp_size`` makes DeepSpeed's engine use its groups module as the mpu, with the
+    (dp, tp) groups above: gradients reduced and ZeRO partitioned over dp, the gradient norm summed over tp
+    (dsforge's sharded parameters carry ``tensor_model_parallel``). DeepSpeed's own AutoTP rewrite is
+    skipped for a model prepare_model made (``ds_autotp_parsed``). DeepSpeed checks the batch rule before
+    the groups exist, counting every rank: ``train_batch_size`` is micro x accumulation x world, which is
+    also what HF Trainer fills in; the gradient accumulation steps stay the plan's. PluginError DSF706 when
+    the plan's tp or dp groups are not DeepSpeed's.
+    """
+    j = load_job(job)
+    d = j.plan.degrees
+    if d.tp == 1:
+        return ds_config
+    if j.plan.zero >= 3:
+        raise PluginError(
+            f"DSF707: {j.file}: parallel.zero={j.plan.zero} with tp={d.tp} at {j.where('parallel', 'zero')}: "
+            f"through {trainer} ZeRO-3 builds the model under zero.Init with the tensor_parallel section in "
+            f"HF's DeepSpeed config, where transformers' from_pretrained refuses a tensor-parallel load and "
+            f"the rank's shard cannot be filled from the skeleton, so no exact run was seen. Use "
+            f"parallel.zero 1 or 2 with tp > 1 (both tested equal to one process), or run the job with "
+            f"`dsforge compile` and its launcher.")
+    world = j.plan.world_size
+    want = deepspeed_mesh(world, d.tp)
+    groups = j.plan.placement.groups
+    for kind in ("tp", "dp"):
+        if sorted(sorted(g) for g in groups[kind]) != want[kind]:
+            raise PluginError(
+                f"DSF706: {j.file}: parallel.order={j.plan.spec.parallel.order!r} at "
+                f"{j.where('parallel', 'order')}: {trainer} gives deepspeed.initialize no mpu, so DeepSpeed "
+                f"builds its own (dp, tp) groups from tensor_parallel.autotp_size={d.tp}: {kind} groups "
+                f"{want[kind]}, while the plan's are {sorted(sorted(g) for g in groups[kind])}; the model "
+                f"would be reduced over other ranks than it was split across. Set parallel.order so that tp "
+                f"is the fastest-varying axis followed by dp (the default 'tp-cp-ep-dp-pp'), or run the job "
+                f"with `dsforge compile` and its launcher.")
+    out = copy.deepcopy(ds_config)
+    out["tensor_parallel"] = {"autotp_size": d.tp}
+    out["train_batch_size"] = j.micro_batch * j.grad_accum * world
+    return out
 
 
 def own_exit(job: JobLike) -> ParallelRun | None:
@@ -235,6 +288,11 @@ def prepare_model(job: JobLike, model: Any = None) -> Any:
         source = DenseWeights(_to_meta(model))
     model = parallelize(model, plan, run.groups, gather_logits=True, source=source, ds_config=config)
     setattr(model, ATTR, (run, dense_config))
+    if plan.degrees.tp > 1:
+        # Already split by the plan: a deepspeed.initialize run with tensor_parallel.autotp_size (a trainer
+        # without an mpu, autotp_config) must not apply DeepSpeed's own AutoTP rewrite on top
+        # (DeepSpeedEngine._apply_autotp_partitioning returns at once for a model marked parsed).
+        model.ds_autotp_parsed = True
     return model
 
 

@@ -109,10 +109,78 @@ def test_callback_names_each_mismatch_and_the_job_file_key(tmp_path: Path) -> No
     DsforgeCallback(path).check_arguments(args)  # all agree: no error
 
 
+def test_tensor_parallel_gets_deepspeeds_tp_section_and_passes_hf_checks(tmp_path: Path) -> None:
+    """At tp=2 the Trainer's deepspeed.initialize (no mpu) gets tensor_parallel.autotp_size: DeepSpeed then
+    builds (dp, tp) groups, which are the plan's; its batch rule counts every rank, as HF's fill-in does."""
+    path = job_file(tmp_path, hardware="cpu-local", ranks=2, tp=2, zero=1, precision="fp32")
+    kwargs = training_args_kwargs(path)
+    ds = kwargs["deepspeed"]
+    assert ds["tensor_parallel"] == {"autotp_size": 2}
+    assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (2, 8)  # dp = 1
+    assert ds["train_batch_size"] == 2 * 8 * 2  # micro x accumulation x world, DeepSpeed's and HF's rule
+    assert hf_fill_in(kwargs, 2) == json.loads(json.dumps(ds))
+
+
+def test_a_loader_sharded_over_the_whole_world_is_named_before_the_first_step(tmp_path: Path) -> None:
+    """accelerate's sampler shard (BatchSamplerShard's process_index/num_processes) against the plan's dp
+    rank: at tp=2 x dp=2 rank 3 is dp rank 1 of 2; a loader split 4 ways gives its TP group two batches."""
+    from dsforge.plugins.hf import check_data_shard
+    from dsforge.plugins.job import load_job
+
+    job = load_job(job_file(tmp_path, hardware="cpu-local", ranks=4, tp=2, zero=1, precision="fp32"))
+    check_data_shard(job, SimpleNamespace(batch_sampler=SimpleNamespace(process_index=1, num_processes=2)), 3)
+    check_data_shard(job, SimpleNamespace(batch_size=2), 3)  # one process per dp rank: nothing to compare
+    with pytest.raises(PlanMismatchError) as err:
+        world_split = SimpleNamespace(batch_sampler=SimpleNamespace(process_index=3, num_processes=4))
+        check_data_shard(job, world_split, 3)
+    assert ("data shards: the training data loader reads part 3 of 4 on rank 3, the job file plans 2 "
+            "data-parallel ranks and this rank is dp rank 1 (parallel.tp=2 at") in str(err.value)
+
+
+def test_a_model_prepare_model_did_not_split_is_named_at_tp2(tmp_path: Path) -> None:
+    import torch
+
+    callback = DsforgeCallback(job_file(tmp_path, hardware="cpu-local", ranks=2, tp=2, zero=1,
+                                        precision="fp32"))
+    with pytest.raises(PlanMismatchError, match=r"model: the Trainer's model was not made by "
+                                                r"dsforge.plugins.hf.prepare_model, while parallel.tp=2"):
+        callback.check_model(torch.nn.Linear(2, 2))
+    DsforgeCallback(job_file(tmp_path)).check_model(torch.nn.Linear(2, 2))  # tp 1: any model
+
+
+def test_tp_groups_deepspeed_would_not_build_are_refused(tmp_path: Path) -> None:
+    """DSF706: with dp the fastest axis the plan's TP groups are {0, 2} and {1, 3}; DeepSpeed's mesh would
+    split the model over {0, 1} and {2, 3}."""
+    from dsforge.plugins.hf import prepare_model
+    from dsforge.plugins.parallel_model import deepspeed_mesh
+
+    assert deepspeed_mesh(4, 2) == {"tp": [[0, 1], [2, 3]], "dp": [[0, 2], [1, 3]]}
+    path = tmp_path / "order.yaml"
+    path.write_text("version: 1\nmodel: {preset: tiny-llama}\n"
+                    "hardware: {preset: cpu-local, gpus_per_node: 4}\n"
+                    "parallel: {tp: 2, order: dp-tp-cp-ep-pp}\ntraining: {global_batch: 8, micro_batch: 1, "
+                    "precision: fp32, steps: 2}\n", encoding="utf-8")
+    for call in (training_args_kwargs, prepare_model):
+        with pytest.raises(PluginError) as err:
+            call(path)
+        text = str(err.value)
+        assert text.startswith(f"DSF706: {path}: parallel.order='dp-tp-cp-ep-pp' at {path}:4:")
+        assert "tp groups [[0, 1], [2, 3]], while the plan's are [[0, 2], [1, 3]]" in text
+        assert "`dsforge compile`" in text
+
+
+def test_zero3_with_tensor_parallelism_is_refused_before_start(tmp_path: Path) -> None:
+    from dsforge.plugins.hf import prepare_model
+
+    path = job_file(tmp_path, hardware="cpu-local", ranks=2, tp=2, zero=3, precision="fp32")
+    for call in (training_args_kwargs, prepare_model):
+        with pytest.raises(PluginError) as err:
+            call(path)
+        assert str(err.value).startswith(f"DSF707: {path}: parallel.zero=3 with tp=2 at {path}:4:")
+        assert "`dsforge compile`" in str(err.value)
+
+
 def test_layouts_the_trainer_cannot_run_and_bad_jobs_are_clear_errors(tmp_path: Path) -> None:
-    with pytest.raises(PluginError, match=r"tp=2: the HF Trainer passes the model "
-                                          r"to deepspeed.initialize without"):
-        training_args_kwargs(job_file(tmp_path, tp=2))
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nmodel: {preset: tiny-llama}\nhardware: "
                    "{preset: cpu-local}\nparallel: {tp: 3}\n")
@@ -120,10 +188,12 @@ def test_layouts_the_trainer_cannot_run_and_bad_jobs_are_clear_errors(tmp_path: 
         training_args_kwargs(bad)
 
 
-def _torchrun(args: list[str], tmp: Path, port: int) -> subprocess.CompletedProcess:
+def _torchrun(args: list[str], tmp: Path, port: int, job: Path = EXAMPLE / "job.yaml",
+              nproc: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           str(EXAMPLE / "train_hf.py"), str(EXAMPLE / "job.yaml"), "--output-dir", str(tmp / "out"), *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+           str(port), str(EXAMPLE / "train_hf.py"), str(job), "--output-dir", str(tmp / f"out-{job.stem}"),
+           *args]
     return subprocess.run(cmd, check=False, env=env, cwd=tmp, capture_output=True, text=True, timeout=300)
 
 
@@ -151,3 +221,84 @@ def test_batch_mismatch_stops_the_run_before_step_one(tmp_path: Path) -> None:
     assert "'loss'" not in proc.stdout + proc.stderr  # no step ran
     assert 'train_hf.py", line' not in proc.stderr  # the script's message, not its traceback (torchrun adds
                                                     # its own)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 4], ids=["tp2", "tp2xdp2"])
+def test_trainer_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path, ranks: int) -> None:
+    """The example (standard Trainer code plus the documented dsforge lines: training_arguments,
+    prepare_model(job, model), DsforgeCallback, save_model) at tp=2 with sequence parallelism and ZeRO-1 on 2
+    CPU ranks (and tp=2 x dp=2 on 4), from an HF model directory, against the same script on one process at
+    tp=1: every step's loss and gradient norm (DeepSpeed's, as the Trainer logs it) agree, each rank holds
+    half of the model, and the saved plain HF directory gives the one-process model's weights and logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dsforge.plugins.job import load_job
+    from dsforge.runtime.models import build_model
+    from tests.runtime_e2e.harness import compare
+
+    tp_job = EXAMPLE / "job_tp.yaml"
+    if ranks != 2:  # the same global batch over dp = ranks / 2
+        tp_job = tmp_path / "tp.yaml"
+        tp_job.write_text((EXAMPLE / "job_tp.yaml").read_text().replace("gpus_per_node: 2",
+                                                                       f"gpus_per_node: {ranks}"))
+    one = tmp_path / "one.yaml"
+    one.write_text((EXAMPLE / "job_tp.yaml").read_text().replace("gpus_per_node: 2", "gpus_per_node: 1")
+                   .replace("  tp: 2\n", "").replace("  sequence_parallel: true\n", ""), encoding="utf-8")
+    spec = load_job(one).plan.spec
+    build_model(spec.model, "cpu", 1, seed=3).save_pretrained(tmp_path / "init")  # the user's own model
+    summaries = {}
+    for name, job, nproc, port in (("tp", tp_job, ranks, 29645 + ranks), ("ref", one, 1, 29647 + ranks)):
+        proc = _torchrun(["--from-pretrained", str(tmp_path / "init"), "--save", str(tmp_path / name),
+                          "--summary", str(tmp_path / f"{name}.json")], tmp_path, port, job, nproc)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-4000:]
+        assert "Signal 6" not in out and "terminate called" not in out  # no rank aborts at exit
+        summaries[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    tp, ref = summaries["tp"], summaries["ref"]
+    assert tp["steps"] == ref["steps"] == 4 and len(tp["losses"]) == 4
+    compare(f"hf trainer tp2 sp zero1 {ranks} ranks", "losses", tp["losses"], ref["losses"])
+    compare(f"hf trainer tp2 sp zero1 {ranks} ranks", "grad norms", tp["grad_norms"], ref["grad_norms"])
+    assert tp["losses"][3] != tp["losses"][0]  # it trained
+    whole = ref["memory"][0]["measured"]["parameters"]
+    assert [r["measured"]["parameters"] < 0.6 * whole for r in tp["memory"]] == [True] * ranks  # split by TP
+    models = {n: AutoModelForCausalLM.from_pretrained(tmp_path / n).eval() for n in ("tp", "ref")}
+    start = AutoModelForCausalLM.from_pretrained(tmp_path / "init")
+    weights = {n: m.state_dict() for n, m in models.items()}
+    assert set(weights["tp"]) == set(weights["ref"])
+    for key, value in weights["ref"].items():
+        torch.testing.assert_close(weights["tp"][key], value, rtol=1e-4, atol=1e-6, msg=key)
+    assert not torch.equal(weights["ref"]["lm_head.weight"], start.state_dict()["lm_head.weight"])  # trained
+    tokens = torch.randint(0, spec.model.vocab, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = {n: m(input_ids=tokens).logits for n, m in models.items()}
+    err = float((logits["tp"] - logits["ref"]).abs().max() / logits["ref"].abs().max())
+    print(f"PARITY hf trainer {ranks} ranks saved logits rel {err:.2e}", flush=True)
+    torch.testing.assert_close(logits["tp"], logits["ref"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_trainer_tp2_resumes_from_its_own_checkpoint_exactly(tmp_path: Path) -> None:
+    """At tp=2 + SP + ZeRO-1 on 2 CPU ranks the Trainer's own checkpoint (DeepSpeed's, one model and optimizer
+    file per TP rank) and resume_from_checkpoint give the uninterrupted run's losses and gradient norms."""
+    from dsforge.plugins.job import load_job
+    from dsforge.runtime.models import build_model
+
+    job = EXAMPLE / "job_tp.yaml"
+    build_model(load_job(job).plan.spec.model, "cpu", 1, seed=3).save_pretrained(tmp_path / "init")
+    start = ["--from-pretrained", str(tmp_path / "init")]
+    whole = _torchrun([*start, "--save-steps", "2", "--summary", str(tmp_path / "whole.json")], tmp_path,
+                      29651, job)
+    assert whole.returncode == 0, (whole.stdout + whole.stderr)[-4000:]
+    checkpoint = tmp_path / "out-job_tp" / "checkpoint-2"
+    assert {p.name for p in (checkpoint / "global_step2").iterdir()} >= {
+        "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"}
+    (tmp_path / "again").mkdir()
+    again = _torchrun([*start, "--resume", str(checkpoint), "--summary", str(tmp_path / "again.json")],
+                      tmp_path / "again", 29653, job)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert again.stdout.count("'loss'") + again.stderr.count("'loss'") == 2  # only steps 3 and 4 ran
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("whole", "again"))
+    assert (b["losses"], b["grad_norms"]) == (a["losses"], a["grad_norms"])  # steps 1-2 from the state
+    print(f"PARITY hf trainer tp2 resumed {b['losses'][2:]} uninterrupted {a['losses'][2:]}", flush=True)

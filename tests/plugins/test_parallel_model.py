@@ -112,14 +112,13 @@ def test_layouts_a_trainer_cannot_feed_are_refused_before_start(tmp_path: Path, 
 
 
 def test_tensor_parallel_without_an_mpu_hook_is_refused_with_its_reason(tmp_path: Path) -> None:
+    # (The HF Trainer runs tp > 1 through DeepSpeed's tensor_parallel section: tests/plugins/test_hf.py.)
     from dsforge.plugins.accelerate import deepspeed_plugin
     from dsforge.plugins.accelerate import prepare_model as acc_prepare
-    from dsforge.plugins.hf import prepare_model
     from dsforge.plugins.job import PluginError
 
     job = _job(tmp_path, "tp: 2")
-    for call, where in ((prepare_model, "deepspeed_init"), (acc_prepare, "_prepare_deepspeed"),
-                        (deepspeed_plugin, "_prepare_deepspeed")):
+    for call, where in ((acc_prepare, "_prepare_deepspeed"), (deepspeed_plugin, "_prepare_deepspeed")):
         with pytest.raises(PluginError, match=rf"^DSF705: .*tp=2: .* without an mpu "
                                               rf"\(.*{where}.*parallel_model.mpu"):
             call(job)
