@@ -15,6 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsforge.compiler.model.hf_mixers import LINEAR_MIXERS
+from dsforge.compiler.model.hf_mixers import cfg_int as _int
+
 #: Families whose MLP has two matrices (up, down) rather than three (gate, up, down).
 _TWO_MATRIX_MLP = frozenset({"gpt2", "gpt_neox", "gpt_bigcode", "starcoder2", "phi", "gptj", "codegen",
                              "falcon", "bloom", "opt", "biogpt", "xglm", "gpt_neo", "persimmon",
@@ -34,12 +37,17 @@ _HEAD_BIAS = frozenset({"phi", "gptj", "codegen"})
 #: Families that bias q, k and v but not o_proj when attention_bias is set.
 _QKV_ONLY_BIAS = frozenset({"glm", "glm4", "seed_oss"})
 #: Families with q and k norms over the whole projection (q_dim and kv_dim wide).
-_FULL_QK_NORMS = frozenset({"olmo2", "olmo3", "olmoe", "flex_olmo", "minimax_m2"})
+_FULL_QK_NORMS = frozenset({"olmo2", "olmo3", "olmoe", "flex_olmo", "minimax_m2", "olmo_hybrid"})
 #: Families with four norms per layer (pre and post attention, pre and post MLP).
 _FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "hyperclovax", "kolibri1"})
 #: Families with per-head q and k norms (head_dim wide).
 _HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "exaone4", "hunyuan_v1_dense",
-                            "hy_v3", "mellum", "exaone_moe", "axk1", "hunyuan_v1_moe", "kolibri1", "flint"})
+                            "hy_v3", "mellum", "exaone_moe", "axk1", "hunyuan_v1_moe", "kolibri1", "flint",
+                            "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "lara_mini"})
+#: Families whose q_proj also projects a per-channel output gate (twice the query width).
+_GATED_Q = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
+#: Families whose shared expert is scaled by a learnt sigmoid gate (one hidden-wide row).
+_SHARED_EXPERT_GATE = frozenset({"qwen2_moe", "qwen3_next", "qwen3_5_moe_text"})
 #: Families whose use_qk_norm is an L2 norm without weights (Llama 4).
 _WEIGHTLESS_QK_NORM = frozenset({"llama4", "llama4_text"})
 #: Families with one learnt attention sink per head and layer.
@@ -55,14 +63,15 @@ _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 EXACT_TYPES = frozenset({"arcee", "aria_text", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm",
                          "deepseek_v2", "deepseek_v3", "diffllama", "ernie4_5", "exaone", "exaone4",
                          "exaone_moe", "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4",
-                         "glm4_moe", "glm4_moe_lite", "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa",
-                         "granitemoe", "granitemoe_swa", "granitemoeshared", "helium", "hunyuan_v1_dense",
-                         "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2", "kolibri1", "llama",
-                         "llama4", "llama4_text", "mellum", "minicpm3", "minimax_m2", "ministral",
-                         "ministral3", "mistral", "mixtral", "nanochat", "nemotron", "olmo", "olmo2", "olmo3",
-                         "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-                         "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2",
-                         "vaultgemma", "youtu"})
+                         "glm4_moe", "glm4_moe_lite", "gpt_neox", "gpt_oss", "gptj", "granite",
+                         "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared", "helium",
+                         "hunyuan_v1_dense", "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2",
+                         "kolibri1", "lara_mini", "llama", "llama4", "llama4_text", "mellum", "minicpm3",
+                         "minimax_m2", "ministral", "ministral3", "mistral", "mixtral", "nanochat",
+                         "nemotron", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi", "phi3",
+                         "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
+                         "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
+                         "solar_open", "starcoder2", "vaultgemma", "youtu"})
 
 
 @dataclass(frozen=True)
@@ -86,14 +95,6 @@ class HfCount:
         return self.embedding + self.layers + self.head
 
 
-def _int(cfg: dict[str, Any], *names: str, default: int = 0) -> int:
-    for name in names:
-        value = cfg.get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return default
-
-
 def _attention(cfg: dict[str, Any], mtype: str, hidden: int) -> int:
     heads = _int(cfg, "num_attention_heads", "n_head", default=1)
     kv = _int(cfg, "num_key_value_heads", "num_kv_heads", default=heads) or heads
@@ -113,7 +114,7 @@ def _attention(cfg: dict[str, Any], mtype: str, hidden: int) -> int:
         return q + kv_part + heads * v_dim * hidden + (hidden if bias else 0)
     head_dim = _int(cfg, "head_dim") or hidden // heads
     q_dim, kv_dim = heads * head_dim, kv * head_dim
-    weights = 2 * hidden * q_dim + 2 * hidden * kv_dim
+    weights = 2 * hidden * q_dim + 2 * hidden * kv_dim + (hidden * q_dim if mtype in _GATED_Q else 0)
     if bias:
         weights += q_dim + 2 * kv_dim + (0 if mtype in _QKV_ONLY_BIAS else hidden)
     elif mtype in ("qwen2", "qwen2_moe") and cfg.get("qkv_bias", True):
@@ -155,43 +156,69 @@ def _dense_layer(cfg: dict[str, Any], index: int, layers: int) -> bool:
     return (index + 1) % step != 0
 
 
+def _layer_kinds(cfg: dict[str, Any], layers: int) -> list[str]:
+    """Each layer's token-mixer kind (config.json's layer_types; full attention where it has none)."""
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        return [str(t) for t in types]
+    return ["full_attention"] * layers
+
+
+def _priced_kind(mtype: str, kind: str) -> bool:
+    return kind == "linear_attention" and mtype in LINEAR_MIXERS
+
+
+def _mixer(cfg: dict[str, Any], mtype: str, hidden: int, kind: str, attention: int) -> int:
+    """One layer's token mixer: softmax attention (``attention``), or the type's linear-attention mixer."""
+    if _priced_kind(mtype, kind):
+        return LINEAR_MIXERS[mtype](cfg, hidden)
+    return attention
+
+
+def _moe_block(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
+    """One sparse layer's MoE block: router, routed experts, shared experts (and their gate)."""
+    experts = _int(cfg, *_MOE_EXPERTS)
+    moe_ffn = _int(cfg, *_MOE_FFN) or ffn
+    shared = _int(cfg, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts",
+                  default=1 if mtype == "llama4_text" else 0)
+    shared_ffn = _int(cfg, "shared_expert_intermediate_size") or (moe_ffn * shared if shared else 0)
+    block = experts * _mlp(cfg, mtype, hidden, moe_ffn) + hidden * experts
+    if shared_ffn:
+        block += _mlp(cfg, mtype, hidden, shared_ffn) + (hidden if mtype in _SHARED_EXPERT_GATE else 0)
+    if mtype == "gpt_oss":  # biased experts (gate_up, down) and router
+        block += experts * (2 * moe_ffn + hidden) + experts
+    if mtype == "ernie4_5_moe":
+        block += experts  # moe_statics.e_score_correction_bias (a buffer in deepseek_v3, a parameter here)
+    return block
+
+
+def _ffn_block(cfg: dict[str, Any], mtype: str, hidden: int, index: int, layers: int) -> int:
+    """Layer ``index``'s feed-forward block: the MoE block on a sparse layer, else the dense MLP."""
+    ffn = _int(cfg, "intermediate_size", "n_inner", "ffn_hidden_size") or 4 * hidden
+    if _int(cfg, *_MOE_EXPERTS) > 1 and not _dense_layer(cfg, index, layers):
+        return _moe_block(cfg, mtype, hidden, ffn)
+    return _mlp(cfg, mtype, hidden, ffn)
+
+
 def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     """The parameter count of the causal LM config.json describes, with the features it could not price."""
     mtype = str(cfg.get("model_type"))
     hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
     layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
     vocab = _int(cfg, "vocab_size")
-    ffn = _int(cfg, "intermediate_size", "n_inner", "ffn_hidden_size") or 4 * hidden
     unpriced: list[str] = []
     norm = 0 if mtype in _NO_NORM_PARAMS else 2 * hidden if mtype in _LAYERNORM_BIAS else hidden
     embedding = vocab * hidden
     if mtype in ("gpt2", "gpt_bigcode", "opt", "gpt_neo", "biogpt"):
         embedding += _int(cfg, "n_positions", "max_position_embeddings") * hidden
-    experts = _int(cfg, *_MOE_EXPERTS)
-    moe_ffn = _int(cfg, *_MOE_FFN) or ffn
-    shared = _int(cfg, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts",
-                  default=1 if mtype == "llama4_text" else 0)
-    shared_ffn = _int(cfg, "shared_expert_intermediate_size") or (moe_ffn * shared if shared else 0)
     attention = _attention(cfg, mtype, hidden)
     norms = (4 if mtype in _FOUR_NORMS else 1 if mtype in _ONE_NORM else 2) * norm
-    total_layers = 0
-    for i in range(layers):
-        if experts > 1 and not _dense_layer(cfg, i, layers):
-            block = experts * _mlp(cfg, mtype, hidden, moe_ffn) + hidden * experts
-            if shared_ffn:
-                block += _mlp(cfg, mtype, hidden, shared_ffn) + (hidden if mtype == "qwen2_moe" else 0)
-            if mtype == "gpt_oss":  # biased experts (gate_up, down) and router
-                block += experts * (2 * moe_ffn + hidden) + experts
-            if mtype == "ernie4_5_moe":
-                block += experts  # moe_statics.e_score_correction_bias (a buffer in deepseek_v3, a parameter
-                                  # here)
-        else:
-            block = _mlp(cfg, mtype, hidden, ffn)
-        total_layers += attention + norms + block
+    kinds = _layer_kinds(cfg, layers)
+    total_layers = sum(_mixer(cfg, mtype, hidden, kinds[i], attention) + norms
+                       + _ffn_block(cfg, mtype, hidden, i, layers) for i in range(layers))
     tied = bool(cfg.get("tie_word_embeddings", True))
     head = norm + (0 if tied else vocab * hidden) + (vocab if mtype in _HEAD_BIAS else 0)
-    layer_types = cfg.get("layer_types")
-    if isinstance(layer_types, list) and any(t not in _SOFTMAX_LAYERS for t in layer_types):
-        unpriced.append(f"layer_types {sorted(set(layer_types))}: "
-                        f"linear-attention / other layers priced as attention")
+    other = sorted({k for k in kinds if k not in _SOFTMAX_LAYERS and not _priced_kind(mtype, k)})
+    if other:
+        unpriced.append(f"layer_types {other}: linear-attention / other layers priced as attention")
     return HfCount(mtype, embedding, total_layers, head, unpriced)

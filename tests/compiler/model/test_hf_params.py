@@ -79,7 +79,7 @@ def test_note_is_silent_when_the_formula_is_exact_and_says_the_difference_otherw
 
 
 def test_unmatched_type_is_named_approximate() -> None:
-    cfg = {"model_type": "qwen3_next", "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+    cfg = {"model_type": "some_hybrid", "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
            "vocab_size": 32, "intermediate_size": 16, "layer_types": ["linear_attention", "full_attention"]}
     count = hf_param_count(cfg)
     assert not count.exact and "linear_attention" in count.unpriced[0]
