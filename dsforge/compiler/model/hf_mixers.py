@@ -31,8 +31,50 @@ def gated_delta_net(cfg: dict[str, Any], hidden: int) -> int:
     return hidden * (2 * key + 2 * value + 2 * v_heads) + conv + 2 * v_heads + v_dim + value * hidden
 
 
+def _mamba2(hidden: int, inner: int, heads: int, state_width: int, kernel: int, conv_bias: bool,
+            proj_bias: bool) -> int:
+    """A Mamba-2 mixer: in_proj to z, x, B, C (``state_width`` = 2 x groups x state) and dt; a depthwise
+    convolution over x, B and C; per head dt_bias, A_log and D; a gated RMSNorm over ``inner``; out_proj."""
+    conv_dim = inner + state_width
+    in_proj = hidden * (inner + conv_dim + heads) + (inner + conv_dim + heads if proj_bias else 0)
+    conv = conv_dim * kernel + (conv_dim if conv_bias else 0)
+    return in_proj + conv + 3 * heads + inner + inner * hidden + (hidden if proj_bias else 0)
+
+
+def granite_mamba(cfg: dict[str, Any], hidden: int) -> int:
+    """Granite-4.0-H's Mamba-2 layer (``mamba_*`` keys; its inner width is ``mamba_expand`` x hidden)."""
+    return _mamba2(hidden, cfg_int(cfg, "mamba_expand", default=2) * hidden, cfg_int(cfg, "mamba_n_heads"),
+                   2 * cfg_int(cfg, "mamba_n_groups", default=1) * cfg_int(cfg, "mamba_d_state"),
+                   cfg_int(cfg, "mamba_d_conv", default=4), bool(cfg.get("mamba_conv_bias", True)),
+                   bool(cfg.get("mamba_proj_bias")))
+
+
+def nemotron_h_mamba(cfg: dict[str, Any], hidden: int) -> int:
+    """Nemotron-H's Mamba-2 layer (inner width ``mamba_num_heads`` x ``mamba_head_dim``)."""
+    heads = cfg_int(cfg, "mamba_num_heads")
+    return _mamba2(hidden, heads * cfg_int(cfg, "mamba_head_dim"), heads,
+                   2 * cfg_int(cfg, "n_groups", default=1) * cfg_int(cfg, "ssm_state_size"),
+                   cfg_int(cfg, "conv_kernel", default=4), bool(cfg.get("use_conv_bias", True)),
+                   bool(cfg.get("use_bias")))
+
+
+def nemotron_h_moe(cfg: dict[str, Any], hidden: int) -> int:
+    """Nemotron-H's MoE layer: ungated (up, down) experts, optionally in a ``moe_latent_size`` space reached
+    by two projections, a router, and an ungated shared expert."""
+    latent = cfg_int(cfg, "moe_latent_size")
+    width, experts = latent or hidden, cfg_int(cfg, "n_routed_experts")
+    bias = bool(cfg.get("mlp_bias"))
+    shared = cfg_int(cfg, "moe_shared_expert_intermediate_size")
+    block = experts * 2 * width * cfg_int(cfg, "moe_intermediate_size") + experts * hidden
+    block += 2 * hidden * shared + ((shared + hidden) if bias else 0)
+    if latent:
+        block += 2 * hidden * latent + ((latent + hidden) if bias else 0)
+    return block
+
+
 #: The mixer of each type's ``linear_attention`` layers.
 LINEAR_MIXERS: dict[str, Callable[[dict[str, Any], int], int]] = {
     "qwen3_next": gated_delta_net, "qwen3_5_text": gated_delta_net, "qwen3_5_moe_text": gated_delta_net,
-    "olmo_hybrid": gated_delta_net, "lara_mini": gated_delta_net,
+    "olmo_hybrid": gated_delta_net, "lara_mini": gated_delta_net, "granitemoehybrid": granite_mamba,
+    "nemotron_h": nemotron_h_mamba,
 }

@@ -15,14 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsforge.compiler.model.hf_mixers import LINEAR_MIXERS
+from dsforge.compiler.model.hf_mixers import LINEAR_MIXERS, nemotron_h_moe
 from dsforge.compiler.model.hf_mixers import cfg_int as _int
 
 #: Families whose MLP has two matrices (up, down) rather than three (gate, up, down).
 _TWO_MATRIX_MLP = frozenset({"gpt2", "gpt_neox", "gpt_bigcode", "starcoder2", "phi", "gptj", "codegen",
                              "falcon", "bloom", "opt", "biogpt", "xglm", "gpt_neo", "persimmon",
-                             "stablelm_epoch", "nemotron", "jais2", "apertus", "apertus1p5_text", "arcee",
-                             "nanochat"})
+                             "stablelm_epoch", "nemotron", "nemotron_h", "jais2", "apertus",
+                             "apertus1p5_text", "arcee", "nanochat"})
 #: Families that bias every linear layer of attention and MLP (GPT-2 style), whatever attention_bias says.
 _LINEAR_BIAS = frozenset({"gpt2", "gpt_neox", "gpt_bigcode", "starcoder2", "phi", "falcon", "bloom", "opt",
                           "biogpt", "xglm", "gpt_neo", "persimmon", "stablelm"})
@@ -64,14 +64,15 @@ EXACT_TYPES = frozenset({"arcee", "aria_text", "codegen", "cohere", "cohere2", "
                          "deepseek_v2", "deepseek_v3", "diffllama", "ernie4_5", "exaone", "exaone4",
                          "exaone_moe", "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4",
                          "glm4_moe", "glm4_moe_lite", "gpt_neox", "gpt_oss", "gptj", "granite",
-                         "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared", "helium",
-                         "hunyuan_v1_dense", "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2",
-                         "kolibri1", "lara_mini", "llama", "llama4", "llama4_text", "mellum", "minicpm3",
-                         "minimax_m2", "ministral", "ministral3", "mistral", "mixtral", "nanochat",
-                         "nemotron", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi", "phi3",
-                         "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
-                         "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
-                         "solar_open", "starcoder2", "vaultgemma", "youtu"})
+                         "granite_swa", "granitemoe", "granitemoe_swa", "granitemoehybrid",
+                         "granitemoeshared", "helium", "hunyuan_v1_dense", "hy_v3", "hyperclovax",
+                         "internlm3", "iquestcoder", "jais2", "kolibri1", "lara_mini", "llama", "llama4",
+                         "llama4_text", "mellum", "minicpm3", "minimax_m2", "ministral", "ministral3",
+                         "mistral", "mixtral", "nanochat", "nemotron", "nemotron_h", "olmo", "olmo2",
+                         "olmo3", "olmo_hybrid", "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe",
+                         "qwen3", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next",
+                         "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2",
+                         "vaultgemma", "youtu"})
 
 
 @dataclass(frozen=True)
@@ -158,14 +159,26 @@ def _dense_layer(cfg: dict[str, Any], index: int, layers: int) -> bool:
 
 def _layer_kinds(cfg: dict[str, Any], layers: int) -> list[str]:
     """Each layer's token-mixer kind (config.json's layer_types; full attention where it has none)."""
-    types = cfg.get("layer_types")
+    types = cfg.get("layer_types") or cfg.get("layers_block_type")
     if isinstance(types, list) and len(types) == layers:
         return [str(t) for t in types]
     return ["full_attention"] * layers
 
 
 def _priced_kind(mtype: str, kind: str) -> bool:
+    if mtype == "nemotron_h":
+        return kind in ("linear_attention", "moe", "mlp")
     return kind == "linear_attention" and mtype in LINEAR_MIXERS
+
+
+def _nemotron_h_block(cfg: dict[str, Any], hidden: int, kind: str) -> int:
+    """One Nemotron-H layer's block; use_bias is the Mamba projections' alone (attention has no biases)."""
+    plain = {**cfg, "use_bias": False, "attention_bias": False}
+    if kind == "moe":
+        return nemotron_h_moe(cfg, hidden)
+    if kind == "mlp":
+        return _mlp(plain, "nemotron_h", hidden, _int(cfg, "intermediate_size"))
+    return _mixer(cfg, "nemotron_h", hidden, kind, _attention(plain, "nemotron_h", hidden))
 
 
 def _mixer(cfg: dict[str, Any], mtype: str, hidden: int, kind: str, attention: int) -> int:
@@ -181,7 +194,8 @@ def _moe_block(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
     moe_ffn = _int(cfg, *_MOE_FFN) or ffn
     shared = _int(cfg, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts",
                   default=1 if mtype == "llama4_text" else 0)
-    shared_ffn = _int(cfg, "shared_expert_intermediate_size") or (moe_ffn * shared if shared else 0)
+    shared_ffn = (_int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")
+                  or (moe_ffn * shared if shared else 0))
     block = experts * _mlp(cfg, mtype, hidden, moe_ffn) + hidden * experts
     if shared_ffn:
         block += _mlp(cfg, mtype, hidden, shared_ffn) + (hidden if mtype in _SHARED_EXPERT_GATE else 0)
@@ -197,6 +211,8 @@ def _ffn_block(cfg: dict[str, Any], mtype: str, hidden: int, index: int, layers:
     ffn = _int(cfg, "intermediate_size", "n_inner", "ffn_hidden_size") or 4 * hidden
     if _int(cfg, *_MOE_EXPERTS) > 1 and not _dense_layer(cfg, index, layers):
         return _moe_block(cfg, mtype, hidden, ffn)
+    if mtype == "granitemoehybrid":  # without experts, only the (gated) shared MLP
+        return _mlp(cfg, mtype, hidden, _int(cfg, "shared_intermediate_size"))
     return _mlp(cfg, mtype, hidden, ffn)
 
 
@@ -204,7 +220,9 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     """The parameter count of the causal LM config.json describes, with the features it could not price."""
     mtype = str(cfg.get("model_type"))
     hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
-    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    blocks = cfg.get("layers_block_type")
+    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers") or (
+        len(blocks) if isinstance(blocks, list) else 0)
     vocab = _int(cfg, "vocab_size")
     unpriced: list[str] = []
     norm = 0 if mtype in _NO_NORM_PARAMS else 2 * hidden if mtype in _LAYERNORM_BIAS else hidden
@@ -214,8 +232,11 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     attention = _attention(cfg, mtype, hidden)
     norms = (4 if mtype in _FOUR_NORMS else 1 if mtype in _ONE_NORM else 2) * norm
     kinds = _layer_kinds(cfg, layers)
-    total_layers = sum(_mixer(cfg, mtype, hidden, kinds[i], attention) + norms
-                       + _ffn_block(cfg, mtype, hidden, i, layers) for i in range(layers))
+    if mtype == "nemotron_h":  # each layer is one norm and one block: Mamba-2, attention, MoE or MLP
+        total_layers = sum(norm + _nemotron_h_block(cfg, hidden, kind) for kind in kinds)
+    else:
+        total_layers = sum(_mixer(cfg, mtype, hidden, kinds[i], attention) + norms
+                           + _ffn_block(cfg, mtype, hidden, i, layers) for i in range(layers))
     tied = bool(cfg.get("tie_word_embeddings", True))
     head = norm + (0 if tied else vocab * hidden) + (vocab if mtype in _HEAD_BIAS else 0)
     other = sorted({k for k in kinds if k not in _SOFTMAX_LAYERS and not _priced_kind(mtype, k)})
