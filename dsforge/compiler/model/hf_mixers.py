@@ -72,9 +72,44 @@ def nemotron_h_moe(cfg: dict[str, Any], hidden: int) -> int:
     return block
 
 
-#: The mixer of each type's ``linear_attention`` layers.
-LINEAR_MIXERS: dict[str, Callable[[dict[str, Any], int], int]] = {
-    "qwen3_next": gated_delta_net, "qwen3_5_text": gated_delta_net, "qwen3_5_moe_text": gated_delta_net,
-    "olmo_hybrid": gated_delta_net, "lara_mini": gated_delta_net, "granitemoehybrid": granite_mamba,
-    "nemotron_h": nemotron_h_mamba,
+def lightning_attention(cfg: dict[str, Any], hidden: int) -> int:
+    """MiniMax's lightning (linear) attention: fused q/k/v, an output gate and out_proj, all heads x head_dim
+    wide, and an RMSNorm over that width (its decay tables are buffers)."""
+    heads = cfg_int(cfg, "num_attention_heads", default=1)
+    width = heads * (cfg_int(cfg, "head_dim") or hidden // heads)
+    return 5 * hidden * width + width
+
+
+def _mimo_attention(cfg: dict[str, Any], hidden: int, sliding: bool) -> int:
+    """MiMo-V2-Flash's attention: v and o ``v_head_dim`` wide, o unbiased; a sliding layer has twice the kv
+    heads and one sink per head."""
+    heads = cfg_int(cfg, "num_attention_heads", default=1)
+    kv = cfg_int(cfg, "num_key_value_heads", default=heads) * (2 if sliding else 1)
+    head_dim = cfg_int(cfg, "head_dim") or hidden // heads
+    v_dim = cfg_int(cfg, "v_head_dim") or head_dim
+    weights = hidden * (heads * head_dim + kv * head_dim + kv * v_dim) + heads * v_dim * hidden
+    bias = heads * head_dim + kv * head_dim + kv * v_dim if cfg.get("attention_bias") else 0
+    return weights + bias + (heads if sliding else 0)
+
+
+def mimo_full(cfg: dict[str, Any], hidden: int) -> int:
+    """MiMo-V2-Flash's full-attention layer."""
+    return _mimo_attention(cfg, hidden, sliding=False)
+
+
+def mimo_sliding(cfg: dict[str, Any], hidden: int) -> int:
+    """MiMo-V2-Flash's sliding-window layer."""
+    return _mimo_attention(cfg, hidden, sliding=True)
+
+
+Mixer = Callable[[dict[str, Any], int], int]
+
+#: The token mixer of each (model type, layer kind) whose layers are not the shared softmax attention.
+MIXERS: dict[tuple[str, str], Mixer] = {
+    **{(t, "linear_attention"): gated_delta_net
+       for t in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "lara_mini")},
+    ("granitemoehybrid", "linear_attention"): granite_mamba,
+    ("nemotron_h", "linear_attention"): nemotron_h_mamba,
+    ("minimax", "linear_attention"): lightning_attention,
+    ("mimo_v2_flash", "full_attention"): mimo_full, ("mimo_v2_flash", "sliding_attention"): mimo_sliding,
 }

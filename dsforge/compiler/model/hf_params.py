@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsforge.compiler.model.hf_mixers import LINEAR_MIXERS, nemotron_h_moe
+from dsforge.compiler.model.hf_mixers import MIXERS, nemotron_h_moe
 from dsforge.compiler.model.hf_mixers import cfg_int as _int
 
 #: Families whose MLP has two matrices (up, down) rather than three (gate, up, down).
@@ -43,7 +43,8 @@ _FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "hyperclovax
 #: Families with per-head q and k norms (head_dim wide).
 _HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "exaone4", "hunyuan_v1_dense",
                             "hy_v3", "mellum", "exaone_moe", "axk1", "hunyuan_v1_moe", "kolibri1", "flint",
-                            "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "lara_mini"})
+                            "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "lara_mini", "apertus",
+                            "apertus1p5_text"})
 #: Families whose q_proj also projects a per-channel output gate (twice the query width).
 _GATED_Q = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
 #: Families whose shared expert is scaled by a learnt sigmoid gate (one hidden-wide row).
@@ -60,19 +61,19 @@ _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 
 #: Types whose count equals HF's num_parameters() on the zoo's tiny configs (benchmarks/hf_param_counts.py;
 #: tests/compiler/model/test_hf_params.py checks the set both ways).
-EXACT_TYPES = frozenset({"arcee", "aria_text", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm",
-                         "deepseek_v2", "deepseek_v3", "diffllama", "ernie4_5", "exaone", "exaone4",
-                         "exaone_moe", "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4",
-                         "glm4_moe", "glm4_moe_lite", "gpt_neox", "gpt_oss", "gptj", "granite",
-                         "granite_swa", "granitemoe", "granitemoe_swa", "granitemoehybrid",
-                         "granitemoeshared", "helium", "hunyuan_v1_dense", "hy_v3", "hyperclovax",
-                         "internlm3", "iquestcoder", "jais2", "kolibri1", "lara_mini", "llama", "llama4",
-                         "llama4_text", "mellum", "minicpm3", "minimax_m2", "ministral", "ministral3",
-                         "mistral", "mixtral", "nanochat", "nemotron", "nemotron_h", "olmo", "olmo2",
-                         "olmo3", "olmo_hybrid", "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe",
-                         "qwen3", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next",
-                         "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2",
-                         "vaultgemma", "youtu"})
+EXACT_TYPES = frozenset({"apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "codegen", "cohere",
+                         "cohere2", "cohere2_moe", "cwm", "deepseek_v2", "deepseek_v3", "diffllama",
+                         "ernie4_5", "exaone", "exaone4", "exaone_moe", "flex_olmo", "flint", "gemma",
+                         "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt_neox",
+                         "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe", "granitemoe_swa",
+                         "granitemoehybrid", "granitemoeshared", "helium", "hunyuan_v1_dense", "hy_v3",
+                         "hyperclovax", "internlm3", "iquestcoder", "jais2", "kolibri1", "lara_mini",
+                         "llama", "llama4", "llama4_text", "mellum", "mimo_v2_flash", "minicpm3", "minimax",
+                         "minimax_m2", "ministral", "ministral3", "mistral", "mixtral", "nanochat",
+                         "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi",
+                         "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
+                         "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
+                         "solar_open", "starcoder2", "vaultgemma", "youtu"})
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,7 @@ def _layer_kinds(cfg: dict[str, Any], layers: int) -> list[str]:
 def _priced_kind(mtype: str, kind: str) -> bool:
     if mtype == "nemotron_h":
         return kind in ("linear_attention", "moe", "mlp")
-    return kind == "linear_attention" and mtype in LINEAR_MIXERS
+    return (mtype, kind) in MIXERS
 
 
 def _nemotron_h_block(cfg: dict[str, Any], hidden: int, kind: str) -> int:
@@ -182,10 +183,10 @@ def _nemotron_h_block(cfg: dict[str, Any], hidden: int, kind: str) -> int:
 
 
 def _mixer(cfg: dict[str, Any], mtype: str, hidden: int, kind: str, attention: int) -> int:
-    """One layer's token mixer: softmax attention (``attention``), or the type's linear-attention mixer."""
-    if _priced_kind(mtype, kind):
-        return LINEAR_MIXERS[mtype](cfg, hidden)
-    return attention
+    """One layer's token mixer: the type's own for this kind of layer, else softmax attention
+    (``attention``)."""
+    mixer = MIXERS.get((mtype, kind))
+    return mixer(cfg, hidden) if mixer else attention
 
 
 def _moe_block(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
@@ -203,6 +204,8 @@ def _moe_block(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
         block += experts * (2 * moe_ffn + hidden) + experts
     if mtype == "ernie4_5_moe":
         block += experts  # moe_statics.e_score_correction_bias (a buffer in deepseek_v3, a parameter here)
+    if mtype == "axk1":
+        block += hidden  # post_mlp_layernorm on the MoE block's output
     return block
 
 
@@ -213,7 +216,8 @@ def _ffn_block(cfg: dict[str, Any], mtype: str, hidden: int, index: int, layers:
         return _moe_block(cfg, mtype, hidden, ffn)
     if mtype == "granitemoehybrid":  # without experts, only the (gated) shared MLP
         return _mlp(cfg, mtype, hidden, _int(cfg, "shared_intermediate_size"))
-    return _mlp(cfg, mtype, hidden, ffn)
+    xielu = 2 if cfg.get("hidden_act") == "xielu" else 0  # xIELU's learnt alpha_p and alpha_n
+    return _mlp(cfg, mtype, hidden, ffn) + xielu
 
 
 def hf_param_count(cfg: dict[str, Any]) -> HfCount:
