@@ -39,14 +39,17 @@ _QKV_ONLY_BIAS = frozenset({"glm", "glm4", "seed_oss"})
 #: Families with q and k norms over the whole projection (q_dim and kv_dim wide).
 _FULL_QK_NORMS = frozenset({"olmo2", "olmo3", "olmoe", "flex_olmo", "minimax_m2", "olmo_hybrid"})
 #: Families with four norms per layer (pre and post attention, pre and post MLP).
-_FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "hyperclovax", "kolibri1"})
+_FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "hyperclovax", "kolibri1", "beam",
+                         "afmoe"})
 #: Families with per-head q and k norms (head_dim wide).
 _HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "exaone4", "hunyuan_v1_dense",
                             "hy_v3", "mellum", "exaone_moe", "axk1", "hunyuan_v1_moe", "kolibri1", "flint",
                             "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "lara_mini", "apertus",
-                            "apertus1p5_text"})
+                            "apertus1p5_text", "beam", "afmoe"})
 #: Families whose q_proj also projects a per-channel output gate (twice the query width).
 _GATED_Q = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
+#: Families with an attention output gate of its own (gate_proj, hidden to heads x head_dim).
+_ATTN_GATE_PROJ = frozenset({"beam", "afmoe"})
 #: Families whose shared expert is scaled by a learnt sigmoid gate (one hidden-wide row).
 _SHARED_EXPERT_GATE = frozenset({"qwen2_moe", "qwen3_next", "qwen3_5_moe_text"})
 #: Families whose use_qk_norm is an L2 norm without weights (Llama 4).
@@ -61,19 +64,20 @@ _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 
 #: Types whose count equals HF's num_parameters() on the zoo's tiny configs (benchmarks/hf_param_counts.py;
 #: tests/compiler/model/test_hf_params.py checks the set both ways).
-EXACT_TYPES = frozenset({"apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "codegen", "cohere",
-                         "cohere2", "cohere2_moe", "cwm", "deepseek_v2", "deepseek_v3", "diffllama",
-                         "ernie4_5", "exaone", "exaone4", "exaone_moe", "flex_olmo", "flint", "gemma",
-                         "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt_neox",
-                         "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe", "granitemoe_swa",
-                         "granitemoehybrid", "granitemoeshared", "helium", "hunyuan_v1_dense", "hy_v3",
-                         "hyperclovax", "internlm3", "iquestcoder", "jais2", "kolibri1", "lara_mini",
-                         "llama", "llama4", "llama4_text", "mellum", "mimo_v2_flash", "minicpm3", "minimax",
-                         "minimax_m2", "ministral", "ministral3", "mistral", "mixtral", "nanochat",
-                         "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi",
-                         "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
-                         "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
-                         "solar_open", "starcoder2", "vaultgemma", "youtu"})
+EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "beam",
+                         "codegen", "cohere", "cohere2", "cohere2_moe", "cwm", "deepseek_v2", "deepseek_v3",
+                         "diffllama", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
+                         "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe",
+                         "glm4_moe_lite", "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa",
+                         "granitemoe", "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium",
+                         "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3",
+                         "iquestcoder", "jais2", "kolibri1", "lara_mini", "llama", "llama4", "llama4_text",
+                         "mellum", "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2", "ministral",
+                         "ministral3", "mistral", "mixtral", "nanochat", "nemotron", "nemotron_h", "olmo",
+                         "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi", "phi3", "phimoe", "qwen2",
+                         "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next",
+                         "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2",
+                         "vaultgemma", "youtu"})
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,8 @@ def _attention(cfg: dict[str, Any], mtype: str, hidden: int) -> int:
         weights += q_dim + 2 * kv_dim
     if mtype in _SINKS:
         weights += heads
+    if mtype in _ATTN_GATE_PROJ:  # a separate output gate over the heads (Beam's with a per-head bias)
+        weights += hidden * q_dim + (heads if mtype == "beam" else 0)
     if mtype == "diffllama":  # differential attention's lambda_q1, lambda_k1, lambda_q2, lambda_k2
         weights += 4 * head_dim
     if mtype in _FULL_QK_NORMS:
@@ -145,13 +151,16 @@ def _mlp(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
 
 def _dense_layer(cfg: dict[str, Any], index: int, layers: int) -> bool:
     """Whether layer ``index`` of a MoE model is a dense MLP (first_k_dense_replace, mlp_only_layers, sparse
-    step)."""
-    if index < _int(cfg, "first_k_dense_replace"):
+    step, ERNIE's moe_layer_start/end_index)."""
+    if index < _int(cfg, "first_k_dense_replace", "num_dense_layers", "moe_layer_start_index"):
+        return True
+    end = cfg.get("moe_layer_end_index")
+    if isinstance(end, int) and 0 <= end < index:
         return True
     only = cfg.get("mlp_only_layers") or []
     if isinstance(only, list) and index in only:
         return True
-    step = _int(cfg, "decoder_sparse_step", default=1) or 1
+    step = _int(cfg, "decoder_sparse_step", "moe_layer_interval", default=1) or 1
     types = cfg.get("mlp_layer_types")
     if isinstance(types, list) and len(types) == layers:
         return bool(types[index] != "sparse")
@@ -194,7 +203,7 @@ def _moe_block(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
     experts = _int(cfg, *_MOE_EXPERTS)
     moe_ffn = _int(cfg, *_MOE_FFN) or ffn
     shared = _int(cfg, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts",
-                  default=1 if mtype == "llama4_text" else 0)
+                  default=1 if mtype in ("llama4_text", "hunyuan_v1_moe") else 0)
     shared_ffn = (_int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")
                   or (moe_ffn * shared if shared else 0))
     block = experts * _mlp(cfg, mtype, hidden, moe_ffn) + hidden * experts
@@ -202,8 +211,8 @@ def _moe_block(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
         block += _mlp(cfg, mtype, hidden, shared_ffn) + (hidden if mtype in _SHARED_EXPERT_GATE else 0)
     if mtype == "gpt_oss":  # biased experts (gate_up, down) and router
         block += experts * (2 * moe_ffn + hidden) + experts
-    if mtype == "ernie4_5_moe":
-        block += experts  # moe_statics.e_score_correction_bias (a buffer in deepseek_v3, a parameter here)
+    if mtype in ("ernie4_5_moe", "afmoe"):
+        block += experts  # ERNIE's e_score_correction_bias, afmoe's expert_bias (deepseek_v3's is a buffer)
     if mtype == "axk1":
         block += hidden  # post_mlp_layernorm on the MoE block's output
     return block
