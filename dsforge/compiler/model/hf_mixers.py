@@ -113,3 +113,32 @@ MIXERS: dict[tuple[str, str], Mixer] = {
     ("minimax", "linear_attention"): lightning_attention,
     ("mimo_v2_flash", "full_attention"): mimo_full, ("mimo_v2_flash", "sliding_attention"): mimo_sliding,
 }
+
+
+def minimax_m3_indexer(cfg: dict[str, Any], hidden: int, index: int) -> int:
+    """MiniMax-M3's lightning indexer on its sparse layers: q (index_n_heads heads) and one k head of
+    index_head_dim, each with an RMSNorm over index_head_dim."""
+    del index
+    dim = cfg_int(cfg, "index_head_dim")
+    return hidden * (cfg_int(cfg, "index_n_heads") + 1) * dim + 2 * dim
+
+
+def dsa_indexer(cfg: dict[str, Any], hidden: int, index: int) -> int:
+    """DeepSeek sparse attention's lightning indexer (DeepSeek-V3.2, GLM-5): its q from MLA's q_lora_rank
+    latent (index_n_heads x index_head_dim), one k head with a LayerNorm, and per-head weights. A layer whose
+    ``indexer_types`` entry is "shared" reuses the previous layer's indexer and has none."""
+    types = cfg.get("indexer_types")
+    if isinstance(types, list) and index < len(types) and types[index] == "shared":
+        return 0
+    heads, dim = cfg_int(cfg, "index_n_heads"), cfg_int(cfg, "index_head_dim")
+    return cfg_int(cfg, "q_lora_rank") * heads * dim + hidden * dim + 2 * dim + hidden * heads
+
+
+Extra = Callable[[dict[str, Any], int, int], int]
+
+#: Modules a (model type, layer kind) adds to the shared softmax attention of layer ``index`` (indexers of
+#: sparse attention).
+ATTENTION_EXTRAS: dict[tuple[str, str], Extra] = {
+    ("minimax_m3_vl_text", "minimax_m3_sparse"): minimax_m3_indexer,
+    ("deepseek_v32", "indexed_attention"): dsa_indexer, ("glm_moe_dsa", "indexed_attention"): dsa_indexer,
+}

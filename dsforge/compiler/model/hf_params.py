@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsforge.compiler.model.hf_mixers import MIXERS, nemotron_h_moe
+from dsforge.compiler.model.hf_mixers import ATTENTION_EXTRAS, MIXERS, nemotron_h_moe
 from dsforge.compiler.model.hf_mixers import cfg_int as _int
 
 #: Families whose MLP has two matrices (up, down) rather than three (gate, up, down).
@@ -45,7 +45,7 @@ _FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "hyperclovax
 _HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "exaone4", "hunyuan_v1_dense",
                             "hy_v3", "mellum", "exaone_moe", "axk1", "hunyuan_v1_moe", "kolibri1", "flint",
                             "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "lara_mini", "apertus",
-                            "apertus1p5_text", "beam", "afmoe"})
+                            "apertus1p5_text", "beam", "afmoe", "minimax_m3_vl_text"})
 #: Families whose q_proj also projects a per-channel output gate (twice the query width).
 _GATED_Q = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
 #: Families with an attention output gate of its own (gate_proj, hidden to heads x head_dim).
@@ -66,18 +66,18 @@ _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 #: tests/compiler/model/test_hf_params.py checks the set both ways).
 EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "beam",
                          "codegen", "cohere", "cohere2", "cohere2_moe", "cwm", "deepseek_v2", "deepseek_v3",
-                         "diffllama", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
-                         "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe",
-                         "glm4_moe_lite", "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa",
-                         "granitemoe", "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium",
-                         "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3",
-                         "iquestcoder", "jais2", "kolibri1", "lara_mini", "llama", "llama4", "llama4_text",
-                         "mellum", "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2", "ministral",
-                         "ministral3", "mistral", "mixtral", "nanochat", "nemotron", "nemotron_h", "olmo",
-                         "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi", "phi3", "phimoe", "qwen2",
-                         "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next",
-                         "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2",
-                         "vaultgemma", "youtu"})
+                         "deepseek_v32", "diffllama", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
+                         "exaone_moe", "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4",
+                         "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt_neox", "gpt_oss", "gptj",
+                         "granite", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoehybrid",
+                         "granitemoeshared", "helium", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3",
+                         "hyperclovax", "internlm3", "iquestcoder", "jais2", "kolibri1", "lara_mini",
+                         "llama", "llama4", "llama4_text", "mellum", "mimo_v2_flash", "minicpm3", "minimax",
+                         "minimax_m2", "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral",
+                         "nanochat", "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid",
+                         "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text",
+                         "qwen3_5_text", "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss",
+                         "smollm3", "solar_open", "starcoder2", "vaultgemma", "youtu"})
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,10 @@ def _mlp(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
 
 def _dense_layer(cfg: dict[str, Any], index: int, layers: int) -> bool:
     """Whether layer ``index`` of a MoE model is a dense MLP (first_k_dense_replace, mlp_only_layers, sparse
-    step, ERNIE's moe_layer_start/end_index)."""
+    step, ERNIE's moe_layer_start/end_index); mlp_layer_types, where config.json has it, says it alone."""
+    types = cfg.get("mlp_layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        return bool(types[index] != "sparse")
     if index < _int(cfg, "first_k_dense_replace", "num_dense_layers", "moe_layer_start_index"):
         return True
     end = cfg.get("moe_layer_end_index")
@@ -161,9 +164,6 @@ def _dense_layer(cfg: dict[str, Any], index: int, layers: int) -> bool:
     if isinstance(only, list) and index in only:
         return True
     step = _int(cfg, "decoder_sparse_step", "moe_layer_interval", default=1) or 1
-    types = cfg.get("mlp_layer_types")
-    if isinstance(types, list) and len(types) == layers:
-        return bool(types[index] != "sparse")
     return (index + 1) % step != 0
 
 
@@ -178,7 +178,7 @@ def _layer_kinds(cfg: dict[str, Any], layers: int) -> list[str]:
 def _priced_kind(mtype: str, kind: str) -> bool:
     if mtype == "nemotron_h":
         return kind in ("linear_attention", "moe", "mlp")
-    return (mtype, kind) in MIXERS
+    return (mtype, kind) in MIXERS or (mtype, kind) in ATTENTION_EXTRAS
 
 
 def _nemotron_h_block(cfg: dict[str, Any], hidden: int, kind: str) -> int:
@@ -191,11 +191,14 @@ def _nemotron_h_block(cfg: dict[str, Any], hidden: int, kind: str) -> int:
     return _mixer(cfg, "nemotron_h", hidden, kind, _attention(plain, "nemotron_h", hidden))
 
 
-def _mixer(cfg: dict[str, Any], mtype: str, hidden: int, kind: str, attention: int) -> int:
+def _mixer(cfg: dict[str, Any], mtype: str, hidden: int, kind: str, attention: int, index: int = 0) -> int:
     """One layer's token mixer: the type's own for this kind of layer, else softmax attention
     (``attention``)."""
     mixer = MIXERS.get((mtype, kind))
-    return mixer(cfg, hidden) if mixer else attention
+    if mixer:
+        return mixer(cfg, hidden)
+    extra = ATTENTION_EXTRAS.get((mtype, kind))
+    return attention + (extra(cfg, hidden, index) if extra else 0)
 
 
 def _moe_block(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
@@ -221,8 +224,10 @@ def _moe_block(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
 def _ffn_block(cfg: dict[str, Any], mtype: str, hidden: int, index: int, layers: int) -> int:
     """Layer ``index``'s feed-forward block: the MoE block on a sparse layer, else the dense MLP."""
     ffn = _int(cfg, "intermediate_size", "n_inner", "ffn_hidden_size") or 4 * hidden
-    if _int(cfg, *_MOE_EXPERTS) > 1 and not _dense_layer(cfg, index, layers):
-        return _moe_block(cfg, mtype, hidden, ffn)
+    if _int(cfg, *_MOE_EXPERTS) > 1:
+        if not _dense_layer(cfg, index, layers):
+            return _moe_block(cfg, mtype, hidden, ffn)
+        ffn = _int(cfg, "dense_intermediate_size", "prefix_dense_intermediate_size") or ffn
     if mtype == "granitemoehybrid":  # without experts, only the (gated) shared MLP
         return _mlp(cfg, mtype, hidden, _int(cfg, "shared_intermediate_size"))
     xielu = 2 if cfg.get("hidden_act") == "xielu" else 0  # xIELU's learnt alpha_p and alpha_n
@@ -248,7 +253,7 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     if mtype == "nemotron_h":  # each layer is one norm and one block: Mamba-2, attention, MoE or MLP
         total_layers = sum(norm + _nemotron_h_block(cfg, hidden, kind) for kind in kinds)
     else:
-        total_layers = sum(_mixer(cfg, mtype, hidden, kinds[i], attention) + norms
+        total_layers = sum(_mixer(cfg, mtype, hidden, kinds[i], attention, i) + norms
                            + _ffn_block(cfg, mtype, hidden, i, layers) for i in range(layers))
     tied = bool(cfg.get("tie_word_embeddings", True))
     head = norm + (0 if tied else vocab * hidden) + (vocab if mtype in _HEAD_BIAS else 0)
