@@ -102,6 +102,26 @@ def mimo_sliding(cfg: dict[str, Any], hidden: int) -> int:
     return _mimo_attention(cfg, hidden, sliding=True)
 
 
+def kimi_delta_attention(cfg: dict[str, Any], hidden: int) -> int:
+    """Kimi Delta Attention (Kimi Linear): q/k/v of linear_num_heads x linear_head_dim with a depthwise
+    convolution, a per-channel forget gate (low-rank f_a/f_b, dt_bias per channel, A_log per head), the beta
+    projection, a low-rank output gate (g_a/g_b), a gated RMSNorm over one head and o_proj."""
+    heads, dim = cfg_int(cfg, "linear_num_heads"), cfg_int(cfg, "linear_head_dim")
+    width = heads * dim
+    conv = 3 * width * cfg_int(cfg, "linear_conv_kernel_dim", default=4)
+    low_rank = 2 * (hidden * dim + dim * width)  # forget gate and output gate
+    return 4 * hidden * width + conv + low_rank + width + heads + hidden * heads + dim
+
+
+def bailing_delta_attention(cfg: dict[str, Any], hidden: int) -> int:
+    """Ling/Bailing-hybrid's delta attention: Kimi's, with full-rank forget (f_proj) and output (g_proj)
+    gates."""
+    heads, dim = cfg_int(cfg, "linear_num_heads"), cfg_int(cfg, "linear_head_dim")
+    width = heads * dim
+    conv = 3 * width * cfg_int(cfg, "linear_conv_kernel_dim", default=4)
+    return 6 * hidden * width + conv + width + heads + hidden * heads + dim
+
+
 Mixer = Callable[[dict[str, Any], int], int]
 
 #: The token mixer of each (model type, layer kind) whose layers are not the shared softmax attention.
@@ -111,6 +131,8 @@ MIXERS: dict[tuple[str, str], Mixer] = {
     ("granitemoehybrid", "linear_attention"): granite_mamba,
     ("nemotron_h", "linear_attention"): nemotron_h_mamba,
     ("minimax", "linear_attention"): lightning_attention,
+    ("kimi_linear", "linear_attention"): kimi_delta_attention,
+    ("bailing_hybrid", "linear_attention"): bailing_delta_attention,
     ("mimo_v2_flash", "full_attention"): mimo_full, ("mimo_v2_flash", "sliding_attention"): mimo_sliding,
 }
 
@@ -121,6 +143,12 @@ def minimax_m3_indexer(cfg: dict[str, Any], hidden: int, index: int) -> int:
     del index
     dim = cfg_int(cfg, "index_head_dim")
     return hidden * (cfg_int(cfg, "index_n_heads") + 1) * dim + 2 * dim
+
+
+def head_gate(cfg: dict[str, Any], hidden: int, index: int) -> int:
+    """A per-head output gate of attention (Bailing-hybrid's g_proj, hidden to num_attention_heads)."""
+    del index
+    return hidden * cfg_int(cfg, "num_attention_heads", default=1)
 
 
 def dsa_indexer(cfg: dict[str, Any], hidden: int, index: int) -> int:
@@ -140,5 +168,6 @@ Extra = Callable[[dict[str, Any], int, int], int]
 #: sparse attention).
 ATTENTION_EXTRAS: dict[tuple[str, str], Extra] = {
     ("minimax_m3_vl_text", "minimax_m3_sparse"): minimax_m3_indexer,
+    ("bailing_hybrid", "full_attention"): head_gate,
     ("deepseek_v32", "indexed_attention"): dsa_indexer, ("glm_moe_dsa", "indexed_attention"): dsa_indexer,
 }

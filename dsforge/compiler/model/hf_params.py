@@ -64,20 +64,21 @@ _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 
 #: Types whose count equals HF's num_parameters() on the zoo's tiny configs (benchmarks/hf_param_counts.py;
 #: tests/compiler/model/test_hf_params.py checks the set both ways).
-EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "beam",
-                         "codegen", "cohere", "cohere2", "cohere2_moe", "cwm", "deepseek_v2", "deepseek_v3",
-                         "deepseek_v32", "diffllama", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
-                         "exaone_moe", "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4",
-                         "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt_neox", "gpt_oss", "gptj",
-                         "granite", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoehybrid",
-                         "granitemoeshared", "helium", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3",
-                         "hyperclovax", "internlm3", "iquestcoder", "jais2", "kolibri1", "lara_mini",
-                         "llama", "llama4", "llama4_text", "mellum", "mimo_v2_flash", "minicpm3", "minimax",
-                         "minimax_m2", "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral",
-                         "nanochat", "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid",
-                         "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text",
-                         "qwen3_5_text", "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss",
-                         "smollm3", "solar_open", "starcoder2", "vaultgemma", "youtu"})
+EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1",
+                         "bailing_hybrid", "beam", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm",
+                         "deepseek_v2", "deepseek_v3", "deepseek_v32", "diffllama", "ernie4_5",
+                         "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "flex_olmo", "flint", "gemma",
+                         "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa",
+                         "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe",
+                         "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium",
+                         "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3",
+                         "iquestcoder", "jais2", "kimi_linear", "kolibri1", "lara_mini", "llama", "llama4",
+                         "llama4_text", "mellum", "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2",
+                         "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral", "nanochat",
+                         "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi",
+                         "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
+                         "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
+                         "solar_open", "starcoder2", "vaultgemma", "youtu"})
 
 
 @dataclass(frozen=True)
