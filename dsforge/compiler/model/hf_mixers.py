@@ -122,6 +122,13 @@ def bailing_delta_attention(cfg: dict[str, Any], hidden: int) -> int:
     return 6 * hidden * width + conv + width + heads + hidden * heads + dim
 
 
+def short_conv(cfg: dict[str, Any], hidden: int) -> int:
+    """LFM2's gated short convolution: in_proj to three hidden-wide streams, a depthwise convolution of
+    conv_L_cache taps and out_proj, all biased when conv_bias."""
+    bias = 5 * hidden if cfg.get("conv_bias") else 0
+    return 4 * hidden * hidden + hidden * cfg_int(cfg, "conv_L_cache", default=3) + bias
+
+
 Mixer = Callable[[dict[str, Any], int], int]
 
 #: The token mixer of each (model type, layer kind) whose layers are not the shared softmax attention.
@@ -133,6 +140,7 @@ MIXERS: dict[tuple[str, str], Mixer] = {
     ("minimax", "linear_attention"): lightning_attention,
     ("kimi_linear", "linear_attention"): kimi_delta_attention,
     ("bailing_hybrid", "linear_attention"): bailing_delta_attention,
+    ("lfm2", "conv"): short_conv, ("lfm3", "conv"): short_conv,
     ("mimo_v2_flash", "full_attention"): mimo_full, ("mimo_v2_flash", "sliding_attention"): mimo_sliding,
 }
 
@@ -149,6 +157,11 @@ def head_gate(cfg: dict[str, Any], hidden: int, index: int) -> int:
     """A per-head output gate of attention (Bailing-hybrid's g_proj, hidden to num_attention_heads)."""
     del index
     return hidden * cfg_int(cfg, "num_attention_heads", default=1)
+
+
+def optional_head_gate(cfg: dict[str, Any], hidden: int, index: int) -> int:
+    """LFM3's per-head attention gate (g_proj), present when use_attention_gate."""
+    return head_gate(cfg, hidden, index) if cfg.get("use_attention_gate") else 0
 
 
 def dsa_indexer(cfg: dict[str, Any], hidden: int, index: int) -> int:
@@ -169,5 +182,6 @@ Extra = Callable[[dict[str, Any], int, int], int]
 ATTENTION_EXTRAS: dict[tuple[str, str], Extra] = {
     ("minimax_m3_vl_text", "minimax_m3_sparse"): minimax_m3_indexer,
     ("bailing_hybrid", "full_attention"): head_gate,
+    ("lfm3", "full_attention"): optional_head_gate, ("lfm3", "sliding_attention"): optional_head_gate,
     ("deepseek_v32", "indexed_attention"): dsa_indexer, ("glm_moe_dsa", "indexed_attention"): dsa_indexer,
 }

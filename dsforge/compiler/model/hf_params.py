@@ -45,7 +45,7 @@ _FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "hyperclovax
 _HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "exaone4", "hunyuan_v1_dense",
                             "hy_v3", "mellum", "exaone_moe", "axk1", "hunyuan_v1_moe", "kolibri1", "flint",
                             "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "lara_mini", "apertus",
-                            "apertus1p5_text", "beam", "afmoe", "minimax_m3_vl_text"})
+                            "apertus1p5_text", "beam", "afmoe", "minimax_m3_vl_text", "lfm2", "lfm3"})
 #: Families whose q_proj also projects a per-channel output gate (twice the query width).
 _GATED_Q = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
 #: Families with an attention output gate of its own (gate_proj, hidden to heads x head_dim).
@@ -72,13 +72,13 @@ EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_t
                          "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe",
                          "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium",
                          "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3",
-                         "iquestcoder", "jais2", "kimi_linear", "kolibri1", "lara_mini", "llama", "llama4",
-                         "llama4_text", "mellum", "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2",
-                         "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral", "nanochat",
-                         "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi",
-                         "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
-                         "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
-                         "solar_open", "starcoder2", "vaultgemma", "youtu"})
+                         "iquestcoder", "jais2", "kimi_linear", "kolibri1", "lara_mini", "lfm2", "lfm3",
+                         "llama", "llama4", "llama4_text", "mellum", "mimo_v2_flash", "minicpm3", "minimax",
+                         "minimax_m2", "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral",
+                         "nanochat", "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid",
+                         "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text",
+                         "qwen3_5_text", "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss",
+                         "smollm3", "solar_open", "starcoder2", "vaultgemma", "youtu"})
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,20 @@ def _ffn_block(cfg: dict[str, Any], mtype: str, hidden: int, index: int, layers:
     if mtype == "granitemoehybrid":  # without experts, only the (gated) shared MLP
         return _mlp(cfg, mtype, hidden, _int(cfg, "shared_intermediate_size"))
     xielu = 2 if cfg.get("hidden_act") == "xielu" else 0  # xIELU's learnt alpha_p and alpha_n
-    return _mlp(cfg, mtype, hidden, ffn) + xielu
+    return _mlp(cfg, mtype, hidden, _adjusted_ffn(cfg, ffn)) + xielu
+
+
+def _adjusted_ffn(cfg: dict[str, Any], ffn: int) -> int:
+    """LFM2's block_auto_adjust_ff_dim: two thirds of intermediate_size, scaled by block_ffn_dim_multiplier
+    and rounded up to block_multiple_of."""
+    if not cfg.get("block_auto_adjust_ff_dim"):
+        return ffn
+    ffn = int(2 * ffn / 3)
+    multiplier = cfg.get("block_ffn_dim_multiplier")
+    if isinstance(multiplier, (int, float)):
+        step = _int(cfg, "block_multiple_of", default=256)
+        ffn = step * ((int(multiplier * ffn) + step - 1) // step)
+    return ffn
 
 
 def hf_param_count(cfg: dict[str, Any]) -> HfCount:
@@ -249,7 +262,8 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     if mtype in ("gpt2", "gpt_bigcode", "opt", "gpt_neo", "biogpt"):
         embedding += _int(cfg, "n_positions", "max_position_embeddings") * hidden
     attention = _attention(cfg, mtype, hidden)
-    norms = (4 if mtype in _FOUR_NORMS else 1 if mtype in _ONE_NORM else 2) * norm
+    four = mtype in _FOUR_NORMS or bool(cfg.get("use_sandwich_norm"))
+    norms = (4 if four else 1 if mtype in _ONE_NORM else 2) * norm
     kinds = _layer_kinds(cfg, layers)
     if mtype == "nemotron_h":  # each layer is one norm and one block: Mamba-2, attention, MoE or MLP
         total_layers = sum(norm + _nemotron_h_block(cfg, hidden, kind) for kind in kinds)
