@@ -164,6 +164,14 @@ def optional_head_gate(cfg: dict[str, Any], hidden: int, index: int) -> int:
     return head_gate(cfg, hidden, index) if cfg.get("use_attention_gate") else 0
 
 
+def laguna_gate(cfg: dict[str, Any], hidden: int, index: int) -> int:
+    """Laguna's softplus attention gate: one value per head (gating true or "per-head"), else per channel."""
+    del index
+    heads = cfg_int(cfg, "num_attention_heads", default=1)
+    per_head = cfg.get("gating") is True or cfg.get("gating") == "per-head"
+    return hidden * (heads if per_head else heads * (cfg_int(cfg, "head_dim") or hidden // heads))
+
+
 def dsa_indexer(cfg: dict[str, Any], hidden: int, index: int) -> int:
     """DeepSeek sparse attention's lightning indexer (DeepSeek-V3.2, GLM-5): its q from MLA's q_lora_rank
     latent (index_n_heads x index_head_dim), one k head with a LayerNorm, and per-head weights. A layer whose
@@ -182,6 +190,7 @@ Extra = Callable[[dict[str, Any], int, int], int]
 ATTENTION_EXTRAS: dict[tuple[str, str], Extra] = {
     ("minimax_m3_vl_text", "minimax_m3_sparse"): minimax_m3_indexer,
     ("bailing_hybrid", "full_attention"): head_gate,
+    ("laguna", "full_attention"): laguna_gate, ("laguna", "sliding_attention"): laguna_gate,
     ("lfm3", "full_attention"): optional_head_gate, ("lfm3", "sliding_attention"): optional_head_gate,
     ("deepseek_v32", "indexed_attention"): dsa_indexer, ("glm_moe_dsa", "indexed_attention"): dsa_indexer,
 }

@@ -45,7 +45,8 @@ _FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "hyperclovax
 _HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "exaone4", "hunyuan_v1_dense",
                             "hy_v3", "mellum", "exaone_moe", "axk1", "hunyuan_v1_moe", "kolibri1", "flint",
                             "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "lara_mini", "apertus",
-                            "apertus1p5_text", "beam", "afmoe", "minimax_m3_vl_text", "lfm2", "lfm3"})
+                            "apertus1p5_text", "beam", "afmoe", "minimax_m3_vl_text", "lfm2", "lfm3",
+                            "laguna"})
 #: Families whose q_proj also projects a per-channel output gate (twice the query width).
 _GATED_Q = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
 #: Families with an attention output gate of its own (gate_proj, hidden to heads x head_dim).
@@ -72,13 +73,14 @@ EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_t
                          "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe",
                          "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium",
                          "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3",
-                         "iquestcoder", "jais2", "kimi_linear", "kolibri1", "lara_mini", "lfm2", "lfm3",
-                         "llama", "llama4", "llama4_text", "mellum", "mimo_v2_flash", "minicpm3", "minimax",
-                         "minimax_m2", "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral",
-                         "nanochat", "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid",
-                         "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text",
-                         "qwen3_5_text", "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss",
-                         "smollm3", "solar_open", "starcoder2", "vaultgemma", "youtu"})
+                         "iquestcoder", "jais2", "kimi_linear", "kolibri1", "laguna", "lara_mini", "lfm2",
+                         "lfm3", "llama", "llama4", "llama4_text", "mellum", "mimo_v2_flash", "minicpm3",
+                         "minimax", "minimax_m2", "minimax_m3_vl_text", "ministral", "ministral3", "mistral",
+                         "mixtral", "nanochat", "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3",
+                         "olmo_hybrid", "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3",
+                         "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "sarvam_mla",
+                         "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2", "vaultgemma",
+                         "youtu"})
 
 
 @dataclass(frozen=True)
@@ -189,17 +191,25 @@ def _nemotron_h_block(cfg: dict[str, Any], hidden: int, kind: str) -> int:
         return nemotron_h_moe(cfg, hidden)
     if kind == "mlp":
         return _mlp(plain, "nemotron_h", hidden, _int(cfg, "intermediate_size"))
-    return _mixer(cfg, "nemotron_h", hidden, kind, _attention(plain, "nemotron_h", hidden))
+    return _mixer(plain if kind == "full_attention" else cfg, "nemotron_h", hidden, kind)
 
 
-def _mixer(cfg: dict[str, Any], mtype: str, hidden: int, kind: str, attention: int, index: int = 0) -> int:
-    """One layer's token mixer: the type's own for this kind of layer, else softmax attention
-    (``attention``)."""
+def _layer_cfg(cfg: dict[str, Any], index: int) -> dict[str, Any]:
+    """The config of layer ``index``: num_attention_heads_per_layer (Laguna) overrides num_attention_heads."""
+    heads = cfg.get("num_attention_heads_per_layer")
+    if isinstance(heads, list) and index < len(heads) and isinstance(heads[index], int):
+        return {**cfg, "num_attention_heads": heads[index]}
+    return cfg
+
+
+def _mixer(cfg: dict[str, Any], mtype: str, hidden: int, kind: str, index: int = 0) -> int:
+    """One layer's token mixer: the type's own for this kind of layer, else softmax attention with what the
+    type adds to it."""
     mixer = MIXERS.get((mtype, kind))
     if mixer:
         return mixer(cfg, hidden)
     extra = ATTENTION_EXTRAS.get((mtype, kind))
-    return attention + (extra(cfg, hidden, index) if extra else 0)
+    return _attention(cfg, mtype, hidden) + (extra(cfg, hidden, index) if extra else 0)
 
 
 def _moe_block(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
@@ -215,8 +225,8 @@ def _moe_block(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
         block += _mlp(cfg, mtype, hidden, shared_ffn) + (hidden if mtype in _SHARED_EXPERT_GATE else 0)
     if mtype == "gpt_oss":  # biased experts (gate_up, down) and router
         block += experts * (2 * moe_ffn + hidden) + experts
-    if mtype in ("ernie4_5_moe", "afmoe"):
-        block += experts  # ERNIE's e_score_correction_bias, afmoe's expert_bias (deepseek_v3's is a buffer)
+    if mtype in ("ernie4_5_moe", "afmoe", "laguna"):
+        block += experts  # the router's correction bias or afmoe's expert_bias (deepseek_v3's is a buffer)
     if mtype == "axk1":
         block += hidden  # post_mlp_layernorm on the MoE block's output
     return block
@@ -261,14 +271,13 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     embedding = vocab * hidden
     if mtype in ("gpt2", "gpt_bigcode", "opt", "gpt_neo", "biogpt"):
         embedding += _int(cfg, "n_positions", "max_position_embeddings") * hidden
-    attention = _attention(cfg, mtype, hidden)
     four = mtype in _FOUR_NORMS or bool(cfg.get("use_sandwich_norm"))
     norms = (4 if four else 1 if mtype in _ONE_NORM else 2) * norm
     kinds = _layer_kinds(cfg, layers)
     if mtype == "nemotron_h":  # each layer is one norm and one block: Mamba-2, attention, MoE or MLP
         total_layers = sum(norm + _nemotron_h_block(cfg, hidden, kind) for kind in kinds)
     else:
-        total_layers = sum(_mixer(cfg, mtype, hidden, kinds[i], attention, i) + norms
+        total_layers = sum(_mixer(_layer_cfg(cfg, i), mtype, hidden, kinds[i], i) + norms
                            + _ffn_block(cfg, mtype, hidden, i, layers) for i in range(layers))
     tied = bool(cfg.get("tie_word_embeddings", True))
     head = norm + (0 if tied else vocab * hidden) + (vocab if mtype in _HEAD_BIAS else 0)
