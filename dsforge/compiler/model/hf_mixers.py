@@ -172,6 +172,15 @@ def laguna_gate(cfg: dict[str, Any], hidden: int, index: int) -> int:
     return hidden * (heads if per_head else heads * (cfg_int(cfg, "head_dim") or hidden // heads))
 
 
+def doge_dynamic_mask(cfg: dict[str, Any], hidden: int, index: int) -> int:
+    """Doge's dynamic mask: per kv head a learnt A, and dt_proj from the values."""
+    del hidden, index
+    heads = cfg_int(cfg, "num_attention_heads", default=1)
+    kv = cfg_int(cfg, "num_key_value_heads", default=heads)
+    kv_dim = kv * (cfg_int(cfg, "head_dim") or cfg_int(cfg, "hidden_size") // heads)
+    return kv + kv_dim * kv + (kv if cfg.get("attention_bias") else 0)
+
+
 def dsa_indexer(cfg: dict[str, Any], hidden: int, index: int) -> int:
     """DeepSeek sparse attention's lightning indexer (DeepSeek-V3.2, GLM-5): its q from MLA's q_lora_rank
     latent (index_n_heads x index_head_dim), one k head with a LayerNorm, and per-head weights. A layer whose
@@ -189,7 +198,7 @@ Extra = Callable[[dict[str, Any], int, int], int]
 #: sparse attention).
 ATTENTION_EXTRAS: dict[tuple[str, str], Extra] = {
     ("minimax_m3_vl_text", "minimax_m3_sparse"): minimax_m3_indexer,
-    ("bailing_hybrid", "full_attention"): head_gate,
+    ("bailing_hybrid", "full_attention"): head_gate, ("doge", "full_attention"): doge_dynamic_mask,
     ("laguna", "full_attention"): laguna_gate, ("laguna", "sliding_attention"): laguna_gate,
     ("lfm3", "full_attention"): optional_head_gate, ("lfm3", "sliding_attention"): optional_head_gate,
     ("deepseek_v32", "indexed_attention"): dsa_indexer, ("glm_moe_dsa", "indexed_attention"): dsa_indexer,

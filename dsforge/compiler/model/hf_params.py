@@ -12,6 +12,7 @@ measures the difference against HF's ``num_parameters()`` over the zoo's tiny co
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +47,7 @@ _HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "exao
                             "hy_v3", "mellum", "exaone_moe", "axk1", "hunyuan_v1_moe", "kolibri1", "flint",
                             "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "lara_mini", "apertus",
                             "apertus1p5_text", "beam", "afmoe", "minimax_m3_vl_text", "lfm2", "lfm3",
-                            "laguna"})
+                            "laguna", "doge"})
 #: Families whose q_proj also projects a per-channel output gate (twice the query width).
 _GATED_Q = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
 #: Families with an attention output gate of its own (gate_proj, hidden to heads x head_dim).
@@ -67,7 +68,7 @@ _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 #: tests/compiler/model/test_hf_params.py checks the set both ways).
 EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1",
                          "bailing_hybrid", "beam", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm",
-                         "deepseek_v2", "deepseek_v3", "deepseek_v32", "diffllama", "ernie4_5",
+                         "deepseek_v2", "deepseek_v3", "deepseek_v32", "diffllama", "doge", "ernie4_5",
                          "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "flex_olmo", "flint", "gemma",
                          "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa",
                          "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe",
@@ -235,6 +236,8 @@ def _moe_block(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
 def _ffn_block(cfg: dict[str, Any], mtype: str, hidden: int, index: int, layers: int) -> int:
     """Layer ``index``'s feed-forward block: the MoE block on a sparse layer, else the dense MLP."""
     ffn = _int(cfg, "intermediate_size", "n_inner", "ffn_hidden_size") or 4 * hidden
+    if mtype == "doge":
+        return _doge_ffn(cfg, hidden, ffn)
     if _int(cfg, *_MOE_EXPERTS) > 1:
         if not _dense_layer(cfg, index, layers):
             return _moe_block(cfg, mtype, hidden, ffn)
@@ -243,6 +246,16 @@ def _ffn_block(cfg: dict[str, Any], mtype: str, hidden: int, index: int, layers:
         return _mlp(cfg, mtype, hidden, _int(cfg, "shared_intermediate_size"))
     xielu = 2 if cfg.get("hidden_act") == "xielu" else 0  # xIELU's learnt alpha_p and alpha_n
     return _mlp(cfg, mtype, hidden, _adjusted_ffn(cfg, ffn)) + xielu
+
+
+def _doge_ffn(cfg: dict[str, Any], hidden: int, ffn: int) -> int:
+    """Doge's MLP; with is_moe its cross-domain MoE adds a product-key router (2 x floor(sqrt(E)) keys) and
+    one hidden-wide down and up embedding per expert."""
+    block = _mlp(cfg, "doge", hidden, ffn)
+    if cfg.get("is_moe"):
+        experts = _int(cfg, "num_experts")
+        block += hidden * 2 * math.isqrt(experts) + 2 * experts * hidden
+    return block
 
 
 def _adjusted_ffn(cfg: dict[str, Any], ffn: int) -> int:
@@ -273,6 +286,7 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
         embedding += _int(cfg, "n_positions", "max_position_embeddings") * hidden
     four = mtype in _FOUR_NORMS or bool(cfg.get("use_sandwich_norm"))
     norms = (4 if four else 1 if mtype in _ONE_NORM else 2) * norm
+    norms += 2 * hidden if mtype == "doge" else 0  # input_residual and post_attention_residual
     kinds = _layer_kinds(cfg, layers)
     if mtype == "nemotron_h":  # each layer is one norm and one block: Mamba-2, attention, MoE or MLP
         total_layers = sum(norm + _nemotron_h_block(cfg, hidden, kind) for kind in kinds)
