@@ -75,13 +75,13 @@ EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_t
                          "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium",
                          "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3",
                          "iquestcoder", "jais2", "kimi_linear", "kolibri1", "laguna", "lara_mini", "lfm2",
-                         "lfm3", "llama", "llama4", "llama4_text", "mellum", "mimo_v2_flash", "minicpm3",
-                         "minimax", "minimax_m2", "minimax_m3_vl_text", "ministral", "ministral3", "mistral",
-                         "mixtral", "nanochat", "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3",
-                         "olmo_hybrid", "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3",
-                         "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "sarvam_mla",
-                         "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2", "vaultgemma",
-                         "youtu"})
+                         "lfm3", "llama", "llama4", "llama4_text", "longcat_flash", "mellum",
+                         "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2", "minimax_m3_vl_text",
+                         "ministral", "ministral3", "mistral", "mixtral", "nanochat", "nemotron",
+                         "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi", "phi3",
+                         "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
+                         "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
+                         "solar_open", "starcoder2", "vaultgemma", "youtu"})
 
 
 @dataclass(frozen=True)
@@ -115,11 +115,10 @@ def _attention(cfg: dict[str, Any], mtype: str, hidden: int) -> int:
     if rank:  # MLA (DeepSeek-V2/V3): q through a rank-q_lora_rank bottleneck, k/v through one of kv_lora_rank
         rope, nope = _int(cfg, "qk_rope_head_dim"), _int(cfg, "qk_nope_head_dim")
         v_dim, q_rank = _int(cfg, "v_head_dim"), _int(cfg, "q_lora_rank")
-        q = (
-            (hidden * q_rank + q_rank + q_rank * heads * (rope + nope))
-            if q_rank
-            else hidden * heads * (rope + nope)
-        )
+        # LongCat's q_b_proj is qk_head_dim wide per head, a key of its own (nope + rope unless set)
+        q_head = _int(cfg, "qk_head_dim") if mtype == "longcat_flash" else 0
+        q_head = q_head or rope + nope
+        q = (hidden * q_rank + q_rank + q_rank * heads * q_head) if q_rank else hidden * heads * q_head
         kv_part = hidden * (rank + rope) + rank + rank * heads * (nope + v_dim)
         return q + kv_part + heads * v_dim * hidden + (hidden if bias else 0)
     head_dim = _int(cfg, "head_dim") or hidden // heads
@@ -183,6 +182,19 @@ def _priced_kind(mtype: str, kind: str) -> bool:
     if mtype == "nemotron_h":
         return kind in ("linear_attention", "moe", "mlp")
     return (mtype, kind) in MIXERS or (mtype, kind) in ATTENTION_EXTRAS
+
+
+def _longcat_layer(cfg: dict[str, Any], hidden: int, norm: int) -> int:
+    """A LongCat-Flash layer: two MLA blocks and two dense MLPs, each with its norm, beside one MoE whose
+    router and gate_up stack also cover the zero_expert_num identity experts (down_proj does not)."""
+    experts, zero = _int(cfg, "n_routed_experts"), _int(cfg, "zero_expert_num")
+    expert_ffn = _int(cfg, "expert_ffn_hidden_size", "moe_intermediate_size")
+    ffn = _int(cfg, "ffn_hidden_size", "intermediate_size")
+    router = (experts + zero) * (hidden + (1 if cfg.get("router_bias") else 0))
+    stacks = (2 * (experts + zero) + experts) * expert_ffn * hidden if experts else 0
+    moe = router + stacks
+    dense = 2 * (_attention(cfg, "longcat_flash", hidden) + _mlp(cfg, "longcat_flash", hidden, ffn))
+    return dense + 4 * norm + moe
 
 
 def _nemotron_h_block(cfg: dict[str, Any], hidden: int, kind: str) -> int:
@@ -290,6 +302,8 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     kinds = _layer_kinds(cfg, layers)
     if mtype == "nemotron_h":  # each layer is one norm and one block: Mamba-2, attention, MoE or MLP
         total_layers = sum(norm + _nemotron_h_block(cfg, hidden, kind) for kind in kinds)
+    elif mtype == "longcat_flash":
+        total_layers = layers * _longcat_layer(cfg, hidden, norm)
     else:
         total_layers = sum(_mixer(_layer_cfg(cfg, i), mtype, hidden, kinds[i], i) + norms
                            + _ffn_block(cfg, mtype, hidden, i, layers) for i in range(layers))
