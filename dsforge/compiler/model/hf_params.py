@@ -30,7 +30,7 @@ _LINEAR_BIAS = frozenset({"gpt2", "gpt_neox", "gpt_bigcode", "starcoder2", "phi"
 #: Families with LayerNorm (weight and bias) rather than RMSNorm (weight only).
 _LAYERNORM_BIAS = _LINEAR_BIAS | {"gptj", "codegen", "nemotron", "phimoe", "jais2"}
 #: Families with no norm parameters (OLMo's LayerNorm without weight or bias).
-_NO_NORM_PARAMS = frozenset({"olmo", "nanochat"})
+_NO_NORM_PARAMS = frozenset({"olmo", "nanochat", "hrm_text"})
 #: Families with one norm per layer (attention and MLP in parallel on the same normed input).
 _ONE_NORM = frozenset({"cohere", "cohere2", "cohere2_moe", "phi", "gptj", "codegen"})
 #: Families whose LM head has a bias.
@@ -51,7 +51,7 @@ _HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "exao
 #: Families whose q_proj also projects a per-channel output gate (twice the query width).
 _GATED_Q = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
 #: Families with an attention output gate of its own (gate_proj, hidden to heads x head_dim).
-_ATTN_GATE_PROJ = frozenset({"beam", "afmoe"})
+_ATTN_GATE_PROJ = frozenset({"beam", "afmoe", "hrm_text"})
 #: Families whose shared expert is scaled by a learnt sigmoid gate (one hidden-wide row).
 _SHARED_EXPERT_GATE = frozenset({"qwen2_moe", "qwen3_next", "qwen3_5_moe_text"})
 #: Families whose use_qk_norm is an L2 norm without weights (Llama 4).
@@ -72,7 +72,7 @@ EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_t
                          "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "flex_olmo", "flint", "gemma",
                          "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa",
                          "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe",
-                         "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium",
+                         "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium", "hrm_text",
                          "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3",
                          "iquestcoder", "jais2", "kimi_linear", "kolibri1", "laguna", "lara_mini", "lfm2",
                          "lfm3", "llama", "llama4", "llama4_text", "longcat_flash", "mellum",
@@ -130,8 +130,9 @@ def _attention(cfg: dict[str, Any], mtype: str, hidden: int) -> int:
         weights += q_dim + 2 * kv_dim
     if mtype in _SINKS:
         weights += heads
-    if mtype in _ATTN_GATE_PROJ:  # a separate output gate over the heads (Beam's with a per-head bias)
-        weights += hidden * q_dim + (heads if mtype == "beam" else 0)
+    if mtype in _ATTN_GATE_PROJ:  # an output gate (Beam's with a per-head bias, HRM's by attention_bias)
+        gate_bias = heads if mtype == "beam" else q_dim if bias and mtype == "hrm_text" else 0
+        weights += hidden * q_dim + gate_bias
     if mtype == "diffllama":  # differential attention's lambda_q1, lambda_k1, lambda_q2, lambda_k2
         weights += 4 * head_dim
     if mtype in _FULL_QK_NORMS:
@@ -148,7 +149,7 @@ def _attention(cfg: dict[str, Any], mtype: str, hidden: int) -> int:
 def _mlp(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
     mats = 2 if mtype in _TWO_MATRIX_MLP else 3
     linear_bias = mtype in _LINEAR_BIAS or mtype in ("gptj", "codegen")
-    bias = (ffn + hidden) if (linear_bias or cfg.get("mlp_bias") or cfg.get("use_bias")) else 0
+    bias = ((mats - 1) * ffn + hidden) if (linear_bias or cfg.get("mlp_bias") or cfg.get("use_bias")) else 0
     return mats * hidden * ffn + bias
 
 
@@ -296,6 +297,8 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     embedding = vocab * hidden
     if mtype in ("gpt2", "gpt_bigcode", "opt", "gpt_neo", "biogpt"):
         embedding += _int(cfg, "n_positions", "max_position_embeddings") * hidden
+    if mtype == "hrm_text":  # two stacks (low and high cycle) of num_layers_per_stack layers, and z_L_init
+        layers, embedding = 2 * _int(cfg, "num_layers_per_stack", default=layers), embedding + hidden
     four = mtype in _FOUR_NORMS or bool(cfg.get("use_sandwich_norm"))
     norms = (4 if four else 1 if mtype in _ONE_NORM else 2) * norm
     norms += 2 * hidden if mtype == "doge" else 0  # input_residual and post_attention_residual
