@@ -129,6 +129,31 @@ def short_conv(cfg: dict[str, Any], hidden: int) -> int:
     return 4 * hidden * hidden + hidden * cfg_int(cfg, "conv_L_cache", default=3) + bias
 
 
+def _inkling_attention(cfg: dict[str, Any], hidden: int, sliding: bool) -> int:
+    """Inkling's attention: q/k/v/o and r_proj (d_rel per head), short convolutions over k and v, per-head
+    q/k norms and a relative-logit table of d_rel x rel_extent (the window on sliding layers, which have
+    swa_* heads)."""
+    prefix = "swa_" if sliding else ""
+    heads = cfg_int(cfg, prefix + "num_attention_heads", default=1)
+    kv = cfg_int(cfg, prefix + "num_key_value_heads", default=heads)
+    dim = cfg_int(cfg, prefix + "head_dim") or hidden // heads
+    d_rel = cfg_int(cfg, "d_rel")
+    extent = cfg_int(cfg, "sliding_window_size" if sliding else "rel_extent")
+    kernel = cfg_int(cfg, "sconv_kernel_size", "conv_kernel_size", default=4)
+    projections = hidden * (2 * heads * dim + 2 * kv * dim + heads * d_rel)
+    return projections + 2 * kv * dim * kernel + 2 * dim + d_rel * extent
+
+
+def inkling_full(cfg: dict[str, Any], hidden: int) -> int:
+    """Inkling's global ("hybrid") attention layer."""
+    return _inkling_attention(cfg, hidden, sliding=False)
+
+
+def inkling_sliding(cfg: dict[str, Any], hidden: int) -> int:
+    """Inkling's sliding-window ("hybrid_sliding") attention layer."""
+    return _inkling_attention(cfg, hidden, sliding=True)
+
+
 Mixer = Callable[[dict[str, Any], int], int]
 
 #: The token mixer of each (model type, layer kind) whose layers are not the shared softmax attention.
@@ -141,6 +166,7 @@ MIXERS: dict[tuple[str, str], Mixer] = {
     ("kimi_linear", "linear_attention"): kimi_delta_attention,
     ("bailing_hybrid", "linear_attention"): bailing_delta_attention,
     ("lfm2", "conv"): short_conv, ("lfm3", "conv"): short_conv,
+    ("inkling_text", "hybrid"): inkling_full, ("inkling_text", "hybrid_sliding"): inkling_sliding,
     ("mimo_v2_flash", "full_attention"): mimo_full, ("mimo_v2_flash", "sliding_attention"): mimo_sliding,
 }
 

@@ -33,6 +33,8 @@ _LAYERNORM_BIAS = _LINEAR_BIAS | {"gptj", "codegen", "nemotron", "phimoe", "jais
 _NO_NORM_PARAMS = frozenset({"olmo", "nanochat", "hrm_text"})
 #: Families with one norm per layer (attention and MLP in parallel on the same normed input).
 _ONE_NORM = frozenset({"cohere", "cohere2", "cohere2_moe", "phi", "gptj", "codegen"})
+#: Families whose config has no tie_word_embeddings and whose head is its own matrix.
+_UNTIED_WITHOUT_KEY = frozenset({"inkling_text", "inkling2_text", "inkling2_loop_text"})
 #: Families whose LM head has a bias.
 _HEAD_BIAS = frozenset({"phi", "gptj", "codegen"})
 #: Families that bias q, k and v but not o_proj when attention_bias is set.
@@ -73,13 +75,13 @@ EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_t
                          "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa",
                          "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe",
                          "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium", "hrm_text",
-                         "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3",
-                         "iquestcoder", "jais2", "kimi_linear", "kolibri1", "laguna", "lara_mini", "lfm2",
-                         "lfm3", "llama", "llama4", "llama4_text", "longcat_flash", "mellum",
-                         "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2", "minimax_m3_vl_text",
-                         "ministral", "ministral3", "mistral", "mixtral", "nanochat", "nemotron",
-                         "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi", "phi3",
-                         "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
+                         "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "inkling_text",
+                         "internlm3", "iquestcoder", "jais2", "kimi_linear", "kolibri1", "laguna",
+                         "lara_mini", "lfm2", "lfm3", "llama", "llama4", "llama4_text", "longcat_flash",
+                         "mellum", "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2",
+                         "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral", "nanochat",
+                         "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi",
+                         "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
                          "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
                          "solar_open", "starcoder2", "vaultgemma", "youtu"})
 
@@ -243,6 +245,8 @@ def _moe_block(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
         block += experts  # the router's correction bias or afmoe's expert_bias (deepseek_v3's is a buffer)
     if mtype == "axk1":
         block += hidden  # post_mlp_layernorm on the MoE block's output
+    if mtype == "inkling_text":
+        block += shared * hidden + 1  # its router also scores the shared experts, and has a global scale
     return block
 
 
@@ -257,8 +261,9 @@ def _ffn_block(cfg: dict[str, Any], mtype: str, hidden: int, index: int, layers:
         ffn = _int(cfg, "dense_intermediate_size", "prefix_dense_intermediate_size") or ffn
     if mtype == "granitemoehybrid":  # without experts, only the (gated) shared MLP
         return _mlp(cfg, mtype, hidden, _int(cfg, "shared_intermediate_size"))
-    xielu = 2 if cfg.get("hidden_act") == "xielu" else 0  # xIELU's learnt alpha_p and alpha_n
-    return _mlp(cfg, mtype, hidden, _adjusted_ffn(cfg, ffn)) + xielu
+    # xIELU's learnt alpha_p and alpha_n; Inkling's MLP has a global scale
+    scalars = (2 if cfg.get("hidden_act") == "xielu" else 0) + (1 if mtype == "inkling_text" else 0)
+    return _mlp(cfg, mtype, hidden, _adjusted_ffn(cfg, ffn)) + scalars
 
 
 def _doge_ffn(cfg: dict[str, Any], hidden: int, ffn: int) -> int:
@@ -302,6 +307,9 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     four = mtype in _FOUR_NORMS or bool(cfg.get("use_sandwich_norm"))
     norms = (4 if four else 1 if mtype in _ONE_NORM else 2) * norm
     norms += 2 * hidden if mtype == "doge" else 0  # input_residual and post_attention_residual
+    if mtype == "inkling_text":  # short convolutions after attention and MLP; the embedding's norm
+        norms += 2 * hidden * _int(cfg, "conv_kernel_size", default=4)
+        embedding += hidden
     kinds = _layer_kinds(cfg, layers)
     if mtype == "nemotron_h":  # each layer is one norm and one block: Mamba-2, attention, MoE or MLP
         total_layers = sum(norm + _nemotron_h_block(cfg, hidden, kind) for kind in kinds)
@@ -310,7 +318,7 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     else:
         total_layers = sum(_mixer(_layer_cfg(cfg, i), mtype, hidden, kinds[i], i) + norms
                            + _ffn_block(cfg, mtype, hidden, i, layers) for i in range(layers))
-    tied = bool(cfg.get("tie_word_embeddings", True))
+    tied = bool(cfg.get("tie_word_embeddings", mtype not in _UNTIED_WITHOUT_KEY))
     head = norm + (0 if tied else vocab * hidden) + (vocab if mtype in _HEAD_BIAS else 0)
     other = sorted({k for k in kinds if k not in _SOFTMAX_LAYERS and not _priced_kind(mtype, k)})
     if other:
