@@ -227,5 +227,5 @@ ATTENTION_EXTRAS: dict[tuple[str, str], Extra] = {
     ("bailing_hybrid", "full_attention"): head_gate, ("doge", "full_attention"): doge_dynamic_mask,
     ("laguna", "full_attention"): laguna_gate, ("laguna", "sliding_attention"): laguna_gate,
     ("lfm3", "full_attention"): optional_head_gate, ("lfm3", "sliding_attention"): optional_head_gate,
-    ("deepseek_v32", "indexed_attention"): dsa_indexer, ("glm_moe_dsa", "indexed_attention"): dsa_indexer,
+    **{(t, "indexed_attention"): dsa_indexer for t in ("deepseek_v32", "glm_moe_dsa", "axk2")},
 }

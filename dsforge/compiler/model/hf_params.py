@@ -68,7 +68,7 @@ _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 
 #: Types whose count equals HF's num_parameters() on the zoo's tiny configs (benchmarks/hf_param_counts.py;
 #: tests/compiler/model/test_hf_params.py checks the set both ways).
-EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1",
+EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2",
                          "bailing_hybrid", "beam", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm",
                          "deepseek_v2", "deepseek_v3", "deepseek_v32", "diffllama", "doge", "ernie4_5",
                          "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "flex_olmo", "flint", "gemma",
@@ -121,6 +121,8 @@ def _attention(cfg: dict[str, Any], mtype: str, hidden: int) -> int:
         q_head = _int(cfg, "qk_head_dim") if mtype == "longcat_flash" else 0
         q_head = q_head or rope + nope
         q = (hidden * q_rank + q_rank + q_rank * heads * q_head) if q_rank else hidden * heads * q_head
+        if mtype == "axk2":  # q_gate_proj from [q residual, q latent] to q and a gate over v, not q_b_proj
+            q = hidden * q_rank + q_rank + 2 * q_rank * heads * (q_head + v_dim)
         kv_part = hidden * (rank + rope) + rank + rank * heads * (nope + v_dim)
         return q + kv_part + heads * v_dim * hidden + (hidden if bias else 0)
     head_dim = _int(cfg, "head_dim") or hidden // heads
@@ -257,13 +259,20 @@ def _ffn_block(cfg: dict[str, Any], mtype: str, hidden: int, index: int, layers:
         return _doge_ffn(cfg, hidden, ffn)
     if _int(cfg, *_MOE_EXPERTS) > 1:
         if not _dense_layer(cfg, index, layers):
-            return _moe_block(cfg, mtype, hidden, ffn)
+            gated_norm = _gated_norm_mlp(cfg, hidden) if mtype == "axk2" else 0
+            return _moe_block(cfg, mtype, hidden, ffn) + gated_norm
         ffn = _int(cfg, "dense_intermediate_size", "prefix_dense_intermediate_size") or ffn
     if mtype == "granitemoehybrid":  # without experts, only the (gated) shared MLP
         return _mlp(cfg, mtype, hidden, _int(cfg, "shared_intermediate_size"))
     # xIELU's learnt alpha_p and alpha_n; Inkling's MLP has a global scale
     scalars = (2 if cfg.get("hidden_act") == "xielu" else 0) + (1 if mtype == "inkling_text" else 0)
     return _mlp(cfg, mtype, hidden, _adjusted_ffn(cfg, ffn)) + scalars
+
+
+def _gated_norm_mlp(cfg: dict[str, Any], hidden: int) -> int:
+    """The low-rank MLP (fc1, fc2 of gated_norm_rank) of A.X-K2's gated RMSNorm: on every input norm, and on
+    the post-attention norm of sparse layers."""
+    return 2 * hidden * _int(cfg, "gated_norm_rank")
 
 
 def _doge_ffn(cfg: dict[str, Any], hidden: int, ffn: int) -> int:
@@ -307,6 +316,7 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     four = mtype in _FOUR_NORMS or bool(cfg.get("use_sandwich_norm"))
     norms = (4 if four else 1 if mtype in _ONE_NORM else 2) * norm
     norms += 2 * hidden if mtype == "doge" else 0  # input_residual and post_attention_residual
+    norms += _gated_norm_mlp(cfg, hidden) if mtype == "axk2" else 0
     if mtype == "inkling_text":  # short convolutions after attention and MLP; the embedding's norm
         norms += 2 * hidden * _int(cfg, "conv_kernel_size", default=4)
         embedding += hidden
