@@ -218,6 +218,26 @@ def dsa_indexer(cfg: dict[str, Any], hidden: int, index: int) -> int:
     return cfg_int(cfg, "q_lora_rank") * heads * dim + hidden * dim + 2 * dim + hidden * heads
 
 
+def hy_v4_attention_extras(cfg: dict[str, Any], hidden: int, index: int) -> int:
+    """Hy-V4's additions to MLA: a DSA indexer (none on "shared" layers), an output gate of v_head_dim per
+    head and one learnt sink per head."""
+    heads = cfg_int(cfg, "num_attention_heads", default=1)
+    return dsa_indexer(cfg, hidden, index) + hidden * heads * cfg_int(cfg, "v_head_dim") + heads
+
+
+def hyper_connections(cfg: dict[str, Any], hidden: int) -> int:
+    """One layer's two hyper-connections (around attention and MLP) over hc_mult residual streams: each maps
+    the streams to 2 x hc_mult pre/post mixes (fn), with their biases and two scales."""
+    streams = cfg_int(cfg, "hc_mult")
+    return 2 * (2 * streams * streams * hidden + 2 * streams + 2)
+
+
+def hyper_connection_head(cfg: dict[str, Any], hidden: int) -> int:
+    """The hc_head before the final norm: hc_mult mixes of the streams, their biases and a scale."""
+    streams = cfg_int(cfg, "hc_mult")
+    return streams * streams * hidden + streams + 1
+
+
 Extra = Callable[[dict[str, Any], int, int], int]
 
 #: Modules a (model type, layer kind) adds to the shared softmax attention of layer ``index`` (indexers of
@@ -228,4 +248,5 @@ ATTENTION_EXTRAS: dict[tuple[str, str], Extra] = {
     ("laguna", "full_attention"): laguna_gate, ("laguna", "sliding_attention"): laguna_gate,
     ("lfm3", "full_attention"): optional_head_gate, ("lfm3", "sliding_attention"): optional_head_gate,
     **{(t, "indexed_attention"): dsa_indexer for t in ("deepseek_v32", "glm_moe_dsa", "axk2")},
+    ("hy_v4", "indexed_attention"): hy_v4_attention_extras,
 }

@@ -16,7 +16,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsforge.compiler.model.hf_mixers import ATTENTION_EXTRAS, MIXERS, nemotron_h_moe
+from dsforge.compiler.model.hf_mixers import (
+    ATTENTION_EXTRAS,
+    MIXERS,
+    hyper_connection_head,
+    hyper_connections,
+    nemotron_h_moe,
+)
 from dsforge.compiler.model.hf_mixers import cfg_int as _int
 
 #: Families whose MLP has two matrices (up, down) rather than three (gate, up, down).
@@ -75,10 +81,10 @@ EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_t
                          "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa",
                          "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe",
                          "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium", "hrm_text",
-                         "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "inkling_text",
-                         "internlm3", "iquestcoder", "jais2", "kimi_linear", "kolibri1", "laguna",
-                         "lara_mini", "lfm2", "lfm3", "llama", "llama4", "llama4_text", "longcat_flash",
-                         "mellum", "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2",
+                         "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4", "hyperclovax",
+                         "inkling_text", "internlm3", "iquestcoder", "jais2", "kimi_linear", "kolibri1",
+                         "laguna", "lara_mini", "lfm2", "lfm3", "llama", "llama4", "llama4_text",
+                         "longcat_flash", "mellum", "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2",
                          "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral", "nanochat",
                          "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi",
                          "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
@@ -317,6 +323,9 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     norms = (4 if four else 1 if mtype in _ONE_NORM else 2) * norm
     norms += 2 * hidden if mtype == "doge" else 0  # input_residual and post_attention_residual
     norms += _gated_norm_mlp(cfg, hidden) if mtype == "axk2" else 0
+    if mtype == "hy_v4":  # hyper-connections in every layer and before the head
+        norms += hyper_connections(cfg, hidden)
+        embedding += hyper_connection_head(cfg, hidden)
     if mtype == "inkling_text":  # short convolutions after attention and MLP; the embedding's norm
         norms += 2 * hidden * _int(cfg, "conv_kernel_size", default=4)
         embedding += hidden
