@@ -39,6 +39,17 @@ _LAYERNORM_BIAS = _LINEAR_BIAS | {"gptj", "codegen", "nemotron", "phimoe", "jais
 _NO_NORM_PARAMS = frozenset({"olmo", "nanochat", "hrm_text"})
 #: Families with one norm per layer (attention and MLP in parallel on the same normed input).
 _ONE_NORM = frozenset({"cohere", "cohere2", "cohere2_moe", "phi", "gptj", "codegen"})
+#: What the count leaves out for the types it does not match (benchmarks/hf_param_counts.py gives the size).
+_UNPRICED_FEATURES = {
+    "phi4_multimodal": "vision and audio encoders (embed_tokens_extend); the text decoder alone counted",
+    "deepseek_v4": "compressed / heavily compressed attention (compressors, indexer) and hyper-connections",
+    "qwen4_exp_text": "hyper-connections, n-gram embeddings, per-layer embeddings and the QSA indexer",
+    "inkling2_text": "Inkling-2's attention (gated output, sinks, dynamic convolutions, L2-clip scales) and "
+                     "block attention residuals",
+    "inkling2_loop_text": "Inkling-2's attention and block attention residuals, and the looped layers' gates",
+    "zaya": "ZAYA's CCA attention (q/k convolutions, delayed values), MLP router and residual scales",
+    "dory": "Dory's recurrent loops and nGPT scales (lambda, sqk, s_gate, suv, logit_scale)",
+}
 #: Families whose config has no tie_word_embeddings and whose head is its own matrix.
 _UNTIED_WITHOUT_KEY = frozenset({"inkling_text", "inkling2_text", "inkling2_loop_text"})
 #: Families whose LM head has a bias.
@@ -342,4 +353,6 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     other = sorted({k for k in kinds if k not in _SOFTMAX_LAYERS and not _priced_kind(mtype, k)})
     if other:
         unpriced.append(f"layer_types {other}: linear-attention / other layers priced as attention")
+    if mtype in _UNPRICED_FEATURES:
+        unpriced.append(f"{mtype}: {_UNPRICED_FEATURES[mtype]} not priced")
     return HfCount(mtype, embedding, total_layers, head, unpriced)
