@@ -154,6 +154,54 @@ def inkling_sliding(cfg: dict[str, Any], hidden: int) -> int:
     return _inkling_attention(cfg, hidden, sliding=True)
 
 
+def _inkling2_attention(cfg: dict[str, Any], hidden: int, full: bool) -> int:
+    """Inkling-2's attention: q with a learnt per-head scale, k and v each with a short convolution (on full
+    layers a dynamic one: static taps plus per-token taps projected from the hidden state), a sigmoid-gated
+    o_proj, per-head sinks, and a relative-position bias (linear to d_rel per head, its scale, the d_rel x
+    extent table). Full ("hybrid") layers have the global heads, sliding layers the swa_* heads."""
+    prefix = "" if full else "swa_"
+    heads = cfg_int(cfg, prefix + "num_attention_heads", default=1)
+    kv = cfg_int(cfg, prefix + "num_key_value_heads", default=heads)
+    dim = cfg_int(cfg, prefix + "head_dim") or hidden // heads
+    d_rel = cfg_int(cfg, "d_rel")
+    extent = cfg_int(cfg, "rel_extent" if full else "sliding_window_size")
+    kernel = cfg_int(cfg, "sconv_kernel_size", "conv_kernel_size", default=4)
+    q = hidden * heads * dim + heads * dim
+    k_v = 2 * (hidden * kv * dim + kv * dim * kernel + (hidden * kv * kernel if full else 0))
+    out = 2 * hidden * heads * dim + hidden * heads
+    relative = hidden * heads * d_rel + heads * d_rel + d_rel * extent
+    return q + k_v + out + relative
+
+
+def inkling2_full(cfg: dict[str, Any], hidden: int) -> int:
+    """Inkling-2's global ("hybrid") attention layer."""
+    return _inkling2_attention(cfg, hidden, full=True)
+
+
+def inkling2_sliding(cfg: dict[str, Any], hidden: int) -> int:
+    """Inkling-2's sliding-window ("hybrid_sliding") attention layer."""
+    return _inkling2_attention(cfg, hidden, full=False)
+
+
+def inkling2_layer_extras(cfg: dict[str, Any], hidden: int, kind: str, index: int) -> int:
+    """What an Inkling-2 layer has beside attention, MoE and its two norms: the block attention residuals'
+    queries (the MLP's; attention's from layer 1 on, three of them on full layers, for q, k and v), the k and
+    v input norms of full layers, and the short convolutions after attention and MLP."""
+    full = kind == "hybrid"
+    queries = hidden + ((3 if full else 1) * hidden if index > 0 else 0)
+    extras = queries + (2 * hidden if full else 0) + 2 * hidden * cfg_int(cfg, "conv_kernel_size", default=4)
+    if cfg_int(cfg, "loop_layer_index_start") <= index < cfg_int(cfg, "loop_layer_index_end"):
+        # a looped layer's four message gates (q, k, v, MLP): down_proj from 2 x hidden to loop_gate_rank, and
+        # forget and message projections back
+        extras += 4 * 4 * hidden * cfg_int(cfg, "loop_gate_rank")
+    return extras
+
+
+def loop_message_queries(cfg: dict[str, Any], hidden: int) -> int:
+    """Inkling-2-loop's message attention residual: four queries for each looped layer."""
+    return (cfg_int(cfg, "loop_layer_index_end") - cfg_int(cfg, "loop_layer_index_start")) * 4 * hidden
+
+
 Mixer = Callable[[dict[str, Any], int], int]
 
 #: The token mixer of each (model type, layer kind) whose layers are not the shared softmax attention.
@@ -167,6 +215,8 @@ MIXERS: dict[tuple[str, str], Mixer] = {
     ("bailing_hybrid", "linear_attention"): bailing_delta_attention,
     ("lfm2", "conv"): short_conv, ("lfm3", "conv"): short_conv,
     ("inkling_text", "hybrid"): inkling_full, ("inkling_text", "hybrid_sliding"): inkling_sliding,
+    **{(t, "hybrid"): inkling2_full for t in ("inkling2_text", "inkling2_loop_text")},
+    **{(t, "hybrid_sliding"): inkling2_sliding for t in ("inkling2_text", "inkling2_loop_text")},
     ("mimo_v2_flash", "full_attention"): mimo_full, ("mimo_v2_flash", "sliding_attention"): mimo_sliding,
 }
 

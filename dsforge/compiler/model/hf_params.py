@@ -21,6 +21,8 @@ from dsforge.compiler.model.hf_mixers import (
     MIXERS,
     hyper_connection_head,
     hyper_connections,
+    inkling2_layer_extras,
+    loop_message_queries,
     nemotron_h_moe,
 )
 from dsforge.compiler.model.hf_mixers import cfg_int as _int
@@ -44,9 +46,6 @@ _UNPRICED_FEATURES = {
     "phi4_multimodal": "vision and audio encoders (embed_tokens_extend); the text decoder alone counted",
     "deepseek_v4": "compressed / heavily compressed attention (compressors, indexer) and hyper-connections",
     "qwen4_exp_text": "hyper-connections, n-gram embeddings, per-layer embeddings and the QSA indexer",
-    "inkling2_text": "Inkling-2's attention (gated output, sinks, dynamic convolutions, L2-clip scales) and "
-                     "block attention residuals",
-    "inkling2_loop_text": "Inkling-2's attention and block attention residuals, and the looped layers' gates",
     "zaya": "ZAYA's CCA attention (q/k convolutions, delayed values), MLP router and residual scales",
     "dory": "Dory's recurrent loops and nGPT scales (lambda, sqk, s_gate, suv, logit_scale)",
 }
@@ -93,14 +92,15 @@ EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_t
                          "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe",
                          "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium", "hrm_text",
                          "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4", "hyperclovax",
-                         "inkling_text", "internlm3", "iquestcoder", "jais2", "kimi_linear", "kolibri1",
-                         "laguna", "lara_mini", "lfm2", "lfm3", "llama", "llama4", "llama4_text",
-                         "longcat_flash", "mellum", "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2",
-                         "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral", "nanochat",
-                         "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi",
-                         "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
-                         "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
-                         "solar_open", "starcoder2", "vaultgemma", "youtu"})
+                         "inkling2_loop_text", "inkling2_text", "inkling_text", "internlm3", "iquestcoder",
+                         "jais2", "kimi_linear", "kolibri1", "laguna", "lara_mini", "lfm2", "lfm3", "llama",
+                         "llama4", "llama4_text", "longcat_flash", "mellum", "mimo_v2_flash", "minicpm3",
+                         "minimax", "minimax_m2", "minimax_m3_vl_text", "ministral", "ministral3", "mistral",
+                         "mixtral", "nanochat", "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3",
+                         "olmo_hybrid", "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3",
+                         "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "sarvam_mla",
+                         "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2", "vaultgemma",
+                         "youtu"})
 
 
 @dataclass(frozen=True)
@@ -315,6 +315,23 @@ def _adjusted_ffn(cfg: dict[str, Any], ffn: int) -> int:
     return ffn
 
 
+def _family_extras(cfg: dict[str, Any], mtype: str, hidden: int) -> tuple[int, int]:
+    """Parameters a family adds to every layer and once to the model, beside its mixer, MLP and norms."""
+    if mtype == "doge":  # input_residual and post_attention_residual
+        return 2 * hidden, 0
+    if mtype == "axk2":
+        return _gated_norm_mlp(cfg, hidden), 0
+    if mtype == "hy_v4":  # hyper-connections in every layer and before the head
+        return hyper_connections(cfg, hidden), hyper_connection_head(cfg, hidden)
+    if mtype == "inkling_text":  # short convolutions after attention and MLP; the embedding's norm
+        return 2 * hidden * _int(cfg, "conv_kernel_size", default=4), hidden
+    if mtype in ("inkling2_text", "inkling2_loop_text"):  # the embedding's norm, the final block residual
+        return 0, 2 * hidden + (loop_message_queries(cfg, hidden) if mtype == "inkling2_loop_text" else 0)
+    if mtype == "hrm_text":  # z_L_init
+        return 0, hidden
+    return 0, 0
+
+
 def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     """The parameter count of the causal LM config.json describes, with the features it could not price."""
     mtype = str(cfg.get("model_type"))
@@ -328,18 +345,13 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     embedding = vocab * hidden
     if mtype in ("gpt2", "gpt_bigcode", "opt", "gpt_neo", "biogpt"):
         embedding += _int(cfg, "n_positions", "max_position_embeddings") * hidden
-    if mtype == "hrm_text":  # two stacks (low and high cycle) of num_layers_per_stack layers, and z_L_init
-        layers, embedding = 2 * _int(cfg, "num_layers_per_stack", default=layers), embedding + hidden
+    if mtype == "hrm_text":  # two stacks (low and high cycle) of num_layers_per_stack layers
+        layers = 2 * _int(cfg, "num_layers_per_stack", default=layers)
     four = mtype in _FOUR_NORMS or bool(cfg.get("use_sandwich_norm"))
     norms = (4 if four else 1 if mtype in _ONE_NORM else 2) * norm
-    norms += 2 * hidden if mtype == "doge" else 0  # input_residual and post_attention_residual
-    norms += _gated_norm_mlp(cfg, hidden) if mtype == "axk2" else 0
-    if mtype == "hy_v4":  # hyper-connections in every layer and before the head
-        norms += hyper_connections(cfg, hidden)
-        embedding += hyper_connection_head(cfg, hidden)
-    if mtype == "inkling_text":  # short convolutions after attention and MLP; the embedding's norm
-        norms += 2 * hidden * _int(cfg, "conv_kernel_size", default=4)
-        embedding += hidden
+    layer_extra, model_extra = _family_extras(cfg, mtype, hidden)
+    norms += layer_extra
+    embedding += model_extra
     kinds = _layer_kinds(cfg, layers)
     if mtype == "nemotron_h":  # each layer is one norm and one block: Mamba-2, attention, MoE or MLP
         total_layers = sum(norm + _nemotron_h_block(cfg, hidden, kind) for kind in kinds)
@@ -348,8 +360,11 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     else:
         total_layers = sum(_mixer(_layer_cfg(cfg, i), mtype, hidden, kinds[i], i) + norms
                            + _ffn_block(cfg, mtype, hidden, i, layers) for i in range(layers))
+    if mtype in ("inkling2_text", "inkling2_loop_text"):
+        total_layers += sum(inkling2_layer_extras(cfg, hidden, kinds[i], i) for i in range(layers))
     tied = bool(cfg.get("tie_word_embeddings", mtype not in _UNTIED_WITHOUT_KEY))
-    head = norm + (0 if tied else vocab * hidden) + (vocab if mtype in _HEAD_BIAS else 0)
+    head_rows = _int(cfg, "unpadded_vocab_size") or vocab  # Inkling-2's head leaves out the padding rows
+    head = norm + (0 if tied else head_rows * hidden) + (vocab if mtype in _HEAD_BIAS else 0)
     other = sorted({k for k in kinds if k not in _SOFTMAX_LAYERS and not _priced_kind(mtype, k)})
     if other:
         unpriced.append(f"layer_types {other}: linear-attention / other layers priced as attention")
