@@ -202,6 +202,31 @@ def loop_message_queries(cfg: dict[str, Any], hidden: int) -> int:
     return (cfg_int(cfg, "loop_layer_index_end") - cfg_int(cfg, "loop_layer_index_start")) * 4 * hidden
 
 
+def zaya_cca_attention(cfg: dict[str, Any], hidden: int) -> int:
+    """ZAYA's compressed convolutional attention: q, k and current/delayed half-width v projections, a
+    depthwise (cca_time0 taps) and a per-head grouped (cca_time1 taps) biased convolution over q and k, a
+    learnt temperature per kv head, and o_proj; the projections biased with attention_bias."""
+    heads = cfg_int(cfg, "num_attention_heads", default=1)
+    kv = cfg_int(cfg, "num_key_value_heads", default=heads)
+    dim = cfg_int(cfg, "head_dim") or hidden // heads
+    q_dim, kv_dim = heads * dim, kv * dim
+    channels = q_dim + kv_dim
+    taps = cfg_int(cfg, "cca_time0", default=2) + dim * cfg_int(cfg, "cca_time1", default=2)
+    convs = channels * taps
+    bias = q_dim + 2 * kv_dim + hidden if cfg.get("attention_bias") else 0
+    return hidden * (2 * q_dim + 2 * kv_dim) + bias + convs + 2 * channels + kv
+
+
+def zaya_moe(cfg: dict[str, Any], hidden: int, index: int) -> int:
+    """ZAYA's MoE: experts, and a router through router_hidden_size (a biased down_proj, a scale on every
+    layer but the first, an MLP with norm, two biased square layers and out_proj to the experts and a skip
+    class)."""
+    experts, width = cfg_int(cfg, "num_experts"), cfg_int(cfg, "router_hidden_size")
+    router = hidden * width + width + (width if index > 0 else 0)
+    router += width + 2 * (width * width + width) + width * (experts + 1)
+    return router + experts * 3 * hidden * cfg_int(cfg, "moe_intermediate_size")
+
+
 Mixer = Callable[[dict[str, Any], int], int]
 
 #: The token mixer of each (model type, layer kind) whose layers are not the shared softmax attention.
@@ -214,6 +239,7 @@ MIXERS: dict[tuple[str, str], Mixer] = {
     ("kimi_linear", "linear_attention"): kimi_delta_attention,
     ("bailing_hybrid", "linear_attention"): bailing_delta_attention,
     ("lfm2", "conv"): short_conv, ("lfm3", "conv"): short_conv,
+    ("zaya", "hybrid"): zaya_cca_attention, ("zaya", "hybrid_sliding"): zaya_cca_attention,
     ("inkling_text", "hybrid"): inkling_full, ("inkling_text", "hybrid_sliding"): inkling_sliding,
     **{(t, "hybrid"): inkling2_full for t in ("inkling2_text", "inkling2_loop_text")},
     **{(t, "hybrid_sliding"): inkling2_sliding for t in ("inkling2_text", "inkling2_loop_text")},

@@ -24,6 +24,7 @@ from dsforge.compiler.model.hf_mixers import (
     inkling2_layer_extras,
     loop_message_queries,
     nemotron_h_moe,
+    zaya_moe,
 )
 from dsforge.compiler.model.hf_mixers import cfg_int as _int
 
@@ -46,7 +47,6 @@ _UNPRICED_FEATURES = {
     "phi4_multimodal": "vision and audio encoders (embed_tokens_extend); the text decoder alone counted",
     "deepseek_v4": "compressed / heavily compressed attention (compressors, indexer) and hyper-connections",
     "qwen4_exp_text": "hyper-connections, n-gram embeddings, per-layer embeddings and the QSA indexer",
-    "zaya": "ZAYA's CCA attention (q/k convolutions, delayed values), MLP router and residual scales",
     "dory": "Dory's recurrent loops and nGPT scales (lambda, sqk, s_gate, suv, logit_scale)",
 }
 #: Families whose config has no tie_word_embeddings and whose head is its own matrix.
@@ -100,7 +100,7 @@ EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_t
                          "olmo_hybrid", "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3",
                          "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "sarvam_mla",
                          "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2", "vaultgemma",
-                         "youtu"})
+                         "youtu", "zaya"})
 
 
 @dataclass(frozen=True)
@@ -274,6 +274,8 @@ def _ffn_block(cfg: dict[str, Any], mtype: str, hidden: int, index: int, layers:
     ffn = _int(cfg, "intermediate_size", "n_inner", "ffn_hidden_size") or 4 * hidden
     if mtype == "doge":
         return _doge_ffn(cfg, hidden, ffn)
+    if mtype == "zaya":
+        return zaya_moe(cfg, hidden, index)
     if _int(cfg, *_MOE_EXPERTS) > 1:
         if not _dense_layer(cfg, index, layers):
             gated_norm = _gated_norm_mlp(cfg, hidden) if mtype == "axk2" else 0
@@ -329,6 +331,8 @@ def _family_extras(cfg: dict[str, Any], mtype: str, hidden: int) -> tuple[int, i
         return 0, 2 * hidden + (loop_message_queries(cfg, hidden) if mtype == "inkling2_loop_text" else 0)
     if mtype == "hrm_text":  # z_L_init
         return 0, hidden
+    if mtype == "zaya":  # two residual scalings (scale and bias of both streams) per layer; the input's
+        return 8 * hidden, 2 * hidden
     return 0, 0
 
 
@@ -364,7 +368,8 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
         total_layers += sum(inkling2_layer_extras(cfg, hidden, kinds[i], i) for i in range(layers))
     tied = bool(cfg.get("tie_word_embeddings", mtype not in _UNTIED_WITHOUT_KEY))
     head_rows = _int(cfg, "unpadded_vocab_size") or vocab  # Inkling-2's head leaves out the padding rows
-    head = norm + (0 if tied else head_rows * hidden) + (vocab if mtype in _HEAD_BIAS else 0)
+    head_bias = mtype in _HEAD_BIAS or bool(cfg.get("lm_head_bias"))
+    head = norm + (0 if tied else head_rows * hidden) + (vocab if head_bias else 0)
     other = sorted({k for k in kinds if k not in _SOFTMAX_LAYERS and not _priced_kind(mtype, k)})
     if other:
         unpriced.append(f"layer_types {other}: linear-attention / other layers priced as attention")
