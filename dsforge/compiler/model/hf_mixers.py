@@ -227,6 +227,50 @@ def zaya_moe(cfg: dict[str, Any], hidden: int, index: int) -> int:
     return router + experts * 3 * hidden * cfg_int(cfg, "moe_intermediate_size")
 
 
+def _dsv4_attention(cfg: dict[str, Any], hidden: int, kind: str) -> int:
+    """DeepSeek-V4's attention: q through q_lora_rank, one shared kv head, a grouped low-rank o_proj (o_groups
+    x o_lora_rank), per-head sinks; a heavily compressed layer adds a compressor (kv, gate, position bias of
+    its compress rate, norm), a compressed sparse layer one twice as wide and a lightning indexer."""
+    heads, dim, q_rank = cfg_int(cfg, "num_attention_heads", default=1), cfg_int(cfg, "head_dim"), cfg_int(
+        cfg, "q_lora_rank")
+    groups, o_rank = cfg_int(cfg, "o_groups", default=1), cfg_int(cfg, "o_lora_rank")
+    core = hidden * q_rank + q_rank + q_rank * heads * dim + hidden * dim + dim
+    core += heads * dim * o_rank + groups * o_rank * hidden + heads
+    rates = cfg.get("compress_rates")
+    rate = rates.get(kind, 0) if isinstance(rates, dict) else 0
+    if kind == "heavily_compressed_attention":
+        return core + 2 * hidden * dim + rate * dim + dim
+    if kind != "compressed_sparse_attention":
+        return core
+    idx_heads, idx_dim = cfg_int(cfg, "index_n_heads"), cfg_int(cfg, "index_head_dim")
+    compressor = 4 * hidden * dim + rate * 2 * dim + dim
+    indexer = 4 * hidden * idx_dim + rate * 2 * idx_dim + idx_dim + q_rank * idx_heads * idx_dim
+    return core + compressor + indexer + hidden * idx_heads
+
+
+def dsv4_sliding(cfg: dict[str, Any], hidden: int) -> int:
+    """DeepSeek-V4's sliding-window layer (no compressor)."""
+    return _dsv4_attention(cfg, hidden, "sliding_attention")
+
+
+def dsv4_compressed(cfg: dict[str, Any], hidden: int) -> int:
+    """DeepSeek-V4's compressed sparse attention layer."""
+    return _dsv4_attention(cfg, hidden, "compressed_sparse_attention")
+
+
+def dsv4_heavily_compressed(cfg: dict[str, Any], hidden: int) -> int:
+    """DeepSeek-V4's heavily compressed attention layer."""
+    return _dsv4_attention(cfg, hidden, "heavily_compressed_attention")
+
+
+def dsv4_hyper_connections(cfg: dict[str, Any], hidden: int) -> int:
+    """DeepSeek-V4's two manifold hyper-connections per layer: (2 + hc_mult) x hc_mult mixes of the streams
+    (pre, post and the comb matrix), their biases and three scales."""
+    streams = cfg_int(cfg, "hc_mult")
+    mixes = (2 + streams) * streams
+    return 2 * (mixes * streams * hidden + mixes + 3)
+
+
 Mixer = Callable[[dict[str, Any], int], int]
 
 #: The token mixer of each (model type, layer kind) whose layers are not the shared softmax attention.
@@ -239,6 +283,9 @@ MIXERS: dict[tuple[str, str], Mixer] = {
     ("kimi_linear", "linear_attention"): kimi_delta_attention,
     ("bailing_hybrid", "linear_attention"): bailing_delta_attention,
     ("lfm2", "conv"): short_conv, ("lfm3", "conv"): short_conv,
+    ("deepseek_v4", "sliding_attention"): dsv4_sliding,
+    ("deepseek_v4", "compressed_sparse_attention"): dsv4_compressed,
+    ("deepseek_v4", "heavily_compressed_attention"): dsv4_heavily_compressed,
     ("zaya", "hybrid"): zaya_cca_attention, ("zaya", "hybrid_sliding"): zaya_cca_attention,
     ("inkling_text", "hybrid"): inkling_full, ("inkling_text", "hybrid_sliding"): inkling_sliding,
     **{(t, "hybrid"): inkling2_full for t in ("inkling2_text", "inkling2_loop_text")},

@@ -19,6 +19,7 @@ from typing import Any
 from dsforge.compiler.model.hf_mixers import (
     ATTENTION_EXTRAS,
     MIXERS,
+    dsv4_hyper_connections,
     hyper_connection_head,
     hyper_connections,
     inkling2_layer_extras,
@@ -45,7 +46,6 @@ _ONE_NORM = frozenset({"cohere", "cohere2", "cohere2_moe", "phi", "gptj", "codeg
 #: What the count leaves out for the types it does not match (benchmarks/hf_param_counts.py gives the size).
 _UNPRICED_FEATURES = {
     "phi4_multimodal": "vision and audio encoders (embed_tokens_extend); the text decoder alone counted",
-    "deepseek_v4": "compressed / heavily compressed attention (compressors, indexer) and hyper-connections",
     "qwen4_exp_text": "hyper-connections, n-gram embeddings, per-layer embeddings and the QSA indexer",
     "dory": "Dory's recurrent loops and nGPT scales (lambda, sqk, s_gate, suv, logit_scale)",
 }
@@ -86,12 +86,12 @@ _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 #: tests/compiler/model/test_hf_params.py checks the set both ways).
 EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2",
                          "bailing_hybrid", "beam", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm",
-                         "deepseek_v2", "deepseek_v3", "deepseek_v32", "diffllama", "doge", "ernie4_5",
-                         "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "flex_olmo", "flint", "gemma",
-                         "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa",
-                         "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe",
-                         "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium", "hrm_text",
-                         "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4", "hyperclovax",
+                         "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "diffllama", "doge",
+                         "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "flex_olmo", "flint",
+                         "gemma", "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite",
+                         "glm_moe_dsa", "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa",
+                         "granitemoe", "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium",
+                         "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4", "hyperclovax",
                          "inkling2_loop_text", "inkling2_text", "inkling_text", "internlm3", "iquestcoder",
                          "jais2", "kimi_linear", "kolibri1", "laguna", "lara_mini", "lfm2", "lfm3", "llama",
                          "llama4", "llama4_text", "longcat_flash", "mellum", "mimo_v2_flash", "minicpm3",
@@ -179,7 +179,7 @@ def _dense_layer(cfg: dict[str, Any], index: int, layers: int) -> bool:
     step, ERNIE's moe_layer_start/end_index); mlp_layer_types, where config.json has it, says it alone."""
     types = cfg.get("mlp_layer_types")
     if isinstance(types, list) and len(types) == layers:
-        return bool(types[index] != "sparse")
+        return types[index] in ("dense", "mlp")  # the others: "sparse", DeepSeek-V4's "moe" and "hash_moe"
     if index < _int(cfg, "first_k_dense_replace", "num_dense_layers", "moe_layer_start_index"):
         return True
     end = cfg.get("moe_layer_end_index")
@@ -255,6 +255,8 @@ def _moe_block(cfg: dict[str, Any], mtype: str, hidden: int, ffn: int) -> int:
                   default=1 if mtype in ("llama4_text", "hunyuan_v1_moe") else 0)
     shared_ffn = (_int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")
                   or (moe_ffn * shared if shared else 0))
+    if mtype == "deepseek_v4":  # one shared expert of moe_intermediate_size, whatever n_shared_experts says
+        shared_ffn = moe_ffn
     block = experts * _mlp(cfg, mtype, hidden, moe_ffn) + hidden * experts
     if shared_ffn:
         block += _mlp(cfg, mtype, hidden, shared_ffn) + (hidden if mtype in _SHARED_EXPERT_GATE else 0)
@@ -325,6 +327,8 @@ def _family_extras(cfg: dict[str, Any], mtype: str, hidden: int) -> tuple[int, i
         return _gated_norm_mlp(cfg, hidden), 0
     if mtype == "hy_v4":  # hyper-connections in every layer and before the head
         return hyper_connections(cfg, hidden), hyper_connection_head(cfg, hidden)
+    if mtype == "deepseek_v4":
+        return dsv4_hyper_connections(cfg, hidden), hyper_connection_head(cfg, hidden)
     if mtype == "inkling_text":  # short convolutions after attention and MLP; the embedding's norm
         return 2 * hidden * _int(cfg, "conv_kernel_size", default=4), hidden
     if mtype in ("inkling2_text", "inkling2_loop_text"):  # the embedding's norm, the final block residual
