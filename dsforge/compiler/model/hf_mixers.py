@@ -330,6 +330,14 @@ def doge_dynamic_mask(cfg: dict[str, Any], hidden: int, index: int) -> int:
     return kv + kv_dim * kv + (kv if cfg.get("attention_bias") else 0)
 
 
+def dory_gates(cfg: dict[str, Any], hidden: int, index: int) -> int:
+    """Dory's attention output gate (gate_proj) and its nGPT scales sqk and s_gate, heads x head_dim each."""
+    del index
+    heads = cfg_int(cfg, "num_attention_heads", default=1)
+    width = heads * (cfg_int(cfg, "head_dim") or hidden // heads)
+    return hidden * width + 2 * width
+
+
 def dsa_indexer(cfg: dict[str, Any], hidden: int, index: int) -> int:
     """DeepSeek sparse attention's lightning indexer (DeepSeek-V3.2, GLM-5): its q from MLA's q_lora_rank
     latent (index_n_heads x index_head_dim), one k head with a LayerNorm, and per-head weights. A layer whose
@@ -371,5 +379,6 @@ ATTENTION_EXTRAS: dict[tuple[str, str], Extra] = {
     ("laguna", "full_attention"): laguna_gate, ("laguna", "sliding_attention"): laguna_gate,
     ("lfm3", "full_attention"): optional_head_gate, ("lfm3", "sliding_attention"): optional_head_gate,
     **{(t, "indexed_attention"): dsa_indexer for t in ("deepseek_v32", "glm_moe_dsa", "axk2")},
+    ("dory", "full_attention"): dory_gates, ("dory", "sliding_attention"): dory_gates,
     ("hy_v4", "indexed_attention"): hy_v4_attention_extras,
 }

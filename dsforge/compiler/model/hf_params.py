@@ -40,14 +40,13 @@ _LINEAR_BIAS = frozenset({"gpt2", "gpt_neox", "gpt_bigcode", "starcoder2", "phi"
 #: Families with LayerNorm (weight and bias) rather than RMSNorm (weight only).
 _LAYERNORM_BIAS = _LINEAR_BIAS | {"gptj", "codegen", "nemotron", "phimoe", "jais2"}
 #: Families with no norm parameters (OLMo's LayerNorm without weight or bias).
-_NO_NORM_PARAMS = frozenset({"olmo", "nanochat", "hrm_text"})
+_NO_NORM_PARAMS = frozenset({"olmo", "nanochat", "hrm_text", "dory"})
 #: Families with one norm per layer (attention and MLP in parallel on the same normed input).
 _ONE_NORM = frozenset({"cohere", "cohere2", "cohere2_moe", "phi", "gptj", "codegen"})
 #: What the count leaves out for the types it does not match (benchmarks/hf_param_counts.py gives the size).
 _UNPRICED_FEATURES = {
     "phi4_multimodal": "vision and audio encoders (embed_tokens_extend); the text decoder alone counted",
     "qwen4_exp_text": "hyper-connections, n-gram embeddings, per-layer embeddings and the QSA indexer",
-    "dory": "Dory's recurrent loops and nGPT scales (lambda, sqk, s_gate, suv, logit_scale)",
 }
 #: Families whose config has no tie_word_embeddings and whose head is its own matrix.
 _UNTIED_WITHOUT_KEY = frozenset({"inkling_text", "inkling2_text", "inkling2_loop_text"})
@@ -87,20 +86,20 @@ _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2",
                          "bailing_hybrid", "beam", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm",
                          "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "diffllama", "doge",
-                         "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "flex_olmo", "flint",
-                         "gemma", "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite",
-                         "glm_moe_dsa", "gpt_neox", "gpt_oss", "gptj", "granite", "granite_swa",
-                         "granitemoe", "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium",
-                         "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4", "hyperclovax",
-                         "inkling2_loop_text", "inkling2_text", "inkling_text", "internlm3", "iquestcoder",
-                         "jais2", "kimi_linear", "kolibri1", "laguna", "lara_mini", "lfm2", "lfm3", "llama",
-                         "llama4", "llama4_text", "longcat_flash", "mellum", "mimo_v2_flash", "minicpm3",
-                         "minimax", "minimax_m2", "minimax_m3_vl_text", "ministral", "ministral3", "mistral",
-                         "mixtral", "nanochat", "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3",
-                         "olmo_hybrid", "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3",
-                         "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "sarvam_mla",
-                         "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2", "vaultgemma",
-                         "youtu", "zaya"})
+                         "dory", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "flex_olmo",
+                         "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe",
+                         "glm4_moe_lite", "glm_moe_dsa", "gpt_neox", "gpt_oss", "gptj", "granite",
+                         "granite_swa", "granitemoe", "granitemoe_swa", "granitemoehybrid",
+                         "granitemoeshared", "helium", "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe",
+                         "hy_v3", "hy_v4", "hyperclovax", "inkling2_loop_text", "inkling2_text",
+                         "inkling_text", "internlm3", "iquestcoder", "jais2", "kimi_linear", "kolibri1",
+                         "laguna", "lara_mini", "lfm2", "lfm3", "llama", "llama4", "llama4_text",
+                         "longcat_flash", "mellum", "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2",
+                         "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral", "nanochat",
+                         "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi",
+                         "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
+                         "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
+                         "solar_open", "starcoder2", "vaultgemma", "youtu", "zaya"})
 
 
 @dataclass(frozen=True)
@@ -319,6 +318,15 @@ def _adjusted_ffn(cfg: dict[str, Any], ffn: int) -> int:
     return ffn
 
 
+def _one_entry_per_layer(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Dory's config.json lists each layer as two blocks (its attention, then "mlp") and counts layers
+    twice; HF builds one decoder layer per pair."""
+    types = cfg.get("layer_types")
+    if cfg.get("model_type") != "dory" or not isinstance(types, list) or "mlp" not in types:
+        return cfg
+    return {**cfg, "layer_types": types[::2], "num_hidden_layers": _int(cfg, "num_hidden_layers") // 2}
+
+
 def _family_extras(cfg: dict[str, Any], mtype: str, hidden: int) -> tuple[int, int]:
     """Parameters a family adds to every layer and once to the model, beside its mixer, MLP and norms."""
     if mtype == "doge":  # input_residual and post_attention_residual
@@ -337,12 +345,15 @@ def _family_extras(cfg: dict[str, Any], mtype: str, hidden: int) -> tuple[int, i
         return 0, hidden
     if mtype == "zaya":  # two residual scalings (scale and bias of both streams) per layer; the input's
         return 8 * hidden, 2 * hidden
+    if mtype == "dory":  # nGPT's lambda_1, lambda_2 and the MLP's suv_gate, suv_up; the head's logit_scale
+        return 2 * hidden + 2 * _int(cfg, "intermediate_size"), _int(cfg, "vocab_size")
     return 0, 0
 
 
 def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     """The parameter count of the causal LM config.json describes, with the features it could not price."""
     mtype = str(cfg.get("model_type"))
+    cfg = _one_entry_per_layer(cfg)
     hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
     blocks = cfg.get("layers_block_type")
     layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers") or (
