@@ -276,7 +276,8 @@ Mixer = Callable[[dict[str, Any], int], int]
 #: The token mixer of each (model type, layer kind) whose layers are not the shared softmax attention.
 MIXERS: dict[tuple[str, str], Mixer] = {
     **{(t, "linear_attention"): gated_delta_net
-       for t in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "lara_mini")},
+       for t in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "lara_mini",
+                 "qwen4_exp_text")},
     ("granitemoehybrid", "linear_attention"): granite_mamba,
     ("nemotron_h", "linear_attention"): nemotron_h_mamba,
     ("minimax", "linear_attention"): lightning_attention,

@@ -28,6 +28,7 @@ from dsforge.compiler.model.hf_mixers import (
     zaya_moe,
 )
 from dsforge.compiler.model.hf_mixers import cfg_int as _int
+from dsforge.compiler.model.hf_qwen4_exp import gated_residual, ple_layer, qsa_indexer
 
 #: Families whose MLP has two matrices (up, down) rather than three (gate, up, down).
 _TWO_MATRIX_MLP = frozenset({"gpt2", "gpt_neox", "gpt_bigcode", "starcoder2", "phi", "gptj", "codegen",
@@ -40,13 +41,15 @@ _LINEAR_BIAS = frozenset({"gpt2", "gpt_neox", "gpt_bigcode", "starcoder2", "phi"
 #: Families with LayerNorm (weight and bias) rather than RMSNorm (weight only).
 _LAYERNORM_BIAS = _LINEAR_BIAS | {"gptj", "codegen", "nemotron", "phimoe", "jais2"}
 #: Families with no norm parameters (OLMo's LayerNorm without weight or bias).
-_NO_NORM_PARAMS = frozenset({"olmo", "nanochat", "hrm_text", "dory"})
+_NO_NORM_PARAMS = frozenset({"olmo", "nanochat", "hrm_text", "dory", "qwen4_exp_text"})
 #: Families with one norm per layer (attention and MLP in parallel on the same normed input).
 _ONE_NORM = frozenset({"cohere", "cohere2", "cohere2_moe", "phi", "gptj", "codegen"})
+#: What each (type, layer kind) adds to softmax attention (hf_mixers', and Qwen4-exp's QSA indexer).
+_ATTENTION_EXTRAS = {**ATTENTION_EXTRAS, ("qwen4_exp_text", "full_attention"): qsa_indexer,
+                     ("qwen4_exp_text", "indexed_attention"): qsa_indexer}
 #: What the count leaves out for the types it does not match (benchmarks/hf_param_counts.py gives the size).
 _UNPRICED_FEATURES = {
     "phi4_multimodal": "vision and audio encoders (embed_tokens_extend); the text decoder alone counted",
-    "qwen4_exp_text": "hyper-connections, n-gram embeddings, per-layer embeddings and the QSA indexer",
 }
 #: Families whose config has no tie_word_embeddings and whose head is its own matrix.
 _UNTIED_WITHOUT_KEY = frozenset({"inkling_text", "inkling2_text", "inkling2_loop_text"})
@@ -64,13 +67,13 @@ _HEAD_QK_NORMS = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "exao
                             "hy_v3", "mellum", "exaone_moe", "axk1", "hunyuan_v1_moe", "kolibri1", "flint",
                             "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "lara_mini", "apertus",
                             "apertus1p5_text", "beam", "afmoe", "minimax_m3_vl_text", "lfm2", "lfm3",
-                            "laguna", "doge"})
+                            "laguna", "doge", "qwen4_exp_text"})
 #: Families whose q_proj also projects a per-channel output gate (twice the query width).
-_GATED_Q = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
+_GATED_Q = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen4_exp_text"})
 #: Families with an attention output gate of its own (gate_proj, hidden to heads x head_dim).
 _ATTN_GATE_PROJ = frozenset({"beam", "afmoe", "hrm_text"})
 #: Families whose shared expert is scaled by a learnt sigmoid gate (one hidden-wide row).
-_SHARED_EXPERT_GATE = frozenset({"qwen2_moe", "qwen3_next", "qwen3_5_moe_text"})
+_SHARED_EXPERT_GATE = frozenset({"qwen2_moe", "qwen3_next", "qwen3_5_moe_text", "qwen4_exp_text"})
 #: Families whose use_qk_norm is an L2 norm without weights (Llama 4).
 _WEIGHTLESS_QK_NORM = frozenset({"llama4", "llama4_text"})
 #: Families with one learnt attention sink per head and layer.
@@ -98,8 +101,8 @@ EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_t
                          "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral", "nanochat",
                          "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi",
                          "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
-                         "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
-                         "solar_open", "starcoder2", "vaultgemma", "youtu", "zaya"})
+                         "qwen3_moe", "qwen3_next", "qwen4_exp_text", "sarvam_mla", "sarvam_moe", "seed_oss",
+                         "smollm3", "solar_open", "starcoder2", "vaultgemma", "youtu", "zaya"})
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,7 @@ def _layer_kinds(cfg: dict[str, Any], layers: int) -> list[str]:
 def _priced_kind(mtype: str, kind: str) -> bool:
     if mtype == "nemotron_h":
         return kind in ("linear_attention", "moe", "mlp")
-    return (mtype, kind) in MIXERS or (mtype, kind) in ATTENTION_EXTRAS
+    return (mtype, kind) in MIXERS or (mtype, kind) in _ATTENTION_EXTRAS
 
 
 def _longcat_layer(cfg: dict[str, Any], hidden: int, norm: int) -> int:
@@ -242,7 +245,7 @@ def _mixer(cfg: dict[str, Any], mtype: str, hidden: int, kind: str, index: int =
     mixer = MIXERS.get((mtype, kind))
     if mixer:
         return mixer(cfg, hidden)
-    extra = ATTENTION_EXTRAS.get((mtype, kind))
+    extra = _ATTENTION_EXTRAS.get((mtype, kind))
     return _attention(cfg, mtype, hidden) + (extra(cfg, hidden, index) if extra else 0)
 
 
@@ -337,6 +340,8 @@ def _family_extras(cfg: dict[str, Any], mtype: str, hidden: int) -> tuple[int, i
         return hyper_connections(cfg, hidden), hyper_connection_head(cfg, hidden)
     if mtype == "deepseek_v4":
         return dsv4_hyper_connections(cfg, hidden), hyper_connection_head(cfg, hidden)
+    if mtype == "qwen4_exp_text":  # gated residuals around mixer and MLP, and the final stream mixer
+        return 2 * gated_residual(cfg, hidden), gated_residual(cfg, hidden, combine=False)
     if mtype == "inkling_text":  # short convolutions after attention and MLP; the embedding's norm
         return 2 * hidden * _int(cfg, "conv_kernel_size", default=4), hidden
     if mtype in ("inkling2_text", "inkling2_loop_text"):  # the embedding's norm, the final block residual
@@ -381,6 +386,8 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
                            + _ffn_block(cfg, mtype, hidden, i, layers) for i in range(layers))
     if mtype in ("inkling2_text", "inkling2_loop_text"):
         total_layers += sum(inkling2_layer_extras(cfg, hidden, kinds[i], i) for i in range(layers))
+    if mtype == "qwen4_exp_text":
+        total_layers += sum(ple_layer(cfg, hidden, i) for i in range(layers))
     tied = bool(cfg.get("tie_word_embeddings", mtype not in _UNTIED_WITHOUT_KEY))
     head_rows = _int(cfg, "unpadded_vocab_size") or vocab  # Inkling-2's head leaves out the padding rows
     head_bias = mtype in _HEAD_BIAS or bool(cfg.get("lm_head_bias"))
