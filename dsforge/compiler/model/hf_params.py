@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsforge.compiler.model.hf_encoders import phi4_encoders
 from dsforge.compiler.model.hf_mixers import (
     ATTENTION_EXTRAS,
     MIXERS,
@@ -47,10 +48,6 @@ _ONE_NORM = frozenset({"cohere", "cohere2", "cohere2_moe", "phi", "gptj", "codeg
 #: What each (type, layer kind) adds to softmax attention (hf_mixers', and Qwen4-exp's QSA indexer).
 _ATTENTION_EXTRAS = {**ATTENTION_EXTRAS, ("qwen4_exp_text", "full_attention"): qsa_indexer,
                      ("qwen4_exp_text", "indexed_attention"): qsa_indexer}
-#: What the count leaves out for the types it does not match (benchmarks/hf_param_counts.py gives the size).
-_UNPRICED_FEATURES = {
-    "phi4_multimodal": "vision and audio encoders (embed_tokens_extend); the text decoder alone counted",
-}
 #: Families whose config has no tie_word_embeddings and whose head is its own matrix.
 _UNTIED_WITHOUT_KEY = frozenset({"inkling_text", "inkling2_text", "inkling2_loop_text"})
 #: Families whose LM head has a bias.
@@ -100,9 +97,10 @@ EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_t
                          "longcat_flash", "mellum", "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2",
                          "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral", "nanochat",
                          "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi",
-                         "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
-                         "qwen3_moe", "qwen3_next", "qwen4_exp_text", "sarvam_mla", "sarvam_moe", "seed_oss",
-                         "smollm3", "solar_open", "starcoder2", "vaultgemma", "youtu", "zaya"})
+                         "phi3", "phi4_multimodal", "phimoe", "qwen2", "qwen2_moe", "qwen3",
+                         "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "qwen4_exp_text",
+                         "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2",
+                         "vaultgemma", "youtu", "zaya"})
 
 
 @dataclass(frozen=True)
@@ -395,6 +393,11 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     other = sorted({k for k in kinds if k not in _SOFTMAX_LAYERS and not _priced_kind(mtype, k)})
     if other:
         unpriced.append(f"layer_types {other}: linear-attention / other layers priced as attention")
-    if mtype in _UNPRICED_FEATURES:
-        unpriced.append(f"{mtype}: {_UNPRICED_FEATURES[mtype]} not priced")
+    if mtype == "phi4_multimodal":  # its vision and audio encoders are part of the causal LM
+        encoders = phi4_encoders(cfg, hidden)
+        embedding += encoders or 0
+        if encoders is None:
+            unpriced.append("phi4_multimodal: vision and audio encoders (no vision_config / audio_config)")
+    if mtype not in EXACT_TYPES and not unpriced:
+        unpriced.append(f"model_type {mtype}: structure not matched to HF's num_parameters()")
     return HfCount(mtype, embedding, total_layers, head, unpriced)

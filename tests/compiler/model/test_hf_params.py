@@ -108,10 +108,12 @@ def test_hybrid_layer_kinds_are_priced_per_layer() -> None:
 
 
 def test_every_approximate_type_names_what_it_leaves_out() -> None:
-    for mtype in ("phi4_multimodal",):
-        count = hf_param_count({"model_type": mtype, "hidden_size": 8, "num_hidden_layers": 1,
-                                "num_attention_heads": 1, "vocab_size": 4})
-        assert not count.exact and any(mtype in u for u in count.unpriced)
+    small = {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1, "vocab_size": 4}
+    unknown = hf_param_count({"model_type": "some_new_lm"} | small)
+    assert not unknown.exact and "some_new_lm" in unknown.unpriced[0]
+    # Phi-4-multimodal's encoders are priced from vision_config / audio_config; without them, named
+    bare = hf_param_count({"model_type": "phi4_multimodal"} | small)
+    assert not bare.exact and "audio" in bare.unpriced[0]
 
 
 def test_unmatched_type_is_named_approximate() -> None:
