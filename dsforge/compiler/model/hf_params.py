@@ -1,13 +1,16 @@
 """Parameter counts of an HF causal LM from its config.json alone (no torch): what `num_parameters()` gives.
 
 The count follows the module structure most decoder-only families in transformers share: an input
-embedding, per layer an attention block (q/k/v/o, with biases when ``attention_bias``; MLA's low-rank
-q/kv projections and their norms when ``kv_lora_rank`` is set), an MLP (gated, three matrices, unless
-the family is one of the two-matrix ones) or a MoE block (router, experts, shared experts, dense first
-layers by ``first_k_dense_replace`` / ``mlp_only_layers`` / ``decoder_sparse_step``), two norms, and a
-final norm and an untied head. Each feature the count cannot state from config.json is named in
-``HfCount.unpriced`` so explain can say the figure is approximate; ``benchmarks/hf_param_counts.py``
-measures the difference against HF's ``num_parameters()`` over the zoo's tiny configs.
+embedding, per layer a token mixer, an MLP (gated, three matrices, unless the family is one of the
+two-matrix ones) or a MoE block (router, experts, shared experts, dense layers by ``mlp_layer_types`` /
+``first_k_dense_replace`` / ``mlp_only_layers`` / ``decoder_sparse_step``), the norms, and a final norm and
+an untied head. The mixer is each layer's own kind (``layer_types``): softmax attention (q/k/v/o, biases,
+MLA's low-rank projections, gates, sinks, q/k norms, and what a kind adds such as a sparse-attention
+indexer) or the type's linear-attention, Mamba, convolution or compressed mixer (``hf_mixers``). What a
+family adds to every layer or once (hyper-connections, residual scales, encoders) is counted beside it.
+Each feature the count cannot state from config.json is named in ``HfCount.unpriced`` so explain can say
+the figure is approximate; ``benchmarks/hf_param_counts.py`` measures the difference against HF's
+``num_parameters()`` over the zoo's tiny configs.
 """
 
 from __future__ import annotations
@@ -124,24 +127,30 @@ class HfCount:
         return self.embedding + self.layers + self.head
 
 
+def _mla(cfg: dict[str, Any], mtype: str, hidden: int, heads: int, rank: int) -> int:
+    """MLA (DeepSeek-V2/V3): q through a rank-q_lora_rank bottleneck (or straight from the hidden state), k/v
+    through one of kv_lora_rank (``rank``) with the shared rope key, and o_proj."""
+    rope, nope = _int(cfg, "qk_rope_head_dim"), _int(cfg, "qk_nope_head_dim")
+    v_dim, q_rank = _int(cfg, "v_head_dim"), _int(cfg, "q_lora_rank")
+    # LongCat's q_b_proj is qk_head_dim wide per head, a key of its own (nope + rope unless set)
+    q_head = (_int(cfg, "qk_head_dim") if mtype == "longcat_flash" else 0) or rope + nope
+    q = (hidden * q_rank + q_rank + q_rank * heads * q_head) if q_rank else hidden * heads * q_head
+    if mtype == "axk2":  # q_gate_proj from [q residual, q latent] to q and a gate over v, not q_b_proj
+        q = hidden * q_rank + q_rank + 2 * q_rank * heads * (q_head + v_dim)
+    kv_part = hidden * (rank + rope) + rank + rank * heads * (nope + v_dim)
+    return q + kv_part + heads * v_dim * hidden
+
+
 def _attention(cfg: dict[str, Any], mtype: str, hidden: int) -> int:
+    """One layer's softmax attention: q/k/v/o with the family's biases, gates, sinks, q/k norms (or MLA)."""
     heads = _int(cfg, "num_attention_heads", "n_head", default=1)
     kv = _int(cfg, "num_key_value_heads", "num_kv_heads", default=heads) or heads
     if cfg.get("multi_query"):
         kv = 1
     rank = _int(cfg, "kv_lora_rank")
     bias = bool(cfg.get("attention_bias")) or bool(cfg.get("use_bias")) or mtype in _LINEAR_BIAS
-    if rank:  # MLA (DeepSeek-V2/V3): q through a rank-q_lora_rank bottleneck, k/v through one of kv_lora_rank
-        rope, nope = _int(cfg, "qk_rope_head_dim"), _int(cfg, "qk_nope_head_dim")
-        v_dim, q_rank = _int(cfg, "v_head_dim"), _int(cfg, "q_lora_rank")
-        # LongCat's q_b_proj is qk_head_dim wide per head, a key of its own (nope + rope unless set)
-        q_head = _int(cfg, "qk_head_dim") if mtype == "longcat_flash" else 0
-        q_head = q_head or rope + nope
-        q = (hidden * q_rank + q_rank + q_rank * heads * q_head) if q_rank else hidden * heads * q_head
-        if mtype == "axk2":  # q_gate_proj from [q residual, q latent] to q and a gate over v, not q_b_proj
-            q = hidden * q_rank + q_rank + 2 * q_rank * heads * (q_head + v_dim)
-        kv_part = hidden * (rank + rope) + rank + rank * heads * (nope + v_dim)
-        return q + kv_part + heads * v_dim * hidden + (hidden if bias else 0)
+    if rank:
+        return _mla(cfg, mtype, hidden, heads, rank) + (hidden if bias else 0)
     head_dim = _int(cfg, "head_dim") or hidden // heads
     q_dim, kv_dim = heads * head_dim, kv * head_dim
     weights = 2 * hidden * q_dim + 2 * hidden * kv_dim + (hidden * q_dim if mtype in _GATED_Q else 0)
@@ -353,43 +362,54 @@ def _family_extras(cfg: dict[str, Any], mtype: str, hidden: int) -> tuple[int, i
     return 0, 0
 
 
+def _layer_count(cfg: dict[str, Any], mtype: str) -> int:
+    """How many decoder layers HF builds (HRM-text: two stacks of num_layers_per_stack)."""
+    blocks = cfg.get("layers_block_type")
+    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers") or (
+        len(blocks) if isinstance(blocks, list) else 0)
+    if mtype == "hrm_text":  # two stacks (low and high cycle) of num_layers_per_stack layers
+        return 2 * _int(cfg, "num_layers_per_stack", default=layers)
+    return layers
+
+
+def _all_layers(cfg: dict[str, Any], mtype: str, hidden: int, norm: int, kinds: list[str]) -> int:
+    """Every decoder layer: its mixer, norms and what the family adds to each layer, and its MLP or MoE."""
+    layers = len(kinds)
+    if mtype == "nemotron_h":  # each layer is one norm and one block: Mamba-2, attention, MoE or MLP
+        return sum(norm + _nemotron_h_block(cfg, hidden, kind) for kind in kinds)
+    if mtype == "longcat_flash":
+        return layers * _longcat_layer(cfg, hidden, norm)
+    four = mtype in _FOUR_NORMS or bool(cfg.get("use_sandwich_norm"))
+    norms = (4 if four else 1 if mtype in _ONE_NORM else 2) * norm + _family_extras(cfg, mtype, hidden)[0]
+    total = sum(_mixer(_layer_cfg(cfg, i), mtype, hidden, kinds[i], i) + norms
+                + _ffn_block(cfg, mtype, hidden, i, layers) for i in range(layers))
+    if mtype in ("inkling2_text", "inkling2_loop_text"):
+        total += sum(inkling2_layer_extras(cfg, hidden, kinds[i], i) for i in range(layers))
+    if mtype == "qwen4_exp_text":
+        total += sum(ple_layer(cfg, hidden, i) for i in range(layers))
+    return total
+
+
+def _head(cfg: dict[str, Any], mtype: str, hidden: int, norm: int) -> int:
+    """The final norm and the LM head (its own matrix unless tied, Inkling-2's without the padding rows)."""
+    vocab = _int(cfg, "vocab_size")
+    tied = bool(cfg.get("tie_word_embeddings", mtype not in _UNTIED_WITHOUT_KEY))
+    rows = _int(cfg, "unpadded_vocab_size") or vocab
+    bias = mtype in _HEAD_BIAS or bool(cfg.get("lm_head_bias"))
+    return norm + (0 if tied else rows * hidden) + (vocab if bias else 0)
+
+
 def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     """The parameter count of the causal LM config.json describes, with the features it could not price."""
     mtype = str(cfg.get("model_type"))
     cfg = _one_entry_per_layer(cfg)
     hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
-    blocks = cfg.get("layers_block_type")
-    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers") or (
-        len(blocks) if isinstance(blocks, list) else 0)
-    vocab = _int(cfg, "vocab_size")
     unpriced: list[str] = []
     norm = 0 if mtype in _NO_NORM_PARAMS else 2 * hidden if mtype in _LAYERNORM_BIAS else hidden
-    embedding = vocab * hidden
+    embedding = _int(cfg, "vocab_size") * hidden + _family_extras(cfg, mtype, hidden)[1]
     if mtype in ("gpt2", "gpt_bigcode", "opt", "gpt_neo", "biogpt"):
         embedding += _int(cfg, "n_positions", "max_position_embeddings") * hidden
-    if mtype == "hrm_text":  # two stacks (low and high cycle) of num_layers_per_stack layers
-        layers = 2 * _int(cfg, "num_layers_per_stack", default=layers)
-    four = mtype in _FOUR_NORMS or bool(cfg.get("use_sandwich_norm"))
-    norms = (4 if four else 1 if mtype in _ONE_NORM else 2) * norm
-    layer_extra, model_extra = _family_extras(cfg, mtype, hidden)
-    norms += layer_extra
-    embedding += model_extra
-    kinds = _layer_kinds(cfg, layers)
-    if mtype == "nemotron_h":  # each layer is one norm and one block: Mamba-2, attention, MoE or MLP
-        total_layers = sum(norm + _nemotron_h_block(cfg, hidden, kind) for kind in kinds)
-    elif mtype == "longcat_flash":
-        total_layers = layers * _longcat_layer(cfg, hidden, norm)
-    else:
-        total_layers = sum(_mixer(_layer_cfg(cfg, i), mtype, hidden, kinds[i], i) + norms
-                           + _ffn_block(cfg, mtype, hidden, i, layers) for i in range(layers))
-    if mtype in ("inkling2_text", "inkling2_loop_text"):
-        total_layers += sum(inkling2_layer_extras(cfg, hidden, kinds[i], i) for i in range(layers))
-    if mtype == "qwen4_exp_text":
-        total_layers += sum(ple_layer(cfg, hidden, i) for i in range(layers))
-    tied = bool(cfg.get("tie_word_embeddings", mtype not in _UNTIED_WITHOUT_KEY))
-    head_rows = _int(cfg, "unpadded_vocab_size") or vocab  # Inkling-2's head leaves out the padding rows
-    head_bias = mtype in _HEAD_BIAS or bool(cfg.get("lm_head_bias"))
-    head = norm + (0 if tied else head_rows * hidden) + (vocab if head_bias else 0)
+    kinds = _layer_kinds(cfg, _layer_count(cfg, mtype))
     other = sorted({k for k in kinds if k not in _SOFTMAX_LAYERS and not _priced_kind(mtype, k)})
     if other:
         unpriced.append(f"layer_types {other}: linear-attention / other layers priced as attention")
@@ -400,4 +420,5 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
             unpriced.append("phi4_multimodal: vision and audio encoders (no vision_config / audio_config)")
     if mtype not in EXACT_TYPES and not unpriced:
         unpriced.append(f"model_type {mtype}: structure not matched to HF's num_parameters()")
-    return HfCount(mtype, embedding, total_layers, head, unpriced)
+    layers = _all_layers(cfg, mtype, hidden, norm, kinds)
+    return HfCount(mtype, embedding, layers, _head(cfg, mtype, hidden, norm), unpriced)
