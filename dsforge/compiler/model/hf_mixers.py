@@ -52,9 +52,10 @@ def granite_mamba(cfg: dict[str, Any], hidden: int) -> int:
 def nemotron_h_mamba(cfg: dict[str, Any], hidden: int) -> int:
     """Nemotron-H's Mamba-2 layer (inner width ``mamba_num_heads`` x ``mamba_head_dim``)."""
     heads = cfg_int(cfg, "mamba_num_heads")
+    conv_bias = cfg.get("use_conv_bias", cfg.get("mamba_conv_bias", True))  # older config.json: mamba_* names
     return _mamba2(hidden, heads * cfg_int(cfg, "mamba_head_dim"), heads,
-                   2 * cfg_int(cfg, "n_groups", default=1) * cfg_int(cfg, "ssm_state_size"),
-                   cfg_int(cfg, "conv_kernel", default=4), bool(cfg.get("use_conv_bias", True)),
+                   2 * cfg_int(cfg, "n_groups", "mamba_n_groups", default=1) * cfg_int(cfg, "ssm_state_size"),
+                   cfg_int(cfg, "conv_kernel", "mamba_d_conv", default=4), bool(conv_bias),
                    bool(cfg.get("use_bias")))
 
 

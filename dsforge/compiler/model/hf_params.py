@@ -51,6 +51,12 @@ _ONE_NORM = frozenset({"cohere", "cohere2", "cohere2_moe", "phi", "gptj", "codeg
 #: What each (type, layer kind) adds to softmax attention (hf_mixers', and Qwen4-exp's QSA indexer).
 _ATTENTION_EXTRAS = {**ATTENTION_EXTRAS, ("qwen4_exp_text", "full_attention"): qsa_indexer,
                      ("qwen4_exp_text", "indexed_attention"): qsa_indexer}
+#: Types whose config class derives layer_types from full_attention_interval (every n-th layer softmax
+#: attention, of this kind; the others linear attention) when config.json has none.
+_INTERVAL_KINDS = {"qwen3_next": "full_attention", "qwen3_5_text": "full_attention",
+                   "qwen3_5_moe_text": "full_attention", "qwen4_exp_text": "indexed_attention"}
+#: Nemotron-H's hybrid_override_pattern characters (older config.json files).
+_NEMOTRON_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
 #: Families whose config has no tie_word_embeddings and whose head is its own matrix.
 _UNTIED_WITHOUT_KEY = frozenset({"inkling_text", "inkling2_text", "inkling2_loop_text"})
 #: Families whose LM head has a bias.
@@ -201,12 +207,24 @@ def _dense_layer(cfg: dict[str, Any], index: int, layers: int) -> bool:
     return (index + 1) % step != 0
 
 
-def _layer_kinds(cfg: dict[str, Any], layers: int) -> list[str]:
-    """Each layer's token-mixer kind (config.json's layer_types; full attention where it has none)."""
+def _layer_kinds(cfg: dict[str, Any], mtype: str, layers: int) -> list[str] | None:
+    """Each layer's token-mixer kind: config.json's layer_types, else what the type's config class derives
+    from older keys (full_attention_interval, Nemotron-H's hybrid_override_pattern, LFM2's full_attn_idxs);
+    None where config.json says nothing and the class derives a pattern this count does not know."""
     types = cfg.get("layer_types") or cfg.get("layers_block_type")
     if isinstance(types, list) and len(types) == layers:
         return [str(t) for t in types]
-    return ["full_attention"] * layers
+    if mtype in _INTERVAL_KINDS:
+        step = _int(cfg, "full_attention_interval", default=4) or 4
+        return ["linear_attention" if (i + 1) % step else _INTERVAL_KINDS[mtype] for i in range(layers)]
+    pattern = cfg.get("hybrid_override_pattern")
+    if mtype == "nemotron_h" and isinstance(pattern, str):
+        return [_NEMOTRON_PATTERN.get(c, c) for c in pattern]
+    full = cfg.get("full_attn_idxs")
+    if mtype == "lfm2" and isinstance(full, list):
+        return ["full_attention" if i in full else "conv" for i in range(layers)]
+    kinded = {t for t, kind in (*MIXERS, *_ATTENTION_EXTRAS) if kind != "full_attention"} - {"laguna"}
+    return None if mtype in kinded else ["full_attention"] * layers
 
 
 def _priced_kind(mtype: str, kind: str) -> bool:
@@ -409,7 +427,12 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
     embedding = _int(cfg, "vocab_size") * hidden + _family_extras(cfg, mtype, hidden)[1]
     if mtype in ("gpt2", "gpt_bigcode", "opt", "gpt_neo", "biogpt"):
         embedding += _int(cfg, "n_positions", "max_position_embeddings") * hidden
-    kinds = _layer_kinds(cfg, _layer_count(cfg, mtype))
+    layers = _layer_count(cfg, mtype)
+    kinds = _layer_kinds(cfg, mtype, layers)
+    if kinds is None:
+        unpriced.append(f"config.json has no layer_types: the {layers} layers of {mtype} are priced as full "
+                        f"attention, and its config class derives another pattern")
+        kinds = ["full_attention"] * layers
     other = sorted({k for k in kinds if k not in _SOFTMAX_LAYERS and not _priced_kind(mtype, k)})
     if other:
         unpriced.append(f"layer_types {other}: linear-attention / other layers priced as attention")
@@ -420,5 +443,5 @@ def hf_param_count(cfg: dict[str, Any]) -> HfCount:
             unpriced.append("phi4_multimodal: vision and audio encoders (no vision_config / audio_config)")
     if mtype not in EXACT_TYPES and not unpriced:
         unpriced.append(f"model_type {mtype}: structure not matched to HF's num_parameters()")
-    layers = _all_layers(cfg, mtype, hidden, norm, kinds)
-    return HfCount(mtype, embedding, layers, _head(cfg, mtype, hidden, norm), unpriced)
+    total = _all_layers(cfg, mtype, hidden, norm, kinds)
+    return HfCount(mtype, embedding, total, _head(cfg, mtype, hidden, norm), unpriced)

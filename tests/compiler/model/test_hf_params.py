@@ -92,6 +92,26 @@ def test_real_size_configs_count_as_hf_does(model_type: str) -> None:
     assert count.total == case["num_parameters"]
 
 
+def test_older_config_json_without_layer_types() -> None:
+    """Older checkpoints state the layer pattern in the keys the config class derives layer_types from."""
+    qwen = dict(_REAL_SIZE["qwen3_next"]["config"])
+    kinds = qwen.pop("layer_types")
+    assert kinds == ["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(len(kinds))]
+    count = hf_param_count(qwen | {"full_attention_interval": 4})
+    assert count.exact and count.total == _REAL_SIZE["qwen3_next"]["num_parameters"]
+    nemotron = dict(_REAL_SIZE["nemotron_h"]["config"])
+    code = {"linear_attention": "M", "moe": "E", "full_attention": "*", "mlp": "-"}
+    pattern = "".join(code[k] for k in nemotron.pop("layers_block_type"))
+    count = hf_param_count(nemotron | {"hybrid_override_pattern": pattern})
+    assert count.exact and count.total == _REAL_SIZE["nemotron_h"]["num_parameters"]
+    lfm2 = dict(_REAL_SIZE["lfm2"]["config"])
+    full = [i for i, k in enumerate(lfm2.pop("layer_types")) if k == "full_attention"]
+    assert hf_param_count(lfm2 | {"full_attn_idxs": full}).total == _REAL_SIZE["lfm2"]["num_parameters"]
+    olmo = {k: v for k, v in _REAL_SIZE["olmo_hybrid"]["config"].items() if k != "layer_types"}
+    count = hf_param_count(olmo)
+    assert not count.exact and "no layer_types" in count.unpriced[0]
+
+
 def test_hybrid_layer_kinds_are_priced_per_layer() -> None:
     """A Gated DeltaNet layer and a gated-q softmax layer of Qwen3-Next, each from its own config keys."""
     base = {"model_type": "qwen3_next", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
