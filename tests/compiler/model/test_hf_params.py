@@ -78,8 +78,66 @@ def test_note_is_silent_when_the_formula_is_exact_and_says_the_difference_otherw
     assert param_count_note(None, 5) is None
 
 
+_REAL_SIZE = json.loads((ROOT / "tests" / "fixtures" / "hf_param_configs.json").read_text())
+
+
+@pytest.mark.parametrize("model_type", sorted(_REAL_SIZE))
+def test_real_size_configs_count_as_hf_does(model_type: str) -> None:
+    """The default (flagship-size) config of each type whose layers hf_params prices by kind (Gated DeltaNet,
+    Mamba-2, KDA, lightning and short-conv mixers, sparse-attention indexers, hyper-connections, ...), as
+    config.json; num_parameters is HF's count of that config built on the meta device (transformers 5.24)."""
+    case = _REAL_SIZE[model_type]
+    count = hf_param_count(case["config"])
+    assert count.exact
+    assert count.total == case["num_parameters"]
+
+
+def test_older_config_json_without_layer_types() -> None:
+    """Older checkpoints state the layer pattern in the keys the config class derives layer_types from."""
+    qwen = dict(_REAL_SIZE["qwen3_next"]["config"])
+    kinds = qwen.pop("layer_types")
+    assert kinds == ["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(len(kinds))]
+    count = hf_param_count(qwen | {"full_attention_interval": 4})
+    assert count.exact and count.total == _REAL_SIZE["qwen3_next"]["num_parameters"]
+    nemotron = dict(_REAL_SIZE["nemotron_h"]["config"])
+    code = {"linear_attention": "M", "moe": "E", "full_attention": "*", "mlp": "-"}
+    pattern = "".join(code[k] for k in nemotron.pop("layers_block_type"))
+    count = hf_param_count(nemotron | {"hybrid_override_pattern": pattern})
+    assert count.exact and count.total == _REAL_SIZE["nemotron_h"]["num_parameters"]
+    lfm2 = dict(_REAL_SIZE["lfm2"]["config"])
+    full = [i for i, k in enumerate(lfm2.pop("layer_types")) if k == "full_attention"]
+    assert hf_param_count(lfm2 | {"full_attn_idxs": full}).total == _REAL_SIZE["lfm2"]["num_parameters"]
+    olmo = {k: v for k, v in _REAL_SIZE["olmo_hybrid"]["config"].items() if k != "layer_types"}
+    count = hf_param_count(olmo)
+    assert not count.exact and "no layer_types" in count.unpriced[0]
+
+
+def test_hybrid_layer_kinds_are_priced_per_layer() -> None:
+    """A Gated DeltaNet layer and a gated-q softmax layer of Qwen3-Next, each from its own config keys."""
+    base = {"model_type": "qwen3_next", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 4, "vocab_size": 10, "intermediate_size": 8,
+            "tie_word_embeddings": True, "linear_num_key_heads": 2, "linear_key_head_dim": 4,
+            "linear_num_value_heads": 4, "linear_value_head_dim": 2, "linear_conv_kernel_dim": 3}
+    mlp_norms = 3 * 16 * 8 + 2 * 16
+    linear = hf_param_count(base | {"layer_types": ["linear_attention"]}).layers - mlp_norms
+    # in_proj_qkvz (2 x 8 + 2 x 8 wide), in_proj_ba (2 x 4), conv1d (24 channels x 3), dt_bias, A_log, norm,
+    # out_proj
+    assert linear == 16 * 32 + 16 * 8 + 24 * 3 + 4 + 4 + 2 + 8 * 16
+    full = hf_param_count(base | {"layer_types": ["full_attention"]}).layers - mlp_norms
+    assert full == 16 * 16 + 2 * 16 * 4 + 8 * 16 + 2 * 4  # q_proj twice as wide (gate), k, v, o, q/k norms
+
+
+def test_every_approximate_type_names_what_it_leaves_out() -> None:
+    small = {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1, "vocab_size": 4}
+    unknown = hf_param_count({"model_type": "some_new_lm"} | small)
+    assert not unknown.exact and "some_new_lm" in unknown.unpriced[0]
+    # Phi-4-multimodal's encoders are priced from vision_config / audio_config; without them, named
+    bare = hf_param_count({"model_type": "phi4_multimodal"} | small)
+    assert not bare.exact and "audio" in bare.unpriced[0]
+
+
 def test_unmatched_type_is_named_approximate() -> None:
-    cfg = {"model_type": "qwen3_next", "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+    cfg = {"model_type": "some_hybrid", "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
            "vocab_size": 32, "intermediate_size": 16, "layer_types": ["linear_attention", "full_attention"]}
     count = hf_param_count(cfg)
     assert not count.exact and "linear_attention" in count.unpriced[0]
@@ -104,6 +162,8 @@ def test_exact_types_are_those_that_match_hf_num_parameters() -> None:
     wrong = {t: r["diff"] for t, r in built.items() if (r["diff"] == 0) != (t in EXACT_TYPES)}
     assert not wrong
     assert EXACT_TYPES <= set(built)
+    silent = [t for t, r in built.items() if r["diff"] != 0 and not r["unpriced"]]
+    assert not silent  # an approximate count always names the feature it does not price
 
 
 def test_mla_and_linear_attention_layers_are_named_with_their_flop_gap(tmp_path: Path) -> None:
