@@ -279,7 +279,7 @@ MIXERS: dict[tuple[str, str], Mixer] = {
     **{(t, "linear_attention"): gated_delta_net
        for t in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "lara_mini",
                  "qwen4_exp_text")},
-    ("granitemoehybrid", "linear_attention"): granite_mamba,
+    ("granitemoehybrid", "linear_attention"): granite_mamba, ("bamba", "linear_attention"): granite_mamba,
     ("nemotron_h", "linear_attention"): nemotron_h_mamba,
     ("minimax", "linear_attention"): lightning_attention,
     ("kimi_linear", "linear_attention"): kimi_delta_attention,

@@ -92,7 +92,7 @@ _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 
 #: Types whose count equals HF's num_parameters() on the zoo's tiny configs (benchmarks/hf_param_counts.py;
 #: tests/compiler/model/test_hf_params.py checks the set both ways).
-EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2",
+EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2", "bamba",
                          "bailing_hybrid", "beam", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm",
                          "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "diffllama", "doge",
                          "dory", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "flex_olmo",
@@ -223,6 +223,9 @@ def _layer_kinds(cfg: dict[str, Any], mtype: str, layers: int) -> list[str] | No
     full = cfg.get("full_attn_idxs")
     if mtype == "lfm2" and isinstance(full, list):
         return ["full_attention" if i in full else "conv" for i in range(layers)]
+    if mtype == "bamba":  # Mamba-2 except at attn_layer_indices (BambaConfig.layers_block_type)
+        full = cfg.get("attn_layer_indices") or []
+        return ["full_attention" if i in full else "linear_attention" for i in range(layers)]
     kinded = {t for t, kind in (*MIXERS, *_ATTENTION_EXTRAS) if kind != "full_attention"} - {"laguna"}
     return None if mtype in kinded else ["full_attention"] * layers
 
