@@ -41,6 +41,19 @@ def _mamba2(hidden: int, inner: int, heads: int, state_width: int, kernel: int, 
     return in_proj + conv + 3 * heads + inner + inner * hidden + (hidden if proj_bias else 0)
 
 
+def jamba_mamba(cfg: dict[str, Any], hidden: int) -> int:
+    """Jamba's Mamba (1) mixer: in_proj to x and z, a depthwise convolution over x, x_proj to dt, B and C,
+    dt_proj back to the inner width, A_log (inner x state) and D, RMSNorms over dt, B and C, out_proj."""
+    inner, state = cfg_int(cfg, "mamba_expand", default=2) * hidden, cfg_int(cfg, "mamba_d_state")
+    rank = cfg.get("mamba_dt_rank")
+    rank = -(-hidden // 16) if rank == "auto" or not isinstance(rank, int) else rank
+    bias = bool(cfg.get("mamba_proj_bias"))
+    kernel = cfg_int(cfg, "mamba_d_conv", default=4)
+    conv = inner * kernel + (inner if cfg.get("mamba_conv_bias", True) else 0)
+    projections = hidden * 2 * inner + inner * (rank + 2 * state) + rank * inner + inner + inner * hidden
+    return projections + (2 * inner + hidden if bias else 0) + conv + inner * state + inner + rank + 2 * state
+
+
 def granite_mamba(cfg: dict[str, Any], hidden: int) -> int:
     """Granite-4.0-H's Mamba-2 layer (``mamba_*`` keys; its inner width is ``mamba_expand`` x hidden)."""
     return _mamba2(hidden, cfg_int(cfg, "mamba_expand", default=2) * hidden, cfg_int(cfg, "mamba_n_heads"),
@@ -280,6 +293,7 @@ MIXERS: dict[tuple[str, str], Mixer] = {
        for t in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "lara_mini",
                  "qwen4_exp_text")},
     ("granitemoehybrid", "linear_attention"): granite_mamba, ("bamba", "linear_attention"): granite_mamba,
+    ("jamba", "mamba"): jamba_mamba,
     ("nemotron_h", "linear_attention"): nemotron_h_mamba,
     ("minimax", "linear_attention"): lightning_attention,
     ("kimi_linear", "linear_attention"): kimi_delta_attention,

@@ -101,8 +101,8 @@ EXACT_TYPES = frozenset({"afmoe", "apertus", "apertus1p5_text", "arcee", "aria_t
                          "granite_swa", "granitemoe", "granitemoe_swa", "granitemoehybrid",
                          "granitemoeshared", "helium", "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe",
                          "hy_v3", "hy_v4", "hyperclovax", "inkling2_loop_text", "inkling2_text",
-                         "inkling_text", "internlm3", "iquestcoder", "jais2", "kimi_linear", "kolibri1",
-                         "laguna", "lara_mini", "lfm2", "lfm3", "llama", "llama4", "llama4_text",
+                         "inkling_text", "internlm3", "iquestcoder", "jais2", "jamba", "kimi_linear",
+                         "kolibri1", "laguna", "lara_mini", "lfm2", "lfm3", "llama", "llama4", "llama4_text",
                          "longcat_flash", "mellum", "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2",
                          "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral", "nanochat",
                          "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi",
@@ -203,6 +203,9 @@ def _dense_layer(cfg: dict[str, Any], index: int, layers: int) -> bool:
     only = cfg.get("mlp_only_layers") or []
     if isinstance(only, list) and index in only:
         return True
+    period = cfg.get("expert_layer_period")
+    if isinstance(period, int) and period > 0:  # Jamba: experts where index % period == offset
+        return index % period != _int(cfg, "expert_layer_offset")
     step = _int(cfg, "decoder_sparse_step", "moe_layer_interval", default=1) or 1
     return (index + 1) % step != 0
 
@@ -223,6 +226,10 @@ def _layer_kinds(cfg: dict[str, Any], mtype: str, layers: int) -> list[str] | No
     full = cfg.get("full_attn_idxs")
     if mtype == "lfm2" and isinstance(full, list):
         return ["full_attention" if i in full else "conv" for i in range(layers)]
+    period = cfg.get("attn_layer_period")
+    if mtype == "jamba" and isinstance(period, int) and period > 0:  # JambaConfig.layers_block_type
+        return ["full_attention" if i % period == _int(cfg, "attn_layer_offset") else "mamba"
+                for i in range(layers)]
     if mtype == "bamba":  # Mamba-2 except at attn_layer_indices (BambaConfig.layers_block_type)
         full = cfg.get("attn_layer_indices") or []
         return ["full_attention" if i in full else "linear_attention" for i in range(layers)]
