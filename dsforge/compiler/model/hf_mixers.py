@@ -387,6 +387,19 @@ def hyper_connection_head(cfg: dict[str, Any], hidden: int) -> int:
 
 Extra = Callable[[dict[str, Any], int, int], int]
 
+
+def falcon_h1_mamba(cfg: dict[str, Any], hidden: int, index: int) -> int:
+    """Falcon-H1's Mamba-2 mixer, beside attention in every layer (inner width ``mamba_d_ssm``, else
+    ``mamba_expand`` x hidden; its gated norm only with ``mamba_rms_norm``)."""
+    inner = cfg_int(cfg, "mamba_d_ssm") or cfg_int(cfg, "mamba_expand", default=2) * hidden
+    mixer = _mamba2(hidden, inner, cfg_int(cfg, "mamba_n_heads"),
+                    2 * cfg_int(cfg, "mamba_n_groups", default=1) * cfg_int(cfg, "mamba_d_state"),
+                    cfg_int(cfg, "mamba_d_conv", default=4), bool(cfg.get("mamba_conv_bias", True)),
+                    bool(cfg.get("mamba_proj_bias")))
+    proj_bias, out_bias = bool(cfg.get("mamba_proj_bias")), bool(cfg.get("projectors_bias"))
+    out_bias_diff = (hidden if out_bias else 0) - (hidden if proj_bias else 0)  # out_proj: projectors_bias
+    return mixer - (0 if cfg.get("mamba_rms_norm") else inner) + out_bias_diff
+
 #: Modules a (model type, layer kind) adds to the shared softmax attention of layer ``index`` (indexers of
 #: sparse attention).
 ATTENTION_EXTRAS: dict[tuple[str, str], Extra] = {
@@ -397,4 +410,5 @@ ATTENTION_EXTRAS: dict[tuple[str, str], Extra] = {
     **{(t, "indexed_attention"): dsa_indexer for t in ("deepseek_v32", "glm_moe_dsa", "axk2")},
     ("dory", "full_attention"): dory_gates, ("dory", "sliding_attention"): dory_gates,
     ("hy_v4", "indexed_attention"): hy_v4_attention_extras,
+    ("falcon_h1", "full_attention"): falcon_h1_mamba,
 }
