@@ -294,11 +294,11 @@ def zoo_types() -> list[str]:
     return [t for t in known_types() if (p := plans_for_type(t)) is not None and (p.tp or p.ep)]
 
 
-def _write(path: Path, rows: list[dict[str, Any]], dtype: str, seconds: float) -> None:
+def _write(path: Path, rows: list[dict[str, Any]], dtype: str, seconds: float, mode: str = "tp") -> None:
     """The result file scripts/families_table.py reads: the mode, transformers' version, run time and rows."""
     import transformers
 
-    data = {"mode": f"tp=2, {dtype}", "transformers": transformers.__version__, "seconds": round(seconds),
+    data = {"mode": f"{mode}=2, {dtype}", "transformers": transformers.__version__, "seconds": round(seconds),
             "rows": rows}
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
@@ -366,7 +366,7 @@ def main() -> int:
               f"s  {row.get('why', '')}",
               flush=True)
         if args.json:  # rewritten after every type: an interrupted run keeps what it measured
-            _write(Path(args.json), rows, args.dtype, time.perf_counter() - start)
+            _write(Path(args.json), rows, args.dtype, time.perf_counter() - start, args.mode)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["result"]] = counts.get(r["result"], 0) + 1

@@ -19,16 +19,29 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "hf_zoo.json"
+#: `python benchmarks/hf_zoo.py --mode pp --json ...`: the types with a base_model_pp_plan at pp=2
+RESULTS_PP = ROOT / "benchmarks" / "results" / "hf_zoo_pp.json"
 DOC = ROOT / "docs" / "families.md"
 README = ROOT / "README.md"
 BEGIN, END = "<!-- hf-zoo-table:begin (scripts/families_table.py) -->", "<!-- hf-zoo-table:end -->"
 ORDER = ("exact", "refused", "differs", "crash", "no build")
 
 
-def load(path: Path = RESULTS) -> dict[str, Any]:
-    """The result file: {"mode": ..., "seconds": ..., "rows": [...]}."""
+def load(path: Path = RESULTS, pp_path: Path = RESULTS_PP) -> dict[str, Any]:
+    """The result file: {"mode": ..., "seconds": ..., "rows": [...]}, with the pp=2 file's under "pp" when
+    there is one."""
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    if pp_path.exists():
+        data["pp"] = json.loads(pp_path.read_text(encoding="utf-8"))
     return data
+
+
+def _mode_row(mode: str, rows: list[dict[str, Any]], seconds: object) -> str:
+    c = counts(rows)
+    built = len(rows) - c["no build"]
+    share = f"{100 * c['exact'] / built:.0f} %" if built else "-"
+    return (f"| {mode} | {built} | {c['exact']} ({share}) | {c['refused']} | {c['differs']} | {c['crash']} | "
+            f"{seconds} s |")
 
 
 def counts(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -52,15 +65,17 @@ def _wide_line(rows: list[dict[str, Any]]) -> list[str]:
 def summary(data: dict[str, Any]) -> str:
     """README's block: one line per mode with the counts and where the rows are."""
     rows = data["rows"]
-    c = counts(rows)
-    built = len(rows) - c["no build"]
-    share = f"{100 * c['exact'] / built:.0f} %" if built else "-"
+    built = len(rows) - counts(rows)["no build"]
+    pp = data.get("pp")
+    pp_line = (f" {len(pp['rows'])} of them state a base_model_pp_plan and run at pp=2 too (`--mode pp`)."
+               if pp else "")
     lines = [BEGIN, "",
              (f"The HF zoo (`benchmarks/hf_zoo.py`, {data['mode']}): {len(rows)} causal-LM types of "
-              f"transformers {data['transformers']} state a tp/ep plan, {built} build tiny on CPU."), "",
+              f"transformers {data['transformers']} state a tp/ep plan, {built} build tiny on CPU."
+              f"{pp_line}"), "",
              "| mode | types built | exact | refused | differs | crash | run time |",
-             "|---|---|---|---|---|---|---|", (f"| {data['mode']} | {built} | {c['exact']} ({share}) | "
-              f"{c['refused']} | {c['differs']} | {c['crash']} | {data['seconds']} s |"), "",
+             "|---|---|---|---|---|---|---|", _mode_row(data["mode"], rows, data["seconds"]),
+             *([_mode_row(pp["mode"], pp["rows"], pp["seconds"])] if pp else []), "",
              *_wide_line(rows),
              ("Every type, its policy and the reason of each refusal or difference: "
               "[docs/families.md](docs/families.md)."),
@@ -81,6 +96,15 @@ def _why(row: dict[str, Any]) -> str:
     return str(row.get("why") or "")
 
 
+def _pp_cell(row: dict[str, Any] | None) -> str:
+    """The type's pp=2 result (with the rule and the start of the reason): '-' without a pp plan."""
+    if row is None:
+        return "-"
+    why = f": {row['why']}" if row.get("why") and row["result"] != "exact" else ""
+    rule = f" {row['rule']}" if row.get("rule") else ""
+    return _cell(f"{row['result']}{rule}{why}")[:120]
+
+
 def document(data: dict[str, Any]) -> str:
     """docs/families.md: the summary and one row per type."""
     head = ["# Model families: the HF zoo", "",
@@ -92,11 +116,13 @@ def document(data: dict[str, Any]) -> str:
             summary(data).replace(BEGIN, "").replace(END, "").replace("[docs/families.md](docs/families.md)",
                                                                       "below")
             .strip(), "",
-            "| type | result | rule | policy | s | why |", "|---|---|---|---|---|---|"]
+            "| type | result | rule | policy | s | why | pp=2 |", "|---|---|---|---|---|---|---|"]
+    pp = {r["type"]: r for r in data.get("pp", {}).get("rows", [])}
     body = [
         f"| {r['type']} | {r['result']}{' (' + r['dtype'] + ')' if r.get('dtype') else ''} "
         f"| {r.get('rule', '')} | {r.get('arch', '')} | {r.get('seconds', '')} "
-        f"| {_cell(_why(r))}{' (re-run: ' + r['run'] + ')' if r.get('run') else ''} |"
+        f"| {_cell(_why(r))}{' (re-run: ' + r['run'] + ')' if r.get('run') else ''} "
+        f"| {_pp_cell(pp.get(r['type']))} |"
         for r in data["rows"]
     ]
     return "\n".join(head + body) + "\n"
