@@ -224,14 +224,16 @@ def test_accelerate_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Pat
     from dsforge.runtime.models import build_model
     from tests.runtime_e2e.harness import compare
 
-    tp_job = EXAMPLE / "job_tp.yaml"
-    if ranks != 2:  # the same global batch over dp = ranks / 2
-        tp_job = tmp_path / "tp4.yaml"
-        tp_job.write_text((EXAMPLE / "job_tp.yaml").read_text().replace("gpus_per_node: 2",
-                                                                       f"gpus_per_node: {ranks}"))
+    def port(text: str, number: int) -> str:  # a port of its own, as the HF tests' torchrun runs have
+        return text.replace("  launcher: accelerate\n", f"  launcher: accelerate\n  master_port: {number}\n")
+
+    example = (EXAMPLE / "job_tp.yaml").read_text()
+    tp_job = tmp_path / f"tp{ranks}.yaml"  # at 4 ranks the same global batch over dp = 2
+    tp_job.write_text(port(example.replace("gpus_per_node: 2", f"gpus_per_node: {ranks}"), 29671 + ranks),
+                      encoding="utf-8")
     one = tmp_path / "one.yaml"
-    one.write_text((EXAMPLE / "job_tp.yaml").read_text().replace("gpus_per_node: 2", "gpus_per_node: 1")
-                   .replace("  tp: 2\n", "").replace("  sequence_parallel: true\n", ""), encoding="utf-8")
+    one.write_text(port(example.replace("gpus_per_node: 2", "gpus_per_node: 1").replace("  tp: 2\n", "")
+                        .replace("  sequence_parallel: true\n", ""), 29681 + ranks), encoding="utf-8")
     spec = load_job(one).plan.spec
     build_model(spec.model, "cpu", 1, seed=3).save_pretrained(tmp_path / "init")  # the user's own model
     summaries = {}
