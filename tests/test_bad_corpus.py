@@ -33,8 +33,12 @@ NOT_FROM_A_JOB_FILE = {
     "DSF703": "a trainer plugin's refusal at start-up, not validate: tests/plugins/test_parallel_model.py",
     "DSF704": "a trainer plugin's refusal at start-up, not validate: tests/plugins/test_parallel_model.py",
     "DSF705": "a trainer plugin's refusal at start-up, not validate: tests/plugins/test_parallel_model.py",
-    "DSF706": "the HF Trainer plugin's refusal at start-up, not validate: tests/plugins/test_hf.py",
-    "DSF707": "the HF Trainer plugin's refusal at start-up, not validate: tests/plugins/test_hf.py",
+    "DSF706": "the HF Trainer and Accelerate plugins' refusal at start-up, not validate: "
+              "tests/plugins/test_hf.py, tests/plugins/test_accelerate.py",
+    "DSF707": "the HF Trainer and Accelerate plugins' refusal at start-up, not validate: "
+              "tests/plugins/test_hf.py, tests/plugins/test_accelerate.py",
+    "DSF708": "the Accelerate plugin's refusal of a ParallelismConfig, not validate: "
+              "tests/plugins/test_accelerate.py",
     "DSF716": "Lightning's resume refusal at load_checkpoint, not validate: tests/plugins/test_lightning.py",
     "DSF027": "a project settings file, not a job file: tests/compiler/rules/test_suppress.py",
     "DSF144": "compile only, from the model the rewrite plan builds on the meta device: "

@@ -162,7 +162,11 @@ def _loader_shard(loader: Any) -> tuple[int, int] | None:
     return None
 
 
-def check_data_shard(job: TrainerJob, loader: Any, rank: int | None = None) -> None:
+_SHARD_FIX = ("give the Trainer a map-style train_dataset and let it build the loader (accelerate shards it "
+              "over the dp ranks)")
+
+
+def check_data_shard(job: TrainerJob, loader: Any, rank: int | None = None, fix: str = _SHARD_FIX) -> None:
     """PlanMismatchError before the first step when the loader does not shard the data over the dp ranks.
 
     At tp > 1 accelerate shards a prepared loader by DeepSpeed's TP mesh (``torch_device_mesh`` from
@@ -184,8 +188,7 @@ def check_data_shard(job: TrainerJob, loader: Any, rank: int | None = None) -> N
             f"reads part {shard[0]} of {shard[1]} on rank {rank}, the job file plans "
             f"{want[1]} data-parallel ranks and this rank is dp rank {want[0]} (parallel.tp="
             f"{job.plan.degrees.tp} at {job.where('parallel', 'tp')}: the ranks of one TP group must read "
-            f"the same batch)\n  fix: give the Trainer a map-style train_dataset and let it build the "
-            f"loader (accelerate shards it over the dp ranks)")
+            f"the same batch)\n  fix: {fix}")
 
 
 class DsforgeCallback(TrainerCallback):  # type: ignore[misc]

@@ -22,13 +22,14 @@ Stable API (each function takes a job file path or a loaded ``TrainerJob``):
   the gathered slices, as `dsforge export` writes it; ``from_pretrained`` loads it (collective).
 * ``require_trainer_layout(job, trainer)``: PluginError DSF702-DSF704 for what a trainer cannot feed exactly.
 * ``refuse_without_mpu(job, trainer, why)``: PluginError DSF705 for tp > 1 where the trainer's own
-  ``deepspeed.initialize`` gets no mpu by any documented way (Accelerate; the HF Trainer: autotp_config).
+  ``deepspeed.initialize`` gets no mpu by any documented way (no built-in plugin: the HF Trainer and
+  Accelerate use autotp_config).
 * ``own_exit(job)``: for a trainer that joins the world itself: the plan's groups and the clean exit
   (start()).
 * ``autotp_config(job, ds_config)``: for a trainer that calls deepspeed.initialize without an mpu (HF
-  Trainer): the ds_config with DeepSpeed's ``tensor_parallel.autotp_size`` section, so the engine builds its
-  own (dp, tp) groups, which must be the plan's (PluginError DSF706 where they are not), and the batch rule
-  DeepSpeed checks before it has them (every rank counted).
+  Trainer, Accelerate): the ds_config with DeepSpeed's ``tensor_parallel.autotp_size`` section, so the engine
+  builds its own (dp, tp) groups, which must be the plan's (PluginError DSF706 where they are not), and the
+  batch rule DeepSpeed checks before it has them (every rank counted).
 """
 
 from __future__ import annotations

@@ -80,6 +80,103 @@ def test_check_names_a_world_accelerate_got_wrong(tmp_path: Path) -> None:
         check_accelerator(EXAMPLE / "job.yaml", acc)
 
 
+def _tp_job(tmp: Path, ranks: int = 2, zero: int = 1, order: str = "") -> Path:
+    path = tmp / f"tp{ranks}-z{zero}{order.replace('-', '')}.yaml"
+    extra = f", order: {order}" if order else ""
+    path.write_text("version: 1\nmodel: {preset: tiny-llama}\n"
+                    f"hardware: {{preset: cpu-local, gpus_per_node: {ranks}}}\n"
+                    f"parallel: {{tp: 2, sequence_parallel: true, zero: {zero}{extra}}}\n"
+                    "training: {global_batch: 8, micro_batch: 2, precision: fp32, steps: 2}\n",
+                    encoding="utf-8")
+    return path
+
+
+def test_tensor_parallel_gets_deepspeeds_tp_section_and_its_batch_rule(tmp_path: Path) -> None:
+    """At tp=2 the Accelerator's deepspeed.initialize (no mpu) gets tensor_parallel.autotp_size, as the HF
+    Trainer's does; train_batch_size counts every rank (accelerate's own fill-in: micro x accum x processes),
+    and check_accelerator divides the TP ranks out before comparing the global batch with the plan."""
+    from dsforge.plugins.job import load_job
+
+    path = _tp_job(tmp_path, ranks=4)
+    cfg = deepspeed_plugin(path).deepspeed_config
+    assert cfg["tensor_parallel"] == {"autotp_size": 2}
+    assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (2, 2)  # dp = 2
+    assert cfg["train_batch_size"] == 2 * 2 * 4
+    compiled_cfg = load_job(path).ds_config()
+    assert cfg == {**compiled_cfg, "tensor_parallel": {"autotp_size": 2}, "train_batch_size": 16}
+    acc = SimpleNamespace(num_processes=4, distributed_type=DistributedType.DEEPSPEED,
+                          state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(deepspeed_config=cfg)))
+    check_accelerator(path, acc)  # global batch 16 / tp 2 = the plan's 8
+    cfg["train_batch_size"] = 32
+    with pytest.raises(PlanMismatchError, match="global batch: the Accelerator has 16, the job file plans 8"):
+        check_accelerator(path, acc)
+
+
+def test_tp_layouts_deepspeed_cannot_run_are_refused_before_start(tmp_path: Path) -> None:
+    from dsforge.plugins.accelerate import prepare_model
+    from dsforge.plugins.job import PluginError
+
+    order = _tp_job(tmp_path, ranks=4, order="dp-tp-cp-ep-pp")
+    zero3 = _tp_job(tmp_path, zero=3)
+    for call in (deepspeed_plugin, prepare_model):
+        with pytest.raises(PluginError, match=r"^DSF706: .*Accelerate gives deepspeed.initialize no mpu.*tp "
+                                              r"groups \[\[0, 1\], \[2, 3\]\], while the plan's are "
+                                              r"\[\[0, 2\], \[1, 3\]\]"):
+            call(order)
+        with pytest.raises(PluginError, match=r"^DSF707: .*parallel.zero=3 with tp=2 .*through Accelerate"):
+            call(zero3)
+
+
+def test_accelerates_own_parallelism_config_is_refused(tmp_path: Path) -> None:
+    from accelerate.parallelism_config import ParallelismConfig
+
+    from dsforge.plugins.accelerate import refuse_parallelism_config
+    from dsforge.plugins.job import PluginError
+
+    path = _tp_job(tmp_path)
+    refuse_parallelism_config(path, None)
+    refuse_parallelism_config(path, ParallelismConfig())  # every size 1: no split of its own
+    with pytest.raises(PluginError, match=r"^DSF708: .*ParallelismConfig with tp_size=2: accelerate would "
+                                          r"split .*parallel at .*:4:"):
+        refuse_parallelism_config(path, ParallelismConfig(tp_size=2))
+
+
+def test_a_whole_model_or_a_world_sharded_loader_is_named_before_the_first_step(tmp_path: Path) -> None:
+    """At tp=2 x dp=2 rank 3 is dp rank 1 of 2: a model prepare_model did not split, a loader split 4 ways
+    (prepared before accelerate had its TP mesh) and a dispatching loader are each named."""
+    import torch
+    from accelerate.data_loader import DataLoaderDispatcher
+
+    from dsforge.plugins.accelerate import check_dataloader, check_model
+    from dsforge.plugins.hf import check_data_shard
+    from dsforge.plugins.job import load_job
+
+    job = load_job(_tp_job(tmp_path, ranks=4))
+    with pytest.raises(PlanMismatchError, match=r"model: the model given to accelerator.prepare was not "
+                                                r"made by dsforge.plugins.accelerate.prepare_model, while "
+                                                r"parallel.tp=2"):
+        check_model(job, torch.nn.Linear(2, 2))
+    check_model(load_job(EXAMPLE / "job.yaml"), torch.nn.Linear(2, 2))  # tp 1: any model
+    world_split = SimpleNamespace(batch_size=2,
+                                  batch_sampler=SimpleNamespace(process_index=3, num_processes=4))
+    with pytest.raises(PlanMismatchError, match=r"(?s)reads part 3 of 4 on rank 3.*fix: pass the DataLoader"):
+        check_data_shard(job, world_split, 3, fix="pass the DataLoader")
+    # This process (no world: rank 0, dp rank 0 of 2) given dp rank 1's shard, through the plugin's check.
+    other = SimpleNamespace(batch_size=2, batch_sampler=SimpleNamespace(process_index=1, num_processes=2))
+    with pytest.raises(PlanMismatchError, match=r"(?s)reads part 1 of 2 on rank 0.*fix: pass the DataLoader "
+                                                r"\(map-style data set\) to accelerator.prepare"):
+        check_dataloader(job, other)
+    check_dataloader(job, SimpleNamespace(batch_size=2, batch_sampler=SimpleNamespace(process_index=0,
+                                                                                      num_processes=2)))
+    with pytest.raises(PlanMismatchError, match="micro-batch per rank: the data loader has 4"):
+        check_dataloader(job, SimpleNamespace(batch_size=4))
+    dispatcher = DataLoaderDispatcher.__new__(DataLoaderDispatcher)
+    dispatcher.__dict__["batch_size"] = 2
+    with pytest.raises(PlanMismatchError, match=r"dispatches one batch from rank 0 to every rank.*the 2 "
+                                                r"data-parallel ranks of parallel.tp=2"):
+        check_dataloader(job, dispatcher)
+
+
 @pytest.mark.slow
 def test_compiled_launch_sh_trains_the_example_on_two_processes(tmp_path: Path) -> None:
     out = compiled(tmp_path)
@@ -100,3 +197,71 @@ def test_compiled_launch_sh_trains_the_example_on_two_processes(tmp_path: Path) 
     # accelerate's set_mixed_precision writes for every dtype a config does not mention.
     expected = json.loads((out / "ds_config.json").read_text())
     assert got["ds_config"] == {**expected, "fp16": {"enabled": False}, "bf16": {"enabled": False}}
+
+
+def _launch(job: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    """The example script through the job's compiled launch.sh (`accelerate launch`), as the docs run it."""
+    (tmp / job.stem).mkdir()
+    out = compiled(tmp / job.stem, job)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return subprocess.run([str(out / "launch.sh"), str(EXAMPLE / "train_accelerate.py"), str(job), *args],
+                          check=False, env=env, cwd=tmp, capture_output=True, text=True, timeout=400)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 4], ids=["tp2", "tp2xdp2"])
+def test_accelerate_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path, ranks: int) -> None:
+    """The example (a standard Accelerator loop plus the documented dsforge lines: accelerator,
+    prepare_model(job, model), optimizer_and_scheduler, check_model, check_dataloader, save_model) at tp=2
+    with sequence parallelism and ZeRO-1 on 2 CPU ranks (and tp=2 x dp=2 on 4), from an HF model directory,
+    against the same script on one process at tp=1: every optimizer step's loss and DeepSpeed's gradient norm
+    agree, and the saved plain HF directory gives the one-process model's weights and logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dsforge.plugins.job import load_job
+    from dsforge.runtime.models import build_model
+    from tests.runtime_e2e.harness import compare
+
+    def port(text: str, number: int) -> str:  # a port of its own, as the HF tests' torchrun runs have
+        return text.replace("  launcher: accelerate\n", f"  launcher: accelerate\n  master_port: {number}\n")
+
+    example = (EXAMPLE / "job_tp.yaml").read_text()
+    tp_job = tmp_path / f"tp{ranks}.yaml"  # at 4 ranks the same global batch over dp = 2
+    tp_job.write_text(port(example.replace("gpus_per_node: 2", f"gpus_per_node: {ranks}"), 29671 + ranks),
+                      encoding="utf-8")
+    one = tmp_path / "one.yaml"
+    one.write_text(port(example.replace("gpus_per_node: 2", "gpus_per_node: 1").replace("  tp: 2\n", "")
+                        .replace("  sequence_parallel: true\n", ""), 29681 + ranks), encoding="utf-8")
+    spec = load_job(one).plan.spec
+    build_model(spec.model, "cpu", 1, seed=3).save_pretrained(tmp_path / "init")  # the user's own model
+    summaries = {}
+    for name, job in (("tp", tp_job), ("ref", one)):
+        proc = _launch(job, tmp_path, "--from-pretrained", str(tmp_path / "init"), "--save",
+                       str(tmp_path / name), "--summary", str(tmp_path / f"{name}.json"))
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-4000:]
+        assert "Signal 6" not in out and "terminate called" not in out  # no rank aborts at exit
+        summaries[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    tp, ref = summaries["tp"], summaries["ref"]
+    assert tp["world"] == ranks and tp["optimizer_steps"] == ref["optimizer_steps"] == 4
+    assert tp["ds_config"]["tensor_parallel"] == {"autotp_size": 2}
+    assert "tensor_parallel" not in ref["ds_config"]
+    assert len(tp["step_losses"]) == len(tp["grad_norms"]) == 4
+    compare(f"accelerate tp2 sp zero1 {ranks} ranks", "losses", tp["step_losses"], ref["step_losses"])
+    compare(f"accelerate tp2 sp zero1 {ranks} ranks", "grad norms", tp["grad_norms"], ref["grad_norms"])
+    assert tp["step_losses"][3] != tp["step_losses"][0]  # it trained
+    models = {n: AutoModelForCausalLM.from_pretrained(tmp_path / n).eval() for n in ("tp", "ref")}
+    start = AutoModelForCausalLM.from_pretrained(tmp_path / "init")
+    weights = {n: m.state_dict() for n, m in models.items()}
+    assert set(weights["tp"]) == set(weights["ref"])
+    for key, value in weights["ref"].items():
+        torch.testing.assert_close(weights["tp"][key], value, rtol=1e-4, atol=1e-6, msg=key)
+    assert not torch.equal(weights["ref"]["lm_head.weight"], start.state_dict()["lm_head.weight"])  # trained
+    tokens = torch.randint(0, spec.model.vocab, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = {n: m(input_ids=tokens).logits for n, m in models.items()}
+    err = float((logits["tp"] - logits["ref"]).abs().max() / logits["ref"].abs().max())
+    print(f"PARITY accelerate {ranks} ranks saved logits rel {err:.2e}", flush=True)
+    torch.testing.assert_close(logits["tp"], logits["ref"], rtol=1e-4, atol=1e-5)

@@ -112,16 +112,18 @@ def test_layouts_a_trainer_cannot_feed_are_refused_before_start(tmp_path: Path, 
 
 
 def test_tensor_parallel_without_an_mpu_hook_is_refused_with_its_reason(tmp_path: Path) -> None:
-    # (The HF Trainer runs tp > 1 through DeepSpeed's tensor_parallel section: tests/plugins/test_hf.py.)
-    from dsforge.plugins.accelerate import deepspeed_plugin
-    from dsforge.plugins.accelerate import prepare_model as acc_prepare
+    # No built-in plugin needs DSF705 now: the HF Trainer and Accelerate run tp > 1 through DeepSpeed's
+    # tensor_parallel section (tests/plugins/test_hf.py, test_accelerate.py); the core keeps the refusal for a
+    # trainer whose deepspeed.initialize gets no mpu by any documented way.
     from dsforge.plugins.job import PluginError
+    from dsforge.plugins.parallel_model import refuse_without_mpu
 
     job = _job(tmp_path, "tp: 2")
-    for call, where in ((acc_prepare, "_prepare_deepspeed"), (deepspeed_plugin, "_prepare_deepspeed")):
-        with pytest.raises(PluginError, match=rf"^DSF705: .*tp=2: .* without an mpu "
-                                              rf"\(.*{where}.*parallel_model.mpu"):
-            call(job)
+    with pytest.raises(PluginError, match=r"^DSF705: .*tp=2: MyTrainer .* without an mpu "
+                                          r"\(its loop calls deepspeed.initialize\).*parallel_model.mpu"):
+        refuse_without_mpu(job, "MyTrainer", "its loop calls deepspeed.initialize")
+    (tmp_path / "tp1").mkdir()
+    assert refuse_without_mpu(_job(tmp_path / "tp1", "tp: 1"), "MyTrainer", "").plan.degrees.tp == 1
 
 
 def _train_dp(rank: int, world: int, path: str, ckpt: str) -> None:

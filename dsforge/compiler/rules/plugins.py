@@ -42,24 +42,36 @@ report_id("DSF704", "a trainer plugin cannot run expert parallelism",
           "expert-data-parallel group; `dsforge compile` runs the job.",
           _TRAINERS)
 report_id("DSF705", "the trainer's deepspeed.initialize gets no mpu, so tensor parallelism is refused",
-          "Raised before start when parallel.tp > 1 through Accelerate: its "
-          "deepspeed.initialize receives an mpu only for Ulysses sequence parallelism, so DeepSpeed would "
-          "average the TP ranks' slices as replicas; dsforge patches no trainer code. "
+          "Raised by dsforge.plugins.parallel_model.refuse_without_mpu when parallel.tp > 1, for a trainer "
+          "whose deepspeed.initialize receives no mpu by any documented way: DeepSpeed would average the TP "
+          "ranks' slices as replicas; dsforge patches no trainer code. No built-in plugin raises it now: the "
+          "HF Trainer and (since 0.2.0) Accelerate run tp > 1 through DeepSpeed's tensor_parallel section "
+          "(parallel_model.autotp_config; DSF706, DSF707 and DSF708 refuse what that cannot run). "
           "dsforge.plugins.parallel_model.mpu(job) serves a script that calls deepspeed.initialize itself.",
           _TRAINERS)
 report_id("DSF706", "DeepSpeed's own tensor-parallel groups would not be the plan's",
-          "Raised by the HF Trainer plugin before start when parallel.tp > 1 and the plan's tp or dp groups "
-          "are not the ones DeepSpeed builds from tensor_parallel.autotp_size (the Trainer passes no mpu, "
-          "so DeepSpeed's engine makes a (dp, tp) mesh with TP groups on consecutive ranks): the model would "
-          "be reduced over other ranks than it is split across. Keep tp the fastest-varying axis of "
-          "parallel.order, followed by dp, or run the job with `dsforge compile`.", _TRAINERS)
+          "Raised by the HF Trainer and Accelerate plugins before start when parallel.tp > 1 and the plan's "
+          "tp or dp groups are not the ones DeepSpeed builds from tensor_parallel.autotp_size (neither "
+          "passes an mpu, so DeepSpeed's engine makes a (dp, tp) mesh with TP groups on consecutive ranks): "
+          "the model would be reduced over other ranks than it is split across. Keep tp the fastest-varying "
+          "axis of parallel.order, followed by dp, or run the job with `dsforge compile`.",
+          _TRAINERS)
 report_id("DSF707", "ZeRO-3 with tensor parallelism through the HF Trainer is refused",
           "Raised by the HF Trainer plugin before start when parallel.tp > 1 and parallel.zero is 3: "
           "with the tensor_parallel section in HF's DeepSpeed config, transformers' from_pretrained "
           "refuses the load under zero.Init (its weight conversions are not implemented for DeepSpeed "
           "TP) and the rank's shard is not filled from the skeleton, so no exact run was seen; ZeRO-1 "
           "and ZeRO-2 with tp were tested equal to one process. Use zero 1 or 2, or run the job with "
-          "`dsforge compile`.", _TRAINERS)
+          "`dsforge compile`. Accelerate gets the same refusal (its zero3_init_flag builds the model under "
+          "the same HfDeepSpeedConfig; not run through Accelerate).", _TRAINERS)
+report_id("DSF708", "Accelerate's own ParallelismConfig next to the job's plan is refused",
+          "Raised by dsforge.plugins.accelerate.accelerator when the Accelerator has a ParallelismConfig "
+          "with a size above 1 (tp_size, sp_size, cp_size, dp_shard_size, dp_replicate_size; passed in, or "
+          "built from accelerate's PARALLELISM_CONFIG_* environment): accelerate would split the model or "
+          "the data by its own device mesh (transformers' tp_plan, Ulysses sequence parallelism) next to the"
+          " job's plan. Set the degrees in the job's parallel section; at tp > 1 the plugin's DeepSpeed "
+          "config carries tensor_parallel.autotp_size, and no ParallelismConfig is needed.",
+          "dsforge/plugins/accelerate.py")
 report_id("DSF716", "Lightning's resume from ckpt_path is refused: it is not the uninterrupted run",
           "Raised by DsforgeStrategy.load_checkpoint: from an epoch-end checkpoint Lightning 2.6 replays one "
           "batch of the finished epoch (measured: the third step's loss 5.5494 against 5.5573 uninterrupted, "

@@ -2,10 +2,17 @@
 
     dsforge compile examples/trainers/accelerate/job.yaml -o acc-job
     acc-job/launch.sh examples/trainers/accelerate/train_accelerate.py examples/trainers/accelerate/job.yaml
+    dsforge compile examples/trainers/accelerate/job_tp.yaml -o acc-tp
+    acc-tp/launch.sh examples/trainers/accelerate/train_accelerate.py \
+        examples/trainers/accelerate/job_tp.yaml --save out/acc-tp
 
 (`torchrun --nproc_per_node 2 ...train_accelerate.py job.yaml` works as well.) The Accelerator
 carries the job's compiled ds_config and is checked against the plan; DeepSpeed builds the
-optimizer and the schedule from that config.
+optimizer and the schedule from that config. `prepare_model(job)` gives this rank its model by the plan
+(`prepare_model(job, model)` with `--from-pretrained DIR`: your own HF model, split by the plan); job_tp.yaml
+runs it at tp=2 with sequence parallelism and ZeRO-1 (the loader passed to `acc.prepare` is sharded over the
+dp ranks). `save_model(acc, model, DIR)` writes a plain HF directory (gathered from the slices at tp > 1) that
+`from_pretrained` loads.
 """
 
 from __future__ import annotations
@@ -15,8 +22,16 @@ import json
 import sys
 
 import torch
+from transformers import AutoModelForCausalLM
 
-from dsforge.plugins.accelerate import accelerator, check_dataloader, optimizer_and_scheduler, prepare_model
+from dsforge.plugins.accelerate import (
+    accelerator,
+    check_dataloader,
+    check_model,
+    optimizer_and_scheduler,
+    prepare_model,
+    save_model,
+)
 from dsforge.plugins.job import PluginError, load_job
 
 
@@ -24,13 +39,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("job", help="the dsforge job file")
     p.add_argument("--summary", help="write the losses and the DeepSpeed config in use here (JSON, rank 0)")
+    p.add_argument("--from-pretrained", help="start from this HF model directory (prepare_model(job, model))")
+    p.add_argument("--save", help="after training, write the model here as a plain HF directory")
     a = p.parse_args()
     try:
         job = load_job(a.job)
         acc = accelerator(job)
         spec = job.plan.spec
-        model = prepare_model(job)  # this rank's model by the plan (from model.pretrained when the job names
-                                    # one)
+        if a.from_pretrained:  # your own HF model, rewritten by the job's plan (the job's model section)
+            model = prepare_model(job, AutoModelForCausalLM.from_pretrained(a.from_pretrained))
+        else:  # this rank's model by the plan (from model.pretrained when the job names one)
+            model = prepare_model(job)
         tokens = torch.randint(
             0,
             spec.model.vocab,
@@ -40,11 +59,12 @@ def main() -> int:
         loader = torch.utils.data.DataLoader(tokens, batch_size=job.micro_batch)
         optimizer, scheduler = optimizer_and_scheduler(job, model)
         model, optimizer, loader, scheduler = acc.prepare(model, optimizer, loader, scheduler)
-        check_dataloader(job, loader)
+        check_model(job, model)
+        check_dataloader(job, loader)  # batch size, and at tp > 1 this rank's dp shard
     except PluginError as exc:  # a job that cannot drive this run: a message, not a traceback
         print(f"dsforge: {exc}", file=sys.stderr)
         return 2
-    losses = []
+    losses, step_losses, grad_norms, pending = [], [], [], []
     for batch in loader:
         with acc.accumulate(model):
             loss = model(input_ids=batch, labels=batch).loss
@@ -54,9 +74,17 @@ def main() -> int:
             scheduler.step()
             optimizer.zero_grad()
         losses.append(acc.reduce(loss.detach(), "mean").item())
+        pending.append(losses[-1])
+        if acc.sync_gradients:  # an optimizer step ran: its mean loss and DeepSpeed's gradient norm
+            step_losses.append(sum(pending) / len(pending))
+            grad_norms.append(float(model.get_global_grad_norm()))
+            pending = []
+    if a.save:
+        save_model(acc, model, a.save)  # every rank calls it; rank 0 writes
     if a.summary and acc.is_main_process:
         with open(a.summary, "w", encoding="utf-8") as fh:
-            json.dump({"losses": losses, "optimizer_steps": model.global_steps, "world": acc.num_processes,
+            json.dump({"losses": losses, "step_losses": step_losses, "grad_norms": grad_norms,
+                       "optimizer_steps": model.global_steps, "world": acc.num_processes,
                        "ds_config": acc.deepspeed_config}, fh)
     acc.print(f"dsforge: {model.global_steps} optimizer steps, last loss {losses[-1]:.4f}")
     acc.end_training()  # the plugin releases the engine and the groups at exit: no rank aborts there
