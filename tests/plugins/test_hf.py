@@ -309,8 +309,8 @@ def test_trainer_zero3_at_tp1_equals_one_process(tmp_path: Path) -> None:
     """ZeRO-3 at tp=1 through the Trainer, on 2 CPU ranks and on 1, with the model built by prepare_model(job)
     (from the seed) and with prepare_model(job, from_pretrained(DIR)) (HF builds it under zero.Init, as
     is_deepspeed_zero3_enabled says once TrainingArguments exist): every step's loss and gradient norm equal
-    one process's at ZeRO-1 from the same weights, and the saved directory loads with from_pretrained and holds
-    the reference's trained weights."""
+    one process's at ZeRO-1 from the same weights, each rank holds its partition, and the saved directory
+    loads with from_pretrained and holds the reference's trained weights."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -332,8 +332,8 @@ def test_trainer_zero3_at_tp1_equals_one_process(tmp_path: Path) -> None:
     summaries = {}
     for port, (name, (job, nproc, pretrained)) in enumerate(runs.items(), start=29661):
         extra = ["--from-pretrained", str(tmp_path / "init")] if pretrained else []
-        proc = _torchrun([*extra, "--save", str(tmp_path / name), "--summary", str(tmp_path / f"{name}.json")],
-                         tmp_path, port, tmp_path / f"{job}.yaml", nproc)
+        out_args = ["--save", str(tmp_path / name), "--summary", str(tmp_path / f"{name}.json")]
+        proc = _torchrun([*extra, *out_args], tmp_path, port, tmp_path / f"{job}.yaml", nproc)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, f"{name}: {out[-4000:]}"
         assert "Signal 6" not in out and "terminate called" not in out  # no rank aborts at exit
@@ -341,8 +341,11 @@ def test_trainer_zero3_at_tp1_equals_one_process(tmp_path: Path) -> None:
     ref = summaries.pop("ref")
     assert ref["steps"] == 4 and ref["losses"][3] != ref["losses"][0]  # it trained
     want = AutoModelForCausalLM.from_pretrained(tmp_path / "ref").state_dict()
+    whole = ref["memory"][0]["measured"]["parameters"]
     for name, got in summaries.items():
         assert got["steps"] == 4
+        ranks = runs[name][1]
+        assert [r["measured"]["parameters"] for r in got["memory"]] == [whole // ranks] * ranks  # partitioned
         compare(f"hf trainer zero3 {name}", "losses", got["losses"], ref["losses"])
         compare(f"hf trainer zero3 {name}", "grad norms", got["grad_norms"], ref["grad_norms"])
         weights = AutoModelForCausalLM.from_pretrained(tmp_path / name).state_dict()
