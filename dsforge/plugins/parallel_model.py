@@ -140,9 +140,9 @@ def autotp_config(job: JobLike, ds_config: dict[str, Any], trainer: str) -> dict
         raise PluginError(
             f"DSF707: {j.file}: parallel.zero={j.plan.zero} with tp={d.tp} at {j.where('parallel', 'zero')}: "
             f"through {trainer} ZeRO-3 builds the model under zero.Init with the tensor_parallel section in "
-            f"HF's DeepSpeed config, where transformers' from_pretrained refuses a tensor-parallel load and "
-            f"the rank's shard cannot be filled from the skeleton, so no exact run was seen. Use "
-            f"parallel.zero 1 or 2 with tp > 1 (both tested equal to one process), or run the job with "
+            f"HF's DeepSpeed config, where transformers' from_pretrained refuses a tensor-parallel load, and "
+            f"no exact run of the rank's shard under ZeRO-3 with that section was seen. Use parallel.zero 1 "
+            f"or 2 with tp > 1 (both tested equal to one process; ZeRO-3 runs at tp 1), or run the job with "
             f"`dsforge compile` and its launcher.")
     world = j.plan.world_size
     want = deepspeed_mesh(world, d.tp)
