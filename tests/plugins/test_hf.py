@@ -304,6 +304,14 @@ def test_trainer_tp2_resumes_from_its_own_checkpoint_exactly(tmp_path: Path) -> 
     print(f"PARITY hf trainer tp2 resumed {b['losses'][2:]} uninterrupted {a['losses'][2:]}", flush=True)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @pytest.mark.slow
 def test_trainer_zero3_at_tp1_equals_one_process(tmp_path: Path) -> None:
     """ZeRO-3 at tp=1 through the Trainer, on 2 CPU ranks and on 1, with the model built by prepare_model(job)
@@ -330,7 +338,8 @@ def test_trainer_zero3_at_tp1_equals_one_process(tmp_path: Path) -> None:
     runs = {"ref": ("ref", 1, True), "z3-seed": ("z3", 2, False), "z3-pretrained": ("z3", 2, True),
             "z3one-seed": ("z3one", 1, False), "z3one-pretrained": ("z3one", 1, True)}
     summaries = {}
-    for port, (name, (job, nproc, pretrained)) in enumerate(runs.items(), start=29661):
+    for name, (job, nproc, pretrained) in runs.items():
+        port = _free_port()  # not a fixed one: other test runs on this machine may hold it
         extra = ["--from-pretrained", str(tmp_path / "init")] if pretrained else []
         out_args = ["--save", str(tmp_path / name), "--summary", str(tmp_path / f"{name}.json")]
         proc = _torchrun([*extra, *out_args], tmp_path, port, tmp_path / f"{job}.yaml", nproc)
