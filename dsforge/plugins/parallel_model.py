@@ -141,9 +141,9 @@ def autotp_config(job: JobLike, ds_config: dict[str, Any], trainer: str) -> dict
         raise PluginError(
             f"DSF707: {j.file}: parallel.zero={j.plan.zero} with tp={d.tp} at {j.where('parallel', 'zero')}: "
             f"through {trainer} ZeRO-3 builds the model under zero.Init with the tensor_parallel section in "
-            f"HF's DeepSpeed config, where transformers' from_pretrained refuses a tensor-parallel load and "
-            f"the rank's shard cannot be filled from the skeleton, so no exact run was seen. Use "
-            f"parallel.zero 1 or 2 with tp > 1 (both tested equal to one process), or run the job with "
+            f"HF's DeepSpeed config, where transformers' from_pretrained refuses a tensor-parallel load, and "
+            f"no exact run of the rank's shard under ZeRO-3 with that section was seen. Use parallel.zero 1 "
+            f"or 2 with tp > 1 (both tested equal to one process; ZeRO-3 runs at tp 1), or run the job with "
             f"`dsforge compile` and its launcher.")
     world = j.plan.world_size
     want = deepspeed_mesh(world, d.tp)
@@ -249,10 +249,21 @@ class DenseWeights:
 
 
 def _to_meta(model: Any) -> dict[str, Any]:
-    """Move every parameter of ``model`` to meta (ties kept); returns the dense values by state-dict name."""
+    """Move every parameter of ``model`` to meta (ties kept); returns the dense values by state-dict name.
+
+    A model built under ``deepspeed.zero.Init`` (transformers' from_pretrained/from_config once an HF
+    DeepSpeed config with ZeRO-3 exists: the Trainer's TrainingArguments, accelerate's zero3_init_flag) holds
+    only this rank's partition of each parameter (shape [0], the whole shape in ``ds_shape``): each is
+    gathered whole, one at a time, and its meta replacement is a plain parameter of the whole shape without
+    DeepSpeed's marks, so that the rewrite plans the dense shapes and the fill partitions it afresh.
+    """
+    import torch
     from torch import nn
 
     values = {k: v.detach() for k, v in model.state_dict().items()}
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
     done: dict[int, nn.Parameter] = {}
     for module in model.modules():
         for name, p in list(module._parameters.items()):
@@ -260,11 +271,27 @@ def _to_meta(model: Any) -> dict[str, Any]:
                 continue
             meta = done.get(id(p))
             if meta is None:
-                meta = nn.Parameter(p.detach().to("meta"), requires_grad=p.requires_grad)
-                meta.__dict__.update(p.__dict__)
+                if hasattr(p, "ds_id"):  # a ZeRO-3 partition (zero.Init)
+                    whole = _gathered_whole(p)
+                    for key in names.get(id(p), []):
+                        if key in values:
+                            values[key] = whole
+                    meta = nn.Parameter(torch.empty(tuple(p.ds_shape), dtype=p.dtype, device="meta"),
+                                        requires_grad=p.requires_grad)
+                else:
+                    meta = nn.Parameter(p.detach().to("meta"), requires_grad=p.requires_grad)
+                    meta.__dict__.update(p.__dict__)
                 done[id(p)] = meta
             module._parameters[name] = meta
     return values
+
+
+def _gathered_whole(param: Any) -> Any:
+    """A copy of the whole value of a ZeRO-3 partitioned parameter (collective over its group)."""
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+        return param.data.detach().to("cpu").clone()
 
 
 def prepare_model(job: JobLike, model: Any = None) -> Any:

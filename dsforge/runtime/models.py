@@ -9,9 +9,10 @@ missing mask still means causal).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -94,8 +95,32 @@ def build_skeleton(model: ModelSpec | ResolvedModel, tp: int = 1) -> nn.Module:
 
     from dsforge.runtime.materialize import params_on_meta
 
-    with params_on_meta():
+    with params_on_meta(), without_hf_zero3_init():
         return AutoModelForCausalLM.from_config(model_config(model, tp), attn_implementation="sdpa")
+
+
+@contextlib.contextmanager
+def without_hf_zero3_init() -> Iterator[None]:
+    """Inside: transformers does not build models under ``deepspeed.zero.Init``.
+
+    Once an HF DeepSpeed config with ZeRO-3 exists (TrainingArguments, accelerate's DeepSpeedPlugin with
+    zero3_init_flag), ``from_config`` wraps construction in zero.Init (``is_deepspeed_zero3_enabled``), which
+    copies every new parameter to its device and partitions it: a meta skeleton cannot be copied ("Cannot copy
+    out of meta tensor"). dsforge partitions each parameter itself as it is filled
+    (dsforge.runtime.rank_build.zero3_partitioner), so the skeleton is built with HF's config reference
+    unset, and the reference is restored afterwards.
+    """
+    try:
+        from transformers.integrations import deepspeed as hf_ds
+    except ImportError:
+        yield
+        return
+    saved = getattr(hf_ds, "_hf_deepspeed_config_weak_ref", None)
+    hf_ds._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_ds._hf_deepspeed_config_weak_ref = saved
 
 
 def seeded_init(skeleton: nn.Module, seed: int) -> Any:
@@ -122,7 +147,7 @@ def build_hf(model: ModelSpec | ResolvedModel, device: str = "meta", tp: int = 1
     from transformers import AutoModelForCausalLM
 
     if device == "meta":
-        with torch.device(device):
+        with torch.device(device), without_hf_zero3_init():
             return AutoModelForCausalLM.from_config(model_config(model, tp), attn_implementation="sdpa")
     from dsforge.runtime.materialize import materialize_dense
 

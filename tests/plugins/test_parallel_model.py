@@ -190,3 +190,31 @@ def _train_dp(rank: int, world: int, path: str, ckpt: str) -> None:
 def test_core_tp2_dp2_matches_one_process_and_resumes_exactly(tmp_path: Path) -> None:
     job_spec(tmp_path, "core4", "tiny-llama", {"tp": 2, "dp": 2, "sequence_parallel": True, "zero": 1}, 4)
     run(_train_dp, 4, str(tmp_path / "core4.yaml"), str(tmp_path / "ckpt"))
+
+
+def test_skeleton_is_built_outside_hf_zero3_init(tmp_path: Path) -> None:
+    """Once an HF DeepSpeed config with ZeRO-3 exists (TrainingArguments does this), transformers builds every
+    model under zero.Init, which cannot copy a meta skeleton ("Cannot copy out of meta tensor"): the rank's
+    skeleton is built without it (dsforge partitions each parameter as it fills it), and HF's config is back
+    afterwards."""
+    from transformers.integrations.deepspeed import (
+        HfDeepSpeedConfig,
+        is_deepspeed_zero3_enabled,
+        unset_hf_deepspeed_config,
+    )
+
+    from dsforge.plugins.job import load_job
+    from dsforge.runtime.models import build_skeleton
+
+    job = load_job(_job(tmp_path, "zero: 3"))
+    hf = HfDeepSpeedConfig(job.ds_config())
+    try:
+        assert is_deepspeed_zero3_enabled()
+        skeleton = build_skeleton(job.plan.model)
+        assert is_deepspeed_zero3_enabled()  # restored
+    finally:
+        unset_hf_deepspeed_config()
+    params = list(skeleton.parameters())
+    assert params and all(p.device.type == "meta" and not hasattr(p, "ds_id") for p in params)
+    assert sum(p.numel() for p in params) > 0
+    del hf

@@ -60,10 +60,10 @@ report_id("DSF707", "ZeRO-3 with tensor parallelism through the HF Trainer is re
           "Raised by the HF Trainer plugin before start when parallel.tp > 1 and parallel.zero is 3: "
           "with the tensor_parallel section in HF's DeepSpeed config, transformers' from_pretrained "
           "refuses the load under zero.Init (its weight conversions are not implemented for DeepSpeed "
-          "TP) and the rank's shard is not filled from the skeleton, so no exact run was seen; ZeRO-1 "
-          "and ZeRO-2 with tp were tested equal to one process. Use zero 1 or 2, or run the job with "
-          "`dsforge compile`. Accelerate gets the same refusal (its zero3_init_flag builds the model under "
-          "the same HfDeepSpeedConfig; not run through Accelerate).", _TRAINERS)
+          "TP), and no exact run of the rank's shard under ZeRO-3 with that section was seen; ZeRO-1 "
+          "and ZeRO-2 with tp were tested equal to one process (ZeRO-3 at tp 1 too). Use zero 1 or 2, or "
+          "run the job with `dsforge compile`. Accelerate gets the same refusal (its zero3_init_flag builds "
+          "the model under the same HfDeepSpeedConfig; not run through Accelerate).", _TRAINERS)
 report_id("DSF708", "Accelerate's own ParallelismConfig next to the job's plan is refused",
           "Raised by dsforge.plugins.accelerate.accelerator when the Accelerator has a ParallelismConfig "
           "with a size above 1 (tp_size, sp_size, cp_size, dp_shard_size, dp_replicate_size; passed in, or "
