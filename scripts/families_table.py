@@ -112,6 +112,7 @@ def document(data: dict[str, Any]) -> str:
              "`benchmarks/results/hf_zoo.json`; do not edit."),
             "",
             f"Measured with `python benchmarks/hf_zoo.py` ({data['mode']}). {data.get('note', '')}".rstrip(),
+            *(["", f"pp=2 (`--mode pp`): {data['pp'].get('note', '')}".rstrip()] if data.get("pp") else []),
             "",
             summary(data).replace(BEGIN, "").replace(END, "").replace("[docs/families.md](docs/families.md)",
                                                                       "below")
