@@ -174,17 +174,22 @@ def test_a_loader_that_differs_from_the_plan_is_named_before_the_first_step() ->
 
 
 @pytest.mark.slow
-def test_lightning_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path) -> None:
-    """The same example at tp=2 with sequence parallelism and ZeRO-1 on 2 CPU ranks (prepare_model's rewrite,
-    the strategy's mpu, the sampler over dp=1): every step's loss equals one process's, and the HF directory
-    gathered from the slices gives the one-process model's logits."""
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_lightning_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path, ranks: int) -> None:
+    """The same example at tp=2 with sequence parallelism and ZeRO-1 on 2 CPU ranks, and at tp=2 x dp=2 on 4
+    (prepare_model's rewrite, the strategy's mpu, the sampler over dp): every step's loss equals one process's
+    over the same global batch, and the HF directory gathered from the slices gives the one-process model's
+    logits."""
     pytest.importorskip("dsforge.plugins.parallel_model")
     import transformers
+
+    from tests.runtime.launcher import free_port
 
     one = tmp_path / "one.yaml"
     one.write_text(JOB.read_text().replace("gpus_per_node: 2", "gpus_per_node: 1"))
     tp = _variant(tmp_path, "  tp: 2\n  sequence_parallel: true\n  zero: 1")
-    two, _ = _run([str(tp), str(tmp_path / "tp")], 2, tmp_path, 29743)
+    tp.write_text(tp.read_text().replace("gpus_per_node: 2", f"gpus_per_node: {ranks}"))
+    two, _ = _run([str(tp), str(tmp_path / "tp")], ranks, tmp_path, free_port())
     ref, _ = _run([str(one), str(tmp_path / "ref")], 1, tmp_path, 0)
     assert list(two) == [0, 1, 2, 3] == list(ref)
     for step in two:
