@@ -265,3 +265,32 @@ def test_accelerate_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Pat
     err = float((logits["tp"] - logits["ref"]).abs().max() / logits["ref"].abs().max())
     print(f"PARITY accelerate {ranks} ranks saved logits rel {err:.2e}", flush=True)
     torch.testing.assert_close(logits["tp"], logits["ref"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_accelerate_tp2_resume_equals_the_uninterrupted_run(tmp_path: Path) -> None:
+    """accelerate's own save_state after 2 of 4 optimizer steps at tp=2 + SP + ZeRO-1 on 2 CPU ranks, then
+    load_state and skip_first_batches in a new launch: steps 3 and 4 give the uninterrupted run's losses and
+    gradient norms."""
+    example = (EXAMPLE / "job_tp.yaml").read_text()
+    jobs = {}
+    for name, number in (("full", 29691), ("resumed", 29693)):  # a launch.sh of its own for each run
+        jobs[name] = tmp_path / f"{name}.yaml"
+        jobs[name].write_text(example.replace("  launcher: accelerate\n",
+                                              f"  launcher: accelerate\n  master_port: {number}\n"),
+                              encoding="utf-8")
+    state = tmp_path / "state"
+    runs = {"full": ("--save-state", str(state), "--save-state-steps", "2"),
+            "resumed": ("--resume", str(state))}
+    summaries = {}
+    for name, extra in runs.items():
+        proc = _launch(jobs[name], tmp_path, "--summary", str(tmp_path / f"{name}.json"), *extra)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-4000:]
+        assert "Signal 6" not in out and "terminate called" not in out
+        summaries[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    full, resumed = summaries["full"], summaries["resumed"]
+    assert full["optimizer_steps"] == resumed["optimizer_steps"] == 4
+    assert len(full["step_losses"]) == 4 and len(resumed["step_losses"]) == 2
+    assert resumed["step_losses"] == full["step_losses"][2:], (resumed, full)
+    assert resumed["grad_norms"] == full["grad_norms"][2:], (resumed, full)

@@ -12,7 +12,8 @@ optimizer and the schedule from that config. `prepare_model(job)` gives this ran
 (`prepare_model(job, model)` with `--from-pretrained DIR`: your own HF model, split by the plan); job_tp.yaml
 runs it at tp=2 with sequence parallelism and ZeRO-1 (the loader passed to `acc.prepare` is sharded over the
 dp ranks). `save_model(acc, model, DIR)` writes a plain HF directory (gathered from the slices at tp > 1) that
-`from_pretrained` loads.
+`from_pretrained` loads. `--save-state DIR` and `--resume DIR` are accelerate's own `save_state` and
+`load_state` (then `skip_first_batches` for the micro-batches already trained on).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def main() -> int:
     p.add_argument("--summary", help="write the losses and the DeepSpeed config in use here (JSON, rank 0)")
     p.add_argument("--from-pretrained", help="start from this HF model directory (prepare_model(job, model))")
     p.add_argument("--save", help="after training, write the model here as a plain HF directory")
+    p.add_argument("--save-state", help="write the whole training state here (accelerator.save_state)")
+    p.add_argument("--save-state-steps", type=int, default=2, help="... after this many optimizer steps")
+    p.add_argument("--resume", help="continue from a state --save-state wrote (accelerator.load_state)")
     a = p.parse_args()
     try:
         job = load_job(a.job)
@@ -61,11 +65,15 @@ def main() -> int:
         model, optimizer, loader, scheduler = acc.prepare(model, optimizer, loader, scheduler)
         check_model(job, model)
         check_dataloader(job, loader)  # batch size, and at tp > 1 this rank's dp shard
+        batches = loader
+        if a.resume:  # engine, optimizer, schedule and RNG states; then the micro-batches not yet trained on
+            acc.load_state(a.resume)
+            batches = acc.skip_first_batches(loader, model.global_steps * job.grad_accum)
     except PluginError as exc:  # a job that cannot drive this run: a message, not a traceback
         print(f"dsforge: {exc}", file=sys.stderr)
         return 2
     losses, step_losses, grad_norms, pending = [], [], [], []
-    for batch in loader:
+    for batch in batches:
         with acc.accumulate(model):
             loss = model(input_ids=batch, labels=batch).loss
             acc.backward(loss)  # DeepSpeed steps the optimizer and the schedule every grad_accum
@@ -79,6 +87,8 @@ def main() -> int:
             step_losses.append(sum(pending) / len(pending))
             grad_norms.append(float(model.get_global_grad_norm()))
             pending = []
+            if a.save_state and model.global_steps == a.save_state_steps:
+                acc.save_state(a.save_state)  # every rank: DeepSpeed writes its own shards
     if a.save:
         save_model(acc, model, a.save)  # every rank calls it; rank 0 writes
     if a.summary and acc.is_main_process:
