@@ -143,17 +143,23 @@ def short_conv(cfg: dict[str, Any], hidden: int) -> int:
     return 4 * hidden * hidden + hidden * cfg_int(cfg, "conv_L_cache", default=3) + bias
 
 
-def _inkling_attention(cfg: dict[str, Any], hidden: int, sliding: bool) -> int:
-    """Inkling's attention: q/k/v/o and r_proj (d_rel per head), short convolutions over k and v, per-head
-    q/k norms and a relative-logit table of d_rel x rel_extent (the window on sliding layers, which have
-    swa_* heads)."""
+def _inkling_widths(cfg: dict[str, Any], hidden: int, sliding: bool) -> tuple[int, int, int, int, int, int]:
+    """Inkling 1 and 2's attention widths: heads, kv heads, head_dim (the swa_* ones on sliding layers),
+    d_rel, the relative extent (the window on sliding layers) and the short-convolution kernel."""
     prefix = "swa_" if sliding else ""
     heads = cfg_int(cfg, prefix + "num_attention_heads", default=1)
     kv = cfg_int(cfg, prefix + "num_key_value_heads", default=heads)
     dim = cfg_int(cfg, prefix + "head_dim") or hidden // heads
-    d_rel = cfg_int(cfg, "d_rel")
     extent = cfg_int(cfg, "sliding_window_size" if sliding else "rel_extent")
     kernel = cfg_int(cfg, "sconv_kernel_size", "conv_kernel_size", default=4)
+    return heads, kv, dim, cfg_int(cfg, "d_rel"), extent, kernel
+
+
+def _inkling_attention(cfg: dict[str, Any], hidden: int, sliding: bool) -> int:
+    """Inkling's attention: q/k/v/o and r_proj (d_rel per head), short convolutions over k and v, per-head
+    q/k norms and a relative-logit table of d_rel x rel_extent (the window on sliding layers, which have
+    swa_* heads)."""
+    heads, kv, dim, d_rel, extent, kernel = _inkling_widths(cfg, hidden, sliding)
     projections = hidden * (2 * heads * dim + 2 * kv * dim + heads * d_rel)
     return projections + 2 * kv * dim * kernel + 2 * dim + d_rel * extent
 
@@ -173,13 +179,7 @@ def _inkling2_attention(cfg: dict[str, Any], hidden: int, full: bool) -> int:
     layers a dynamic one: static taps plus per-token taps projected from the hidden state), a sigmoid-gated
     o_proj, per-head sinks, and a relative-position bias (linear to d_rel per head, its scale, the d_rel x
     extent table). Full ("hybrid") layers have the global heads, sliding layers the swa_* heads."""
-    prefix = "" if full else "swa_"
-    heads = cfg_int(cfg, prefix + "num_attention_heads", default=1)
-    kv = cfg_int(cfg, prefix + "num_key_value_heads", default=heads)
-    dim = cfg_int(cfg, prefix + "head_dim") or hidden // heads
-    d_rel = cfg_int(cfg, "d_rel")
-    extent = cfg_int(cfg, "rel_extent" if full else "sliding_window_size")
-    kernel = cfg_int(cfg, "sconv_kernel_size", "conv_kernel_size", default=4)
+    heads, kv, dim, d_rel, extent, kernel = _inkling_widths(cfg, hidden, not full)
     q = hidden * heads * dim + heads * dim
     k_v = 2 * (hidden * kv * dim + kv * dim * kernel + (hidden * kv * kernel if full else 0))
     out = 2 * hidden * heads * dim + hidden * heads
