@@ -133,6 +133,29 @@ def classify(module: nn.Module, inner: torch.optim.Optimizer | None, groups: lis
     return out
 
 
+def optimizer_params(engine: Any, inner: torch.optim.Optimizer) -> list[Tensor]:
+    """The parameters the torch optimizer steps: ZeRO-3's fp32 partitions, else those of its param groups."""
+    # ZeRO-3 hands the torch optimizer one fp32 partition at a time (stage3.py `_optimizer_step` sets a
+    # group's params to [fp32_param] and back to []), so outside its step the groups are empty and the
+    # fp32 master partitions, and the gradients attached to them, would go uncounted.
+    flats = getattr(getattr(engine, "optimizer", None), "fp32_partitioned_groups_flat", None)
+    if flats:
+        return [t for t in flats if torch.is_tensor(t)]
+    return [q for g in inner.param_groups for q in g["params"]]
+
+
+def zero3_gradient_buffers(zero_opt: Any) -> list[Tensor]:
+    """The gradient buffers ZeRO-3 keeps allocated: its flat partition buffer and its reduce buckets."""
+    # stage3.py reduces every gradient into `grad_partitions_flat_buffer` (`averaged_gradients` are views of
+    # it; the sub group stepping holds a flattened fp32 copy besides) through one `ipg_buckets` buffer per
+    # dtype, both allocated for the engine's life; neither is reachable from a parameter's .grad
+    flat = getattr(zero_opt, "grad_partitions_flat_buffer", None)
+    if not torch.is_tensor(flat):
+        return []
+    buckets = getattr(zero_opt, "ipg_buckets", {})
+    return [flat, *(b.buffer for b in buckets.values() if torch.is_tensor(getattr(b, "buffer", None)))]
+
+
 class StateProbe:
     """Model-state bytes at the next optimizer step of the engine (taken inside the torch optimizer's
     step)."""
@@ -146,7 +169,7 @@ class StateProbe:
     def arm(self) -> None:
         """Measure at the next optimizer step."""
         if self.inner is not None and self._handle is None:
-            self._groups = [q for g in self.inner.param_groups for q in g["params"]]
+            self._groups = optimizer_params(self.engine, self.inner)
             self._handle = self.inner.register_step_pre_hook(self._snap)
 
     def _snap(self, *args: Any) -> None:
@@ -154,7 +177,8 @@ class StateProbe:
         # swapped out (`_optimizer_step`); MoE jobs have a dense and an expert group, so the groups seen
         # now would miss the expert group's fp32 master, and its reduced gradients wait in
         # `averaged_gradients` rather than in `.grad`.
-        pending = getattr(getattr(self.engine, "optimizer", None), "averaged_gradients", None)
+        zero_opt = getattr(self.engine, "optimizer", None)
+        pending = [getattr(zero_opt, "averaged_gradients", None), *zero3_gradient_buffers(zero_opt)]
         self.states = classify(self.engine.module, self.inner, self._groups, pending)
         self._handle.remove()
         self._handle = None

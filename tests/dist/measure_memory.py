@@ -11,7 +11,7 @@ dsforge's estimate:
   recompute as the engine applies it) for `runtime_job_yaml(tp, recompute)`: tiny-llama at tp 1 and 2
   (tp 2 once without and once with sequence parallelism), recompute none/selective/full;
 * "weights16": model states of the runtime's engine for a job whose weights arrive in bf16 (bf16 and fp32,
-  ZeRO 1), and the dtypes of its parameters and of the optimizer's master weights;
+  ZeRO 1 and 3), and the dtypes of its parameters and of the optimizer's master weights;
 * "ring": the decoder layers of tiny-llama at S=1024 with ring attention over cp=2 (per rank), and the
   same model on the whole sequence with SDPA on one rank (cp=1);
 * "states": model-state bytes of a DeepSpeed engine (ZeRO 0-3, fp32 and bf16) started with the
@@ -212,7 +212,7 @@ def measure_16bit_weights(zero: int, precision: str = "bf16") -> dict[str, Any]:
     from dsforge.runtime.engine import CausalLMLoss, build_parallel_model, initialize_engine
     from dsforge.runtime.groups import create_groups
     from dsforge.runtime.measure import StateProbe as RuntimeProbe
-    from dsforge.runtime.measure import inner_optimizer
+    from dsforge.runtime.measure import inner_optimizer, optimizer_params
 
     plan = _plan(runtime_job_yaml(precision=precision, zero=zero))
     groups = create_groups(plan)
@@ -231,7 +231,7 @@ def measure_16bit_weights(zero: int, precision: str = "bf16") -> dict[str, Any]:
         assert inner is not None
         return {"states": probe.states,
                 "module": sorted({str(p.dtype) for p in engine.module.parameters()}),
-                "master": sorted({str(q.dtype) for g in inner.param_groups for q in g["params"]})}
+                "master": sorted({str(q.dtype) for q in optimizer_params(engine, inner)})}
     finally:
         release_engine(engine)
 
@@ -362,7 +362,8 @@ def main() -> None:
                   for sp in (False, True)}
     out["ring"] = {"cp2-ring": measure_runtime(runtime_job_yaml(cp=2, seq=1024)),
                    "cp1-sdpa": measure_runtime(runtime_job_yaml(seq=1024))}
-    out["weights16"] = {f"{p}-zero{z}": measure_16bit_weights(z, p) for p, z in (("bf16", 1), ("fp32", 1))}
+    out["weights16"] = {f"{p}-zero{z}": measure_16bit_weights(z, p) for p, z in (("bf16", 1), ("fp32", 1),
+                                                                                    ("bf16", 3), ("fp32", 3))}
     print(f"runtime, ring and 16-bit weights done at {time.perf_counter() - start:.1f} s", flush=True)
     out["hf"] = {f"{preset}-{name}": measure_hf(preset, dtype) for preset in ("tiny-llama", "tiny-gpt2", "tiny-mixtral")
                  for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
