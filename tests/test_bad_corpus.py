@@ -39,7 +39,8 @@ NOT_FROM_A_JOB_FILE = {
               "tests/plugins/test_hf.py, tests/plugins/test_accelerate.py",
     "DSF708": "the Accelerate plugin's refusal of a ParallelismConfig, not validate: "
               "tests/plugins/test_accelerate.py",
-    "DSF716": "Lightning's resume refusal at load_checkpoint, not validate: tests/plugins/test_lightning.py",
+    "DSF716": "Lightning's mid-epoch resume refusal at load_checkpoint, not validate: "
+              "tests/plugins/test_lightning.py",
     "DSF027": "a project settings file, not a job file: tests/compiler/rules/test_suppress.py",
     "DSF144": "compile only, from the model the rewrite plan builds on the meta device: "
               "tests/compiler/rules/test_runtime_refusals.py",

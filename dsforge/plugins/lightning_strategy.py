@@ -19,6 +19,8 @@ why:
 * ``save_checkpoint``: Lightning's DeepSpeed checkpoint (the sharded state that ``ckpt_path`` resumes
   exactly), plus a plain HF directory ``<checkpoint>/hf`` gathered from the slices, which ``from_pretrained``
   loads.
+* ``load_checkpoint``: the parent's resume; an epoch-end checkpoint's loop state is set to the next epoch's
+  start (dsforge.plugins.lightning_resume: Lightning 2.6 would train one more batch), any other is refused.
 * the exit: an atexit handler (registered when the world is joined) removes the engines' hooks and destroys
   the process groups while the interpreter is whole, so no rank aborts at exit and the user's script calls no
   dsforge teardown function; the groups stay up after fit for what the script does next
@@ -166,18 +168,26 @@ class DsforgeStrategy(DeepSpeedStrategy):  # type: ignore[misc]
         save_hf_directory(self.job, self.lightning_module, target, self.is_global_zero)
         self.barrier()
 
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """The parent's DeepSpeed resume (``ckpt_path``), with an epoch-end checkpoint's loop state set to the
+        next epoch's start; a checkpoint from inside an epoch is refused (DSF716)."""
+        from dsforge.plugins.lightning_resume import at_epoch_end, finish_epoch
+
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
+        loops = checkpoint.get("loops") or {}
+        if not at_epoch_end(loops):
+            raise PluginError(
+                f"DSF716 {self.job.file}: resuming through Lightning's ckpt_path ({checkpoint_path}) from a "
+                f"checkpoint not saved at an epoch's end is not exact: Lightning restarts a plain DataLoader "
+                f"at the epoch's first batch, so the run would see other data than the uninterrupted one. "
+                f"Resume from an epoch-end checkpoint (ModelCheckpoint(save_on_train_epoch_end=True)), start "
+                f"a new run from its plain HF directory (<checkpoint>/hf) as model.pretrained, or run the "
+                f"job with `dsforge compile` and its launcher, whose resume is exact.")
+        finish_epoch(loops)  # Lightning 2.6 would otherwise train one more batch of the finished epoch
+        return checkpoint
+
     # -- exit
     # ----------------------------------------------------------------------------------------------------
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """Refused (DSF716): Lightning's resume is not yet the uninterrupted run, and a resume that trains
-        something else is never silent."""
-        raise PluginError(f"DSF716 {self.job.file}: resuming through Lightning's ckpt_path "
-                          f"({checkpoint_path}) is not exact: from an epoch-end checkpoint Lightning 2.6 "
-                          f"replays one batch of the finished epoch, so the losses differ from the "
-                          f"uninterrupted run. Start from the saved plain HF directory (<checkpoint>/hf) as "
-                          f"model.pretrained, or run the job with `dsforge "
-                          f"compile` and its launcher, whose resume is exact.")
-
     def teardown(self) -> None:
         """The parent's teardown; the groups stay for what the script does after fit (a save), and go at
         exit."""

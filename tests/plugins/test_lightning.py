@@ -93,12 +93,30 @@ def _run(script_args: list[str], nproc: int, cwd: Path, port: int,
     return {k: sum(v) / len(v) for k, v in sorted(losses.items())}, out
 
 
+def assert_resume_is_uninterrupted(job: Path, tmp_path: Path, name: str, first: dict[int, float], ranks: int,
+                                   port: int) -> None:
+    """The example resumed by Lightning's ``fit(ckpt_path=...)`` from the epoch-end checkpoint the run in
+    ``tmp_path/name`` (per-step losses ``first``) wrote after 2 of 4 steps: steps 2 and 3 have its losses and
+    the end has its weights, bit for bit."""
+    from safetensors.torch import load_file
+
+    resumed, out = _run([str(job), str(tmp_path / f"{name}-resumed"), "--resume",
+                         str(tmp_path / name / "epoch=0-step=2.ckpt")], ranks, tmp_path, port)
+    assert list(resumed) == [2, 3], out[-3000:]
+    assert resumed == {k: first[k] for k in (2, 3)}, (resumed, first)
+    ends = [load_file(tmp_path / n / "epoch=1-step=4.ckpt" / "hf" / "model.safetensors")
+            for n in (name, f"{name}-resumed")]
+    assert ends[0].keys() == ends[1].keys()
+    for key, value in ends[0].items():
+        assert torch.equal(ends[1][key], value), key
+
+
 @pytest.mark.slow
 def test_lightning_on_cpu_equals_one_process_and_saves_hf(tmp_path: Path) -> None:
     """The example (a LightningModule plus the two documented dsforge lines) on 2 CPU ranks, dp=2 ZeRO-2: the
-    loss of every step equals one process's over the same global batch, no rank aborts at exit, and the HF
-    directory in Lightning's checkpoint loads with from_pretrained and gives the one-process model's logits.
-    (Resuming with ckpt_path is not exact yet: see docs/trainers.md.)"""
+    loss of every step equals one process's over the same global batch, no rank aborts at exit, the HF
+    directory in Lightning's checkpoint loads with from_pretrained and gives the one-process model's logits,
+    and Lightning's resume from the epoch-end checkpoint is the uninterrupted run."""
     import transformers
 
     one = tmp_path / "one.yaml"
@@ -109,6 +127,7 @@ def test_lightning_on_cpu_equals_one_process_and_saves_hf(tmp_path: Path) -> Non
     for step in two:
         assert two[step] == pytest.approx(ref[step], rel=1e-5, abs=1e-6), (step, two, ref)
     assert two[3] != two[0]  # it trained
+    assert_resume_is_uninterrupted(JOB, tmp_path, "two", two, 2, 29742)
     tokens = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
     logits = {}
     for name in ("two", "ref"):
@@ -143,16 +162,50 @@ def test_what_lightning_cannot_feed_is_refused_before_start(tmp_path: Path, para
         assert "`dsforge compile`" in text
 
 
-def test_a_resume_through_ckpt_path_is_refused_not_trained_differently(tmp_path: Path) -> None:
-    # Lightning calls the strategy's load_checkpoint for fit(ckpt_path=...); its replayed batch would change
-    # the run
+def _loops(name: str) -> dict:
+    """The ``loops`` entry of a checkpoint the example's Lightning 2.6 run wrote (dp=2 ZeRO-2): ``epoch_end``
+    from ModelCheckpoint(save_on_train_epoch_end=True) after epoch 0, ``mid_epoch`` from
+    every_n_train_steps=1 after step 1."""
+    return json.loads((Path(__file__).parent / "fixtures" / f"lightning_loops_{name}.json").read_text())
+
+
+def test_an_epoch_end_checkpoint_resumes_at_the_next_epochs_start() -> None:
+    from dsforge.plugins.lightning_resume import at_epoch_end, finish_epoch
+
+    loops = _loops("epoch_end")
+    assert at_epoch_end(loops) and not at_epoch_end(_loops("mid_epoch"))
+    finish_epoch(loops)
+    fit = loops["fit_loop"]
+    assert fit["epoch_progress"]["total"] == {"ready": 1, "started": 1, "processed": 1, "completed": 1}
+    assert fit["epoch_progress"]["current"]["completed"] == 1  # current_epoch is 1: the sampler's epoch
+    batches = fit["epoch_loop.batch_progress"]
+    assert batches["current"] == {"ready": 0, "started": 0, "processed": 0, "completed": 0}
+    assert batches["total"]["completed"] == 4 and batches["is_last_batch"] is False
+    step = fit["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"]
+    assert step["total"]["completed"] == 2 and step["current"]["completed"] == 0
+    assert not at_epoch_end(loops)  # a second pass would not finish another epoch
+    assert not at_epoch_end({}) and not at_epoch_end({"fit_loop": {"epoch_progress": None}})
+
+
+def test_a_resume_from_inside_an_epoch_is_refused_not_trained_differently(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    # Lightning calls the strategy's load_checkpoint for fit(ckpt_path=...); from inside an epoch a plain
+    # DataLoader restarts at the epoch's first batch, so the run would train on other data
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
     from dsforge.plugins.job import PluginError
 
     strategy = trainer_kwargs(JOB)["strategy"]
+    monkeypatch.setattr(DeepSpeedStrategy, "load_checkpoint",
+                        lambda self, path, weights_only=None: {"loops": _loops("mid_epoch")})
     with pytest.raises(PluginError) as err:
-        strategy.load_checkpoint(tmp_path / "epoch=0-step=2.ckpt")
+        strategy.load_checkpoint(tmp_path / "epoch=0-step=1.ckpt")
     assert str(err.value).startswith(f"DSF716 {JOB}: resuming through Lightning's ckpt_path")
-    assert "`dsforge compile`" in str(err.value)
+    assert "not saved at an epoch's end" in str(err.value) and "`dsforge compile`" in str(err.value)
+    monkeypatch.setattr(DeepSpeedStrategy, "load_checkpoint",
+                        lambda self, path, weights_only=None: {"loops": _loops("epoch_end")})
+    loops = strategy.load_checkpoint(tmp_path / "epoch=0-step=2.ckpt")["loops"]
+    assert loops["fit_loop"]["epoch_progress"]["total"]["completed"] == 1
 
 
 def test_a_loader_that_differs_from_the_plan_is_named_before_the_first_step() -> None:
@@ -191,6 +244,8 @@ def test_lightning_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path
     tp.write_text(tp.read_text().replace("gpus_per_node: 2", f"gpus_per_node: {ranks}"))
     two, _ = _run([str(tp), str(tmp_path / "tp")], ranks, tmp_path, free_port())
     ref, _ = _run([str(one), str(tmp_path / "ref")], 1, tmp_path, 0)
+    if ranks == 2:
+        assert_resume_is_uninterrupted(tp, tmp_path, "tp", two, ranks, free_port())
     assert list(two) == [0, 1, 2, 3] == list(ref)
     for step in two:
         assert two[step] == pytest.approx(ref[step], rel=1e-5, abs=1e-6), (step, two, ref)

@@ -72,9 +72,12 @@ report_id("DSF708", "Accelerate's own ParallelismConfig next to the job's plan i
           " job's plan. Set the degrees in the job's parallel section; at tp > 1 the plugin's DeepSpeed "
           "config carries tensor_parallel.autotp_size, and no ParallelismConfig is needed.",
           "dsforge/plugins/accelerate.py")
-report_id("DSF716", "Lightning's resume from ckpt_path is refused: it is not the uninterrupted run",
-          "Raised by DsforgeStrategy.load_checkpoint: from an epoch-end checkpoint Lightning 2.6 replays one "
-          "batch of the finished epoch (measured: the third step's loss 5.5494 against 5.5573 uninterrupted, "
-          "dp=2 ZeRO-2), so a resume would train something else; start from the checkpoint's plain HF "
-          "directory as model.pretrained, or resume under `dsforge compile`.",
+report_id("DSF716", "Lightning's resume from a checkpoint not saved at an epoch's end is refused",
+          "Raised by DsforgeStrategy.load_checkpoint when the checkpoint's loop state is not the one saved "
+          "at an epoch's end (ModelCheckpoint(save_on_train_epoch_end=True)): from inside an epoch "
+          "(every_n_train_steps, even at the epoch's last batch) Lightning restarts a DataLoader that does "
+          "not keep its own position at the epoch's first batch, so the run would see other data than the "
+          "uninterrupted one. Epoch-end checkpoints resume exactly (the loop state is set to the next "
+          "epoch's start). Resume from an epoch-end checkpoint, start a new run from the checkpoint's plain "
+          "HF directory as model.pretrained, or resume under `dsforge compile`.",
           "dsforge/plugins/lightning_strategy.py")
