@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-#: The pp-plan shape these stages build: the base model's keys (the head, ``lm_head``, is the class's).
-PLAN_KEYS = ("embed_tokens", "layers", "norm")
+from dsforge.compiler.model.hf_plans import PP_PLAN_KEYS as PLAN_KEYS  # the pp-plan shape these stages build
+
 #: float64 stage chain against the whole forward: only re-association, never a missing operation.
 GLUE_RTOL = 1e-9
 

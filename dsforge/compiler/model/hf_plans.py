@@ -37,6 +37,10 @@ _P = r"(?:.+\.)?"
 STYLE_REFUSED = "DSF170"
 NO_PLAN = "DSF171"
 SPLIT_NEIGHBOUR = "DSF172"
+NO_PP_PLAN = "DSF173"
+#: The base_model_pp_plan pieces dsforge's derived pipeline stages are built from
+#: (dsforge.runtime.hf_pipeline; the head, ``lm_head``, is the causal-LM class's).
+PP_PLAN_KEYS = ("embed_tokens", "layers", "norm")
 
 #: HF style -> (dsforge variant, fused blocks, why); None: refused, with the reason.
 STYLES: dict[str, tuple[Variant, int, str] | str] = {
@@ -181,6 +185,18 @@ def plans_from_classes(model_type: str, config_cls: Any, lm_cls: Any | None) -> 
                    head_tp=get(lm_cls, "_tp_plan"), head_pp=get(lm_cls, "_pp_plan"),
                    tied=tuple(sorted(getattr(lm_cls, "_tied_weights_keys", None) or ())),
                    causal_lm=getattr(lm_cls, "__name__", ""))
+
+
+def pp_plan_problem_of(plans: HfPlans) -> str | None:
+    """Why a model_type's classes state no pipeline plan of the shape the derived stages build (None when
+    they do)."""
+    if not plans.pp:
+        return (f"transformers {TRANSFORMERS_VERSION} states no base_model_pp_plan for "
+                f"`{plans.model_type}`, so its stages (embedding, layers, final norm, head) are not known")
+    if tuple(sorted(plans.pp)) != tuple(sorted(PP_PLAN_KEYS)):
+        return (f"the base_model_pp_plan of `{plans.model_type}` has the pieces {sorted(plans.pp)}; the "
+                f"derived stages are built for {list(PP_PLAN_KEYS)} only")
+    return None
 
 
 def table_version() -> str:

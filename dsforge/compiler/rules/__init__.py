@@ -7,7 +7,7 @@ import importlib
 _BUILTIN = ("input", "layout", "model_shape", "batch", "topology", "deepspeed_compat", "ds_overrides",
             "memory", "ds_job_values", "launch", "emit", "rewrite", "plugins", "internal", "paths",
             "pretrained", "runtime_support", "host_memory", "resume", "pipeline_split", "data_files",
-            "lean_kernels", "machine", "stack_support", "hf_plans", "hf_params")
+            "lean_kernels", "machine", "stack_support", "hf_plans", "hf_params", "pretrained_pipeline")
 _loaded = False
 
 
