@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+#: The Lightning releases whose restart logic the rewrite below was measured against (2.6.6): another
+#: release's loops may restart differently, so its resume is refused rather than rewritten on trust.
+MEASURED_LIGHTNING = ("2.6",)
+
 #: The fit loop's keys in Lightning's ``loops`` checkpoint entry.
 FIT = "fit_loop"
 EPOCH = "epoch_progress"
@@ -38,6 +42,11 @@ def _reset_current(progress: dict[str, Any]) -> None:
             _zero(value)
         elif isinstance(value, dict):
             _reset_current(value)
+
+
+def measured_release(version: str) -> bool:
+    """Whether a Lightning version is of a release this module's loop-state rewrite was measured on."""
+    return ".".join(version.split(".")[:2]) in MEASURED_LIGHTNING
 
 
 def at_epoch_end(loops: dict[str, Any]) -> bool:

@@ -171,7 +171,23 @@ class DsforgeStrategy(DeepSpeedStrategy):  # type: ignore[misc]
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """The parent's DeepSpeed resume (``ckpt_path``), with an epoch-end checkpoint's loop state set to the
         next epoch's start; a checkpoint from inside an epoch is refused (DSF716)."""
-        from dsforge.plugins.lightning_resume import at_epoch_end, finish_epoch
+        import lightning
+
+        from dsforge.plugins.lightning_resume import (
+            MEASURED_LIGHTNING,
+            at_epoch_end,
+            finish_epoch,
+            measured_release,
+        )
+
+        if not measured_release(lightning.__version__):
+            raise PluginError(
+                f"DSF716 {self.job.file}: resuming through Lightning's ckpt_path ({checkpoint_path}) is "
+                f"measured exact on Lightning {', '.join(MEASURED_LIGHTNING)} only, and this is Lightning "
+                f"{lightning.__version__}, whose loops may restart differently. Install lightning "
+                f"{MEASURED_LIGHTNING[-1]}, start a new run from the checkpoint's plain HF directory "
+                f"(<checkpoint>/hf) as model.pretrained, or run the job with `dsforge compile` and its "
+                f"launcher.")
 
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
         loops = checkpoint.get("loops") or {}

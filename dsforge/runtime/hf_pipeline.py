@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dsforge.compiler.model.hf_plans import PP_PLAN_KEYS as PLAN_KEYS  # the pp-plan shape these stages build
+from dsforge.compiler.model.hf_plans import HfPlans, pp_plan_problem_of
 
 #: float64 stage chain against the whole forward: only re-association, never a missing operation.
 GLUE_RTOL = 1e-9
@@ -31,14 +31,8 @@ def pp_plan_problem(model: nn.Module) -> str | None:
     """Why the model's classes state no pipeline plan of the shape these stages build (None when they do)."""
     config = getattr(model, "config", None)
     plan = getattr(config, "base_model_pp_plan", None) or getattr(type(config), "base_model_pp_plan", None)
-    mtype = getattr(config, "model_type", "?")
-    if not plan:
-        return (f"transformers states no base_model_pp_plan for `{mtype}`, so its stages (embedding, layers, "
-                f"final norm, head) are not known")
-    if tuple(sorted(plan)) != tuple(sorted(PLAN_KEYS)):
-        return (f"the base_model_pp_plan of `{mtype}` has the pieces {sorted(plan)}; the derived stages are "
-                f"built for {list(PLAN_KEYS)} only")
-    return None
+    # the installed classes' plan, judged by the same check validate runs on the generated table (DSF173)
+    return pp_plan_problem_of(HfPlans(str(getattr(config, "model_type", "?")), pp=dict(plan or {})))
 
 
 def base_prefix(model: nn.Module) -> str:

@@ -206,6 +206,12 @@ def test_a_resume_from_inside_an_epoch_is_refused_not_trained_differently(monkey
                         lambda self, path, weights_only=None: {"loops": _loops("epoch_end")})
     loops = strategy.load_checkpoint(tmp_path / "epoch=0-step=2.ckpt")["loops"]
     assert loops["fit_loop"]["epoch_progress"]["total"]["completed"] == 1
+    import lightning  # another release's loops may restart differently: refused, not rewritten on trust
+
+    monkeypatch.setattr(lightning, "__version__", "2.7.0")
+    with pytest.raises(PluginError) as err:
+        strategy.load_checkpoint(tmp_path / "epoch=0-step=2.ckpt")
+    assert "measured exact on Lightning 2.6 only, and this is Lightning 2.7.0" in str(err.value)
 
 
 def test_a_loader_that_differs_from_the_plan_is_named_before_the_first_step() -> None:

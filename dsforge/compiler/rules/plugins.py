@@ -78,6 +78,7 @@ report_id("DSF716", "Lightning's resume from a checkpoint not saved at an epoch'
           "(every_n_train_steps, even at the epoch's last batch) Lightning restarts a DataLoader that does "
           "not keep its own position at the epoch's first batch, so the run would see other data than the "
           "uninterrupted one. Epoch-end checkpoints resume exactly (the loop state is set to the next "
-          "epoch's start). Resume from an epoch-end checkpoint, start a new run from the checkpoint's plain "
+          "epoch's start), on the Lightning release that was measured (2.6); another release is refused. "
+          "Resume from an epoch-end checkpoint, start a new run from the checkpoint's plain "
           "HF directory as model.pretrained, or resume under `dsforge compile`.",
           "dsforge/plugins/lightning_strategy.py")

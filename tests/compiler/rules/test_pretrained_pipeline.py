@@ -58,11 +58,16 @@ def test_a_derived_family_without_any_pp_plan_says_so(tmp_path: Path) -> None:
          "stages (embedding, layers, final norm, head) are not known")]
 
 
-def test_the_compiler_and_the_runtime_read_the_same_pp_plan_shape() -> None:
+def test_the_runtime_judges_the_installed_plan_as_validate_judges_the_table() -> None:
     pytest.importorskip("torch")
-    from dsforge.compiler.model.hf_plans import PP_PLAN_KEYS
-    from dsforge.runtime.hf_pipeline import PLAN_KEYS
+    from types import SimpleNamespace
 
-    assert PLAN_KEYS == PP_PLAN_KEYS
+    from dsforge.runtime.hf_pipeline import pp_plan_problem
+
+    for mtype in ("phi", "olmo2", "hunyuan_v1_dense"):
+        plans = plans_for_type(mtype)
+        assert plans is not None
+        model = SimpleNamespace(config=SimpleNamespace(model_type=mtype, base_model_pp_plan=dict(plans.pp)))
+        assert pp_plan_problem(model) == pp_plan_problem_of(plans)  # type: ignore[arg-type]
     refused = [t for t in known_types() if pp_plan_problem_of(plans_for_type(t))]  # type: ignore[arg-type]
     assert "phi" in refused and "olmo2" not in refused and "llama" not in refused
