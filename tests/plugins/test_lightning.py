@@ -5,6 +5,7 @@ process."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -90,7 +91,9 @@ def _run(script_args: list[str], nproc: int, cwd: Path, port: int,
     losses: dict[int, list[float]] = {}
     for step, loss in re.findall(r"^step (\d+) micro \d+ loss (\d+\.\d{8})$", proc.stdout, re.MULTILINE):
         losses.setdefault(int(step), []).append(float(loss))
-    return {k: sum(v) / len(v) for k, v in sorted(losses.items())}, out
+    # The ranks' lines interleave in any order; fsum's correctly rounded sum does not depend on it (a plain sum
+    # differed in the last bit between two runs of equal losses).
+    return {k: math.fsum(v) / len(v) for k, v in sorted(losses.items())}, out
 
 
 def assert_resume_is_uninterrupted(job: Path, tmp_path: Path, name: str, first: dict[int, float], ranks: int,
