@@ -9,9 +9,11 @@ two gloo ranks train the rewritten model for 2 SGD steps against plain HF traine
 process: the loss of every step and the gradient of every parameter (each rank's slice of the dense
 gradient), with tests/runtime_rewrite/test_family_parity.py's tolerance (1e-5 of the reference's scale).
 A type that differs in float32 runs again in float64 (MoE experts by HF's eager loop, which is the same
-sum as its grouped matmul): exact there means float32's summation order made the difference, and the row
-counts exact with `dtype: float64` and the float32 figure kept; otherwise it stays `differs` with what
-float64 gave. The tolerance is the same in both.
+sum as its grouped matmul), with every float32 the model itself asks for (norms, softmax, routers, gated
+delta rules, hyper-connections) promoted to float64 on both sides (benchmarks/float64_everywhere.py): exact
+there means float32's summation order made the difference, and the row counts exact with `dtype: float64`
+and the float32 figure kept; otherwise it stays `differs` with what float64 gave. The tolerance is the same
+in both; `worst` is the largest error of the run, relative to the reference's scale.
 
 Not covered here (yet): ep=2 and pp=2 runs, save_pretrained/from_pretrained and the export round trip.
 
@@ -176,14 +178,28 @@ def _parity_worker(rank: int, world: int, keys: dict[str, Any], tmp: str) -> Non
     import contextlib
     import io
 
+    from benchmarks.float64_everywhere import float64_everywhere
     from tests.runtime_rewrite.conftest import make_job
     from tests.runtime_rewrite.test_family_parity import tp_parity
 
     mine = Path(tmp) / f"rank{rank}"  # each rank writes its own job file (one shared name races)
     mine.mkdir(exist_ok=True)
     spec = make_job(mine, keys, {"tp": 2})
-    with contextlib.redirect_stdout(io.StringIO()):
+    # float64: the models' own float32 casts promoted too (both sides), so no float32 rounding is left
+    wide = float64_everywhere() if os.environ.get("HF_ZOO_DTYPE") == "float64" else contextlib.nullcontext()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), wide:
         tp_parity(rank, spec, tag=keys["factory"])
+    (Path(tmp) / f"worst{rank}").write_text(str(_worst(printed.getvalue())))
+    if os.environ.get("HF_ZOO_DEBUG"):
+        Path(f"/tmp/zoo-printed{rank}").write_text(printed.getvalue())
+
+
+def _worst(printed: str) -> float:
+    """The largest error relative to the reference's scale among the PARITY lines a rank printed."""
+    import re
+
+    return max((float(v) for v in re.findall(r"^PARITY .*, rel (\S+)$", printed, re.MULTILINE)), default=0.0)
 
 
 def run_one(model_type: str) -> dict[str, Any]:
@@ -232,7 +248,8 @@ def run_one(model_type: str) -> dict[str, Any]:
         last = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or [type(exc).__name__]
         return {"type": model_type, "result": result, "arch": rp.arch, "why": last[0][:300],
                 "seconds": round(time.perf_counter() - t0, 1)}
-    return {"type": model_type, "result": "exact", "arch": rp.arch,
+    worst = max(float((Path(tmp) / f"worst{r}").read_text()) for r in range(2))
+    return {"type": model_type, "result": "exact", "arch": rp.arch, "worst": f"{worst:.1e}",
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -324,7 +341,8 @@ def _wide_check(row: dict[str, Any], wide: dict[str, Any]) -> dict[str, Any]:
     difference and says what float64 gave."""
     if wide["result"] == "exact":
         kept = {k: v for k, v in row.items() if k != "why"}
-        return {**kept, "result": "exact", "dtype": "float64", "float32": row.get("why", ""),
+        return {**kept, "result": "exact", "dtype": "float64", "worst": wide.get("worst"),
+                "float32": row.get("why", ""),
                 "seconds": round(row.get("seconds", 0) + wide.get("seconds", 0), 1)}
     return {**row, "float64": f"{wide['result']}: {wide.get('why', '')}"[:300]}
 
@@ -363,7 +381,7 @@ def main() -> int:
         row.setdefault("seconds", round(time.perf_counter() - t0, 1))
         rows.append(row)
         print(f"{t:<28} {row['result']:<9} {row.get('rule', '')} {row.get('arch', '')} {row.get('seconds')} "
-              f"s  {row.get('why', '')}",
+              f"s  {('worst ' + row['worst']) if 'worst' in row else ''}{row.get('why', '')}",
               flush=True)
         if args.json:  # rewritten after every type: an interrupted run keeps what it measured
             _write(Path(args.json), rows, args.dtype, time.perf_counter() - start, args.mode)

@@ -57,9 +57,12 @@ def _wide_line(rows: list[dict[str, Any]]) -> list[str]:
     wide = sorted(r["type"] for r in rows if r["result"] == "exact" and r.get("dtype") == "float64")
     if not wide:
         return []
+    worst = [float(r["worst"]) for r in rows if r["type"] in wide and r.get("worst")]
+    largest = f", largest error {max(worst):.1e} of the reference's scale" if len(worst) == len(wide) else ""
     return [(f"{len(wide)} of the exact types ({', '.join(wide)}) differ in float32 by more than the "
-             f"tolerance and are exact in float64: float32's summation order, on gradients whose scale is "
-             f"near zero (each row gives the float32 figure)."), ""]
+             f"tolerance and are exact in float64 with the models' own float32 casts promoted too{largest}: "
+             f"float32's summation order, on gradients whose scale is near zero (each row gives the float32 "
+             f"figure)."), ""]
 
 
 def summary(data: dict[str, Any]) -> str:
