@@ -1,5 +1,5 @@
-"""Float64 with the model's own float32 casts promoted: a run in which rounding is a billion times smaller than
-float32's everywhere, including the parts a model computes in float32 whatever its dtype (norms, softmax,
+"""Float64 with the model's own float32 casts promoted: a run in which rounding is a billion times smaller
+than float32's everywhere, including the parts a model computes in float32 whatever its dtype (norms, softmax,
 routers, gated delta rules, hyper-connections).
 
 `model.double()` alone leaves those casts in place, so a float64 comparison of such a model still carries

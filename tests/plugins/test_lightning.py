@@ -91,8 +91,8 @@ def _run(script_args: list[str], nproc: int, cwd: Path, port: int,
     losses: dict[int, list[float]] = {}
     for step, loss in re.findall(r"^step (\d+) micro \d+ loss (\d+\.\d{8})$", proc.stdout, re.MULTILINE):
         losses.setdefault(int(step), []).append(float(loss))
-    # The ranks' lines interleave in any order; fsum's correctly rounded sum does not depend on it (a plain sum
-    # differed in the last bit between two runs of equal losses).
+    # The ranks' lines interleave in any order; fsum's correctly rounded sum does not depend on it (a plain
+    # sum differed in the last bit between two runs of equal losses).
     return {k: math.fsum(v) / len(v) for k, v in sorted(losses.items())}, out
 
 

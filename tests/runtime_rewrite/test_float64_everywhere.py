@@ -14,7 +14,8 @@ def test_every_float32_request_becomes_float64_inside_only():
     with float64_everywhere():
         made = [torch.zeros(2, dtype=torch.float32), torch.ones(2), torch.arange(3.0), x.float(),
                 x.to(torch.float32), x.to(dtype=torch.float32), x.to("cpu", torch.float32),
-                x.type(torch.float32), F.softmax(x, dim=-1, dtype=torch.float32), x.softmax(-1, torch.float32),
+                x.type(torch.float32), F.softmax(x, dim=-1, dtype=torch.float32),
+                x.softmax(-1, torch.float32),
                 torch.nn.Linear(4, 2, dtype=torch.float32).weight]
         assert [t.dtype for t in made] == [torch.float64] * len(made)
         assert torch.tensor([1, 2]).dtype == torch.int64  # integers untouched
