@@ -15,7 +15,10 @@ there means float32's summation order made the difference, and the row counts ex
 and the float32 figure kept; otherwise it stays `differs` with what float64 gave. The tolerance is the same
 in both; `worst` is the largest error of the run, relative to the reference's scale.
 
-Not covered here (yet): ep=2 and pp=2 runs, save_pretrained/from_pretrained and the export round trip.
+`--mode pp` runs the types with a base_model_pp_plan at pp=2 against one process; `--mode export` saves
+each type with save_pretrained, reads it back at tp=2 (tp=2 x ep=2 x dp=2 for a type with an ep plan) and
+compares dsforge's export with the saved directory, tensor for tensor (benchmarks/zoo_export.py). Not
+covered here (yet): ep=2 training parity.
 
     python benchmarks/hf_zoo.py [--only t1,t2] [--timeout 300] [--json out.json] [--dtype float64]
 
@@ -304,6 +307,16 @@ def run_one_pp(model_type: str) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def run_one_export(model_type: str) -> dict[str, Any]:
+    """`--mode export`: the type's tiny model through save_pretrained, a tp=2 (ep=2) read and dsforge's
+    export (benchmarks/zoo_export.py)."""
+    from benchmarks.zoo_export import run_one_export as export_one
+    from dsforge.compiler.model.hf_plans import plans_for_type
+
+    plans = plans_for_type(model_type)
+    return export_one(model_type, _factory(model_type), bool(plans and plans.ep))
+
+
 def zoo_types() -> list[str]:
     """The model types whose transformers plans state a tp or ep plan."""
     from dsforge.compiler.model.hf_plans import known_types, plans_for_type
@@ -357,11 +370,12 @@ def main() -> int:
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                     help="the models' dtype, reference and rewritten "
                          "alike (float64: rounding out of the way)")
-    ap.add_argument("--mode", choices=("tp", "pp"), default="tp",
-                    help="tp: tp=2 against one rank; pp: pp=2 (types with a base_model_pp_plan)")
+    ap.add_argument("--mode", choices=("tp", "pp", "export"), default="tp",
+                    help="tp: tp=2 against one rank; pp: pp=2 (types with a base_model_pp_plan); export: "
+                         "save_pretrained, read back at tp=2 (ep=2 with an ep plan), export, compare")
     args = ap.parse_args()
     if args.one:
-        one = run_one_pp if args.mode == "pp" else run_one
+        one = {"pp": run_one_pp, "export": run_one_export}.get(args.mode, run_one)
         print("ZOO " + json.dumps(one(args.one)), flush=True)
         return 0
     types = [t for t in args.only.split(",") if t] or zoo_types()
@@ -381,7 +395,8 @@ def main() -> int:
         row.setdefault("seconds", round(time.perf_counter() - t0, 1))
         rows.append(row)
         print(f"{t:<28} {row['result']:<9} {row.get('rule', '')} {row.get('arch', '')} {row.get('seconds')} "
-              f"s  {('worst ' + row['worst']) if 'worst' in row else ''}{row.get('why', '')}",
+              f"s  {('worst ' + row['worst']) if 'worst' in row else ''}{row.get('why', '')}"
+              f"{('  ep2: ' + row['ep2']) if 'ep2' in row else ''}",
               flush=True)
         if args.json:  # rewritten after every type: an interrupted run keeps what it measured
             _write(Path(args.json), rows, args.dtype, time.perf_counter() - start, args.mode)

@@ -88,15 +88,29 @@ def model_config(model: ModelSpec | ResolvedModel, tp: int = 1) -> Any:
     return hf_config(model, tp)
 
 
+def attention_of(cfg: Any) -> str:
+    """The attention implementation dsforge builds a model with: sdpa, or eager for a causal LM whose class
+    does not take sdpa (Gemma 2: its soft-capped scores); both are the same mathematics."""
+    from transformers import AutoModelForCausalLM
+
+    cls = AutoModelForCausalLM._model_mapping.get(type(cfg), None)
+    return "eager" if cls is not None and getattr(cls, "_supports_sdpa", True) is False else "sdpa"
+
+
+def _from_config(cfg: Any) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation=attention_of(cfg))
+
+
 def build_skeleton(model: ModelSpec | ResolvedModel, tp: int = 1) -> nn.Module:
     """The job's HF model with every parameter on the meta device and its computed buffers real (nothing
     allocated)."""
-    from transformers import AutoModelForCausalLM
 
     from dsforge.runtime.materialize import params_on_meta
 
     with params_on_meta(), without_hf_zero3_init():
-        return AutoModelForCausalLM.from_config(model_config(model, tp), attn_implementation="sdpa")
+        return _from_config(model_config(model, tp))
 
 
 @contextlib.contextmanager
@@ -144,11 +158,10 @@ def build_hf(model: ModelSpec | ResolvedModel, device: str = "meta", tp: int = 1
     The values are those a sharded build gives each rank's slices (dsforge.runtime.materialize), so this
     dense model is the single-process reference of every layout.
     """
-    from transformers import AutoModelForCausalLM
 
     if device == "meta":
         with torch.device(device), without_hf_zero3_init():
-            return AutoModelForCausalLM.from_config(model_config(model, tp), attn_implementation="sdpa")
+            return _from_config(model_config(model, tp))
     from dsforge.runtime.materialize import materialize_dense
 
     skeleton = build_skeleton(model, tp)

@@ -266,8 +266,10 @@ def hf_config(directory: str | Path) -> Any:
     cache)."""
     from transformers import AutoConfig
 
+    from dsforge.runtime.models import attention_of
+
     cfg = AutoConfig.from_pretrained(str(directory))
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = attention_of(cfg)
     cfg.use_cache = False
     return cfg
 

@@ -100,6 +100,20 @@ def test_layouts_the_runtime_cannot_run_exactly_are_refused_at_plan_time(job):
         plan_rewrite(spec.model, plan)
 
 
+def test_an_moe_block_the_applier_cannot_replace_is_refused_at_plan_time(job):
+    """GraniteMoE keeps its router as `router`: under ep > 1 compile refuses it (the applier used to, once the
+    run had started)."""
+    import benchmarks.hf_zoo as zoo
+
+    model = zoo._factory("granitemoe")()
+    keys = zoo._job_keys(model, "granitemoe")
+    _, plan = job(keys, {"dp": 2, "ep": 2})
+    with pytest.raises(RewriteError, match=r"block_sparse_moe.experts .*GraniteMoeMoE has no `gate`: use ep"):
+        plan_rewrite(model, plan)
+    _, plan = job(keys, {"tp": 2})
+    plan_rewrite(model, plan)  # at ep 1 its experts stay whole: placed
+
+
 def test_context_parallel_attention_refuses_what_it_would_drop():
     """Ring/Ulysses attention is plain causal attention: soft-capping or a shorter sliding window is
     refused."""

@@ -86,6 +86,8 @@ class VocabParallelEmbedding(_VocabShard):
                     sequence_dim=sequence_dim, reset=False, dtype=dense.weight.dtype,
                     embed_scale=scale if isinstance(scale, Tensor) else None)
         layer.load_dense_rows(dense.weight)
+        if dense.weight.device.type == "meta":  # a rank's skeleton: its parameters are on meta already, and
+            return layer                        # .to("meta") would lose the embed_scale buffer's value
         return layer.to(dense.weight.device)
 
     def forward(self, ids: Tensor) -> Tensor:

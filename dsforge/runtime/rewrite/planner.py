@@ -205,8 +205,12 @@ def _moe_problems(model: nn.Module, claim: Claim, plan: AnyPlan, ep: int) -> lis
     elif moe is not None and width is not None and width != moe.shared_experts * moe.shared_ffn_hidden:
         problems.append(f"its shared expert is {width} wide, the job's moe.shared_experts x "
                         f"shared_ffn_hidden = {moe.shared_experts} x {moe.shared_ffn_hidden}")
-    # no gate: the applier refuses the block
-    if ep > 1 and isinstance(getattr(block, "gate", None), nn.Module):
+    if ep > 1 and not (isinstance(getattr(block, "gate", None), nn.Module) and hasattr(block, "experts")):
+        # refused here, at compile's meta build, rather than by the applier when the run starts
+        problems.append(f"under ep > 1 the block is replaced by DeepSpeed's MoE layer, which dsforge builds "
+                        f"from a block holding its router as `gate` beside `experts`; {type(block).__name__} "
+                        f"has no `gate`: use ep 1 (its experts stay whole on each rank)")
+    elif ep > 1:
         router = type(getattr(block, "gate", None)).__name__
         if router not in SOFTMAX_ROUTERS:
             problems.append(f"its router {router} is not a softmax top-k router; DeepSpeed's gate "
