@@ -20,7 +20,8 @@ from typing import Any
 import yaml
 
 
-def _job(tmp: Path, name: str, pretrained: Path, degrees: dict[str, int]) -> Path:
+def job_file(tmp: Path, name: str, pretrained: Path, degrees: dict[str, int]) -> Path:
+    """A job reading ``pretrained`` under ``degrees`` on exactly their ranks, in fp32, written in ``tmp``."""
     ranks = degrees.get("tp", 1) * degrees.get("dp", 1)  # ep divides dp
     doc = {"version": 1, "model": {"pretrained": str(pretrained), "seq_len": 16},
            "parallel": {"pp": 1, **degrees}, "hardware": {"preset": "cpu-local", "gpus_per_node": ranks},
@@ -40,7 +41,13 @@ def _plan(job_path: str) -> Any:
     return build_plan(job.spec)
 
 
-def _worker(rank: int, world: int, job_path: str, out: str) -> None:
+def worker(rank: int, world: int, jobs: list[tuple[str, str]]) -> None:
+    """On each rank: every (job file, export directory) in turn, in one world."""
+    for job_path, out in jobs:
+        _export(rank, world, job_path, out)
+
+
+def _export(rank: int, world: int, job_path: str, out: str) -> None:
     import torch.distributed as dist
 
     from dsforge.runtime.engine import parallelize
@@ -54,6 +61,9 @@ def _worker(rank: int, world: int, job_path: str, out: str) -> None:
     groups = create_groups(plan)
     skeleton, source = rank_skeleton(plan, plan.spec.training.seed)
     model = parallelize(skeleton, plan, groups, source=source)
+    # each rank's slices against transformers' own load of the same directory
+    Path(f"{out}.rank{rank}.slices").parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.rank{rank}.slices").write_text("\n".join(_wrong_slices(model, plan.model.pretrained)))
     keep = groups.index("dp") == 0  # dp ranks of one tp group hold the same slices
     mine = [(t.to_json(), p.detach().clone()) for p, t in tagged(model)
             if keep or not getattr(p, "allreduce", True)]
@@ -70,12 +80,40 @@ def _worker(rank: int, world: int, job_path: str, out: str) -> None:
     dist.barrier()
 
 
-def _differences(pre: Path, out: Path) -> list[str]:
+def _wrong_slices(model: Any, pretrained: Any) -> list[str]:
+    """The rank's parameters that are not their tagged slice of ``from_pretrained``'s (empty: all are)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dsforge.runtime.weights_io import tagged
+
+    ref = AutoModelForCausalLM.from_pretrained(str(pretrained), dtype=torch.float32).state_dict()
+    wrong = []
+    for p, t in tagged(model):
+        want = ref.get(t.dense)
+        if want is None:
+            wrong.append(f"{t.dense}: not a tensor of from_pretrained's model")
+            continue
+        if t.dim is not None:
+            want = torch.cat([want.narrow(t.dim, a, n) for a, n in t.ranges], dim=t.dim)
+            if p.dim() + 1 == want.dim():  # one expert of a stack
+                want = want.squeeze(t.dim)
+        if t.transpose:
+            want = want.t()
+        if tuple(p.shape) != tuple(want.shape) or not torch.equal(p.detach(), want):
+            where = list(t.ranges) if t.dim is not None else ""
+            wrong.append(f"{t.dense}{where}: not from_pretrained's values")
+    return wrong
+
+
+def differences(pre: Path, out: Path) -> list[str]:
     """What the export holds otherwise than save_pretrained's directory (empty: the same)."""
     from tests.runtime.test_export_hf import tensors
 
+    found = [line for f in sorted(out.parent.glob(f"{out.name}.rank*.slices"))
+             for line in f.read_text().splitlines() if line]
     want, got = tensors(pre), tensors(out)
-    found = [f"missing {k}" for k in sorted(set(want) - set(got))]
+    found += [f"missing {k}" for k in sorted(set(want) - set(got))]
     found += [f"extra {k}" for k in sorted(set(got) - set(want))]
     found += [f"{k}: {got[k][:2]} != {want[k][:2]}" if got[k][:2] != want[k][:2] else f"{k}: other values"
               for k in sorted(set(want) & set(got)) if got[k] != want[k]]
@@ -100,7 +138,7 @@ def _layout(tmp: Path, degrees: dict[str, int]) -> dict[str, Any]:
     from tests.runtime.launcher import run
 
     name = "-".join(f"{k}{v}" for k, v in degrees.items())
-    job = _job(tmp, name, tmp / "pre", degrees)
+    job = job_file(tmp, name, tmp / "pre", degrees)
     try:
         plan = _plan(str(job))
         plan_rewrite(build_skeleton(plan.model, plan.degrees.tp), plan)
@@ -111,11 +149,11 @@ def _layout(tmp: Path, degrees: dict[str, int]) -> dict[str, Any]:
         return {"result": "refused", **({"rule": rule} if rule else {}), "why": text[:300]}
     out = tmp / f"out-{name}"
     try:
-        run(_worker, plan.world_size, str(job), str(out))
+        run(worker, plan.world_size, [(str(job), str(out))])
     except Exception as exc:  # noqa: BLE001 - every failure once compile accepted the job is a crash
         last = [ln for ln in str(exc).strip().splitlines() if ln.strip()][-1:] or [type(exc).__name__]
         return {"result": "crash", "why": last[0][:300]}
-    found = _differences(tmp / "pre", out)
+    found = differences(tmp / "pre", out)
     return {"result": "differs", "why": "; ".join(found)[:300]} if found else {"result": "exact"}
 
 
