@@ -317,6 +317,13 @@ def run_one_export(model_type: str) -> dict[str, Any]:
     return export_one(model_type, _factory(model_type), bool(plans and plans.ep))
 
 
+def run_one_ep(model_type: str) -> dict[str, Any]:
+    """`--mode ep`: one MoE type at ep=2 x dp=2 against one process (benchmarks/zoo_ep.py)."""
+    from benchmarks.zoo_ep import run_one_ep as ep_one
+
+    return ep_one(model_type, _factory(model_type), _job_keys)
+
+
 def zoo_types() -> list[str]:
     """The model types whose transformers plans state a tp or ep plan."""
     from dsforge.compiler.model.hf_plans import known_types, plans_for_type
@@ -370,19 +377,20 @@ def main() -> int:
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                     help="the models' dtype, reference and rewritten "
                          "alike (float64: rounding out of the way)")
-    ap.add_argument("--mode", choices=("tp", "pp", "export"), default="tp",
+    ap.add_argument("--mode", choices=("tp", "pp", "export", "ep"), default="tp",
                     help="tp: tp=2 against one rank; pp: pp=2 (types with a base_model_pp_plan); export: "
-                         "save_pretrained, read back at tp=2 (ep=2 with an ep plan), export, compare")
+                         "save_pretrained, read back at tp=2 (ep=2 with an ep plan), export, compare; ep: "
+                         "ep=2 x dp=2 against one process (types with an ep plan)")
     args = ap.parse_args()
     if args.one:
-        one = {"pp": run_one_pp, "export": run_one_export}.get(args.mode, run_one)
+        one = {"pp": run_one_pp, "export": run_one_export, "ep": run_one_ep}.get(args.mode, run_one)
         print("ZOO " + json.dumps(one(args.one)), flush=True)
         return 0
     types = [t for t in args.only.split(",") if t] or zoo_types()
-    if args.mode == "pp" and not args.only:
+    if args.mode in ("pp", "ep") and not args.only:
         from dsforge.compiler.model.hf_plans import plans_for_type
 
-        types = [t for t in types if (p := plans_for_type(t)) is not None and p.pp]
+        types = [t for t in types if (p := plans_for_type(t)) is not None and getattr(p, args.mode)]
     rows = []
     start = time.perf_counter()
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),

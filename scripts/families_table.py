@@ -21,18 +21,22 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "hf_zoo.json"
 #: `python benchmarks/hf_zoo.py --mode pp --json ...`: the types with a base_model_pp_plan at pp=2
 RESULTS_PP = ROOT / "benchmarks" / "results" / "hf_zoo_pp.json"
+#: `python benchmarks/hf_zoo.py --mode export --json ...`: save_pretrained, read at tp=2 (ep=2), export
+RESULTS_EXPORT = ROOT / "benchmarks" / "results" / "hf_zoo_export.json"
 DOC = ROOT / "docs" / "families.md"
 README = ROOT / "README.md"
 BEGIN, END = "<!-- hf-zoo-table:begin (scripts/families_table.py) -->", "<!-- hf-zoo-table:end -->"
 ORDER = ("exact", "refused", "differs", "crash", "no build")
 
 
-def load(path: Path = RESULTS, pp_path: Path = RESULTS_PP) -> dict[str, Any]:
-    """The result file: {"mode": ..., "seconds": ..., "rows": [...]}, with the pp=2 file's under "pp" when
-    there is one."""
+def load(path: Path = RESULTS, pp_path: Path = RESULTS_PP,
+         export_path: Path = RESULTS_EXPORT) -> dict[str, Any]:
+    """The result file: {"mode": ..., "seconds": ..., "rows": [...]}, with the pp=2 file's under "pp" and the
+    export file's under "export" when there are those."""
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    if pp_path.exists():
-        data["pp"] = json.loads(pp_path.read_text(encoding="utf-8"))
+    for key, extra in (("pp", pp_path), ("export", export_path)):
+        if extra.exists():
+            data[key] = json.loads(extra.read_text(encoding="utf-8"))
     return data
 
 
@@ -78,7 +82,8 @@ def summary(data: dict[str, Any]) -> str:
               f"{pp_line}"), "",
              "| mode | types built | exact | refused | differs | crash | run time |",
              "|---|---|---|---|---|---|---|", _mode_row(data["mode"], rows, data["seconds"]),
-             *([_mode_row(pp["mode"], pp["rows"], pp["seconds"])] if pp else []), "",
+             *([_mode_row(pp["mode"], pp["rows"], pp["seconds"])] if pp else []),
+             *([_mode_row(ex["mode"], ex["rows"], ex["seconds"])] if (ex := data.get("export")) else []), "",
              *_wide_line(rows),
              ("Every type, its policy and the reason of each refusal or difference: "
               "[docs/families.md](docs/families.md)."),
@@ -100,12 +105,14 @@ def _why(row: dict[str, Any]) -> str:
 
 
 def _pp_cell(row: dict[str, Any] | None) -> str:
-    """The type's pp=2 result (with the rule and the start of the reason): '-' without a pp plan."""
+    """The type's pp=2 (or export) result, with the rule and the start of the reason, and an export's ep=2
+    result: '-' where the mode did not run the type."""
     if row is None:
         return "-"
     why = f": {row['why']}" if row.get("why") and row["result"] != "exact" else ""
     rule = f" {row['rule']}" if row.get("rule") else ""
-    return _cell(f"{row['result']}{rule}{why}")[:120]
+    ep = f"; ep=2: {row['ep2'][:60]}" if row.get("ep2") else ""
+    return _cell(f"{row['result']}{rule}{why}"[:100] + ep)
 
 
 def document(data: dict[str, Any]) -> str:
@@ -116,17 +123,21 @@ def document(data: dict[str, Any]) -> str:
             "",
             f"Measured with `python benchmarks/hf_zoo.py` ({data['mode']}). {data.get('note', '')}".rstrip(),
             *(["", f"pp=2 (`--mode pp`): {data['pp'].get('note', '')}".rstrip()] if data.get("pp") else []),
+            *(["", f"Export (`--mode export`): {data['export'].get('note', '')}".rstrip()]
+              if data.get("export") else []),
             "",
             summary(data).replace(BEGIN, "").replace(END, "").replace("[docs/families.md](docs/families.md)",
                                                                       "below")
             .strip(), "",
-            "| type | result | rule | policy | s | why | pp=2 |", "|---|---|---|---|---|---|---|"]
+            "| type | result | rule | policy | s | why | pp=2 | export |",
+            "|---|---|---|---|---|---|---|---|"]
     pp = {r["type"]: r for r in data.get("pp", {}).get("rows", [])}
+    export = {r["type"]: r for r in data.get("export", {}).get("rows", [])}
     body = [
         f"| {r['type']} | {r['result']}{' (' + r['dtype'] + ')' if r.get('dtype') else ''} "
         f"| {r.get('rule', '')} | {r.get('arch', '')} | {r.get('seconds', '')} "
         f"| {_cell(_why(r))}{' (re-run: ' + r['run'] + ')' if r.get('run') else ''} "
-        f"| {_pp_cell(pp.get(r['type']))} |"
+        f"| {_pp_cell(pp.get(r['type']))} | {_pp_cell(export.get(r['type']))} |"
         for r in data["rows"]
     ]
     return "\n".join(head + body) + "\n"
