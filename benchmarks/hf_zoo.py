@@ -231,7 +231,8 @@ def run_one(model_type: str) -> dict[str, Any]:
         spec = make_job(Path(tmp), keys, {"tp": 2})
         rp = plan_rewrite(spec.model, build_plan(spec))
     except RewriteError as exc:
-        text = "; ".join(exc.problems)
+        # the problem naming a rule (the type's own policy) first: the families auto tried are context
+        text = "; ".join(sorted(exc.problems, key=lambda p: "DSF" not in p))
         inner = next((w for w in text.replace(":", " ").split() if w.startswith("DSF")), None)
         rule = "DSF607" + (f"/{inner}" if inner else "")  # compile reports a RewriteError as DSF607
         return {"type": model_type, "result": "refused", "rule": rule, "why": text[:300],

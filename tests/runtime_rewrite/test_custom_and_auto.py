@@ -45,12 +45,17 @@ def test_custom_list_of_experts_split_over_ep(job):
     moe = {**TOY, "moe": {"experts": 4, "top_k": 2}}
     rules = TOY_RULES + [{"match": r"blocks\.\d+\.router", "as": "replicate"},
                          {"match": r"blocks\.\d+\.experts", "as": "expert"}]
-    spec, plan = job(moe, {"dp": 2, "ep": 2}, rules)
+    spec, plan = job(moe, {"dp": 1, "ep": 1, "tp": 2}, rules)
     rp = plan_rewrite(spec.model, plan)
-    assert _shapes(rp, "blocks.0.experts") == {
-        "w_in.weight": ((4, 128, 64), (2, 128, 64)), "w_in.bias": ((4, 128), (2, 128)),
-        "w_out.weight": ((4, 64, 128), (2, 64, 128)), "w_out.bias": ((4, 64), (2, 64))}
+    assert _shapes(rp, "blocks.0.experts") == {  # at ep 1 every rank keeps every expert
+        "w_in.weight": ((4, 128, 64), (4, 128, 64)), "w_in.bias": ((4, 128), (4, 128)),
+        "w_out.weight": ((4, 64, 128), (4, 64, 128)), "w_out.bias": ((4, 64), (4, 64))}
     assert rp.total_params == sum(p.numel() for p in Toy(spec.model).parameters())
+    # ep 2: the block (its router is `router`) is not one DeepSpeed's MoE layer is built from, refused at plan
+    # time (the applier refused it when the run started)
+    spec, plan = job(moe, {"dp": 2, "ep": 2}, rules)
+    with pytest.raises(RewriteError, match="blocks.0.experts .*Block has no `gate`: use ep 1"):
+        plan_rewrite(spec.model, plan)
     spec, plan = job({**moe, "moe": {"experts": 3, "top_k": 2}}, {"dp": 2, "ep": 2}, rules)
     with pytest.raises(RewriteError, match="ep=2 does not divide its 3 experts"):
         plan_rewrite(spec.model, plan)

@@ -103,14 +103,25 @@ def _apertus(m):
     return _build(ApertusConfig(**_common(m)))
 
 
-def test_a_learnt_activation_between_two_splits_is_refused_naming_it(job, monkeypatch):
+def test_learnt_scalars_between_two_splits_sum_their_gradient_and_more_is_refused(job, monkeypatch):
+    """Apertus' xIELU (alpha_p, alpha_n) between up_proj and down_proj is placed as `scalars` (its gradient
+    summed over TP; the zoo measured 0.42 of the scale off without the sum); an owner of anything wider
+    there is refused with DSF172, naming it and its split neighbour."""
+    import torch
+    from torch import nn
+
     import tests.runtime_rewrite.families as fam
     from dsforge.compiler.model.hf_plans import SPLIT_NEIGHBOUR, PlanRefusal
 
     monkeypatch.setattr(fam, "apertus", _apertus, raising=False)
-    spec, _ = job({**FAMILY_JOBS["qwen3"], "arch": "auto",
-                   "factory": "tests.runtime_rewrite.families:apertus"})
+    spec, plan = job({**FAMILY_JOBS["qwen3"], "arch": "auto",
+                      "factory": "tests.runtime_rewrite.families:apertus"}, {"tp": 2})
     model = build_model(resolve_model(spec.model), "meta")
+    rows = {r.match: r.variant for r in POLICIES[derived_arch(model)].rows}
+    assert rows[r"model\.layers\.0\.mlp\.act_fn"] == "scalars"
+    act = plan_rewrite(model, plan).module("model.layers.0.mlp.act_fn")
+    assert act.variant == "scalars" and any("gradient summed over the tp=2 ranks" in n for n in act.notes)
+    model.model.layers[0].mlp.act_fn.scale = nn.Parameter(torch.empty(4, device="meta"))
     with pytest.raises(PlanRefusal) as exc:
         derived_arch(model)
     assert exc.value.rule == SPLIT_NEIGHBOUR

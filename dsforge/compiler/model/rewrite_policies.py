@@ -33,7 +33,8 @@ from dsforge import extensions
 if TYPE_CHECKING:
     from dsforge.compiler.spec.schema import RewriteRule
 
-Variant = Literal["column", "row", "vocab", "norm", "head_norm", "shard_norm", "replicate", "expert"]
+Variant = Literal["column", "row", "vocab", "norm", "head_norm", "shard_norm", "scalars", "replicate",
+                  "expert"]
 #: How a head-split weight is laid out: query heads, key/value heads, or per-head [q | k | v] (GPT-NeoX).
 HeadKind = Literal["q", "kv", "qkv"]
 

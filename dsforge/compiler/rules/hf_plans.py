@@ -27,6 +27,8 @@ report_id(NO_PLAN, "an HF model without a hand-written policy states a parallel 
           "custom).", _SRC)
 report_id(SPLIT_NEIGHBOUR, "what the HF plan leaves unlisted does not sit beside what it splits",
           "HF replicates every module its plan does not name. A parameter owner beside a module the plan "
-          "splits (Apertus' learnt activation between up_proj and down_proj) would see this rank's part of "
-          "the activations, and its gradient would cover those channels only; the derived policy refuses it, "
-          "naming the module and its split neighbour, rather than train with a partial gradient.", _SRC)
+          "splits would see this rank's part of the activations, and its gradient would cover those channels "
+          "only. Learnt scalars of an elementwise function there (Apertus' xIELU alpha_p and alpha_n between "
+          "up_proj and down_proj) are placed as `scalars`: replicated, their gradient summed over TP. Any "
+          "other such owner is refused, naming the module and its split neighbour, rather than train with a "
+          "partial gradient.", _SRC)

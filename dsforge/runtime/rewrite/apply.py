@@ -99,6 +99,12 @@ def _head_norm(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
     return module
 
 
+def _scalars(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
+    # Learnt constants of an elementwise function on split channels: each rank's gradient covers its channels.
+    sum_grads_over_tp(module, ctx.groups.tp)
+    return module
+
+
 def _shard_norm(module: nn.Module, entry: ModulePlan, ctx: Context) -> nn.Module:
     _even(entry, ctx)
     (weight,) = entry.params
@@ -141,8 +147,8 @@ def _moe_block(model: nn.Module, entry: ModulePlan, ctx: Context) -> str | None:
 
 
 APPLIERS: dict[str, Builder] = {"column": _column, "row": _row, "vocab": _vocab, "norm": _norm,
-                                "head_norm": _head_norm, "shard_norm": _shard_norm, "replicate": _keep,
-                                "expert": _expert}
+                                "head_norm": _head_norm, "shard_norm": _shard_norm, "scalars": _scalars,
+                                "replicate": _keep, "expert": _expert}
 
 
 def _has(model: nn.Module, name: str) -> bool:

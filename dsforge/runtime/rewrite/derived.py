@@ -58,6 +58,10 @@ def derived_arch(model: nn.Module) -> str:
     split = [c.name for c in walk.claims if c.row.variant in ("column", "row")]
     beside = [(left,
                c) for left in walk.leftover for c in split if c.rpartition(".")[0] == left.rpartition(".")[0]]
+    # learnt scalars of an elementwise function between the splits (the plan splitting both sides says it is
+    # elementwise): replicated, their gradient summed over TP
+    scalars = sorted({left for left, _ in beside if _only_scalars(model.get_submodule(left))})
+    beside = [(left, c) for left, c in beside if left not in scalars]
     if beside:
         left, c = beside[0]
         raise PlanRefusal(SPLIT_NEIGHBOUR, f"model_type {plans.model_type!r}: {left} holds parameters the HF "
@@ -66,7 +70,10 @@ def derived_arch(model: nn.Module) -> str:
                           "would be partial (HF's plan has the same gap)",
                           "run it at tp=1, or place that module with "
                           "`rewrite:` rules under model.arch: custom")
-    policy = complete_rows(_head_norms(derived.policy, walk, model), walk.leftover)
+    why = "learnt scalars of an elementwise function on split channels (HF: replicated): gradient summed, TP"
+    policy = _with_rows(_head_norms(derived.policy, walk, model),
+                        tuple(PolicyRow(re.escape(n), "scalars", why=why) for n in scalars))
+    policy = complete_rows(policy, [n for n in walk.leftover if n not in scalars])
     POLICIES[policy.arch] = policy  # replaced on every build: the leftovers depend on the model's widths
     return policy.arch
 
@@ -89,13 +96,22 @@ def _head_norms(policy: Policy, walk: object, model: nn.Module) -> Policy:
              and _QK_NORM.fullmatch(c.name.rpartition(".")[2])
              and any(True for _ in model.get_submodule(c.name).parameters(recurse=False))]
     # a norm without a weight (NanoChat's) has no gradient to sum: it stays a plain norm
-    if not names:
+    why = "per-head q/k norm beside a head split (HF: replicated): replicated, its gradient summed over TP"
+    return _with_rows(policy, tuple(PolicyRow(re.escape(n), "head_norm", why=why) for n in names))
+
+
+def _with_rows(policy: Policy, rows: tuple[PolicyRow, ...]) -> Policy:
+    """The policy with ``rows`` matched before its own."""
+    if not rows:
         return policy
-    rows = tuple(PolicyRow(re.escape(n), "head_norm", why="per-head q/k norm beside a head split (HF: "
-                           "replicated): replicated, its gradient summed over TP") for n in names)
     return Policy(arch=policy.arch, rows=rows + policy.rows, layers=policy.layers, signature=policy.signature,
                   attr_scales=policy.attr_scales, absent=policy.absent,
                   sequence_parallel=policy.sequence_parallel)
+
+
+def _only_scalars(module: nn.Module) -> bool:
+    params = list(module.parameters())
+    return bool(params) and all(p.numel() == 1 for p in params)
 
 
 __all__ = ["PlanRefusal", "derived_arch", "hf_plans_of", "prefers_derived"]

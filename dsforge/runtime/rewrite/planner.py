@@ -25,6 +25,7 @@ from dsforge.runtime.rewrite.shard import (
     block_widths,
     head_norm_weight,
     replicated,
+    scalar_params,
     shard_experts,
     shard_norm_weight,
     shard_tensor_parallel,
@@ -281,6 +282,8 @@ def _shard(claim: Claim, tp: int, ep: int, plan: AnyPlan, heads: Heads) -> Shard
         if tp > 1:
             result.notes.append(f"experts kept whole on each of the tp={tp} ranks")
         return result
+    if variant == "scalars":
+        return scalar_params(subtree_shapes(module), tp, type(module).__name__)
     result = replicated(subtree_shapes(module))
     if variant == "norm" and plan.spec.parallel.sequence_parallel and tp > 1:
         result.notes.append("sequence-parallel: gradients summed over the tensor-parallel group")

@@ -9,6 +9,7 @@ its own slice of each of q, k and v; a head-split weight must give every rank wh
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 # Which weight dimension each variant cuts, by module kind; bias cut (0) or kept whole (None).
@@ -237,6 +238,20 @@ def shard_experts(params: dict[str, tuple[int, ...]], ep: int, experts: int | No
     for name, shape in params.items():
         out.params.append(ParamShard(name, shape, _cut(shape, 0, count // ep), 0 if ep > 1 else None))
     out.notes.append(f"{count // ep} of {count} experts per expert-parallel rank")
+    return out
+
+
+def scalar_params(params: dict[str, tuple[int, ...]], tp: int, type_name: str) -> ShardResult:
+    """An elementwise function's learnt scalars (Apertus' xIELU alpha_p, alpha_n) applied to split channels:
+    replicated; the gradient is summed over TP."""
+    out = ShardResult()
+    if not params or any(math.prod(shape) != 1 for shape in params.values()):
+        shapes = {k: list(v) for k, v in params.items()}
+        out.problems.append(f"`scalars` keeps learnt scalars only; {type_name} holds {shapes}")
+        return out
+    out.params = [ParamShard(n, s, s) for n, s in params.items()]
+    if tp > 1:
+        out.notes.append(f"applied to this rank's channels: gradient summed over the tp={tp} ranks")
     return out
 
 
