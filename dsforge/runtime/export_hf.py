@@ -39,9 +39,9 @@ def fill_hf_model(cfg: Any, dense: Mapping[str, Tensor], source: str | Path | No
     model.tie_weights()
     left = [n for n, t in model.state_dict().items() if t.is_meta]
     if left and source is not None:
-        from dsforge.runtime.pretrained import CheckpointReader
+        from dsforge.runtime.pretrained import CheckpointReader, hf_renamings
 
-        reader = CheckpointReader(source)
+        reader = CheckpointReader(source, hf_renamings(model))
         try:
             found = {
                 n: reader.read(k)

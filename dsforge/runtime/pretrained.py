@@ -85,7 +85,8 @@ class Stacked:
 class CheckpointReader:
     """Sliced reads from the tensors of one HF model directory."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, renamings: Sequence[Any] = ()) -> None:
+        """``renamings``: transformers' key renamings for the model read (hf_renamings)."""
         self.directory = Path(directory)
         try:
             files = weight_files(self.directory)
@@ -111,7 +112,20 @@ class CheckpointReader:
         self._renamed: dict[str, str] = {}  # model name -> the checkpoint's
         self._stacked: dict[str, Stacked] = {}
         self._broken: dict[str, str] = {}  # model name -> why the checkpoint's experts cannot form it
+        self._alias_renamed(renamings)
         self._alias_experts()
+
+    def _alias_renamed(self, renamings: Sequence[Any]) -> None:
+        """Offer the model's names for the keys transformers renames on load (Exaone's ``transformer.h``,
+        GPT-NeoX's ``embed_out``), as from_pretrained applies them."""
+        if not renamings:
+            return
+        from transformers.core_model_loading import apply_renamings
+
+        for key in list(self._where):
+            new = apply_renamings(key, list(renamings))
+            if new != key and new not in self._where:
+                self._renamed[new] = key
 
     def _alias_experts(self) -> None:
         """Offer the model's names for renamed blocks and for experts stored one tensor each."""
@@ -261,6 +275,21 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def hf_renamings(model: Any) -> list[Any]:
+    """transformers' own renamings between a model's checkpoint keys and its parameter names (the
+    WeightRenaming entries of its conversion mapping); none for a transformers without them."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+    except ImportError:
+        return []
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        return []
+    return [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+
+
 def hf_config(directory: str | Path) -> Any:
     """The transformers config of the directory's config.json, set up as dsforge runs its models (sdpa, no
     cache)."""
@@ -275,4 +304,4 @@ def hf_config(directory: str | Path) -> Any:
 
 
 __all__ = ["SAFETENSORS", "SAFETENSORS_INDEX", "TORCH_BIN", "TORCH_INDEX", "CheckpointReader",
-           "PretrainedLoadError", "hf_config"]
+           "PretrainedLoadError", "hf_config", "hf_renamings"]
