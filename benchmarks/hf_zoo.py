@@ -362,7 +362,8 @@ def _wide_check(row: dict[str, Any], wide: dict[str, Any]) -> dict[str, Any]:
     difference and says what float64 gave."""
     if wide["result"] == "exact":
         kept = {k: v for k, v in row.items() if k != "why"}
-        return {**kept, "result": "exact", "dtype": "float64", "worst": wide.get("worst"),
+        worst = {"worst": wide["worst"]} if "worst" in wide else {}
+        return {**kept, "result": "exact", "dtype": "float64", **worst,
                 "float32": row.get("why", ""),
                 "seconds": round(row.get("seconds", 0) + wide.get("seconds", 0), 1)}
     return {**row, "float64": f"{wide['result']}: {wide.get('why', '')}"[:300]}
@@ -399,7 +400,7 @@ def main() -> int:
     for t in types:
         t0 = time.perf_counter()
         row = _run_type(t, args.mode, env, args.timeout)
-        if row["result"] == "differs" and args.mode == "tp" and args.dtype == "float32":
+        if row["result"] == "differs" and args.mode in ("tp", "ep") and args.dtype == "float32":
             row = _wide_check(row, _run_type(t, args.mode, {**env, "HF_ZOO_DTYPE": "float64"}, args.timeout))
         row.setdefault("seconds", round(time.perf_counter() - t0, 1))
         rows.append(row)

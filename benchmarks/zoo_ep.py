@@ -27,7 +27,11 @@ def _worker(rank: int, world: int, keys: dict[str, Any], tmp: str) -> None:
 
     mine = Path(tmp) / f"rank{rank}"  # each rank writes its own job file (one shared name races)
     mine.mkdir(exist_ok=True)
-    with contextlib.redirect_stdout(io.StringIO()):
+    from benchmarks.float64_everywhere import float64_everywhere
+
+    # float64: the models' own float32 casts promoted too (both sides), as the tp zoo re-checks
+    wide = float64_everywhere() if os.environ.get("HF_ZOO_DTYPE") == "float64" else contextlib.nullcontext()
+    with contextlib.redirect_stdout(io.StringIO()), wide:
         ep_parity(rank, make_job(mine, keys, LAYOUT), formula=False)  # the zoo's keys do not describe experts
 
 
@@ -49,7 +53,7 @@ def run_one_ep(model_type: str, factory: Any, keys_of: Any) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - a type that does not build tiny is a row of the table
         return {"type": model_type, "result": "no build", "why": f"{type(exc).__name__}: {exc}"[:200]}
     tmp = tempfile.mkdtemp(prefix="hf-zoo-ep-")
-    keys = keys_of(model, model_type)
+    keys = keys_of(model, model_type, os.environ.get("HF_ZOO_DTYPE"))
     try:
         plan_rewrite(model, build_plan(make_job(Path(tmp), keys, LAYOUT)))
     except RewriteError as exc:
