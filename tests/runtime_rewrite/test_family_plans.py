@@ -100,6 +100,26 @@ def test_layouts_the_runtime_cannot_run_exactly_are_refused_at_plan_time(job):
         plan_rewrite(spec.model, plan)
 
 
+def test_a_router_copied_from_a_softmax_router_is_one_and_any_other_is_not():
+    import torch
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+    from transformers.models.olmoe.modeling_olmoe import OlmoeTopKRouter
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+    import benchmarks.hf_zoo as zoo
+    from dsforge.runtime.rewrite.planner import softmax_router
+
+    cfg = zoo.tiny_config("olmoe")
+    assert softmax_router(OlmoeTopKRouter(cfg))  # its forward is Qwen3-MoE's, copied
+    assert not softmax_router(DeepseekV3TopkRouter(zoo.tiny_config("deepseek_v3")))  # sigmoid, groups
+
+    class Tempered(Qwen3MoeTopKRouter):
+        def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            return super().forward(hidden_states / 2)
+
+    assert not softmax_router(Tempered(zoo.tiny_config("qwen3_moe")))
+
+
 def test_an_moe_block_the_applier_cannot_replace_is_refused_at_plan_time(job):
     """GraniteMoE keeps its router as `router`: under ep > 1 compile refuses it (the applier used to, once the
     run had started)."""

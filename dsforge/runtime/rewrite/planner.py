@@ -8,6 +8,7 @@ does not divide. The result is plain data (``RewritePlan.to_dict``) for plan.jso
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,6 +173,42 @@ class MoERouting:
 #: renormalised over the k or not): HF Mixtral, Qwen2-MoE, Qwen3-MoE (transformers 5), or a plain nn.Linear
 #: router (transformers 4 Mixtral). DeepSeek-V3's sigmoid, group-limited router is not among them.
 SOFTMAX_ROUTERS = ("MixtralTopKRouter", "Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter", "Linear")
+#: Where those HF routers live (their forward is the reference a copied router is compared with).
+_KNOWN_ROUTER_MODULES = {"MixtralTopKRouter": "mixtral", "Qwen2MoeTopKRouter": "qwen2_moe",
+                         "Qwen3MoeTopKRouter": "qwen3_moe"}
+
+
+def _forward_text(cls: type) -> str | None:
+    import inspect
+
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return None
+    return " ".join(source.split())
+
+
+@functools.cache
+def _known_router_forwards() -> frozenset[str]:
+    import importlib
+
+    found = set()
+    for name, module in _KNOWN_ROUTER_MODULES.items():
+        try:
+            cls = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)
+        except (ImportError, AttributeError):
+            continue
+        if (text := _forward_text(cls)) is not None:
+            found.add(text)
+    return frozenset(found)
+
+
+def softmax_router(router: nn.Module) -> bool:
+    """A router DeepSpeed's gate reproduces: one of SOFTMAX_ROUTERS, or a class whose forward is, character
+    for character (whitespace aside), one of theirs (transformers copies Qwen3-MoE's into OLMoE, Qwen3-Next,
+    FlexOlmo, ...)."""
+    cls = type(router)
+    return cls.__name__ in SOFTMAX_ROUTERS or _forward_text(cls) in _known_router_forwards()
 
 
 def model_top_k(block: nn.Module) -> int | None:
@@ -213,7 +250,7 @@ def _moe_problems(model: nn.Module, claim: Claim, plan: AnyPlan, ep: int) -> lis
                         f"has no `gate`: use ep 1 (its experts stay whole on each rank)")
     elif ep > 1:
         router = type(getattr(block, "gate", None)).__name__
-        if router not in SOFTMAX_ROUTERS:
+        if not softmax_router(block.gate):
             problems.append(f"its router {router} is not a softmax top-k router; DeepSpeed's gate "
                             "(moe/sharded_moe.py) has no exact twin of it under ep > 1")
         gate = getattr(block, "gate", None)
