@@ -222,8 +222,10 @@ class PretrainedWeights:
 
         key = self.reader.resolve(name, self.prefix)
         if key is None:
+            converted = getattr(self.reader, "unconverted", lambda _: None)(name)
             raise PretrainedLoadError(f"DSF640: {self.reader.directory} holds no tensor for the model's "
-                                      f"parameter {name}; the checkpoint was written for another model")
+                                      f"parameter {name}; "
+                                      + (converted or "the checkpoint was written for another model"))
         stored = self.reader.shape(key)
         if stored != tuple(shape):
             raise PretrainedLoadError(f"DSF640: {self.reader.directory}: tensor {key} is {list(stored)}, the "

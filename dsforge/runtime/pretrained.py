@@ -85,9 +85,12 @@ class Stacked:
 class CheckpointReader:
     """Sliced reads from the tensors of one HF model directory."""
 
-    def __init__(self, directory: str | Path, renamings: Sequence[Any] = ()) -> None:
-        """``renamings``: transformers' key renamings for the model read (hf_renamings)."""
+    def __init__(self, directory: str | Path, renamings: Sequence[Any] = (),
+                 converters: Sequence[Any] = ()) -> None:
+        """``renamings``, ``converters``: transformers' key renamings and tensor conversions for the model
+        read (hf_renamings, hf_converters)."""
         self.directory = Path(directory)
+        self._converters = list(converters)
         try:
             files = weight_files(self.directory)
         except PretrainedError as exc:
@@ -168,6 +171,20 @@ class CheckpointReader:
                     rows = tuple(next(iter(s))[0] for s in per_part)
                     self._stacked[name] = Stacked(tuple(tuple(f[e] for f in found) for e in range(count)),
                                                   rows, next(iter(per_part[0]))[1])
+
+    def unconverted(self, name: str) -> str | None:
+        """Why a model parameter the checkpoint lacks is one transformers builds on load (a WeightConverter of
+        its conversion mapping: fused tensors split, per-head ones concatenated), or None."""
+        def listed(patterns: Any) -> list[str]:
+            return [patterns] if isinstance(patterns, str) else list(patterns)
+
+        for conv in self._converters:
+            if any(re.search(t, name) for t in listed(conv.target_patterns)):
+                ops = ", ".join(type(o).__name__ for o in getattr(conv, "operations", []))
+                return (f"transformers builds it on load from the checkpoint's "
+                        f"{', '.join(listed(conv.source_patterns))} ({ops}, its conversion mapping); dsforge "
+                        f"reads tensors as stored or renamed only")
+        return None
 
     def close(self) -> None:
         """Close the open files."""
@@ -290,6 +307,21 @@ def hf_renamings(model: Any) -> list[Any]:
     return [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
 
 
+def hf_converters(model: Any) -> list[Any]:
+    """transformers' tensor conversions between a model's checkpoint and its parameters (the WeightConverter
+    entries of its conversion mapping: splits, concatenations, stacks); none for a transformers without."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter
+    except ImportError:
+        return []
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        return []
+    return [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightConverter)]
+
+
 def hf_config(directory: str | Path) -> Any:
     """The transformers config of the directory's config.json, set up as dsforge runs its models (sdpa, no
     cache)."""
@@ -304,4 +336,5 @@ def hf_config(directory: str | Path) -> Any:
 
 
 __all__ = ["SAFETENSORS", "SAFETENSORS_INDEX", "TORCH_BIN", "TORCH_INDEX", "CheckpointReader",
-           "PretrainedLoadError", "hf_config", "hf_renamings"]
+           "PretrainedLoadError", "hf_config", "hf_converters",
+           "hf_renamings"]

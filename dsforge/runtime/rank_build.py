@@ -30,9 +30,10 @@ def weight_source(plan: ResolvedPlan, skeleton: nn.Module, seed: int) -> WeightS
     initialisation."""
     if plan.model.pretrained:
         from dsforge.runtime.materialize import PretrainedWeights
-        from dsforge.runtime.pretrained import CheckpointReader, hf_renamings
+        from dsforge.runtime.pretrained import CheckpointReader, hf_converters, hf_renamings
 
-        return PretrainedWeights(CheckpointReader(plan.model.pretrained, hf_renamings(skeleton)),
+        reader = CheckpointReader(plan.model.pretrained, hf_renamings(skeleton), hf_converters(skeleton))
+        return PretrainedWeights(reader,
                                  str(getattr(skeleton, "base_model_prefix", "") or ""))
     return seeded_init(skeleton, seed)
 

@@ -33,3 +33,21 @@ def test_a_renamed_key_is_read_by_the_models_name(tmp_path: Path, model_type: st
         assert reader.reads[-1]["key"] == stored  # recorded under the checkpoint's own name
     finally:
         reader.close()
+
+
+def test_a_tensor_transformers_converts_on_load_is_named_when_missing(tmp_path: Path) -> None:
+    """HRM-text's checkpoint fuses q, k, v and a gate (attn.gqkv_proj), which transformers chunks on load; the
+    reader cannot, and says so instead of 'written for another model'."""
+    from dsforge.runtime.materialize import PretrainedWeights
+    from dsforge.runtime.pretrained import PretrainedLoadError, hf_converters
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config("hrm_text"))
+    model.save_pretrained(tmp_path)
+    name = "model.L_module.layers.0.self_attn.q_proj.weight"
+    reader = CheckpointReader(tmp_path, hf_renamings(model), hf_converters(model))
+    try:
+        with pytest.raises(PretrainedLoadError, match=r"gqkv_proj\.weight \(Chunk, its conversion mapping"):
+            PretrainedWeights(reader).values(name, tuple(model.state_dict()[name].shape), None, None)
+    finally:
+        reader.close()
