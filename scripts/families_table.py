@@ -23,20 +23,24 @@ RESULTS = ROOT / "benchmarks" / "results" / "hf_zoo.json"
 RESULTS_PP = ROOT / "benchmarks" / "results" / "hf_zoo_pp.json"
 #: `python benchmarks/hf_zoo.py --mode export --json ...`: save_pretrained, read at tp=2 (ep=2), export
 RESULTS_EXPORT = ROOT / "benchmarks" / "results" / "hf_zoo_export.json"
+#: `python benchmarks/hf_zoo.py --mode ep --json ...`: the types with an ep plan at ep=2 x dp=2
+RESULTS_EP = ROOT / "benchmarks" / "results" / "hf_zoo_ep.json"
+#: The other modes' files, in the tables' order: (key, path, column heading, how the doc names the mode).
+EXTRA = (("pp", RESULTS_PP, "pp=2", "pp=2 (`--mode pp`)"), ("ep", RESULTS_EP, "ep=2", "ep=2 (`--mode ep`)"),
+         ("export", RESULTS_EXPORT, "export", "Export (`--mode export`)"))
 DOC = ROOT / "docs" / "families.md"
 README = ROOT / "README.md"
 BEGIN, END = "<!-- hf-zoo-table:begin (scripts/families_table.py) -->", "<!-- hf-zoo-table:end -->"
 ORDER = ("exact", "refused", "differs", "crash", "no build")
 
 
-def load(path: Path = RESULTS, pp_path: Path = RESULTS_PP,
-         export_path: Path = RESULTS_EXPORT) -> dict[str, Any]:
-    """The result file: {"mode": ..., "seconds": ..., "rows": [...]}, with the pp=2 file's under "pp" and the
-    export file's under "export" when there are those."""
+def load(path: Path = RESULTS, extra: tuple[tuple[str, Path, str, str], ...] = EXTRA) -> dict[str, Any]:
+    """The result file: {"mode": ..., "seconds": ..., "rows": [...]}, with each other mode's file (EXTRA)
+    under its key when there is one."""
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    for key, extra in (("pp", pp_path), ("export", export_path)):
-        if extra.exists():
-            data[key] = json.loads(extra.read_text(encoding="utf-8"))
+    for key, other, _, _ in extra:
+        if other.exists():
+            data[key] = json.loads(other.read_text(encoding="utf-8"))
     return data
 
 
@@ -76,14 +80,21 @@ def summary(data: dict[str, Any]) -> str:
     pp = data.get("pp")
     pp_line = (f" {len(pp['rows'])} of them state a base_model_pp_plan and run at pp=2 too (`--mode pp`)."
                if pp else "")
+    if data.get("ep"):
+        pp_line += (f" {len(data['ep']['rows'])} state an ep plan and run at ep=2 x dp=2 against one process "
+                    f"(`--mode ep`).")
+    if data.get("export"):
+        pp_line += (" Each is saved by save_pretrained, read back at tp=2 (and ep=2 x dp=2) by each rank's "
+                    "slices and exported by dsforge (`--mode export`).")
     lines = [BEGIN, "",
              (f"The HF zoo (`benchmarks/hf_zoo.py`, {data['mode']}): {len(rows)} causal-LM types of "
               f"transformers {data['transformers']} state a tp/ep plan, {built} build tiny on CPU."
               f"{pp_line}"), "",
              "| mode | types built | exact | refused | differs | crash | run time |",
              "|---|---|---|---|---|---|---|", _mode_row(data["mode"], rows, data["seconds"]),
-             *([_mode_row(pp["mode"], pp["rows"], pp["seconds"])] if pp else []),
-             *([_mode_row(ex["mode"], ex["rows"], ex["seconds"])] if (ex := data.get("export")) else []), "",
+             *(_mode_row(data[k]["mode"], data[k]["rows"], data[k]["seconds"]) for k, *_ in EXTRA
+               if k in data),
+             "",
              *_wide_line(rows),
              ("Every type, its policy and the reason of each refusal or difference: "
               "[docs/families.md](docs/families.md)."),
@@ -122,22 +133,20 @@ def document(data: dict[str, Any]) -> str:
              "`benchmarks/results/hf_zoo.json`; do not edit."),
             "",
             f"Measured with `python benchmarks/hf_zoo.py` ({data['mode']}). {data.get('note', '')}".rstrip(),
-            *(["", f"pp=2 (`--mode pp`): {data['pp'].get('note', '')}".rstrip()] if data.get("pp") else []),
-            *(["", f"Export (`--mode export`): {data['export'].get('note', '')}".rstrip()]
-              if data.get("export") else []),
+            *(line for k, _, _, named in EXTRA if k in data
+              for line in ("", f"{named}: {data[k].get('note', '')}".rstrip())),
             "",
             summary(data).replace(BEGIN, "").replace(END, "").replace("[docs/families.md](docs/families.md)",
                                                                       "below")
             .strip(), "",
-            "| type | result | rule | policy | s | why | pp=2 | export |",
-            "|---|---|---|---|---|---|---|---|"]
-    pp = {r["type"]: r for r in data.get("pp", {}).get("rows", [])}
-    export = {r["type"]: r for r in data.get("export", {}).get("rows", [])}
+            "| type | result | rule | policy | s | why | " + " | ".join(h for _, _, h, _ in EXTRA) + " |",
+            "|---|---|---|---|---|---|" + "---|" * len(EXTRA)]
+    others = [{r["type"]: r for r in data.get(k, {}).get("rows", [])} for k, *_ in EXTRA]
     body = [
         f"| {r['type']} | {r['result']}{' (' + r['dtype'] + ')' if r.get('dtype') else ''} "
         f"| {r.get('rule', '')} | {r.get('arch', '')} | {r.get('seconds', '')} "
         f"| {_cell(_why(r))}{' (re-run: ' + r['run'] + ')' if r.get('run') else ''} "
-        f"| {_pp_cell(pp.get(r['type']))} | {_pp_cell(export.get(r['type']))} |"
+        f"| {' | '.join(_pp_cell(o.get(r['type'])) for o in others)} |"
         for r in data["rows"]
     ]
     return "\n".join(head + body) + "\n"
