@@ -70,6 +70,10 @@ def tiny_config(model_type: str) -> Any:
     if text is not None and text is not cfg:  # a composite config (Llama 4): its causal LM is built from the
                                               # text part
         _shrink(text)
+    for key, depth in (("vision_config", "num_hidden_layers"), ("audio_config", "num_blocks")):
+        encoder = getattr(cfg, key, None)  # an encoder the causal LM carries and token batches never run
+        if encoder is not None and isinstance(getattr(encoder, depth, None), int):
+            setattr(encoder, depth, 1)  # one layer: phi4_multimodal's were 870M parameters (pp ran out)
     return _shrink(cfg)
 
 
