@@ -128,6 +128,26 @@ def _tiny_copy(model: nn.Module) -> nn.Module:
     return tiny.double().eval()
 
 
+def _outside_pieces(model: nn.Module) -> str | None:
+    """The parameters no pp-plan piece holds (phi4_multimodal's audio and image embedders), which stages would
+    drop; None when the pieces hold every one."""
+    embed, stages, norm, head = hf_pieces(model)
+    held = {id(p) for piece in (embed, *(s.layer for s in stages), norm, head) for p in piece.parameters()}
+    base = base_prefix(model)
+
+    def top(name: str) -> str:  # the base model's (or the wrapper's) child the parameter sits in
+        inner = name[len(base) + 1:] if base and name.startswith(base + ".") else None
+        return f"{base}.{inner.split('.')[0]}" if inner else name.split(".")[0]
+
+    outside = sorted({top(n) for n, p in model.named_parameters() if id(p) not in held})
+    if not outside:
+        return None
+    more = " ..." if len(outside) > 4 else ""
+    return (f"`{model.config.model_type}` holds parameters outside its base_model_pp_plan pieces "
+            f"(embed_tokens, layers, norm, lm_head): {', '.join(outside[:4])}{more}; pipeline stages "
+            f"would not carry them")
+
+
 def glue_problem(model: nn.Module) -> str | None:
     """Why stages built from the pp plan would not compute the model's forward (None when they do exactly).
 
@@ -135,7 +155,7 @@ def glue_problem(model: nn.Module) -> str | None:
     ``staged_logits`` on 2 x 12 random tokens, so it holds for the family's forward code, not for one
     checkpoint's values.
     """
-    problem = pp_plan_problem(model)
+    problem = pp_plan_problem(model) or _outside_pieces(model)
     if problem is not None:
         return problem
     mtype = model.config.model_type

@@ -220,3 +220,18 @@ def test_families_without_a_pp_plan_are_refused_with_the_reason(tmp_path: Path) 
         assert "states no base_model_pp_plan" in (glue_problem(plain) or "")
     finally:
         type(plain.config).base_model_pp_plan = type_plan
+
+
+def test_parameters_outside_the_pp_plan_pieces_are_named():
+    """phi4_multimodal keeps audio and image embedders beside embed_tokens: stages would drop them, so pp is
+    refused naming the module (it failed at build before: a stage held 39,104 of 63,104,480 parameters)."""
+    from torch import nn
+
+    import benchmarks.hf_zoo as zoo
+    from dsforge.runtime.hf_pipeline import _outside_pieces
+
+    model = zoo._factory("olmo2")()
+    assert _outside_pieces(model) is None
+    model.model.extra = nn.Linear(2, 2)
+    assert "outside its base_model_pp_plan pieces (embed_tokens, layers, norm, lm_head): model.extra;" in (
+        _outside_pieces(model) or "")
