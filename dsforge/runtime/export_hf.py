@@ -30,8 +30,14 @@ def fill_hf_model(cfg: Any, dense: Mapping[str, Tensor], source: str | Path | No
     import torch
     from transformers import AutoModelForCausalLM
 
+    # from_config stamps the top-level dtype on every sub-config (phi4_multimodal's audio and vision ones),
+    # which the model's own save would write as they were
+    subs = {k: getattr(getattr(cfg, k), "dtype", None) for k in getattr(cfg, "sub_configs", {})
+            if getattr(cfg, k, None) is not None}
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
+    for key, dtype in subs.items():
+        getattr(model.config, key).dtype = dtype
     result = model.load_state_dict(dict(dense), strict=False, assign=True)
     if result.unexpected_keys:
         raise HfExportError(f"the saved weights hold tensors the {type(model).__name__} has not: "
