@@ -70,7 +70,8 @@ def two_rank_rewrites(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str
     out = tmp_path_factory.mktemp("rewrite-parts-out")
     parts = [("apply_tp", test_apply_tp._worker, test_apply_tp.worker_args(tmp)),
              ("family_parity", test_family_parity._worker, test_family_parity.worker_args(tmp)),
-             ("zoo_sample", test_zoo_sample._worker, test_zoo_sample.worker_args(tmp))]
+             ("zoo_sample", test_zoo_sample._worker, test_zoo_sample.worker_args(tmp)),
+             ("zoo_ep_sample", test_zoo_sample.ep_worker, test_zoo_sample.ep_worker_args(tmp))]
     failure = ""
     try:
         run(_parts_worker, 2, parts, str(out))

@@ -85,3 +85,29 @@ def test_the_sample_uses_every_style_of_the_exact_types_dense_and_moe():
 @pytest.mark.slow
 def test_the_zoo_sample_is_exact_under_tp2(two_rank_rewrites):
     two_rank_rewrites("zoo_sample")
+
+
+#: The ep=2 sample (benchmarks/hf_zoo.py --mode ep): OLMoE's router is a copy of Qwen3-MoE's (accepted by its
+#: forward's text), Qwen3-Next adds a gated shared expert.
+EP_SAMPLE = ("olmoe", "qwen3_next")
+
+
+def ep_worker(rank: int, world: int, specs: list[Any]) -> None:
+    """Each ep sample type at ep=2 x dp=2 against one process (test_family_parity's ep_parity)."""
+    from tests.runtime_rewrite.test_family_parity import ep_parity
+
+    for spec in specs:
+        ep_parity(rank, spec, formula=False)  # the zoo's keys do not describe the experts
+
+
+def ep_worker_args(tmp: Path) -> tuple[Any, ...]:
+    """The ep sample's jobs, made here so both ranks read the same files."""
+    import benchmarks.hf_zoo as zoo
+    from tests.runtime_rewrite.conftest import make_job
+
+    return ([make_job(tmp, zoo._job_keys(zoo._factory(t)(), t), {"dp": 2, "ep": 2}) for t in EP_SAMPLE],)
+
+
+@pytest.mark.slow
+def test_the_zoo_ep_sample_is_exact_under_ep2(two_rank_rewrites):
+    two_rank_rewrites("zoo_ep_sample")
