@@ -37,9 +37,7 @@ def _worker(rank: int, world: int, keys: dict[str, Any], tmp: str) -> None:
 
 def run_one_ep(model_type: str, factory: Any, keys_of: Any) -> dict[str, Any]:
     """Plan one MoE type at ep=2 x dp=2 and (when planned) run it against one process; the row."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import torch
-
+    from benchmarks.zoo_export import built
     from dsforge.compiler.plan.plan import build_plan
     from dsforge.runtime.rewrite import plan_rewrite
     from dsforge.runtime.rewrite.planner import RewriteError
@@ -47,11 +45,9 @@ def run_one_ep(model_type: str, factory: Any, keys_of: Any) -> dict[str, Any]:
     from tests.runtime_rewrite.conftest import make_job
 
     t0 = time.perf_counter()
-    try:
-        torch.manual_seed(0)
-        model = factory()
-    except Exception as exc:  # noqa: BLE001 - a type that does not build tiny is a row of the table
-        return {"type": model_type, "result": "no build", "why": f"{type(exc).__name__}: {exc}"[:200]}
+    model, no_build = built(model_type, factory)
+    if no_build is not None:
+        return no_build
     tmp = tempfile.mkdtemp(prefix="hf-zoo-ep-")
     keys = keys_of(model, model_type, os.environ.get("HF_ZOO_DTYPE"))
     try:

@@ -160,20 +160,27 @@ def _layout(tmp: Path, degrees: dict[str, int]) -> dict[str, Any]:
     return {"result": "differs", "why": "; ".join(found)[:300]} if found else {"result": "exact"}
 
 
+def built(model_type: str, factory: Any) -> tuple[Any, dict[str, Any] | None]:
+    """The type's tiny model from ``factory`` (seed 0), or None and its "no build" row."""
+    import torch
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        torch.manual_seed(0)
+        return factory(), None
+    except Exception as exc:  # noqa: BLE001 - a type that does not build tiny is a row of the table
+        return None, {"type": model_type, "result": "no build", "why": f"{type(exc).__name__}: {exc}"[:200]}
+
+
 def run_one_export(model_type: str, factory: Any, has_ep: bool) -> dict[str, Any]:
     """Save one type's tiny model, read it back at tp=2 (and at ep=2 x dp=2 with an ep plan) and export it;
     the row (its result is tp=2's, ``ep2`` says what ep=2 gave)."""
     import tempfile
 
-    import torch
-
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     t0 = time.perf_counter()
-    try:
-        torch.manual_seed(0)
-        model = factory()
-    except Exception as exc:  # noqa: BLE001 - a type that does not build tiny is a row of the table
-        return {"type": model_type, "result": "no build", "why": f"{type(exc).__name__}: {exc}"[:200]}
+    model, no_build = built(model_type, factory)
+    if no_build is not None:
+        return no_build
     tmp = Path(tempfile.mkdtemp(prefix="hf-zoo-export-"))
     try:  # a tiny config transformers cannot write or read back (a per-layer list the zoo's 2 layers cut)
         from transformers import AutoModelForCausalLM

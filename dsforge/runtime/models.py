@@ -88,17 +88,10 @@ def model_config(model: ModelSpec | ResolvedModel, tp: int = 1) -> Any:
     return hf_config(model, tp)
 
 
-def attention_of(cfg: Any) -> str:
-    """The attention implementation dsforge builds a model with: sdpa, or eager for a causal LM whose class
-    does not take sdpa (Gemma 2: its soft-capped scores); both are the same mathematics."""
-    from transformers import AutoModelForCausalLM
-
-    cls = AutoModelForCausalLM._model_mapping.get(type(cfg), None)
-    return "eager" if cls is not None and getattr(cls, "_supports_sdpa", True) is False else "sdpa"
-
-
 def _from_config(cfg: Any) -> nn.Module:
     from transformers import AutoModelForCausalLM
+
+    from dsforge.runtime.attention_impl import attention_of
 
     return AutoModelForCausalLM.from_config(cfg, attn_implementation=attention_of(cfg))
 

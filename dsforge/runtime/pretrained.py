@@ -292,34 +292,32 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def hf_renamings(model: Any) -> list[Any]:
-    """transformers' own renamings between a model's checkpoint keys and its parameter names (the
-    WeightRenaming entries of its conversion mapping); none for a transformers without them."""
+def _conversions(model: Any, kind: str) -> list[Any]:
+    """The entries of class ``kind`` (core_model_loading's WeightRenaming or WeightConverter) of
+    transformers' conversion mapping for ``model``; none for a transformers without one, or another model."""
     try:
+        from transformers import core_model_loading
         from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import WeightRenaming
     except ImportError:
         return []
     from transformers import PreTrainedModel
 
     if not isinstance(model, PreTrainedModel):
         return []
-    return [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+    cls = getattr(core_model_loading, kind)
+    return [t for t in get_model_conversion_mapping(model) if isinstance(t, cls)]
+
+
+def hf_renamings(model: Any) -> list[Any]:
+    """transformers' own renamings between a model's checkpoint keys and its parameter names (the
+    WeightRenaming entries of its conversion mapping)."""
+    return _conversions(model, "WeightRenaming")
 
 
 def hf_converters(model: Any) -> list[Any]:
     """transformers' tensor conversions between a model's checkpoint and its parameters (the WeightConverter
-    entries of its conversion mapping: splits, concatenations, stacks); none for a transformers without."""
-    try:
-        from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import WeightConverter
-    except ImportError:
-        return []
-    from transformers import PreTrainedModel
-
-    if not isinstance(model, PreTrainedModel):
-        return []
-    return [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightConverter)]
+    entries of its conversion mapping: splits, concatenations, stacks)."""
+    return _conversions(model, "WeightConverter")
 
 
 def hf_config(directory: str | Path) -> Any:
@@ -327,7 +325,7 @@ def hf_config(directory: str | Path) -> Any:
     cache)."""
     from transformers import AutoConfig
 
-    from dsforge.runtime.models import attention_of
+    from dsforge.runtime.attention_impl import attention_of
 
     cfg = AutoConfig.from_pretrained(str(directory))
     cfg._attn_implementation = attention_of(cfg)

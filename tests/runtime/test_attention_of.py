@@ -7,7 +7,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from dsforge.runtime.models import attention_of
+from dsforge.runtime.attention_impl import attention_of
 
 
 @pytest.mark.parametrize(("model_type", "want"),
