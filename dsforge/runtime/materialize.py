@@ -222,7 +222,7 @@ class PretrainedWeights:
 
         key = self.reader.resolve(name, self.prefix)
         if key is None:
-            converted = getattr(self.reader, "unconverted", lambda _: None)(name)
+            converted = self.reader.unconverted(name)
             raise PretrainedLoadError(f"DSF640: {self.reader.directory} holds no tensor for the model's "
                                       f"parameter {name}; "
                                       + (converted or "the checkpoint was written for another model"))
