@@ -4,8 +4,9 @@ step-time estimate's TFLOP/s per GPU lie from the published figures.
 Each job file names its source, stack and what was filled in; `index.yaml` holds each run's published TFLOP/s
 per GPU, what it counts (hardware FLOPs with the recomputed forward, or model FLOPs) and its scaling series.
 A run is *accepted* when `dsforge validate` reports no error. The TFLOP/s error is (predicted - published) /
-published over the accepted runs with a figure; the *off-nominal* runs are those whose layout differs from the
-two the accelerators' gemm_efficiency was fitted on (GPT-3 175B at 1,024 A100s, Llama 3 405B at 8,192 H100s).
+published over the accepted runs with a figure; the *off-nominal* runs are those the accelerators'
+gemm_efficiency was not fitted on (`FITTED_ON`: Narayanan et al.'s ten weak-scaling runs on A100, the three
+Llama 3 405B rows on H100).
 A scaling series is in the right order when the predicted TFLOP/s rank its runs as the published ones do.
 
     python benchmarks/estimate_accuracy.py --published
@@ -25,7 +26,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = ROOT / "benchmarks" / "published"
 #: the runs the accelerators' gemm_efficiency was fitted on (dsforge/presets/hardware/nvidia_dgx.yaml)
-FITTED_ON = ("llama3-405b-8k-8192gpu.yaml",)
+FITTED_ON = tuple(f"narayanan21-gpt-{size}.yaml" for size in
+                  ("1.7b", "3.6b", "7.5b", "18b", "39b", "76b", "146b", "310b", "530b", "1t")) + (
+    "llama3-405b-8k-8192gpu.yaml", "llama3-405b-8k-16384gpu.yaml", "llama3-405b-128k-16384gpu.yaml")
 
 
 @dataclass

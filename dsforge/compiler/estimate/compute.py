@@ -3,7 +3,10 @@
 Per rank and micro-batch, each matrix multiply of a layer (Q/K/V, output, MLP or experts, the logits)
 takes max(2mnk / (peak x gemm_efficiency), bytes / (HBM x memory_efficiency)): a roofline (Williams et al.
 2009), so small GEMMs fall to the memory bound and the share of peak a layer reaches rises with its width.
-The attention core runs at the GEMM rate over its counted FLOPs (flash kernels are GEMM-bound). Norms,
+The attention core runs at the GEMM rate over its counted FLOPs where it is a flash kernel (GEMM-bound);
+unfused attention (`Kernels.fused_attention` false: Megatron's baddbmm, fused scale-mask-softmax, dropout
+and bmm over materialised s x s scores) prices each of those kernels by its roofline over the score
+matrix, which is memory-bound at any head_dim below the accelerator's ridge (`_unfused_core`). Norms,
 activations, residual adds, RoPE and the loss move the bytes the stack profile states (`stacks/`), at
 HBM x memory_efficiency; every framework operation costs op_overhead_us (dispatch and launch, the term
 that dominates tiny models on a CPU). A backward pass runs two GEMMs per forward GEMM and moves twice the
@@ -116,17 +119,42 @@ def _linear(m: float, k: float, n: float, e: int, r: Rates) -> float:
                (m * k + k * n + e * m * n) / r.memory_Bps)
 
 
+def _unfused_core(scores: float, head_dim: int, e: int, dropout: bool, r: Rates) -> tuple[float, float]:
+    """(forward, backward) seconds of unfused attention over ``scores`` score elements (tokens x keys x
+    heads on this rank): each kernel at its own roofline.
+
+    Forward (Megatron-LM d98e8a6 megatron/core/transformer/dot_product_attention.py:194-239, as the legacy
+    CoreAttention and Megatron-DeepSpeed run it): Q K^T by baddbmm (2·head_dim
+    FLOPs per score, the score written), the fused scale-mask-softmax (read and write), dropout on the
+    probabilities (read, write, a 1-byte mask), probabilities @ V (2·head_dim FLOPs, the probabilities
+    read). Backward: dP = dO V^T and dV = P^T dO, dropout's backward (read, mask, write), softmax's (read
+    the output and the gradient, write), dQ and dK (two GEMMs reading dS)."""
+    flop = 2.0 * head_dim / (r.peak_flops * r.gemm_efficiency)
+    byte = 1.0 / r.memory_Bps
+    gemm = max(flop, e * byte)  # one score-sized GEMM operand per head_dim-deep product
+    drop = (2 * e + 1) * byte if dropout else 0.0
+    forward = 2 * gemm + 2 * e * byte + drop
+    backward = 4 * gemm + 3 * e * byte + drop
+    return scores * forward, scores * backward
+
+
 def _layer(model: ResolvedModel, moe: bool, tokens: float, tp: int, ep: int, sp_div: int, e: int,
-           prof: StackProfile, r: Rates) -> tuple[float, float, float]:
-    """(GEMM seconds, attention-core seconds, memory-bound seconds) of one layer's forward on one rank."""
+           prof: StackProfile, r: Rates) -> tuple[float, float, float, float]:
+    """(GEMM seconds, attention-core forward and backward seconds, memory-bound seconds) of one layer's
+    forward on one rank (the backward's GEMMs and memory-bound work are twice the forward's)."""
     h, s = model.hidden, model.seq_len
     kv = kv_heads_per_rank(model, tp) * model.head_dim
     q = model.heads * model.head_dim  # heads x head_dim need not equal hidden (Qwen3, Gemma)
     mats = 3 if model.activation == "swiglu" else 2
     gemm = _linear(tokens, h, q / tp + 2 * kv, e, r) + _linear(tokens, q / tp, h, e, r)
-    core_flops = 4.0 * tokens * s * q / tp
-    attention = max(core_flops / (r.peak_flops * r.gemm_efficiency),
-                    e * tokens * (2 * q / tp + 2 * kv) / r.memory_Bps)
+    if prof.kernels.fused_attention:
+        core_flops = 4.0 * tokens * s * q / tp
+        attention = max(core_flops / (r.peak_flops * r.gemm_efficiency),
+                        e * tokens * (2 * q / tp + 2 * kv) / r.memory_Bps)
+        attention_bwd = 2 * attention
+    else:
+        attention, attention_bwd = _unfused_core(tokens * s * model.heads / tp, model.head_dim, e,
+                                                 prof.kernels.dropout, r)
     elementwise = tokens * (prof.h_bytes * e + prof.h_fp32_bytes) * h / sp_div
     if moe and model.moe is not None:
         m = model.moe
@@ -142,7 +170,7 @@ def _layer(model: ResolvedModel, moe: bool, tokens: float, tp: int, ep: int, sp_
         f = model.ffn_hidden
         gemm += _linear(tokens, h, (mats - 1) * f / tp, e, r) + _linear(tokens, f / tp, h, e, r)
         elementwise += tokens * prof.f_bytes * e * f / tp
-    return gemm, attention, elementwise / r.memory_Bps
+    return gemm, attention, attention_bwd, elementwise / r.memory_Bps
 
 
 def chunk_time(plan: Priced, first_layer: int, layers: int, first: bool, last: bool, r: Rates) -> ChunkTime:
@@ -159,28 +187,28 @@ def chunk_time(plan: Priced, first_layer: int, layers: int, first: bool, last: b
     fused = last and "fused_loss" in lean_kernels(model, requested_kernels(plan), d.pp) \
         if plan.spec.stack == "dsforge" else False
     return _chunk_time(model, d.tp, d.ep, sp_div, e, tokens, plan.spec.stack, t.recompute, r,
-                       flops.moe_phase(model, first_layer), layers, last, fused)
+                       flops.moe_phase(model, first_layer), layers, last, fused, t.attention)
 
 
 @bounded(maxsize=4096)
 def _chunk_time(model: ResolvedModel, tp: int, ep: int, sp_div: int, e: int, tokens: float, stack: str,
                 recompute: str, r: Rates, phase: int, layers: int, last: bool,
-                fused_loss: bool = False) -> ChunkTime:
+                fused_loss: bool = False, attention: str = "auto") -> ChunkTime:
     """`chunk_time` from what it reads: the layers from period ``phase`` (`flops.moe_phase`) are summed one by
     one, the order the per-chunk sum always had, so the seconds are the same floats (``fused_loss``: dsforge's
     fused loss recomputes the head's logits in backward, dsforge/runtime/kernels/fused_ce.py)."""
-    prof = profile_of(stack)
+    prof = profile_of(stack, attention)
     fwd = bwd = attn = 0.0
-    cache: dict[bool, tuple[float, float, float]] = {}
+    cache: dict[bool, tuple[float, float, float, float]] = {}
     for i in range(phase, phase + layers):
         moe = is_moe_layer(model, i)
         if moe not in cache:
             cache[moe] = _layer(model, moe, tokens, tp, ep, sp_div, e, prof, r)
-        gemm, core, mem = cache[moe]
+        gemm, core, core_bwd, mem = cache[moe]
         layer_fwd = gemm + core + mem + prof.ops_forward * r.op_overhead_s
         fwd += layer_fwd
         attn += core
-        bwd += 2 * (gemm + core + mem) + prof.ops_backward * r.op_overhead_s
+        bwd += 2 * (gemm + mem) + core_bwd + prof.ops_backward * r.op_overhead_s
         if recompute == "full":
             bwd += layer_fwd
         elif recompute == "selective":

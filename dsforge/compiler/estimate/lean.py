@@ -37,7 +37,7 @@ def requested_kernels(plan: AnyPlan) -> dict[str, bool | str]:
 def stack_kernels(plan: Priced) -> Kernels:
     """The `Kernels` the job's stack runs: for dsforge, HF's modules with the job's lean kernels swapped
     in."""
-    base = profile_of(plan.spec.stack).kernels
+    base = profile_of(plan.spec.stack, plan.spec.training.attention).kernels
     if plan.spec.stack != "dsforge":
         return base
     on = lean_kernels(plan.model, requested_kernels(plan), plan.degrees.pp)

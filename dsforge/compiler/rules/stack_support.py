@@ -1,5 +1,5 @@
-"""DSF306-DSF311: what each stack can run of the keys only some stacks have (Megatron-Core's pipeline split
-options, the gradient-reduction dtype, FP8 and its recipes, ZeRO-3/FSDP).
+"""DSF306-DSF312: what each stack can run of the keys only some stacks have (Megatron-Core's pipeline split
+options, the gradient-reduction dtype, FP8 and its recipes, ZeRO-3/FSDP, the attention kernel).
 
 A key a stack has no form for is refused here rather than estimated as if it ran: the estimate would price a
 job the stack does not train (the house rule "exact or refused").
@@ -151,3 +151,27 @@ def megatron_fsdp(ctx: Context) -> Iterator[Finding]:
         yield Finding(f"zero={ctx.plan.zero} with pp={d.pp} on stack megatron-te: dsforge prices FSDP "
                       "(optim_grads/optim_grads_params) without a pipeline only",
                       "use zero: 1 (the distributed " "optimizer) with pp, or pp: 1", ("parallel", "zero"))
+
+
+@rule("DSF312", "the attention kernel is one the stack runs",
+      source="NVIDIA/Megatron-LM megatron/core/transformer/enums.py:51 (AttnBackend: flash, fused, unfused), "
+             "megatron/core/transformer/dot_product_attention.py:57-59 (context parallelism only in TE's "
+             "attention); deepspeedai/Megatron-DeepSpeed megatron/arguments.py:927-935 (--use-flash-attn*)",
+      reads=("cp",))
+def attention_kernel(ctx: Context) -> Iterator[Finding]:
+    """`training.attention` names the attention core's kernel, which the step time and the activations
+    price differently. Megatron-Core runs TE's flash attention or its own unfused one
+    (`--attention-backend`), but context parallelism only inside TE's; Megatron-DeepSpeed runs its unfused
+    attention or flash attention with `--use-flash-attn`. dsforge's runtime runs HF's SDPA attention and
+    has no switch for another kernel, so a job that names one there would be estimated as something it
+    does not run."""
+    t, d = ctx.spec.training, ctx.plan.degrees
+    if t.attention == "auto":
+        return
+    if ctx.spec.stack == "dsforge":
+        yield Finding(f"attention: {t.attention} on stack dsforge, whose runtime runs HF's SDPA attention "
+                      f"and has no other kernel", "set attention: auto", ("training", "attention"))
+    elif (ctx.spec.stack == "megatron-te" and t.attention == "unfused" and d is not None and d.cp > 1):
+        yield Finding(f"attention: unfused with cp={d.cp}: Megatron-Core runs context parallelism only in "
+                      f"Transformer Engine's attention", "set attention: auto, or cp: 1",
+                      ("training", "attention"))

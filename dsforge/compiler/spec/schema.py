@@ -493,6 +493,12 @@ class TrainingSpec(Section):
     recompute: Literal["none", "selective", "full"] = field(
         Choice("none", "selective", "full", "auto"), "none",
         "Activation recomputation (Korthikanti et al. 2022); auto: the search chooses.")
+    attention: Literal["auto", "flash", "unfused"] = field(
+        Choice("auto", "flash", "unfused"), "auto",
+        "The attention core's kernel: auto (the stack's own: TE's flash attention under megatron-te, "
+        "Megatron's unfused softmax attention under megatron-deepspeed, SDPA under dsforge), flash, or "
+        "unfused (s x s scores materialised: Megatron-LM before flash attention, --attention-backend "
+        "unfused).")
     optimizer: OptimizerSpec = section(OptimizerSpec, "The optimizer and where ZeRO keeps its states.")
     scheduler: SchedulerSpec = section(SchedulerSpec, "The learning-rate schedule.")
     # 0.3-1.0 in practice; a huge threshold never clips but still reports the norm (0 turns clipping off); the

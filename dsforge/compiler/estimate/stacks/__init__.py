@@ -8,6 +8,7 @@ gradient dtype, and the memory-bound traffic and framework operations of a layer
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from dsforge.compiler.estimate.stacks.profile import StackProfile
@@ -15,11 +16,15 @@ from dsforge.compiler.estimate.stacks.profile import StackProfile
 __all__ = ["StackProfile", "profile_of"]
 
 
-@lru_cache(maxsize=8)
-def profile_of(stack: str) -> StackProfile:
-    """The profile of a `stack:` value (the schema admits only known names); the profiles' modules are
-    imported on first use only."""
+@lru_cache(maxsize=16)
+def profile_of(stack: str, attention: str = "auto") -> StackProfile:
+    """The profile of a `stack:` value (the schema admits only known names) with the job's
+    `training.attention` kernel (auto: the stack's own); the profiles' modules are imported on first use
+    only."""
     from dsforge.compiler.estimate.stacks import dsforge_runtime, megatron_deepspeed, megatron_te
 
-    return {"dsforge": dsforge_runtime.PROFILE, "megatron-te": megatron_te.PROFILE,
+    base = {"dsforge": dsforge_runtime.PROFILE, "megatron-te": megatron_te.PROFILE,
             "megatron-deepspeed": megatron_deepspeed.PROFILE}[stack]
+    if attention == "auto":
+        return base
+    return replace(base, kernels=replace(base.kernels, fused_attention=attention == "flash"))
