@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
+from dsforge.compiler.estimate import comm
 from dsforge.compiler.estimate.compute import DEFAULT_GEMM_EFFICIENCY
-from dsforge.compiler.estimate.steptime import StepTime, estimate_step
+from dsforge.compiler.estimate.steptime import StepTime, blocking_send_s, estimate_step
 from dsforge.compiler.validate import validate_file
 from tests.conftest import ROOT
 from tests.test_explain_helpers import GPT3_2021, LLAMA3_405B_8K, SMALL, make_plan, with_changes
@@ -152,3 +153,25 @@ def test_every_example_estimates() -> None:
     for path in sorted((ROOT / "examples").glob("*.yaml")):
         step = estimate_step(validate_file(path).plan)
         assert step.step_s > 0 and 0 < step.mfu < 1, path.name
+
+
+@pytest.mark.parametrize("stack", ["dsforge", "megatron-deepspeed", "megatron-te"])
+def test_deepspeed_pipeline_sends_hold_the_sender(tmp_path: Path, stack: str) -> None:
+    # DeepSpeed's PipelineEngine sends with a synchronous dist.send (deepspeed/runtime/pipe/p2p.py), so every
+    # stage but the last pays its activation send in the forward and every stage but the first its gradient
+    # send in the backward; Megatron-Core's transfers only delay the receiver
+    job = with_changes({**SMALL, "stack": stack}, hardware={"nodes": 4}, launch={"launcher": "slurm"},
+                       parallel={"tp": 8, "pp": 4, "zero": 0}, training={"global_batch": 64})
+    if stack != "megatron-te":
+        job = with_changes(job, parallel={"pipeline": {"partition": "uniform"}})
+    plan = make_plan(job, tmp_path)
+    step = estimate_step(plan)
+    send = blocking_send_s(plan)
+    forward = [row[0].comm_s.get("pp", 0.0) for row in step.forward]
+    backward = [row[0].comm_s.get("pp", 0.0) for row in step.backward]
+    if stack == "megatron-te":
+        assert send == 0 and forward == backward == [0.0] * 4
+        return
+    transfer = next(o for o in comm.pipeline_parallel(plan) if o.overlap == "dependency").seconds
+    assert send == transfer > 0
+    assert forward == [send, send, send, 0.0] and backward == [0.0, send, send, send]

@@ -9,6 +9,7 @@ PROFILE = StackProfile(
     name="dsforge",
     kernels=HF_SDPA,
     pipeline_output_buffers=True,
+    blocking_p2p=True,  # DeepSpeed's PipelineEngine (profile.py)
     experts_split_over_tp=False,
     distributed_optimizer=False,
     fp32_main_grads=False,

@@ -32,3 +32,8 @@ class StackProfile:
     #: whose optimizer keeps the model states: "deepspeed" (DeepSpeed's engine and ZeRO, model_states.py) or
     #: "megatron" (Megatron-Core's DDP buffer and distributed optimizer, model_states.megatron_states)
     optimizer: str = "deepspeed"
+    #: the pipeline's sends block the sending rank until the receiver has taken the tensor (DeepSpeed's
+    #: PipelineEngine: deepspeed/runtime/pipe/engine.py:1043 and :1094 call p2p.send, a synchronous
+    #: dist.send, p2p.py:46-60), so each send costs its transfer on the sender too; False: the transfer only
+    #: delays the receiver (Megatron-Core batches each send with the opposite receive)
+    blocking_p2p: bool = False
