@@ -42,6 +42,10 @@ class Link:
     name: str  # "intra_node" | "inter_node"
     bandwidth_Bps: float  # achieved bus bandwidth: line rate x bus efficiency
     latency_s: float
+    #: nodes one group of the link spans, and the latency of a ring step between two ranks of one node: a ring
+    #: over ``nodes`` nodes crosses the network on nodes - 1 of its steps only
+    nodes: int = 1
+    intra_latency_s: float | None = None
 
 
 def link_of(plan: Priced, kind: str) -> Link:
@@ -49,7 +53,15 @@ def link_of(plan: Priced, kind: str) -> Link:
     hw = plan.spec.hardware
     crosses = plan.placement is not None and plan.placement.crosses_nodes(kind)
     spec, name = (hw.inter_node, "inter_node") if crosses else (hw.intra_node, "intra_node")
-    return Link(name, spec.bandwidth_gbs * 1e9 * bus_efficiency(spec.bus_efficiency), spec.latency_us * 1e-6)
+    bandwidth = spec.bandwidth_gbs * 1e9 * bus_efficiency(spec.bus_efficiency)
+    latency = spec.latency_us * 1e-6
+    if not crosses or plan.placement is None:
+        return Link(name, bandwidth, latency)
+    memo = plan_memo(plan)
+    nodes = memo.get(("nodes_spanned", kind))
+    if nodes is None:
+        nodes = memo[("nodes_spanned", kind)] = plan.placement.nodes_spanned(kind)
+    return Link(name, bandwidth, latency, nodes, hw.intra_node.latency_us * 1e-6)
 
 
 def bus_efficiency(value: float | None) -> float:
@@ -61,14 +73,22 @@ def collective_seconds(op: str, payload: float, n: int, link: Link) -> float:
     """Alpha-beta time of one collective of ``payload`` bytes (per rank) over ``n`` ranks.
 
     Ring all-reduce: 2(n-1) steps moving 2(n-1)/n·bytes; all-gather, reduce-scatter and pairwise
-    all-to-all: n-1 steps moving (n-1)/n·bytes; point-to-point: one step of the full payload.
+    all-to-all: n-1 steps moving (n-1)/n·bytes; point-to-point: one step of the full payload. A ring over
+    several nodes pays the network's latency on the steps that cross nodes only, 2(nodes-1) of an
+    all-reduce's and nodes-1 of an all-gather's or reduce-scatter's, and the node's link latency on the
+    others (NCCL's ring model, NVIDIA/nccl src/graph/tuning.cc ncclTopoTuneModel: nInterSteps).
     """
     if op == "p2p":
         return link.latency_s + payload / link.bandwidth_Bps
     if n <= 1:
         return 0.0
     steps = 2 * (n - 1) if op == "all-reduce" else n - 1
-    return steps * link.latency_s + wire_bytes(op, payload, n) / link.bandwidth_Bps
+    latency = steps * link.latency_s
+    if link.nodes > 1 and link.intra_latency_s is not None and op in ("all-reduce", "all-gather",
+                                                                          "reduce-scatter"):
+        inter = min(steps, (2 if op == "all-reduce" else 1) * (link.nodes - 1))
+        latency = inter * link.latency_s + (steps - inter) * link.intra_latency_s
+    return latency + wire_bytes(op, payload, n) / link.bandwidth_Bps
 
 
 def wire_bytes(op: str, payload: float, n: int) -> float:

@@ -27,6 +27,25 @@ def test_ring_all_reduce_cost_is_2_n_minus_1_over_n() -> None:
     assert comm.wire_bytes("all-reduce", size, n) == pytest.approx(2 * 7 / 8 * size)
 
 
+def test_a_ring_across_nodes_pays_the_network_latency_on_its_crossing_steps_only(tmp_path: Path) -> None:
+    # NCCL's ring model (src/graph/tuning.cc): nodes-1 inter-node steps of an all-gather or reduce-scatter,
+    # 2(nodes-1) of an all-reduce; the other steps at the node's link latency
+    net = comm.Link("inter_node", 25e9, 10e-6, nodes=4, intra_latency_s=3e-6)
+    n, size = 32, 1e6
+    band = comm.wire_bytes("all-gather", size, n) / 25e9
+    assert comm.collective_seconds("all-gather", size, n, net) == pytest.approx(band + 3 * 10e-6 + 28 * 3e-6)
+    assert comm.collective_seconds("all-reduce", size, n, net) == pytest.approx(
+        2 * band + 6 * 10e-6 + 56 * 3e-6)
+    flat = comm.Link("inter_node", 25e9, 10e-6)
+    a2a = comm.collective_seconds("all-to-all", size, n, net)
+    assert a2a == comm.collective_seconds("all-to-all", size, n, flat)
+    # a data-parallel group of 32 over 4 DGX nodes (tp 1) spans 4 of them
+    plan = make_plan(with_changes(SMALL, hardware={"nodes": 4}, launch={"launcher": "slurm"},
+                                  parallel={"tp": 1, "pp": 1}), tmp_path)
+    link = comm.link_of(plan, "dp-cp")
+    assert (link.name, link.nodes, link.intra_latency_s) == ("inter_node", 4, 3e-6)
+
+
 def test_groups_inside_a_node_use_nvlink_and_groups_across_nodes_the_network(tmp_path: Path) -> None:
     job = with_changes(SMALL, hardware={"nodes": 2}, parallel={"tp": 8, "pp": 2},
                        launch={"launcher": "slurm"})
