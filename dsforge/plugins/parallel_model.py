@@ -161,6 +161,9 @@ def autotp_config(job: JobLike, ds_config: dict[str, Any], trainer: str) -> dict
     out = copy.deepcopy(ds_config)
     out["tensor_parallel"] = {"autotp_size": d.tp}
     out["train_batch_size"] = j.micro_batch * j.grad_accum * world
+    # The trainers' own save (trainer.save_model, accelerator.get_state_dict) asks DeepSpeed for its
+    # consolidation only with this set; it gathers dsforge's slices by their hooks (dsforge.plugins.hf_dir).
+    out.setdefault("zero_optimization", {})["stage3_gather_16bit_weights_on_model_save"] = True
     return out
 
 
@@ -321,6 +324,9 @@ def prepare_model(job: JobLike, model: Any = None) -> Any:
         # without an mpu, autotp_config) must not apply DeepSpeed's own AutoTP rewrite on top
         # (DeepSpeedEngine._apply_autotp_partitioning returns at once for a model marked parsed).
         model.ds_autotp_parsed = True
+        from dsforge.plugins.hf_dir import install
+
+        install(model)  # trainer.save_model / get_state_dict gather the slices (dsforge.plugins.hf_dir)
     return model
 
 
@@ -369,22 +375,9 @@ def save_hf(model: Any, directory: str | os.PathLike[str]) -> None:
     dense = gathered_state_dict(model)
     _, cfg = _run_of(model)
     if dense is not None:
-        from safetensors.torch import save_file
+        from dsforge.plugins.hf_dir import write
 
-        from dsforge.runtime.export import on_disk
-
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        cfg = copy.deepcopy(cfg)
-        dtypes = sorted({str(v.dtype).replace("torch.", "") for v in dense.values()})
-        if len(dtypes) == 1:
-            cfg.dtype = dtypes[0]
-        cfg.architectures = [type(cfg).__name__.replace("Config", "ForCausalLM")]
-        cfg.save_pretrained(str(out))
-        tensors = on_disk(dense, getattr(cfg, "model_type", None))
-        tmp = out / "model.safetensors.tmp"
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, out / "model.safetensors")
+        write(dense, cfg, directory)
     dist.barrier()
 
 
