@@ -39,7 +39,6 @@ import copy
 import os
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from dsforge.plugins.job import JobLike, PlanMismatchError, PluginError, TrainerJob, load_job
