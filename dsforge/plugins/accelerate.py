@@ -21,8 +21,9 @@ builds its own (dp, tp) groups, which are the plan's (else DSF706). The same sec
 ``prepare_data_loader`` gives a loader part ``rank // tp`` of ``world // tp``: the ranks of one TP group read
 one batch, and the dp ranks their own (the mesh is only (tp,), but only its size enters the shard, so dp > 1
 works too). No ``ParallelismConfig`` is involved (one with a size above 1 is refused: DSF708). The model
-prepare_model rewrote is marked ``ds_autotp_parsed`` so DeepSpeed does not split it again; ``save_model``
-writes the plain HF directory (``accelerator.save_model``/``get_state_dict`` do not gather dsforge's slices).
+prepare_model rewrote is marked ``ds_autotp_parsed`` so DeepSpeed does not split it again; accelerate's
+``unwrap_model(model).save_pretrained(dir, state_dict=get_state_dict(model))`` writes the plain HF directory,
+gathered from the slices (dsforge.plugins.hf_dir; ``save_model`` is those lines).
 """
 
 from __future__ import annotations

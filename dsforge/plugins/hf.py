@@ -15,7 +15,8 @@ At tp > 1 (with sequence parallelism, ZeRO 1-2) the config also carries DeepSpee
 ``tensor_parallel.autotp_size`` (parallel_model.autotp_config): the Trainer calls deepspeed.initialize without
 an mpu, and with that section the engine builds its own (dp, tp) groups, which are the plan's (else DSF706),
 and accelerate shards the data loader over dp; the model prepare_model rewrote is marked ``ds_autotp_parsed``
-so DeepSpeed does not split it again. ``save_model(trainer, dir)`` writes the plain HF directory.
+so DeepSpeed does not split it again. The Trainer's own ``trainer.save_model(dir)`` writes the plain HF
+directory, gathered from the slices (dsforge.plugins.hf_dir).
 
 ``DsforgeCallback`` checks world size, batch and precision against the plan when the Trainer is
 built (before HF's own, less specific, check) and again when training starts (also the loader's data

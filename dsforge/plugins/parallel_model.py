@@ -19,7 +19,8 @@ Stable API (each function takes a job file path or a loaded ``TrainerJob``):
   fed different data (a sampler that shards over the whole world).
 * ``gathered_state_dict(model)``: the dense state dict assembled from the slices (collective; rank 0 gets it).
 * ``save_hf(model, directory)``: a plain HF directory (config.json, model.safetensors) written by rank 0 from
-  the gathered slices, as `dsforge export` writes it; ``from_pretrained`` loads it (collective).
+  the gathered slices, as `dsforge export` writes it; ``from_pretrained`` loads it (collective). At tp > 1
+  the prepared model's ``save_pretrained`` and the trainers' own saves write it too (plugins.hf_dir).
 * ``require_trainer_layout(job, trainer)``: PluginError DSF702-DSF704 for what a trainer cannot feed exactly.
 * ``refuse_without_mpu(job, trainer, why)``: PluginError DSF705 for tp > 1 where the trainer's own
   ``deepspeed.initialize`` gets no mpu by any documented way (no built-in plugin: the HF Trainer and
@@ -28,8 +29,9 @@ Stable API (each function takes a job file path or a loaded ``TrainerJob``):
   (start()).
 * ``autotp_config(job, ds_config)``: for a trainer that calls deepspeed.initialize without an mpu (HF
   Trainer, Accelerate): the ds_config with DeepSpeed's ``tensor_parallel.autotp_size`` section, so the engine
-  builds its own (dp, tp) groups, which must be the plan's (PluginError DSF706 where they are not), and the
-  batch rule DeepSpeed checks before it has them (every rank counted).
+  builds its own (dp, tp) groups, which must be the plan's (PluginError DSF706 where they are not), the
+  batch rule DeepSpeed checks before it has them (every rank counted), and the flag that lets the trainers'
+  own saves consolidate the slices (dsforge.plugins.hf_dir).
 """
 
 from __future__ import annotations

@@ -124,6 +124,8 @@ def test_tensor_parallel_gets_deepspeeds_tp_section_and_passes_hf_checks(tmp_pat
     assert ds["tensor_parallel"] == {"autotp_size": 2}
     assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (2, 8)  # dp = 1
     assert ds["train_batch_size"] == 2 * 8 * 2  # micro x accumulation x world, DeepSpeed's and HF's rule
+    # trainer.save_model asks DeepSpeed to consolidate the slices only with this flag (dsforge.plugins.hf_dir)
+    assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
     assert hf_fill_in(kwargs, 2) == json.loads(json.dumps(ds))
 
 
