@@ -45,11 +45,11 @@ def assert_gradients_match(got: Path, want: Path, label: str, steps: int = 4, sc
         for name, value in ref.items():
             value = value * scale
             assert mine[name].shape == value.shape, (step, name)
-            scale = float(value.abs().max())
-            assert scale > 0, (step, name)  # a gradient that vanished would compare equal to anything
+            top = float(value.abs().max())
+            assert top > 0, (step, name)  # a gradient that vanished would compare equal to anything
             diff = float((mine[name] - value).abs().max())
-            worst_abs, worst_rel = max(worst_abs, diff), max(worst_rel, diff / scale)
-            assert diff <= 1e-4 * scale, f"{label} step {step} {name}: max abs diff {diff:.2e} of {scale:.2e}"
+            worst_abs, worst_rel = max(worst_abs, diff), max(worst_rel, diff / top)
+            assert diff <= 1e-4 * top, f"{label} step {step} {name}: max abs diff {diff:.2e} of {top:.2e}"
     print(f"PARITY {label} gradients ({len(runs[1][0])} parameters x {steps} steps, x {scale}): max abs "
           f"{worst_abs:.2e}, max rel {worst_rel:.2e}", flush=True)
 
