@@ -21,8 +21,9 @@ builds its own (dp, tp) groups, which are the plan's (else DSF706). The same sec
 ``prepare_data_loader`` gives a loader part ``rank // tp`` of ``world // tp``: the ranks of one TP group read
 one batch, and the dp ranks their own (the mesh is only (tp,), but only its size enters the shard, so dp > 1
 works too). No ``ParallelismConfig`` is involved (one with a size above 1 is refused: DSF708). The model
-prepare_model rewrote is marked ``ds_autotp_parsed`` so DeepSpeed does not split it again; ``save_model``
-writes the plain HF directory (``accelerator.save_model``/``get_state_dict`` do not gather dsforge's slices).
+prepare_model rewrote is marked ``ds_autotp_parsed`` so DeepSpeed does not split it again; accelerate's
+``unwrap_model(model).save_pretrained(dir, state_dict=get_state_dict(model))`` writes the plain HF directory,
+gathered from the slices (dsforge.plugins.hf_dir; ``save_model`` is those lines).
 """
 
 from __future__ import annotations
@@ -180,22 +181,9 @@ def check_dataloader(job: JobLike, loader: Any) -> None:
 
 
 def save_model(acc: Accelerator, model: Any, output_dir: str) -> None:
-    """Write the prepared model as a plain HF directory (config.json, model.safetensors) that
-    ``from_pretrained`` loads; every rank calls it.
-
-    At tp > 1 the slices are gathered as `dsforge export` does (parallel_model.save_hf).
-    ``accelerator.save_model``/``get_state_dict`` cannot do that there: with the tensor_parallel section they
-    need stage3_gather_16bit_weights_on_model_save (a ValueError without it) and then take DeepSpeed's
-    consolidation (engine._consolidated_16bit_state_dict), which gathers only DeepSpeed's own AutoTP layers.
-    Otherwise it is accelerate's documented ``unwrap_model(model).save_pretrained(...,
-    state_dict=get_state_dict(model))``.
-    """
-    from dsforge.plugins import parallel_model
-
-    found = getattr(getattr(model, "module", model), ATTR, None)
-    if found is not None and found[0].job.plan.degrees.tp > 1:
-        parallel_model.save_hf(model, output_dir)
-        return
+    """accelerate's documented save of a transformers model, ``unwrap_model(model).save_pretrained(dir,
+    state_dict=get_state_dict(model))`` (every rank calls it): a plain HF directory that ``from_pretrained``
+    loads, at tp > 1 gathered from the slices (dsforge.plugins.hf_dir)."""
     state = acc.get_state_dict(model)
     acc.unwrap_model(model).save_pretrained(output_dir, is_main_process=acc.is_main_process,
                                             save_function=acc.save, state_dict=state)

@@ -15,7 +15,8 @@ At tp > 1 (with sequence parallelism, ZeRO 1-2) the config also carries DeepSpee
 ``tensor_parallel.autotp_size`` (parallel_model.autotp_config): the Trainer calls deepspeed.initialize without
 an mpu, and with that section the engine builds its own (dp, tp) groups, which are the plan's (else DSF706),
 and accelerate shards the data loader over dp; the model prepare_model rewrote is marked ``ds_autotp_parsed``
-so DeepSpeed does not split it again. ``save_model(trainer, dir)`` writes the plain HF directory.
+so DeepSpeed does not split it again. The Trainer's own ``trainer.save_model(dir)`` writes the plain HF
+directory, gathered from the slices (dsforge.plugins.hf_dir).
 
 ``DsforgeCallback`` checks world size, batch and precision against the plan when the Trainer is
 built (before HF's own, less specific, check) and again when training starts (also the loader's data
@@ -112,22 +113,9 @@ def prepare_model(job: JobLike, model: Any = None) -> Any:
 
 
 def save_model(trainer: Any, output_dir: str) -> None:
-    """Write the Trainer's model as a plain HF directory (config.json, model.safetensors) that
-    ``from_pretrained`` loads; every rank calls it.
-
-    At tp > 1 the slices are gathered as `dsforge export` does (save_hf). ``trainer.save_model``
-    cannot do that there: DeepSpeed's consolidation (engine._consolidated_16bit_state_dict) gathers only its
-    own AutoTP layers, and without stage3_gather_16bit_weights_on_model_save the Trainer writes DeepSpeed's
-    sharded checkpoint instead. At tp 1 it is ``trainer.save_model(output_dir)``.
-    """
-    from dsforge.plugins import parallel_model
-
-    model = trainer.model
-    found = getattr(getattr(model, "module", model), parallel_model.ATTR, None)
-    if found is not None and found[0].job.plan.degrees.tp > 1:
-        parallel_model.save_hf(model, output_dir)
-    else:
-        trainer.save_model(output_dir)
+    """``trainer.save_model(output_dir)`` (every rank calls it): a plain HF directory that ``from_pretrained``
+    loads, at tp > 1 gathered from the slices (dsforge.plugins.hf_dir)."""
+    trainer.save_model(output_dir)
 
 
 def _args_precision(args: TrainingArguments) -> str:

@@ -19,7 +19,8 @@ Stable API (each function takes a job file path or a loaded ``TrainerJob``):
   fed different data (a sampler that shards over the whole world).
 * ``gathered_state_dict(model)``: the dense state dict assembled from the slices (collective; rank 0 gets it).
 * ``save_hf(model, directory)``: a plain HF directory (config.json, model.safetensors) written by rank 0 from
-  the gathered slices, as `dsforge export` writes it; ``from_pretrained`` loads it (collective).
+  the gathered slices, as `dsforge export` writes it; ``from_pretrained`` loads it (collective). At tp > 1
+  the prepared model's ``save_pretrained`` and the trainers' own saves write it too (plugins.hf_dir).
 * ``require_trainer_layout(job, trainer)``: PluginError DSF702-DSF704 for what a trainer cannot feed exactly.
 * ``refuse_without_mpu(job, trainer, why)``: PluginError DSF705 for tp > 1 where the trainer's own
   ``deepspeed.initialize`` gets no mpu by any documented way (no built-in plugin: the HF Trainer and
@@ -28,8 +29,9 @@ Stable API (each function takes a job file path or a loaded ``TrainerJob``):
   (start()).
 * ``autotp_config(job, ds_config)``: for a trainer that calls deepspeed.initialize without an mpu (HF
   Trainer, Accelerate): the ds_config with DeepSpeed's ``tensor_parallel.autotp_size`` section, so the engine
-  builds its own (dp, tp) groups, which must be the plan's (PluginError DSF706 where they are not), and the
-  batch rule DeepSpeed checks before it has them (every rank counted).
+  builds its own (dp, tp) groups, which must be the plan's (PluginError DSF706 where they are not), the
+  batch rule DeepSpeed checks before it has them (every rank counted), and the flag that lets the trainers'
+  own saves consolidate the slices (dsforge.plugins.hf_dir).
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ import copy
 import os
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from dsforge.plugins.job import JobLike, PlanMismatchError, PluginError, TrainerJob, load_job
@@ -161,6 +162,9 @@ def autotp_config(job: JobLike, ds_config: dict[str, Any], trainer: str) -> dict
     out = copy.deepcopy(ds_config)
     out["tensor_parallel"] = {"autotp_size": d.tp}
     out["train_batch_size"] = j.micro_batch * j.grad_accum * world
+    # The trainers' own save (trainer.save_model, accelerator.get_state_dict) asks DeepSpeed for its
+    # consolidation only with this set; it gathers dsforge's slices by their hooks (dsforge.plugins.hf_dir).
+    out.setdefault("zero_optimization", {})["stage3_gather_16bit_weights_on_model_save"] = True
     return out
 
 
@@ -321,6 +325,9 @@ def prepare_model(job: JobLike, model: Any = None) -> Any:
         # without an mpu, autotp_config) must not apply DeepSpeed's own AutoTP rewrite on top
         # (DeepSpeedEngine._apply_autotp_partitioning returns at once for a model marked parsed).
         model.ds_autotp_parsed = True
+        from dsforge.plugins.hf_dir import install
+
+        install(model)  # trainer.save_model / get_state_dict gather the slices (dsforge.plugins.hf_dir)
     return model
 
 
@@ -369,22 +376,9 @@ def save_hf(model: Any, directory: str | os.PathLike[str]) -> None:
     dense = gathered_state_dict(model)
     _, cfg = _run_of(model)
     if dense is not None:
-        from safetensors.torch import save_file
+        from dsforge.plugins.hf_dir import write
 
-        from dsforge.runtime.export import on_disk
-
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        cfg = copy.deepcopy(cfg)
-        dtypes = sorted({str(v.dtype).replace("torch.", "") for v in dense.values()})
-        if len(dtypes) == 1:
-            cfg.dtype = dtypes[0]
-        cfg.architectures = [type(cfg).__name__.replace("Config", "ForCausalLM")]
-        cfg.save_pretrained(str(out))
-        tensors = on_disk(dense, getattr(cfg, "model_type", None))
-        tmp = out / "model.safetensors.tmp"
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, out / "model.safetensors")
+        write(dense, cfg, directory)
     dist.barrier()
 
 

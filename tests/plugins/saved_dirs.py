@@ -25,3 +25,46 @@ def assert_saved_dirs_match(tmp_path: Path, vocab: int, label: str) -> None:
     err = float((logits["tp"] - logits["ref"]).abs().max() / logits["ref"].abs().max())
     print(f"PARITY {label} saved logits rel {err:.2e}", flush=True)
     torch.testing.assert_close(logits["tp"], logits["ref"], rtol=1e-4, atol=1e-5)
+
+
+#: The harness that runs an example unchanged and records its whole gradients (and save_hf's directory).
+CAPTURE = Path(__file__).parent / "fixtures" / "capture_grads.py"
+
+
+def assert_gradients_match(got: Path, want: Path, label: str, steps: int = 4, scale: float = 1.0) -> None:
+    """Every optimizer step's gradient of every parameter, whole (``CAPTURE`` wrote ``got/grads.pt`` and
+    ``want/grads.pt``), equals ``scale`` times the one-process run's: max abs difference within 1e-4 of the
+    tensor's largest value."""
+    import torch
+
+    runs = [torch.load(d / "grads.pt") for d in (got, want)]
+    assert len(runs[0]) == len(runs[1]) == steps, [len(r) for r in runs]
+    worst_abs = worst_rel = 0.0
+    for step, (mine, ref) in enumerate(zip(*runs)):
+        assert set(mine) == set(ref), (step, sorted(set(mine) ^ set(ref)))
+        for name, value in ref.items():
+            value = value * scale
+            assert mine[name].shape == value.shape, (step, name)
+            top = float(value.abs().max())
+            assert top > 0, (step, name)  # a gradient that vanished would compare equal to anything
+            diff = float((mine[name] - value).abs().max())
+            worst_abs, worst_rel = max(worst_abs, diff), max(worst_rel, diff / top)
+            assert diff <= 1e-4 * top, f"{label} step {step} {name}: max abs diff {diff:.2e} of {top:.2e}"
+    print(f"PARITY {label} gradients ({len(runs[1][0])} parameters x {steps} steps, x {scale}): max abs "
+          f"{worst_abs:.2e}, max rel {worst_rel:.2e}", flush=True)
+
+
+def assert_same_as_save_hf(saved: Path, captured: Path) -> None:
+    """The trainer's own save wrote what ``parallel_model.save_hf`` writes of the same model (``CAPTURE``
+    wrote that to ``captured/save_hf``): the same config.json and every tensor bit for bit."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    mine, ref = (load_file(d / "model.safetensors") for d in (saved, captured / "save_hf"))
+    assert sorted(mine) == sorted(ref)
+    for key, value in ref.items():
+        assert mine[key].dtype == value.dtype and torch.equal(mine[key], value), key
+    configs = [json.loads((d / "config.json").read_text()) for d in (saved, captured / "save_hf")]
+    assert configs[0] == configs[1]

@@ -21,7 +21,12 @@ from dsforge.commands.compile import compile_file
 from dsforge.plugins.accelerate import check_accelerator, deepspeed_plugin
 from dsforge.plugins.job import PlanMismatchError
 from tests.plugins.conftest import ROOT
-from tests.plugins.saved_dirs import assert_saved_dirs_match
+from tests.plugins.saved_dirs import (
+    CAPTURE,
+    assert_gradients_match,
+    assert_same_as_save_hf,
+    assert_saved_dirs_match,
+)
 
 EXAMPLE = ROOT / "examples" / "trainers" / "accelerate"
 
@@ -104,7 +109,10 @@ def test_tensor_parallel_gets_deepspeeds_tp_section_and_its_batch_rule(tmp_path:
     assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (2, 2)  # dp = 2
     assert cfg["train_batch_size"] == 2 * 2 * 4
     compiled_cfg = load_job(path).ds_config()
-    assert cfg == {**compiled_cfg, "tensor_parallel": {"autotp_size": 2}, "train_batch_size": 16}
+    # DeepSpeed consolidates the slices for accelerate's get_state_dict only with the gather flag set.
+    zero = {**compiled_cfg["zero_optimization"], "stage3_gather_16bit_weights_on_model_save": True}
+    assert cfg == {**compiled_cfg, "tensor_parallel": {"autotp_size": 2}, "train_batch_size": 16,
+                   "zero_optimization": zero}
     acc = SimpleNamespace(num_processes=4, distributed_type=DistributedType.DEEPSPEED,
                           state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(deepspeed_config=cfg)))
     check_accelerator(path, acc)  # global batch 16 / tp 2 = the plan's 8
@@ -200,13 +208,16 @@ def test_compiled_launch_sh_trains_the_example_on_two_processes(tmp_path: Path) 
     assert got["ds_config"] == {**expected, "fp16": {"enabled": False}, "bf16": {"enabled": False}}
 
 
-def _launch(job: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    """The example script through the job's compiled launch.sh (`accelerate launch`), as the docs run it."""
+def _launch(job: Path, tmp: Path, *args: str, capture: Path | None = None) -> subprocess.CompletedProcess:
+    """The example script through the job's compiled launch.sh (`accelerate launch`), as the docs run it;
+    with ``capture``, through the gradient-recording harness (CAPTURE), which runs the example unchanged."""
     (tmp / job.stem).mkdir()
     out = compiled(tmp / job.stem, job)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    return subprocess.run([str(out / "launch.sh"), str(EXAMPLE / "train_accelerate.py"), str(job), *args],
+    harness = [str(CAPTURE), str(capture)] if capture is not None else []
+    return subprocess.run([str(out / "launch.sh"), *harness, str(EXAMPLE / "train_accelerate.py"), str(job),
+                           *args],
                           check=False, env=env, cwd=tmp, capture_output=True, text=True, timeout=400)
 
 
@@ -214,10 +225,12 @@ def _launch(job: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("ranks", [2, 4], ids=["tp2", "tp2xdp2"])
 def test_accelerate_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path, ranks: int) -> None:
     """The example (a standard Accelerator loop plus the documented dsforge lines: accelerator,
-    prepare_model(job, model), optimizer_and_scheduler, check_model, check_dataloader, save_model) at tp=2
-    with sequence parallelism and ZeRO-1 on 2 CPU ranks (and tp=2 x dp=2 on 4), from an HF model directory,
-    against the same script on one process at tp=1: every optimizer step's loss and DeepSpeed's gradient norm
-    agree, and the saved plain HF directory gives the one-process model's weights and logits."""
+    prepare_model(job, model), optimizer_and_scheduler, check_model, check_dataloader; accelerate's own
+    get_state_dict and save_pretrained) at tp=2 with sequence parallelism and ZeRO-1 on 2 CPU ranks (and tp=2
+    x dp=2 on 4), from an HF model directory, against the same script on one process at tp=1: every optimizer
+    step's loss, DeepSpeed's gradient norm and whole gradient of every parameter agree, the save wrote what
+    parallel_model.save_hf writes, and that plain HF directory gives the one-process model's weights and
+    logits."""
 
     from dsforge.plugins.job import load_job
     from dsforge.runtime.models import build_model
@@ -238,7 +251,8 @@ def test_accelerate_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Pat
     summaries = {}
     for name, job in (("tp", tp_job), ("ref", one)):
         proc = _launch(job, tmp_path, "--from-pretrained", str(tmp_path / "init"), "--save",
-                       str(tmp_path / name), "--summary", str(tmp_path / f"{name}.json"))
+                       str(tmp_path / name), "--summary", str(tmp_path / f"{name}.json"),
+                       capture=tmp_path / f"{name}-grads")
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-4000:]
         assert "Signal 6" not in out and "terminate called" not in out  # no rank aborts at exit
@@ -250,7 +264,9 @@ def test_accelerate_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Pat
     assert len(tp["step_losses"]) == len(tp["grad_norms"]) == 4
     compare(f"accelerate tp2 sp zero1 {ranks} ranks", "losses", tp["step_losses"], ref["step_losses"])
     compare(f"accelerate tp2 sp zero1 {ranks} ranks", "grad norms", tp["grad_norms"], ref["grad_norms"])
+    assert_gradients_match(tmp_path / "tp-grads", tmp_path / "ref-grads", f"accelerate {ranks} ranks")
     assert tp["step_losses"][3] != tp["step_losses"][0]  # it trained
+    assert_same_as_save_hf(tmp_path / "tp", tmp_path / "tp-grads")  # get_state_dict gathered the slices
     assert_saved_dirs_match(tmp_path, spec.model.vocab, f"accelerate {ranks} ranks")
 
 

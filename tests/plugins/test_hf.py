@@ -20,7 +20,12 @@ from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_
 from dsforge.plugins.hf import DsforgeCallback, training_args_kwargs
 from dsforge.plugins.job import PlanMismatchError, PluginError
 from tests.plugins.conftest import ROOT
-from tests.plugins.saved_dirs import assert_saved_dirs_match
+from tests.plugins.saved_dirs import (
+    CAPTURE,
+    assert_gradients_match,
+    assert_same_as_save_hf,
+    assert_saved_dirs_match,
+)
 
 EXAMPLE = ROOT / "examples" / "trainers" / "hf"
 JOB = """\
@@ -119,6 +124,8 @@ def test_tensor_parallel_gets_deepspeeds_tp_section_and_passes_hf_checks(tmp_pat
     assert ds["tensor_parallel"] == {"autotp_size": 2}
     assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (2, 8)  # dp = 1
     assert ds["train_batch_size"] == 2 * 8 * 2  # micro x accumulation x world, DeepSpeed's and HF's rule
+    # trainer.save_model asks DeepSpeed to consolidate the slices only with this flag (dsforge.plugins.hf_dir)
+    assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
     assert hf_fill_in(kwargs, 2) == json.loads(json.dumps(ds))
 
 
@@ -190,11 +197,13 @@ def test_layouts_the_trainer_cannot_run_and_bad_jobs_are_clear_errors(tmp_path: 
 
 
 def _torchrun(args: list[str], tmp: Path, port: int, job: Path = EXAMPLE / "job.yaml",
-              nproc: int = 2) -> subprocess.CompletedProcess:
+              nproc: int = 2, capture: Path | None = None) -> subprocess.CompletedProcess:
+    """The example under torchrun; with ``capture``, through the gradient-recording harness (CAPTURE)."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    harness = [str(CAPTURE), str(capture)] if capture is not None else []
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-           str(port), str(EXAMPLE / "train_hf.py"), str(job), "--output-dir", str(tmp / f"out-{job.stem}"),
-           *args]
+           str(port), *harness, str(EXAMPLE / "train_hf.py"), str(job), "--output-dir",
+           str(tmp / f"out-{job.stem}"), *args]
     return subprocess.run(cmd, check=False, env=env, cwd=tmp, capture_output=True, text=True, timeout=300)
 
 
@@ -228,10 +237,12 @@ def test_batch_mismatch_stops_the_run_before_step_one(tmp_path: Path) -> None:
 @pytest.mark.parametrize("ranks", [2, 4], ids=["tp2", "tp2xdp2"])
 def test_trainer_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path, ranks: int) -> None:
     """The example (standard Trainer code plus the documented dsforge lines: training_arguments,
-    prepare_model(job, model), DsforgeCallback, save_model) at tp=2 with sequence parallelism and ZeRO-1 on 2
-    CPU ranks (and tp=2 x dp=2 on 4), from an HF model directory, against the same script on one process at
-    tp=1: every step's loss and gradient norm (DeepSpeed's, as the Trainer logs it) agree, each rank holds
-    half of the model, and the saved plain HF directory gives the one-process model's weights and logits."""
+    prepare_model(job, model), DsforgeCallback; the Trainer's own save_model) at tp=2 with sequence
+    parallelism and ZeRO-1 on 2 CPU ranks (and tp=2 x dp=2 on 4), from an HF model directory, against the same
+    script on one process at tp=1: every step's loss, gradient norm (DeepSpeed's, as the Trainer logs it) and
+    whole gradient of every parameter agree, each rank holds half of the model, trainer.save_model wrote what
+    parallel_model.save_hf writes, and that plain HF directory gives the one-process model's weights and
+    logits."""
 
     from dsforge.plugins.job import load_job
     from dsforge.runtime.models import build_model
@@ -250,7 +261,8 @@ def test_trainer_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path, 
     summaries = {}
     for name, job, nproc, port in (("tp", tp_job, ranks, 29645 + ranks), ("ref", one, 1, 29647 + ranks)):
         proc = _torchrun(["--from-pretrained", str(tmp_path / "init"), "--save", str(tmp_path / name),
-                          "--summary", str(tmp_path / f"{name}.json")], tmp_path, port, job, nproc)
+                          "--summary", str(tmp_path / f"{name}.json")], tmp_path, port, job, nproc,
+                         capture=tmp_path / f"{name}-grads")
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-4000:]
         assert "Signal 6" not in out and "terminate called" not in out  # no rank aborts at exit
@@ -259,9 +271,11 @@ def test_trainer_tp2_sequence_parallel_zero1_equals_one_process(tmp_path: Path, 
     assert tp["steps"] == ref["steps"] == 4 and len(tp["losses"]) == 4
     compare(f"hf trainer tp2 sp zero1 {ranks} ranks", "losses", tp["losses"], ref["losses"])
     compare(f"hf trainer tp2 sp zero1 {ranks} ranks", "grad norms", tp["grad_norms"], ref["grad_norms"])
+    assert_gradients_match(tmp_path / "tp-grads", tmp_path / "ref-grads", f"hf trainer {ranks} ranks")
     assert tp["losses"][3] != tp["losses"][0]  # it trained
     whole = ref["memory"][0]["measured"]["parameters"]
     assert [r["measured"]["parameters"] < 0.6 * whole for r in tp["memory"]] == [True] * ranks  # split by TP
+    assert_same_as_save_hf(tmp_path / "tp", tmp_path / "tp-grads")  # trainer.save_model gathered the slices
     assert_saved_dirs_match(tmp_path, spec.model.vocab, f"hf trainer {ranks} ranks")
 
 

@@ -11,7 +11,8 @@ carries the job's compiled ds_config and is checked against the plan; DeepSpeed 
 optimizer and the schedule from that config. `prepare_model(job)` gives this rank its model by the plan
 (`prepare_model(job, model)` with `--from-pretrained DIR`: your own HF model, split by the plan); job_tp.yaml
 runs it at tp=2 with sequence parallelism and ZeRO-1 (the loader passed to `acc.prepare` is sharded over the
-dp ranks). `save_model(acc, model, DIR)` writes a plain HF directory (gathered from the slices at tp > 1) that
+dp ranks). accelerate's own save of a transformers model, `unwrap_model(model).save_pretrained(DIR,
+state_dict=acc.get_state_dict(model))`, writes a plain HF directory (gathered from the slices at tp > 1) that
 `from_pretrained` loads. `--save-state DIR` and `--resume DIR` are accelerate's own `save_state` and
 `load_state` (then `skip_first_batches` for the micro-batches already trained on).
 """
@@ -31,7 +32,6 @@ from dsforge.plugins.accelerate import (
     check_model,
     optimizer_and_scheduler,
     prepare_model,
-    save_model,
 )
 from dsforge.plugins.job import PluginError, load_job
 
@@ -90,7 +90,9 @@ def main() -> int:
             if a.save_state and model.global_steps == a.save_state_steps:
                 acc.save_state(a.save_state)  # every rank: DeepSpeed writes its own shards
     if a.save:
-        save_model(acc, model, a.save)  # every rank calls it; rank 0 writes
+        state = acc.get_state_dict(model)  # every rank: gathered from the slices at tp > 1
+        acc.unwrap_model(model).save_pretrained(a.save, is_main_process=acc.is_main_process,
+                                                save_function=acc.save, state_dict=state)
     if a.summary and acc.is_main_process:
         with open(a.summary, "w", encoding="utf-8") as fh:
             json.dump({"losses": losses, "step_losses": step_losses, "grad_norms": grad_norms,

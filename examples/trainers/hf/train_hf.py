@@ -10,8 +10,9 @@ section, from `model.pretrained` when it names one; `prepare_model(job, model)` 
 your own HF model, split by the job's plan); job_tp.yaml runs it at tp=2 with sequence parallelism and
 ZeRO-1. The plugin owns the process group and the clean exit (no dsforge teardown call here);
 `DsforgeCallback` stops the run before the first step when the script disagrees with the job (try
-`--batch-size 4`), and prints predicted vs measured memory at the end. `save_model(trainer, DIR)` writes a
-plain HF directory (gathered from the slices at tp > 1) that `from_pretrained` loads.
+`--batch-size 4`), and prints predicted vs measured memory at the end. The Trainer's own
+`trainer.save_model(DIR)` writes a plain HF directory (gathered from the slices at tp > 1) that
+`from_pretrained` loads.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM, Trainer
 
-from dsforge.plugins.hf import DsforgeCallback, prepare_model, save_model, training_arguments
+from dsforge.plugins.hf import DsforgeCallback, prepare_model, training_arguments
 from dsforge.plugins.job import PluginError, load_job
 
 
@@ -69,7 +70,7 @@ def main() -> int:
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
         trainer.train(resume_from_checkpoint=a.resume)
         if a.save:
-            save_model(trainer, a.save)  # every rank calls it; rank 0 writes
+            trainer.save_model(a.save)  # every rank calls it; rank 0 writes
     except PluginError as exc:  # a job that cannot drive this run: a message, not a traceback
         print(f"dsforge: {exc}", file=sys.stderr)
         return 2
