@@ -137,6 +137,19 @@ class DsforgeStrategy(DeepSpeedStrategy):  # type: ignore[misc]
         )
         return engine, ds_optimizer
 
+    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The parent's backward without DeepSpeed's own division by the accumulation steps where Lightning
+        has divided already.
+
+        Under automatic optimization Lightning hands the backward its loss over accumulate_grad_batches
+        (lightning/pytorch/loops/optimization/automatic.py ClosureResult.from_training_step_output, which
+        DeepSpeedStrategy sets as gradient_accumulation_steps), and DeepSpeedEngine.backward divides by the
+        same count again unless told scale_wrt_gas=False: the gradients would be the batch mean over the
+        accumulation steps, not the mean."""
+        if self.lightning_module.automatic_optimization:
+            kwargs.setdefault("scale_wrt_gas", False)
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
+
     # -- data by dp rank
     # -----------------------------------------------------------------------------------------
     def dp_shard(self) -> tuple[int, int]:

@@ -31,10 +31,10 @@ def assert_saved_dirs_match(tmp_path: Path, vocab: int, label: str) -> None:
 CAPTURE = Path(__file__).parent / "fixtures" / "capture_grads.py"
 
 
-def assert_gradients_match(got: Path, want: Path, label: str, steps: int = 4, scale: float = 1.0) -> None:
+def assert_gradients_match(got: Path, want: Path, label: str, steps: int = 4) -> None:
     """Every optimizer step's gradient of every parameter, whole (``CAPTURE`` wrote ``got/grads.pt`` and
-    ``want/grads.pt``), equals ``scale`` times the one-process run's: max abs difference within 1e-4 of the
-    tensor's largest value."""
+    ``want/grads.pt``), equals the one-process run's: max abs difference within 1e-4 of the tensor's largest
+    value."""
     import torch
 
     runs = [torch.load(d / "grads.pt") for d in (got, want)]
@@ -43,14 +43,13 @@ def assert_gradients_match(got: Path, want: Path, label: str, steps: int = 4, sc
     for step, (mine, ref) in enumerate(zip(*runs)):
         assert set(mine) == set(ref), (step, sorted(set(mine) ^ set(ref)))
         for name, value in ref.items():
-            value = value * scale
             assert mine[name].shape == value.shape, (step, name)
             top = float(value.abs().max())
             assert top > 0, (step, name)  # a gradient that vanished would compare equal to anything
             diff = float((mine[name] - value).abs().max())
             worst_abs, worst_rel = max(worst_abs, diff), max(worst_rel, diff / top)
             assert diff <= 1e-4 * top, f"{label} step {step} {name}: max abs diff {diff:.2e} of {top:.2e}"
-    print(f"PARITY {label} gradients ({len(runs[1][0])} parameters x {steps} steps, x {scale}): max abs "
+    print(f"PARITY {label} gradients ({len(runs[1][0])} parameters x {steps} steps): max abs "
           f"{worst_abs:.2e}, max rel {worst_rel:.2e}", flush=True)
 
 
