@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,24 +53,14 @@ def write(dense: dict[str, Any], cfg: Any, directory: str | os.PathLike[str]) ->
     os.replace(tmp, out / "model.safetensors")
 
 
-def _tp_group() -> Any:
-    from dsforge.plugins import parallel_model
-
-    run = parallel_model._RUN
-    if run is None:
-        raise PluginError("no dsforge run in this process: the model was not made by prepare_model here")
-    return run.groups.tp
-
-
-def gather_params(params: list[Any]) -> None:
+def gather_params(params: list[Any], group: Any) -> None:
     """DeepSpeed's gather hook: each sliced parameter of one module holds its whole dense value (collective
-    over the TP group)."""
+    over the TP ``group``, bound by `install`)."""
     import torch
     import torch.distributed as dist
 
     from dsforge.runtime.weights_io import TAG, SliceTag, assemble
 
-    group = _tp_group()
     for p in params:
         t = None if p is None else getattr(p, TAG, None)
         if t is None or t.dim is None or getattr(p, _HELD, None) is not None:
@@ -91,9 +82,12 @@ def partition_params(params: list[Any]) -> None:
             delattr(p, _HELD)
 
 
-def install(model: Any) -> None:
-    """Give the prepared model's parameters DeepSpeed's TP gather protocol and the model a dense
-    ``save_pretrained`` (tp > 1)."""
+def install(model: Any, group: Any, save_hf: Callable[[Any, Any], None], config: Any) -> None:
+    """Give the prepared model's parameters DeepSpeed's TP gather protocol over the TP ``group`` and the
+    model a dense ``save_pretrained`` (tp > 1): ``save_hf`` writes the directory collectively, ``config`` is
+    the dense model's HF config."""
+    from functools import partial
+
     from dsforge.runtime.weights_io import TAG
 
     for p in model.parameters():
@@ -102,12 +96,12 @@ def install(model: Any) -> None:
             continue
         # Every tagged parameter carries the hooks: DeepSpeed calls them on a module's first parameter,
         # which may be a replicated bias next to a sliced weight.
-        p.gather_params = gather_params
+        p.gather_params = partial(gather_params, group=group)
         p._tp_partition = partition_params
         if t.dim is not None:
             p.ds_is_replaced_module = True
     # An instance attribute, so that Trainer._save's and accelerate users' model.save_pretrained(...) find it.
-    model.save_pretrained = _DenseSave(model)
+    model.save_pretrained = _DenseSave(model, save_hf, config)
 
 
 def dense_names(model: Any) -> dict[str, Any]:
@@ -147,18 +141,17 @@ def dense_state(model: Any, state_dict: dict[str, Any]) -> dict[str, Any]:
 class _DenseSave:
     """``save_pretrained`` of a prepared tp > 1 model: the dense HF directory ``save_hf`` writes."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, save_hf: Callable[[Any, Any], None], config: Any) -> None:
         import weakref
 
         self._model = weakref.ref(model)  # no reference cycle through the model's own __dict__
+        self._save_hf, self._config = save_hf, config
 
     def __call__(self, save_directory: str | os.PathLike[str], is_main_process: bool = True,
                  state_dict: dict[str, Any] | None = None, **ignored: Any) -> None:
         """With ``state_dict`` (DeepSpeed's consolidation, on the writing rank): rename and write. Without it
         on a rank that does not write: nothing (the consolidation gave it None); otherwise
         ``parallel_model.save_hf`` (collective: every rank calls ``save_pretrained(dir)``)."""
-        from dsforge.plugins import parallel_model
-
         if ignored.get("push_to_hub"):
             raise PluginError("save_pretrained(push_to_hub=True) of a tensor-parallel model: save the "
                               "directory, then upload it with huggingface_hub")
@@ -166,9 +159,8 @@ class _DenseSave:
         if state_dict is None and not is_main_process:
             return
         if state_dict is None:
-            parallel_model.save_hf(model, save_directory)
+            self._save_hf(model, save_directory)
             return
         dense = dense_state(model, state_dict)
         if is_main_process:
-            _, cfg = parallel_model._run_of(model)
-            write(dense, cfg, save_directory)
+            write(dense, self._config, save_directory)

@@ -327,7 +327,8 @@ def prepare_model(job: JobLike, model: Any = None) -> Any:
         model.ds_autotp_parsed = True
         from dsforge.plugins.hf_dir import install
 
-        install(model)  # trainer.save_model / get_state_dict gather the slices (dsforge.plugins.hf_dir)
+        # trainer.save_model / get_state_dict gather the slices (dsforge.plugins.hf_dir)
+        install(model, run.groups.tp, save_hf, dense_config)
     return model
 
 
